@@ -1,0 +1,42 @@
+// The recurrent (step-by-step) delta rule on the CPU: forward, and the two-pass backward of
+// docs/delta_rule.md that keeps only O(K*V) state per (sequence, value head) and never runs the
+// state backwards.
+//
+// Workspace (in Reals, Real = float or double, laid out by RecurrentWorkspace):
+//   forward : per worker, the state S (K*V) and step vectors.
+//   backward: rd [B, T, HV, V]   r (recomputed when saved_r is absent), then overwritten by dr
+//             dq_part, dk_part [B, T, HV, K]   per-value-head gradients w.r.t. the (normalized)
+//                              q and k, reduced over each q/k head's value heads in a fixed order
+//             per worker, S and dS (2*K*V) and step vectors.
+// So the backward needs O(K*V) per worker plus tensors the size of v and of k-per-value-head;
+// nothing of size T*K*V.
+#pragma once
+
+#include <cstdint>
+
+#include "core/problems.h"
+
+namespace flashgrad::reference::delta_rule {
+
+struct RecurrentWorkspace {
+  int workers = 1;
+  int64_t rd = 0, dq_part = 0, dk_part = 0;  // offsets (Reals) of the shared buffers
+  int64_t per_worker = 0;                    // Reals per worker block
+  int64_t workers_begin = 0;                 // offset of worker 0's block
+  int64_t total = 0;                         // Reals in all
+
+  static RecurrentWorkspace make(const DeltaRuleProblem& pr, Pass pass, int workers);
+};
+
+// Number of parallel work items ((sequence, value head) pairs) and the workers used for them.
+int recurrent_workers(const DeltaRuleParams& p, const DeltaRuleProblem& pr);
+
+template <typename Real>
+void recurrent_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
+                       const DeltaRuleForwardOutputs& out, Real* workspace);
+
+template <typename Real>
+void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
+                        const DeltaRuleBackwardInputs& in, const DeltaRuleGrads& grads, Real* workspace);
+
+}  // namespace flashgrad::reference::delta_rule
