@@ -1,0 +1,205 @@
+// flashgrad::cuda delta-rule entry points (src/core/backends.h): turn the validated views into
+// kernel arguments, allocate scratch, launch.
+//
+// Algorithms. algorithm = recurrent runs the fused recurrent kernels (recurrent_*.cuh).
+// algorithm = chunked currently runs the SAME fused recurrent kernels: the tensor-core chunked
+// kernels are not written yet (docs/perf/delta_rule.md, "Status"). Both algorithms compute the
+// same function, so results are correct either way; only the speed of a chunked call is that of
+// the recurrent path.
+//
+// Scratch memory (from the caller's Workspace when large enough, else stream-ordered allocation):
+//   forward:  the device copy of cu_seqlens (int64, N + 1);
+//   backward: that, fp32 accumulators for dq, dk [B, T, H, K], dbeta [B, T, HV], dg (g's size),
+//             the gate constant [N, HV(, K)], and, only when the caller passed no saved_r, an fp32
+//             r [B, T, HV, V] recomputed by a forward pass.
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "core/backends.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
+#include "flashgrad/status.h"
+#include "recurrent_launch.cuh"
+
+namespace flashgrad::cuda {
+namespace {
+
+namespace dr = cuda_detail::delta_rule;
+
+dr::View view_of(const TensorView& t) {
+  dr::View v;
+  if (!t.present()) return v;
+  v.p = t.data;
+  v.s0 = t.rank > 0 ? t.stride[0] : 0;
+  v.s1 = t.rank > 1 ? t.stride[1] : 0;
+  v.s2 = t.rank > 2 ? t.stride[2] : 0;
+  v.s3 = t.rank > 3 ? t.stride[3] : 1;
+  v.f32 = t.dtype == DType::f32;
+  return v;
+}
+
+dr::Gate gate_of(GateKind g) {
+  switch (g) {
+    case GateKind::scalar: return dr::Gate::scalar;
+    case GateKind::per_channel: return dr::Gate::per_channel;
+    default: return dr::Gate::none;
+  }
+}
+
+// What the CUDA backend does not take (valid calls that the CPU reference does take).
+void check_supported(const char* op, const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
+  if (p.q.dtype != DType::bf16 && p.q.dtype != DType::f16 && p.q.dtype != DType::f32)
+    throw_unsupported(op, "q", std::string("the CUDA backend takes bfloat16, float16 or float32 inputs, got ") +
+                                   dtype_name(p.q.dtype));
+  if (p.exec.precision != Precision::fp32)
+    throw_unsupported(op, "exec.precision", "the CUDA backend computes in fp32 only (fp64 is CPU-only)");
+  if (pr.key_dim > dr::kMaxKeyDim)
+    throw_unsupported(op, "q", "the CUDA backend takes key dimensions K <= 256, got K = " +
+                                   std::to_string(pr.key_dim));
+  if (pr.value_heads > 65535 || (pr.value_dim + 7) / 8 > 65535 || pr.num_seqs > 0x7fffffff)
+    throw_unsupported(op, "v", "too many value heads (> 65535) or sequences for one launch");
+}
+
+std::size_t cu_bytes(const DeltaRuleProblem& pr) {
+  return pr.varlen ? cuda_detail::align_up(sizeof(int64_t) * pr.cu_seqlens.size()) : 0;
+}
+
+// Copies the host copy of cu_seqlens (int64) to scratch; null for a padded batch.
+const int64_t* upload_cu_seqlens(cuda_detail::ScratchBuffer& scratch, const DeltaRuleProblem& pr,
+                                 cudaStream_t stream) {
+  if (!pr.varlen) return nullptr;
+  const std::size_t bytes = sizeof(int64_t) * pr.cu_seqlens.size();
+  auto* d = scratch.take<int64_t>(bytes);
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so the vector may die after.
+  FLASHGRAD_CUDA_CHECK(cudaMemcpyAsync(d, pr.cu_seqlens.data(), bytes, cudaMemcpyHostToDevice, stream));
+  return d;
+}
+
+dr::RecurrentArgs base_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
+  dr::RecurrentArgs a;
+  a.q = view_of(p.q);
+  a.k = view_of(p.k);
+  a.v = view_of(p.v);
+  a.g = view_of(p.g);
+  a.beta = view_of(p.beta);
+  a.h0 = view_of(p.initial_state);
+  a.T = pr.seq_len;
+  a.H = pr.heads;
+  a.HV = pr.value_heads;
+  a.K = pr.key_dim;
+  a.V = pr.value_dim;
+  a.scale = pr.scale;
+  a.l2norm = p.use_qk_l2norm_in_kernel;
+  return a;
+}
+
+template <typename F>
+void by_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::bf16: f(__nv_bfloat16{}); break;
+    case DType::f16: f(__half{}); break;
+    default: f(float{}); break;
+  }
+}
+
+struct BackwardSizes {
+  int64_t qk, beta, g, gconst, r;  // elements
+  std::size_t bytes(const DeltaRuleProblem& pr, bool with_r) const {
+    using cuda_detail::align_up;
+    return cu_bytes(pr) + 2 * align_up(4 * qk) + align_up(4 * beta) + align_up(4 * g) + align_up(4 * gconst) +
+           (with_r ? align_up(4 * r) : 0);
+  }
+};
+
+BackwardSizes backward_sizes(const DeltaRuleProblem& pr) {
+  BackwardSizes s;
+  const int64_t tokens = pr.batch * pr.seq_len;
+  const int64_t inner = pr.gate == GateKind::per_channel ? pr.key_dim : 1;
+  s.qk = tokens * pr.heads * pr.key_dim;
+  s.beta = tokens * pr.value_heads;
+  s.g = pr.gate == GateKind::none ? 0 : tokens * pr.value_heads * inner;
+  s.gconst = pr.gate == GateKind::none ? 0 : pr.num_seqs * pr.value_heads * inner;
+  s.r = tokens * pr.value_heads * pr.value_dim;
+  return s;
+}
+
+}  // namespace
+
+void delta_rule_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleForwardOutputs& out,
+                        Workspace ws) {
+  const char* op = "delta_rule_forward";
+  check_supported(op, p, pr);
+  FLASHGRAD_CUDA_CHECK(cudaSetDevice(p.q.device_index));
+  auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  // algorithm == chunked runs the recurrent kernels too (see the header comment).
+  cuda_detail::ScratchBuffer scratch(ws, cu_bytes(pr), stream);
+  dr::RecurrentArgs a = base_args(p, pr);
+  a.cu_seqlens = upload_cu_seqlens(scratch, pr, stream);
+  a.o = view_of(out.o);
+  a.r = view_of(out.saved_r);
+  a.ht = view_of(out.final_state);
+  const dr::Gate gate = gate_of(pr.gate);
+  by_dtype(p.q.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    dr::launch_recurrent<T>(dr::RecurrentStage::forward, a, pr.num_seqs, gate, stream);
+  });
+}
+
+void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleBackwardInputs& in,
+                         const DeltaRuleGrads& grads, Workspace ws) {
+  const char* op = "delta_rule_backward";
+  check_supported(op, p, pr);
+  FLASHGRAD_CUDA_CHECK(cudaSetDevice(p.q.device_index));
+  auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  const BackwardSizes sz = backward_sizes(pr);
+  const bool recompute_r = !in.saved_r.present();
+  cuda_detail::ScratchBuffer scratch(ws, sz.bytes(pr, recompute_r), stream);
+
+  dr::RecurrentArgs a = base_args(p, pr);
+  a.cu_seqlens = upload_cu_seqlens(scratch, pr, stream);
+  a.dq_acc = scratch.take<float>(4 * sz.qk);
+  a.dk_acc = scratch.take<float>(4 * sz.qk);
+  a.dbeta_acc = scratch.take<float>(4 * sz.beta);
+  a.dg_acc = sz.g ? scratch.take<float>(4 * sz.g) : nullptr;
+  a.dg_const = sz.gconst ? scratch.take<float>(4 * sz.gconst) : nullptr;
+  for (auto [ptr, n] : {std::pair<float*, int64_t>{a.dq_acc, sz.qk}, {a.dk_acc, sz.qk}, {a.dbeta_acc, sz.beta},
+                        {a.dg_acc, sz.g}, {a.dg_const, sz.gconst}})
+    if (ptr && n) FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(ptr, 0, 4 * static_cast<std::size_t>(n), stream));
+
+  const dr::Gate gate = gate_of(pr.gate);
+  by_dtype(p.q.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (recompute_r) {  // the caller saved no r: one forward pass writes it (fp32, contiguous)
+      dr::RecurrentArgs f = a;
+      f.r.p = scratch.take<float>(4 * sz.r);
+      f.r.f32 = true;
+      f.r.s3 = 1;
+      f.r.s2 = pr.value_dim;
+      f.r.s1 = pr.value_heads * pr.value_dim;
+      f.r.s0 = pr.seq_len * f.r.s1;
+      dr::launch_recurrent<T>(dr::RecurrentStage::forward, f, pr.num_seqs, gate, stream);
+      a.r = f.r;
+    } else {
+      a.r = view_of(in.saved_r);
+    }
+    a.dout = view_of(in.dout);
+    a.dht = view_of(in.dht);
+    a.dv = view_of(grads.dv);
+    a.dh0 = view_of(grads.dh0);
+    dr::launch_recurrent<T>(dr::RecurrentStage::backward_pass1, a, pr.num_seqs, gate, stream);
+    dr::launch_recurrent<T>(dr::RecurrentStage::backward_pass2, a, pr.num_seqs, gate, stream);
+    dr::launch_finish<T>(a, view_of(grads.dq), view_of(grads.dk), view_of(grads.dbeta), view_of(grads.dg),
+                         pr.batch, pr.num_seqs, gate, stream);
+  });
+}
+
+std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, Pass pass) {
+  check_supported("delta_rule_workspace_bytes", p, pr);
+  if (pass == Pass::forward) return cu_bytes(pr);
+  // Upper bound: includes the r buffer needed when the backward gets no saved_r.
+  return backward_sizes(pr).bytes(pr, true);
+}
+
+}  // namespace flashgrad::cuda

@@ -1,0 +1,221 @@
+// Fused recurrent backward without per-step states (docs: shared/design/delta_rule.md):
+//   pass 1, reverse in time, carries dS (K x V slice in registers) from dht;
+//   pass 2, forward in time, recomputes S from h0.
+// Neither ever runs the state backwards. Memory beyond inputs and outputs: the saved r and the
+// fp32 accumulators below (sizes of q, k, beta, g), no per-step state.
+//
+// Cross-block sums (dq, dk over the V slices and over the value heads of a group; dbeta over the
+// V slices; dg over the V slices) go through fp32 atomics into zeroed accumulators after an
+// in-block column reduction (block_reduce.cuh): one atomic per row per block per step. The order
+// of those few fp32 additions across blocks is not fixed, so results may differ in the last bits
+// from run to run (documented in docs/perf/delta_rule.md).
+//
+// Gate gradient. With c_s the per-step term of the design doc's closed form,
+// dg_t = sum_{s >= t} c_s + <S_T, dht>. c_s splits into a pass-1 part (reverse in time: kept as a
+// running suffix sum and added to dg_acc[t] directly) and a pass-2 part (forward in time: the
+// suffix sum is Total - prefix_{<t}, so dg_acc[t] gets -prefix_{<t} and the per-sequence Total
+// goes into dg_const, added to every step by the finishing kernel together with <S_T, dht>).
+//   KDA, per key channel k (dk = dk1 - P2 with dk1 = dS u, P2 = S~ dv):
+//     c_s[k] = q[k] dq[k] - k[k] dk[k] - 2 k[k] P2[k] = (-k[k] dk1[k])_{pass 1} + (q[k] dq[k] - k[k] P2[k])_{pass 2}
+//   GDN: the sum over k of the KDA terms, which collapses to per-column sums
+//     c_s = sum_j (o_j do_j)_{pass 2} - (v_j dv_j)_{pass 1}
+//   (q.dq = o.do; k.dk1 = u.du = r.dv; k.P2 = (v - r).dv), so no extra K-reduction is needed.
+#pragma once
+
+#include "block_reduce.cuh"
+#include "recurrent_common.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+__device__ __forceinline__ int64_t row_index(int64_t b, int64_t T, int64_t tok, int64_t heads, int64_t head) {
+  return (b * T + tok) * heads + head;
+}
+
+template <typename T, int KMAX, Gate G>
+__global__ void __launch_bounds__(kThreads) recurrent_backward_pass1_kernel(RecurrentArgs a) {
+  constexpr int KPT = kRowsPerThread;
+  constexpr int L = KMAX / KPT;
+  constexpr bool kPC = G == Gate::per_channel;
+  __shared__ ColumnReduceSmem<KMAX, 1, 2> sm;
+  const BlockCoords c = block_coords<L>(a);
+  const int tid = threadIdx.x;
+
+  float dS[KPT];
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) {
+    const int64_t row = c.gl + L * i;
+    dS[i] = (a.dht.p && c.col_ok && row < a.K)
+                ? static_cast<const float*>(a.dht.p)[off4(a.dht, c.n, c.hv, row, c.col)]
+                : 0.f;
+  }
+  const T* dop = static_cast<const T*>(a.dout.p);
+  const T* vp = static_cast<const T*>(a.v.p);
+  auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
+    const int64_t tok = c.bos + t;
+    load_qkgb<T, L, KPT, G>(a, c, tok, s);
+    s.x0 = c.col_ok ? to_f<T>(dop[off4(a.dout, c.b, tok, c.hv, c.col)]) : 0.f;
+    s.x1 = c.col_ok ? load_elem<T>(a.r, off4(a.r, c.b, tok, c.hv, c.col)) : 0.f;
+    s.x2 = (G == Gate::scalar && c.col_ok) ? to_f<T>(vp[off4(a.v, c.b, tok, c.hv, c.col)]) : 0.f;
+  };
+
+  float run = 0.f;  // owner's running suffix sum of the pass-1 gate term (KDA: row tid; GDN: tid 0)
+  StepLoad<T, KPT, kPC> cur, nxt;
+  if (c.len > 0) load_step(c.len - 1, cur);
+  for (int64_t t = c.len - 1; t >= 0; --t) {
+    if (t > 0) load_step(t - 1, nxt);
+    const int buf = static_cast<int>(t & 1);
+    float q[KPT], k[KPT], d[KPT];
+    qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    decays<G, KPT>(cur.g, d);
+    const float dout = cur.x0, r = cur.x1;
+    float pk = 0.f;
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      dS[i] += a.scale * q[i] * dout;
+      pk += dS[i] * k[i];
+    }
+    const float du = group_sum<L>(pk);
+    const float u = cur.beta * r, dv = cur.beta * du;
+    const int64_t tok = c.bos + t;
+    if (c.gl == 0 && c.col_ok) store_elem<T>(a.dv, off4(a.dv, c.b, tok, c.hv, c.col), dv);
+    float vec[1][KPT];
+    float sc[2] = {du * r, -cur.x2 * dv};
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) vec[0][i] = dS[i] * u;
+    column_reduce_write<KMAX, L, KPT, 1, 2>(sm, buf, vec, sc, q, k, kPC);
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) dS[i] = d[i] * (dS[i] - k[i] * dv);
+    __syncthreads();
+    if (tid < a.K) {
+      const float dk1 = column_sum(sm, buf, tid);
+      atomicAdd(a.dk_acc + row_index(c.b, a.T, tok, a.H, c.h) * a.K + tid, dk1);
+      if constexpr (kPC) {
+        run -= sm.qk[buf][1][tid] * dk1;
+        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv) * a.K + tid, run);
+      }
+    }
+    if (tid == 0) {
+      atomicAdd(a.dbeta_acc + row_index(c.b, a.T, tok, a.HV, c.hv), column_sum(sm, buf, KMAX + 0));
+      if constexpr (G == Gate::scalar) {
+        run += column_sum(sm, buf, KMAX + 1);
+        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv), run);
+      }
+    }
+    cur = nxt;
+  }
+  if (a.dh0.p && c.col_ok) {
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      const int64_t row = c.gl + L * i;
+      if (row < a.K) static_cast<float*>(a.dh0.p)[off4(a.dh0, c.n, c.hv, row, c.col)] = dS[i];
+    }
+  }
+}
+
+template <typename T, int KMAX, Gate G>
+__global__ void __launch_bounds__(kThreads) recurrent_backward_pass2_kernel(RecurrentArgs a) {
+  constexpr int KPT = kRowsPerThread;
+  constexpr int L = KMAX / KPT;
+  constexpr bool kPC = G == Gate::per_channel;
+  __shared__ ColumnReduceSmem<KMAX, 2, 1> sm;
+  const BlockCoords c = block_coords<L>(a);
+  const int tid = threadIdx.x;
+
+  float S[KPT];
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) {
+    const int64_t row = c.gl + L * i;
+    S[i] = (a.h0.p && c.col_ok && row < a.K)
+               ? static_cast<const float*>(a.h0.p)[off4(a.h0, c.n, c.hv, row, c.col)]
+               : 0.f;
+  }
+  const T* vp = static_cast<const T*>(a.v.p);
+  const T* dop = static_cast<const T*>(a.dout.p);
+  const T* dvp = static_cast<const T*>(a.dv.p);
+  auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
+    const int64_t tok = c.bos + t;
+    load_qkgb<T, L, KPT, G>(a, c, tok, s);
+    s.x0 = c.col_ok ? to_f<T>(vp[off4(a.v, c.b, tok, c.hv, c.col)]) : 0.f;
+    s.x1 = c.col_ok ? to_f<T>(dop[off4(a.dout, c.b, tok, c.hv, c.col)]) : 0.f;
+    s.x2 = c.col_ok ? to_f<T>(dvp[off4(a.dv, c.b, tok, c.hv, c.col)]) : 0.f;
+  };
+
+  float prefix = 0.f;  // owner's running prefix sum of the pass-2 gate term
+  StepLoad<T, KPT, kPC> cur, nxt;
+  if (c.len > 0) load_step(0, cur);
+  for (int64_t t = 0; t < c.len; ++t) {
+    if (t + 1 < c.len) load_step(t + 1, nxt);
+    const int buf = static_cast<int>(t & 1);
+    float q[KPT], k[KPT], d[KPT];
+    qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    decays<G, KPT>(cur.g, d);
+    const float v = cur.x0, dout = cur.x1, dv = cur.x2;
+    float vec[2][KPT];
+    float pk = 0.f;
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      S[i] *= d[i];  // S~
+      pk += S[i] * k[i];
+      vec[1][i] = S[i] * dv;  // P2 = S~ dv
+    }
+    const float u = cur.beta * (v - group_sum<L>(pk));
+    float pq = 0.f;
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      S[i] += k[i] * u;
+      vec[0][i] = a.scale * S[i] * dout;  // dq
+      pq += S[i] * q[i];
+    }
+    float sc[1] = {0.f};
+    if constexpr (G == Gate::scalar) sc[0] = a.scale * group_sum<L>(pq) * dout;  // o_j do_j
+    column_reduce_write<KMAX, L, KPT, 2, 1>(sm, buf, vec, sc, q, k, kPC);
+    __syncthreads();
+    const int64_t tok = c.bos + t;
+    if (tid < a.K) {
+      const float dq = column_sum(sm, buf, tid), p2 = column_sum(sm, buf, KMAX + tid);
+      const int64_t qk_row = row_index(c.b, a.T, tok, a.H, c.h) * a.K + tid;
+      atomicAdd(a.dq_acc + qk_row, dq);
+      atomicAdd(a.dk_acc + qk_row, -p2);
+      if constexpr (kPC) {
+        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv) * a.K + tid, -prefix);
+        prefix += sm.qk[buf][0][tid] * dq - sm.qk[buf][1][tid] * p2;
+      }
+    }
+    if constexpr (G == Gate::scalar) {
+      if (tid == 0) {
+        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv), -prefix);
+        prefix += column_sum(sm, buf, 2 * KMAX);
+      }
+    }
+    cur = nxt;
+  }
+
+  // Per-sequence constant of the gate gradient: this block's Total (= prefix) + <S_T, dht>.
+  if constexpr (G != Gate::none) {
+    const int buf = static_cast<int>(c.len & 1);
+    float vec[2][KPT];
+    float part = 0.f;
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      const int64_t row = c.gl + L * i;
+      const float dh = (a.dht.p && c.col_ok && row < a.K)
+                           ? static_cast<const float*>(a.dht.p)[off4(a.dht, c.n, c.hv, row, c.col)]
+                           : 0.f;
+      vec[0][i] = S[i] * dh;
+      vec[1][i] = 0.f;
+      part += S[i] * dh;
+    }
+    float sc[1] = {group_sum<L>(part)};
+    float zq[KPT] = {}, zk[KPT] = {};
+    column_reduce_write<KMAX, L, KPT, 2, 1>(sm, buf, vec, sc, zq, zk, false);
+    __syncthreads();
+    if constexpr (kPC) {
+      if (tid < a.K)
+        atomicAdd(a.dg_const + (c.n * a.HV + c.hv) * a.K + tid, prefix + column_sum(sm, buf, tid));
+    } else {
+      if (tid == 0) atomicAdd(a.dg_const + c.n * a.HV + c.hv, prefix + column_sum(sm, buf, 2 * KMAX));
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,92 @@
+// Definitions of the launchers declared in recurrent_launch.cuh; included once per dtype by
+// recurrent_instances_*.cu.
+#pragma once
+
+#include <algorithm>
+
+#include "cuda/common/cuda_check.h"
+#include "finish_kernels.cuh"
+#include "recurrent_backward.cuh"
+#include "recurrent_forward.cuh"
+#include "recurrent_launch.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <typename T, int KMAX, Gate G>
+void launch_recurrent_fixed(RecurrentStage stage, const RecurrentArgs& a, int64_t num_seqs, cudaStream_t s) {
+  constexpr int L = KMAX / kRowsPerThread;
+  constexpr int kCols = kThreads / L;  // value columns per block
+  // x: sequences (up to 2^31 - 1), y: value heads, z: column slices.
+  const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(a.HV),
+                  static_cast<unsigned>((a.V + kCols - 1) / kCols));
+  switch (stage) {
+    case RecurrentStage::forward:
+      recurrent_forward_kernel<T, KMAX, G><<<grid, kThreads, 0, s>>>(a);
+      break;
+    case RecurrentStage::backward_pass1:
+      recurrent_backward_pass1_kernel<T, KMAX, G><<<grid, kThreads, 0, s>>>(a);
+      break;
+    case RecurrentStage::backward_pass2:
+      recurrent_backward_pass2_kernel<T, KMAX, G><<<grid, kThreads, 0, s>>>(a);
+      break;
+  }
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int KMAX>
+void launch_recurrent_gate(RecurrentStage stage, const RecurrentArgs& a, int64_t num_seqs, Gate gate,
+                           cudaStream_t s) {
+  switch (gate) {
+    case Gate::none: launch_recurrent_fixed<T, KMAX, Gate::none>(stage, a, num_seqs, s); break;
+    case Gate::scalar: launch_recurrent_fixed<T, KMAX, Gate::scalar>(stage, a, num_seqs, s); break;
+    case Gate::per_channel: launch_recurrent_fixed<T, KMAX, Gate::per_channel>(stage, a, num_seqs, s); break;
+  }
+}
+
+template <typename T>
+void launch_recurrent(RecurrentStage stage, const RecurrentArgs& a, int64_t num_seqs, Gate gate,
+                      cudaStream_t s) {
+  if (num_seqs == 0 || a.HV == 0 || a.V == 0) return;
+  if (a.K <= 64)
+    launch_recurrent_gate<T, 64>(stage, a, num_seqs, gate, s);
+  else if (a.K <= 128)
+    launch_recurrent_gate<T, 128>(stage, a, num_seqs, gate, s);
+  else
+    launch_recurrent_gate<T, 256>(stage, a, num_seqs, gate, s);
+}
+
+inline unsigned grid_for(int64_t work, int64_t per_block) {
+  const int64_t blocks = (work + per_block - 1) / per_block;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65536)));
+}
+
+template <typename T>
+void launch_finish(const RecurrentArgs& a, View dq, View dk, View dbeta, View dg, int64_t batch,
+                   int64_t num_seqs, Gate gate, cudaStream_t s) {
+  const int64_t qk_rows = batch * a.T * a.H;
+  if (qk_rows > 0) {
+    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.q, dq, a.dq_acc, batch, a.T, a.H, a.K, a.l2norm);
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
+    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.k, dk, a.dk_acc, batch, a.T, a.H, a.K, a.l2norm);
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
+  }
+  const int64_t beta_n = batch * a.T * a.HV;
+  if (beta_n > 0) {
+    gate_grad_finish_kernel<T><<<grid_for(beta_n, 256), 256, 0, s>>>(dbeta, a.dbeta_acc, nullptr, nullptr, num_seqs,
+                                                                      batch, a.T, a.HV, 1);
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
+  }
+  if (gate != Gate::none && beta_n > 0) {
+    const int64_t inner = gate == Gate::per_channel ? a.K : 1;
+    gate_grad_finish_kernel<T><<<grid_for(beta_n * inner, 256), 256, 0, s>>>(
+        dg, a.dg_acc, a.dg_const, a.cu_seqlens, num_seqs, batch, a.T, a.HV, inner);
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
+  }
+}
+
+#define FLASHGRAD_DELTA_RULE_INSTANTIATE(T)                                                        \
+  template void launch_recurrent<T>(RecurrentStage, const RecurrentArgs&, int64_t, Gate, cudaStream_t); \
+  template void launch_finish<T>(const RecurrentArgs&, View, View, View, View, int64_t, int64_t, Gate,  \
+                                 cudaStream_t);
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,585 @@
+// GPU tests of the CUDA gated delta rule (GDN, KDA, plain delta rule), forward and backward,
+// against a float64 CPU recurrence (written here, from docs/delta_rule.md's equations; the
+// two-pass backward and its closed-form gate gradient were checked against finite differences in
+// shared/design/checks). Bars: fla's relative RMS, rms(x - ref) / rms(ref):
+//   o, final_state <= 0.005; dq, dk, dv, dh0 <= 0.008; dbeta, dg <= 0.02.
+// Inputs as fla tests them: g = logsigmoid(x) / n (n from 0.1 to 10) with some g exactly 0,
+// beta in (0, 1), a non-zero initial state, random dout and dht. Every output is poisoned with
+// NaN before each call, so an element the kernels forget fails the comparison.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/host_dtype.h"
+#include "flashgrad/delta_rule.h"
+
+namespace {
+
+using flashgrad::DType;
+using flashgrad::GateKind;
+using flashgrad::TensorView;
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+bool have_gpu(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no devices";
+    return false;
+  }
+  return true;
+}
+#define REQUIRE_GPU()                                                          \
+  do {                                                                         \
+    std::string why_;                                                          \
+    if (!have_gpu(&why_)) GTEST_SKIP() << "no CUDA device: " << why_;          \
+  } while (0)
+
+float round_to(DType dt, float x) {
+  switch (dt) {
+    case DType::bf16: return flashgrad::host::bf16_to_float(flashgrad::host::float_to_bf16(x));
+    case DType::f16: return flashgrad::host::f16_to_float(flashgrad::host::float_to_f16(x));
+    default: return x;
+  }
+}
+
+// ---- the problem and its host data ---------------------------------------------------------
+struct Case {
+  std::string name;
+  DType dtype = DType::bf16;
+  int64_t B = 1, T = 64, H = 2, HV = 2, K = 64, V = 64;
+  GateKind gate = GateKind::scalar;
+  std::vector<int64_t> seq_lens;  // non-empty: varlen (B must be 1)
+  bool cu_int64 = false;
+  bool gate_f32 = true, beta_f32 = false;  // g / beta storage: float32 or the inputs' dtype
+  DType saved_r = DType::f32;              // f32, the inputs' dtype, or i32 = "pass none"
+  bool l2norm = true;
+  bool h0 = true;
+  float gate_div = 1.0f;  // g = logsigmoid(x) / gate_div
+  flashgrad::DeltaRuleAlgorithm algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
+  uint64_t seed = 1;
+
+  int64_t N() const { return seq_lens.empty() ? B : static_cast<int64_t>(seq_lens.size()); }
+  int64_t Ttot() const {
+    if (seq_lens.empty()) return T;
+    int64_t s = 0;
+    for (int64_t l : seq_lens) s += l;
+    return s;
+  }
+  int64_t g_inner() const { return gate == GateKind::per_channel ? K : 1; }
+};
+
+struct HostData {  // values already rounded to their storage dtype
+  std::vector<float> q, k, v, g, beta, h0, dout, dht;
+  std::vector<int64_t> cu;  // [N+1]
+};
+
+HostData make_data(const Case& c) {
+  std::mt19937_64 rng(c.seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> ud(0.f, 1.f);
+  const int64_t Bt = c.B * c.Ttot();
+  HostData d;
+  auto fill = [&](std::vector<float>& x, int64_t n, DType dt, float mul) {
+    x.resize(n);
+    for (auto& e : x) e = round_to(dt, nd(rng) * mul);
+  };
+  fill(d.q, Bt * c.H * c.K, c.dtype, 1.f);
+  fill(d.k, Bt * c.H * c.K, c.dtype, 1.f);
+  if (!c.l2norm) {  // fla's tests normalize k outside the op when the op does not
+    for (int64_t r = 0; r < Bt * c.H; ++r) {
+      double ss = 0;
+      for (int64_t e = 0; e < c.K; ++e) ss += double(d.k[r * c.K + e]) * d.k[r * c.K + e];
+      for (int64_t e = 0; e < c.K; ++e) d.k[r * c.K + e] = round_to(c.dtype, d.k[r * c.K + e] / std::sqrt(ss));
+    }
+  }
+  fill(d.v, Bt * c.HV * c.V, c.dtype, 1.f);
+  if (c.gate != GateKind::none) {
+    d.g.resize(Bt * c.HV * c.g_inner());
+    for (auto& e : d.g) {
+      const float x = nd(rng);
+      const float ls = std::min(x, 0.f) - std::log1p(std::exp(-std::fabs(x)));  // logsigmoid
+      e = ud(rng) < 0.1f ? 0.f : round_to(c.gate_f32 ? DType::f32 : c.dtype, ls / c.gate_div);
+    }
+  }
+  d.beta.resize(Bt * c.HV);
+  for (auto& e : d.beta) e = round_to(c.beta_f32 ? DType::f32 : c.dtype, 1.f / (1.f + std::exp(-nd(rng))));
+  if (c.h0) fill(d.h0, c.N() * c.HV * c.K * c.V, DType::f32, 1.f);
+  fill(d.dout, Bt * c.HV * c.V, c.dtype, 1.f);
+  fill(d.dht, c.N() * c.HV * c.K * c.V, DType::f32, 1.f);
+  d.cu.push_back(0);
+  if (c.seq_lens.empty())
+    for (int64_t b = 0; b < c.B; ++b) d.cu.push_back(d.cu.back() + c.T);
+  else
+    for (int64_t l : c.seq_lens) d.cu.push_back(d.cu.back() + l);
+  return d;
+}
+
+// ---- float64 reference: recurrence, two-pass backward, closed-form dg (docs/delta_rule.md) ----
+struct RefOut {
+  std::vector<double> o, ht, dq, dk, dv, dg, dbeta, dh0;
+};
+
+// Token row of sequence n step t in the [B, T] layout: padded rows are b * T + t; varlen packs.
+RefOut reference(const Case& c, const HostData& d) {
+  const int64_t K = c.K, V = c.V, H = c.H, HV = c.HV, N = c.N(), G = HV / H;
+  const int64_t Tt = c.Ttot();
+  const double scale = 1.0 / std::sqrt(double(K));
+  RefOut R;
+  R.o.assign(c.B * Tt * HV * V, 0);
+  R.ht.assign(N * HV * K * V, 0);
+  R.dq.assign(c.B * Tt * H * K, 0);
+  R.dk.assign(c.B * Tt * H * K, 0);
+  R.dv.assign(c.B * Tt * HV * V, 0);
+  R.dg.assign(c.B * Tt * HV * c.g_inner(), 0);
+  R.dbeta.assign(c.B * Tt * HV, 0);
+  R.dh0.assign(N * HV * K * V, 0);
+  auto work = [&](int64_t n, int64_t j) {
+    const int64_t h = j / G;
+    const int64_t row0 = c.seq_lens.empty() ? n * Tt : d.cu[n];  // first token row
+    const int64_t len = c.seq_lens.empty() ? Tt : d.cu[n + 1] - d.cu[n];
+    std::vector<double> q(len * K), k(len * K), rq(len), rk(len), dec(len * K), gl(len * K), v(len * V),
+        r(len * V), beta(len), dv(len * V), dqn(len * K), dkn(len * K), P(len * K);
+    for (int64_t t = 0; t < len; ++t) {
+      const int64_t row = row0 + t;
+      double sq = 0, sk = 0;
+      for (int64_t e = 0; e < K; ++e) {
+        q[t * K + e] = d.q[(row * H + h) * K + e];
+        k[t * K + e] = d.k[(row * H + h) * K + e];
+        sq += q[t * K + e] * q[t * K + e];
+        sk += k[t * K + e] * k[t * K + e];
+      }
+      rq[t] = c.l2norm ? 1 / std::sqrt(sq + 1e-6) : 1;
+      rk[t] = c.l2norm ? 1 / std::sqrt(sk + 1e-6) : 1;
+      for (int64_t e = 0; e < K; ++e) {
+        q[t * K + e] *= rq[t];
+        k[t * K + e] *= rk[t];
+        const double g = c.gate == GateKind::none ? 0
+                         : c.gate == GateKind::scalar ? d.g[row * HV + j]
+                                                      : d.g[(row * HV + j) * K + e];
+        gl[t * K + e] = g;
+        dec[t * K + e] = std::exp(g);
+      }
+      for (int64_t e = 0; e < V; ++e) v[t * V + e] = d.v[(row * HV + j) * V + e];
+      beta[t] = d.beta[row * HV + j];
+    }
+    std::vector<double> S(K * V), h0(K * V, 0), dht(K * V);
+    for (int64_t i = 0; i < K * V; ++i) {
+      if (c.h0) h0[i] = d.h0[(n * HV + j) * K * V + i];
+      dht[i] = d.dht[(n * HV + j) * K * V + i];
+    }
+    // forward
+    S = h0;
+    for (int64_t t = 0; t < len; ++t) {
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < V; ++b) S[a * V + b] *= dec[t * K + a];
+      for (int64_t b = 0; b < V; ++b) {
+        double p = 0;
+        for (int64_t a = 0; a < K; ++a) p += S[a * V + b] * k[t * K + a];
+        r[t * V + b] = v[t * V + b] - p;
+      }
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < V; ++b) S[a * V + b] += k[t * K + a] * beta[t] * r[t * V + b];
+      for (int64_t b = 0; b < V; ++b) {
+        double p = 0;
+        for (int64_t a = 0; a < K; ++a) p += S[a * V + b] * q[t * K + a];
+        R.o[((row0 + t) * HV + j) * V + b] = scale * p;
+      }
+    }
+    for (int64_t i = 0; i < K * V; ++i) R.ht[(n * HV + j) * K * V + i] = S[i];
+    const std::vector<double> ST = S;
+    // pass 1, reverse
+    std::vector<double> dS = dht, du(V);
+    for (int64_t t = len - 1; t >= 0; --t) {
+      const int64_t row = row0 + t;
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < V; ++b) dS[a * V + b] += scale * q[t * K + a] * d.dout[(row * HV + j) * V + b];
+      double db = 0;
+      for (int64_t b = 0; b < V; ++b) {
+        double p = 0;
+        for (int64_t a = 0; a < K; ++a) p += dS[a * V + b] * k[t * K + a];
+        du[b] = p;
+        dv[t * V + b] = beta[t] * p;
+        db += p * r[t * V + b];
+      }
+      R.dbeta[row * HV + j] = db;
+      for (int64_t a = 0; a < K; ++a) {
+        double p = 0;
+        for (int64_t b = 0; b < V; ++b) p += dS[a * V + b] * beta[t] * r[t * V + b];
+        dkn[t * K + a] = p;
+      }
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < V; ++b) dS[a * V + b] = dec[t * K + a] * (dS[a * V + b] - k[t * K + a] * dv[t * V + b]);
+    }
+    for (int64_t i = 0; i < K * V; ++i) R.dh0[(n * HV + j) * K * V + i] = dS[i];
+    // pass 2, forward
+    S = h0;
+    for (int64_t t = 0; t < len; ++t) {
+      const int64_t row = row0 + t;
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < V; ++b) S[a * V + b] *= dec[t * K + a];
+      for (int64_t a = 0; a < K; ++a) {
+        double p = 0;
+        for (int64_t b = 0; b < V; ++b) p += S[a * V + b] * dv[t * V + b];
+        P[t * K + a] = p;
+        dkn[t * K + a] -= p;
+      }
+      for (int64_t a = 0; a < K; ++a)
+        for (int64_t b = 0; b < V; ++b) S[a * V + b] += k[t * K + a] * beta[t] * r[t * V + b];
+      for (int64_t a = 0; a < K; ++a) {
+        double p = 0;
+        for (int64_t b = 0; b < V; ++b) p += S[a * V + b] * d.dout[(row * HV + j) * V + b];
+        dqn[t * K + a] = scale * p;
+      }
+    }
+    for (int64_t t = 0; t < len; ++t)
+      for (int64_t e = 0; e < V; ++e) R.dv[((row0 + t) * HV + j) * V + e] = dv[t * V + e];
+    // gate gradient: reverse cumulative sum of the per-step terms + the final-state term
+    if (c.gate == GateKind::scalar) {
+      double acc = 0;
+      for (int64_t i = 0; i < K * V; ++i) acc += ST[i] * dht[i];
+      for (int64_t t = len - 1; t >= 0; --t) {
+        double qdq = 0, kdk = 0, vdv = 0;
+        for (int64_t a = 0; a < K; ++a) {
+          qdq += q[t * K + a] * dqn[t * K + a];
+          kdk += k[t * K + a] * dkn[t * K + a];
+        }
+        for (int64_t b = 0; b < V; ++b) vdv += v[t * V + b] * dv[t * V + b];
+        acc += qdq - kdk + 2 * (beta[t] * R.dbeta[(row0 + t) * HV + j] - vdv);
+        R.dg[(row0 + t) * HV + j] = acc;
+      }
+    } else if (c.gate == GateKind::per_channel) {
+      for (int64_t a = 0; a < K; ++a) {
+        double acc = 0;
+        for (int64_t b = 0; b < V; ++b) acc += ST[a * V + b] * dht[a * V + b];
+        for (int64_t t = len - 1; t >= 0; --t) {
+          acc += q[t * K + a] * dqn[t * K + a] - k[t * K + a] * dkn[t * K + a] - 2 * k[t * K + a] * P[t * K + a];
+          R.dg[((row0 + t) * HV + j) * K + a] = acc;
+        }
+      }
+    }
+    // L2-norm backward per value head (linear in dy, so summing heads afterwards is the same)
+    for (int64_t t = 0; t < len; ++t) {
+      for (int pass = 0; pass < 2; ++pass) {
+        const double* y = pass == 0 ? &q[t * K] : &k[t * K];
+        double* dy = pass == 0 ? &dqn[t * K] : &dkn[t * K];
+        const double rs = pass == 0 ? rq[t] : rk[t];
+        if (c.l2norm) {
+          double dot = 0;
+          for (int64_t a = 0; a < K; ++a) dot += dy[a] * y[a];
+          for (int64_t a = 0; a < K; ++a) dy[a] = rs * (dy[a] - dot * y[a]);
+        }
+      }
+    }
+    return std::make_pair(std::move(dqn), std::move(dkn));
+  };
+  // Parallel over (sequence, value head); dq / dk summed over a group's value heads afterwards,
+  // in a fixed order.
+  const int64_t jobs = N * HV;
+  std::vector<std::pair<std::vector<double>, std::vector<double>>> qk(jobs);
+  const unsigned nthreads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 32));
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < nthreads; ++w)
+    pool.emplace_back([&, w] {
+      for (int64_t job = w; job < jobs; job += nthreads) qk[job] = work(job / HV, job % HV);
+    });
+  for (auto& th : pool) th.join();
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t row0 = c.seq_lens.empty() ? n * Tt : d.cu[n];
+    const int64_t len = c.seq_lens.empty() ? Tt : d.cu[n + 1] - d.cu[n];
+    for (int64_t j = 0; j < HV; ++j) {
+      const auto& [dqn, dkn] = qk[n * HV + j];
+      const int64_t h = j / G;
+      for (int64_t t = 0; t < len; ++t)
+        for (int64_t a = 0; a < K; ++a) {
+          R.dq[((row0 + t) * H + h) * K + a] += dqn[t * K + a];
+          R.dk[((row0 + t) * H + h) * K + a] += dkn[t * K + a];
+        }
+    }
+  }
+  return R;
+}
+
+// ---- device tensors -------------------------------------------------------------------------
+struct DevTensor {
+  void* ptr = nullptr;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * flashgrad::dtype_size(dtype); }
+  DevTensor() = default;
+  DevTensor(DType dt, std::vector<int64_t> s) : dtype(dt), shape(std::move(s)) {
+    if (cudaMalloc(&ptr, std::max<std::size_t>(bytes(), 1)) != cudaSuccess) ptr = nullptr;
+  }
+  DevTensor(const DevTensor&) = delete;
+  DevTensor& operator=(const DevTensor&) = delete;
+  DevTensor(DevTensor&& o) noexcept { *this = std::move(o); }
+  DevTensor& operator=(DevTensor&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    dtype = o.dtype;
+    shape = o.shape;
+    return *this;
+  }
+  ~DevTensor() {
+    if (ptr) cudaFree(ptr);
+  }
+  TensorView view() const {
+    TensorView t;
+    t.data = ptr;
+    t.dtype = dtype;
+    t.device = flashgrad::Device::cuda;
+    t.device_index = 0;
+    t.rank = static_cast<int>(shape.size());
+    int64_t st = 1;
+    for (int i = t.rank - 1; i >= 0; --i) {
+      t.shape[i] = shape[i];
+      t.stride[i] = st;
+      st *= shape[i];
+    }
+    return t;
+  }
+  void poison() { cudaMemset(ptr, 0xff, bytes()); }  // all-ones: NaN in f32, f16 and bf16
+  void upload(const std::vector<float>& x) {
+    std::vector<uint8_t> buf(bytes());
+    for (int64_t i = 0; i < numel(); ++i) flashgrad::host::store<float>(buf.data(), dtype, i, x[i]);
+    cudaMemcpy(ptr, buf.data(), bytes(), cudaMemcpyHostToDevice);
+  }
+  std::vector<double> download() const {
+    std::vector<uint8_t> buf(bytes());
+    cudaMemcpy(buf.data(), ptr, bytes(), cudaMemcpyDeviceToHost);
+    std::vector<double> x(numel());
+    for (int64_t i = 0; i < numel(); ++i) x[i] = flashgrad::host::load<double>(buf.data(), dtype, i);
+    return x;
+  }
+};
+
+double rel_rms(const std::vector<double>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));  // NaN in got -> NaN -> fails every bar
+}
+
+void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& ref, double bar,
+                  const std::string& name) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const double e = rel_rms(got, ref);
+  std::printf("  %-28s %-6s rel_rms %.2e (bar %.3f)\n", name.c_str(), what, e, bar);
+  EXPECT_TRUE(e <= bar) << name << ": " << what << " relative RMS error " << e << " > " << bar;
+}
+
+// Runs forward + backward on the GPU through the public API and compares everything.
+void run_case(const Case& c) {
+  const HostData d = make_data(c);
+  const RefOut R = reference(c, d);
+  const int64_t Tt = c.Ttot(), N = c.N();
+  const DType gdt = c.gate_f32 ? DType::f32 : c.dtype, bdt = c.beta_f32 ? DType::f32 : c.dtype;
+
+  DevTensor q(c.dtype, {c.B, Tt, c.H, c.K}), k(c.dtype, {c.B, Tt, c.H, c.K}), v(c.dtype, {c.B, Tt, c.HV, c.V});
+  DevTensor beta(bdt, {c.B, Tt, c.HV}), dout(c.dtype, {c.B, Tt, c.HV, c.V});
+  DevTensor g;
+  if (c.gate == GateKind::scalar) g = DevTensor(gdt, {c.B, Tt, c.HV});
+  if (c.gate == GateKind::per_channel) g = DevTensor(gdt, {c.B, Tt, c.HV, c.K});
+  DevTensor h0, dht(DType::f32, {N, c.HV, c.K, c.V});
+  if (c.h0) h0 = DevTensor(DType::f32, {N, c.HV, c.K, c.V});
+  DevTensor cu(c.cu_int64 ? DType::i64 : DType::i32, {N + 1});
+  q.upload(d.q);
+  k.upload(d.k);
+  v.upload(d.v);
+  beta.upload(d.beta);
+  dout.upload(d.dout);
+  dht.upload(d.dht);
+  if (g.ptr) g.upload(d.g);
+  if (h0.ptr) h0.upload(d.h0);
+  {
+    if (c.cu_int64) cudaMemcpy(cu.ptr, d.cu.data(), 8 * d.cu.size(), cudaMemcpyHostToDevice);
+    else {
+      std::vector<int32_t> c32(d.cu.begin(), d.cu.end());
+      cudaMemcpy(cu.ptr, c32.data(), 4 * c32.size(), cudaMemcpyHostToDevice);
+    }
+  }
+
+  flashgrad::DeltaRuleParams p;
+  p.q = q.view();
+  p.k = k.view();
+  p.v = v.view();
+  if (g.ptr) p.g = g.view();
+  p.beta = beta.view();
+  if (h0.ptr) p.initial_state = h0.view();
+  if (!c.seq_lens.empty()) p.cu_seqlens = cu.view();
+  p.use_qk_l2norm_in_kernel = c.l2norm;
+  p.algorithm = c.algorithm;
+
+  DevTensor o(c.dtype, {c.B, Tt, c.HV, c.V}), ht(DType::f32, {N, c.HV, c.K, c.V});
+  const bool save_r = c.saved_r != DType::i32;
+  DevTensor r;
+  if (save_r) r = DevTensor(c.saved_r, {c.B, Tt, c.HV, c.V});
+  o.poison();
+  ht.poison();
+  if (r.ptr) r.poison();
+  flashgrad::DeltaRuleForwardOutputs out;
+  out.o = o.view();
+  out.final_state = ht.view();
+  if (r.ptr) out.saved_r = r.view();
+  ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  DevTensor dq(c.dtype, {c.B, Tt, c.H, c.K}), dk(c.dtype, {c.B, Tt, c.H, c.K}), dv(c.dtype, {c.B, Tt, c.HV, c.V});
+  DevTensor dbeta(bdt, {c.B, Tt, c.HV}), dh0(DType::f32, {N, c.HV, c.K, c.V}), dg;
+  if (g.ptr) dg = DevTensor(gdt, g.shape);
+  for (DevTensor* t : {&dq, &dk, &dv, &dbeta, &dh0, &dg})
+    if (t->ptr) t->poison();
+  flashgrad::DeltaRuleBackwardInputs in;
+  in.dout = dout.view();
+  in.dht = dht.view();
+  if (r.ptr) in.saved_r = r.view();
+  flashgrad::DeltaRuleGrads gr;
+  gr.dq = dq.view();
+  gr.dk = dk.view();
+  gr.dv = dv.view();
+  if (dg.ptr) gr.dg = dg.view();
+  gr.dbeta = dbeta.view();
+  if (c.h0) gr.dh0 = dh0.view();
+  ASSERT_NO_THROW(flashgrad::delta_rule_backward(p, in, gr));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  expect_close("o", o.download(), R.o, 0.005, c.name);
+  expect_close("ht", ht.download(), R.ht, 0.005, c.name);
+  expect_close("dq", dq.download(), R.dq, 0.008, c.name);
+  expect_close("dk", dk.download(), R.dk, 0.008, c.name);
+  expect_close("dv", dv.download(), R.dv, 0.008, c.name);
+  expect_close("dbeta", dbeta.download(), R.dbeta, 0.02, c.name);
+  if (dg.ptr) expect_close("dg", dg.download(), R.dg, 0.02, c.name);
+  if (c.h0) expect_close("dh0", dh0.download(), R.dh0, 0.008, c.name);
+}
+
+// ---- the cases --------------------------------------------------------------------------------
+const int64_t kTs[] = {1, 63, 64, 75, 500, 1500, 4096};
+
+TEST(DeltaRuleGpu, GdnBf16GroupedValueHeadsAllLengths) {
+  REQUIRE_GPU();
+  for (int64_t T : kTs) {
+    Case c;
+    c.name = "gdn bf16 T=" + std::to_string(T);
+    c.B = 2, c.T = T, c.H = 2, c.HV = 4, c.K = 128, c.V = 128;
+    c.gate_div = T == 500 ? 0.1f : (T == 1500 ? 10.f : 1.f);
+    c.seed = 100 + T;
+    run_case(c);
+  }
+}
+
+TEST(DeltaRuleGpu, KdaBf16KeyNotValue) {
+  REQUIRE_GPU();
+  for (int64_t T : {1, 63, 75, 500, 1500}) {
+    Case c;
+    c.name = "kda bf16 T=" + std::to_string(T);
+    c.gate = GateKind::per_channel;
+    c.B = 2, c.T = T, c.H = 1, c.HV = 2, c.K = 128, c.V = 64;
+    c.gate_div = T == 75 ? 0.1f : 1.f;
+    c.gate_f32 = T % 2 == 1;
+    c.seed = 200 + T;
+    run_case(c);
+  }
+}
+
+TEST(DeltaRuleGpu, PlainDeltaRuleF16) {
+  REQUIRE_GPU();
+  for (int64_t T : {1, 64, 500}) {
+    Case c;
+    c.name = "delta f16 T=" + std::to_string(T);
+    c.dtype = DType::f16;
+    c.gate = GateKind::none;
+    c.B = 2, c.T = T, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
+    c.l2norm = false;
+    c.saved_r = DType::f16;
+    c.seed = 300 + T;
+    run_case(c);
+  }
+}
+
+TEST(DeltaRuleGpu, GdnF16OddSizesStrongDecay) {
+  REQUIRE_GPU();
+  Case c;
+  c.name = "gdn f16 K100 V72";
+  c.dtype = DType::f16;
+  c.B = 1, c.T = 300, c.H = 2, c.HV = 4, c.K = 100, c.V = 72;
+  c.gate_div = 0.1f;
+  c.gate_f32 = false, c.beta_f32 = true;
+  c.saved_r = DType::i32;  // no saved r: the backward recomputes it
+  c.seed = 401;
+  run_case(c);
+}
+
+TEST(DeltaRuleGpu, KdaF16NoInitialStateNoNorm) {
+  REQUIRE_GPU();
+  Case c;
+  c.name = "kda f16 K64 V128";
+  c.dtype = DType::f16;
+  c.gate = GateKind::per_channel;
+  c.B = 2, c.T = 200, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
+  c.h0 = false;
+  c.l2norm = false;
+  c.saved_r = DType::f16;
+  c.seed = 402;
+  run_case(c);
+}
+
+TEST(DeltaRuleGpu, Head256AndFloat32) {
+  REQUIRE_GPU();
+  Case c;
+  c.name = "gdn bf16 K=V=256";
+  c.B = 1, c.T = 75, c.H = 1, c.HV = 2, c.K = 256, c.V = 256;
+  c.seed = 403;
+  run_case(c);
+  Case f;
+  f.name = "kda f32 K32 V48";
+  f.dtype = DType::f32;
+  f.gate = GateKind::per_channel;
+  f.B = 2, f.T = 130, f.H = 1, f.HV = 3, f.K = 32, f.V = 48;
+  f.seed = 404;
+  run_case(f);
+}
+
+TEST(DeltaRuleGpu, VarlenUnevenLengths) {
+  REQUIRE_GPU();
+  const std::vector<int64_t> lens = {1, 63, 136, 0, 511, 75, 714};
+  for (GateKind gk : {GateKind::scalar, GateKind::per_channel, GateKind::none}) {
+    Case c;
+    c.name = std::string("varlen ") + (gk == GateKind::scalar ? "gdn" : gk == GateKind::per_channel ? "kda" : "delta");
+    c.gate = gk;
+    c.B = 1, c.H = 2, c.HV = 4, c.K = 128, c.V = 64;
+    c.seq_lens = lens;
+    c.cu_int64 = gk == GateKind::per_channel;
+    c.gate_div = 0.1f;
+    c.seed = 500 + static_cast<int>(gk);
+    run_case(c);
+  }
+}
+
+TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
+  REQUIRE_GPU();
+  Case c;
+  c.name = "chunked gdn bf16";
+  c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+  c.B = 2, c.T = 200, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
+  c.seed = 600;
+  run_case(c);
+}
+
+}  // namespace
