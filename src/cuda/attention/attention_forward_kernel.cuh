@@ -1,0 +1,210 @@
+// Softmax attention forward (FlashAttention-2 scheme on mma.sync tensor cores).
+//
+// One CTA = one block of kBlockM queries of one (sequence, query head); each warp owns 16 query rows.
+// It walks the key blocks that the mask does not rule out entirely, computing S = Q K^T in
+// registers, an online softmax (running max m and sum l per row, in log2 units), and O += P V,
+// with P taken straight from the S accumulators. K and V tiles stream through shared memory with
+// cp.async: V(j) loads while S(j) is computed, K(j+1) while P(j) V(j) is.
+#pragma once
+
+#include <cmath>
+
+#include "sequence_and_mask.cuh"
+#include "tile_primitives.cuh"
+
+namespace flashgrad::cuda_attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int D, int kWarps>
+struct ForwardConfig {
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kBlockN = 64;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSmemElems = (kBlockM + 2 * kBlockN) * D;
+  static constexpr int kSmemBytes = kSmemElems * 2;
+};
+
+// Next key block at or after `nb` that has any allowed pair with queries [m0, m1); -1 if none.
+template <int kBlockN>
+__device__ __forceinline__ int next_key_block(const MaskView& mask, int nb, int num_nb, int m0,
+                                              int m1, int& cls) {
+  for (; nb < num_nb; ++nb) {
+    cls = mask.classify(m0, m1, nb * kBlockN, (nb + 1) * kBlockN);
+    if (cls != kTileEmpty) return nb;
+  }
+  return -1;
+}
+
+template <typename T, int D, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps)
+    attention_forward_kernel(const AttentionKernelParams p, int num_m_blocks) {
+  using Cfg = ForwardConfig<D, kWarps>;
+  using Ops = ElementOps<T>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * D;
+  T* sV = sK + BN * D;
+
+  // Heaviest query blocks (the last ones under a causal mask) are scheduled first.
+  const int seq = blockIdx.x / num_m_blocks;
+  const int mb = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
+  const int h = blockIdx.y;
+  const int hk = h / (p.heads_q / p.heads_k);
+  const SequenceView sv = sequence_view(p, seq);
+  const int m0 = mb * BM;
+  if (m0 >= sv.len_q) return;
+  const MaskView mask = mask_view(p, sv, seq);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+
+  const T* q = static_cast<const T*>(p.q) + row_offset(p.q_st, sv.q_batch, sv.q_row0, m0, h);
+  const T* k = static_cast<const T*>(p.k) + row_offset(p.k_st, sv.k_batch, sv.k_row0, 0, hk);
+  const T* v = static_cast<const T*>(p.v) + row_offset(p.v_st, sv.k_batch, sv.k_row0, 0, hk);
+
+  load_tile_async<BM, D, Cfg::kThreads>(sQ, q, p.q_st.row, sv.len_q - m0, tid);
+  const int num_nb = (sv.len_k + BN - 1) / BN;
+  int cls = kTileEmpty;
+  int nb = next_key_block<BN>(mask, 0, num_nb, m0, m0 + BM, cls);
+  if (nb >= 0)
+    load_tile_async<BN, D, Cfg::kThreads>(sK, k + static_cast<int64_t>(nb) * BN * p.k_st.row,
+                                          p.k_st.row, sv.len_k - nb * BN, tid);
+  cp_async_commit();
+
+  float acc_o[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // log2 units
+  float row_sum[2] = {0.f, 0.f};              // this thread's partial sums
+  const float scale_log2 = p.scale * kLog2e;
+  const int row_in_warp = warp * 16;
+
+  while (nb >= 0) {
+    cp_async_wait<0>();
+    __syncthreads();
+    load_tile_async<BN, D, Cfg::kThreads>(sV, v + static_cast<int64_t>(nb) * BN * p.v_st.row,
+                                          p.v_st.row, sv.len_k - nb * BN, tid);
+    cp_async_commit();
+
+    // S = Q K^T for this warp's 16 rows x BN keys.
+    float acc_s[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      load_a<D>(a, sQ, row_in_warp, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t b[4];
+        load_b_nk<D>(b, sK, np * 16, kk * 16, lane);
+        Ops::mma(acc_s[2 * np], a, b[0], b[1]);
+        Ops::mma(acc_s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Scores in log2 units, softcapped and masked; -inf where not allowed.
+    const int n0 = nb * BN;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float s = acc_s[nt][e];
+        if (p.softcap_method != kSoftcapOff) {
+          float unused;
+          s = apply_softcap(p.softcap_method, p.softcap, s * p.scale, unused) * kLog2e;
+        } else {
+          s *= scale_log2;
+        }
+        if (cls == kTilePartial) {
+          const int i = m0 + row_in_warp + g + (e >= 2 ? 8 : 0);
+          const int j = n0 + nt * 8 + 2 * t + (e & 1);
+          if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) s = -INFINITY;
+        }
+        acc_s[nt][e] = s;
+      }
+    }
+
+    // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = row_max[r];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+      mx = quad_max(mx);
+      // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float rescale = exp2f(row_max[r] - base);
+      row_max[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        acc_s[nt][2 * r] = exp2f(acc_s[nt][2 * r] - base);
+        acc_s[nt][2 * r + 1] = exp2f(acc_s[nt][2 * r + 1] - base);
+        sum += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * rescale + sum;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        acc_o[dt][2 * r] *= rescale;
+        acc_o[dt][2 * r + 1] *= rescale;
+      }
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V(nb) landed; every warp is done reading K(nb)
+    int next_cls = kTileEmpty;
+    const int next = next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, next_cls);
+    if (next >= 0)
+      load_tile_async<BN, D, Cfg::kThreads>(sK, k + static_cast<int64_t>(next) * BN * p.k_st.row,
+                                            p.k_st.row, sv.len_k - next * BN, tid);
+    cp_async_commit();
+
+    // O += P V, P from the S accumulators (two n-tiles = one A fragment of 16 keys).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = Ops::pack(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+      a[1] = Ops::pack(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+      a[2] = Ops::pack(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+      a[3] = Ops::pack(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t b[4];
+        load_b_kn<D>(b, sV, kk * 16, dp * 16, lane);
+        Ops::mma(acc_o[2 * dp], a, b[0], b[1]);
+        Ops::mma(acc_o[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+    nb = next;
+    cls = next_cls;
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: O / l, lse = (m + log2 l) ln 2; a row with l = 0 (nothing allowed) gives 0 and -inf.
+  T* out = static_cast<T*>(p.out) + row_offset(p.out_st, sv.q_batch, sv.q_row0, m0, h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int i = row_in_warp + g + 8 * r;  // row inside the block
+    if (m0 + i >= sv.len_q) continue;
+    T* orow = out + static_cast<int64_t>(i) * p.out_st.row;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const uint32_t packed = Ops::pack(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) = packed;
+    }
+    if (p.lse != nullptr && t == 0) {
+      const float lse = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+      p.lse[sv.q_batch * p.lse_batch_stride +
+            static_cast<int64_t>(h) * p.lse_head_stride +
+            (sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_attn
