@@ -247,6 +247,36 @@ TEST(AttentionBackward, LowPrecisionInputsAgreeWithDouble) {
   }
 }
 
+// fp8 inputs: gradients with respect to the dequantized q, k, v, in bf16. The float32 backward
+// on the dequantized inputs, fed the same (bf16) out and dout, gives the same bits once rounded.
+TEST(AttentionBackward, Fp8InputsGiveGradientsOfTheDequantizedInputs) {
+  AttnConfig cfg = small(MaskKind::sliding_window);
+  cfg.window_left = 3;
+  cfg.window_right = 1;
+  cfg.input_range = 3.0;
+  auto rng = make_rng();
+  const Fp8Case f = make_fp8_case(cfg, rng);
+  const AttentionParams p = f.params();
+  ForwardResult fwd{f.c.make(DType::bf16, f.c.q_like(cfg.dv)), f.c.make(DType::f32, f.c.lse_shape())};
+  attention_forward(p, fwd.out.view(), fwd.lse.view());
+  HostTensor dout = f.c.make(DType::bf16, f.c.q_like(cfg.dv));
+  dout.fill_uniform(rng, -1, 1);
+  HostTensor dq = f.c.make(DType::bf16, f.c.q_like(cfg.d)), dk = f.c.make(DType::bf16, f.c.k_like(cfg.d)),
+             dv = f.c.make(DType::bf16, f.c.k_like(cfg.dv));
+  AttentionBackwardInputs in;
+  in.out = fwd.out.view();
+  in.lse = fwd.lse.view();
+  in.dout = dout.view();
+  attention_backward(p, in, dq.view(), dk.view(), dv.view());
+
+  const AttnCase d = f.dequantized();
+  const ForwardResult fwd32{converted(fwd.out, DType::f32), fwd.lse};
+  const Gradients ref = run_backward(d, fwd32, converted(dout, DType::f32), nullptr, 0.0f);
+  EXPECT_TRUE(same_bits(dq, converted(ref.dq, DType::bf16)));
+  EXPECT_TRUE(same_bits(dk, converted(ref.dk, DType::bf16)));
+  EXPECT_TRUE(same_bits(dv, converted(ref.dv, DType::bf16)));
+}
+
 TEST(AttentionBackward, SameBitsForOneAndManyThreads) {
   AttnConfig cfg = small(MaskKind::prefix_lm);
   cfg.dtype = DType::bf16;

@@ -135,6 +135,53 @@ inline AttnCase make_case(const AttnConfig& cfg, std::mt19937_64& rng) {
   return c;
 }
 
+// An fp8 (e4m3) problem: q, k, v in e4m3 with float32 descales [N, Hk] (true value = stored *
+// descale of the sequence and kv head; q uses its query head's kv head).
+struct Fp8Case {
+  AttnCase c;
+  HostTensor descale[3];  // q, k, v
+
+  AttentionParams params() const {
+    AttentionParams p = c.params();
+    p.descale_q = descale[0].view();
+    p.descale_k = descale[1].view();
+    p.descale_v = descale[2].view();
+    return p;
+  }
+
+  // The same problem in float32 on the dequantized values (each product rounded to float, as a
+  // float32 computation of stored * descale would be).
+  AttnCase dequantized() const {
+    AttnCase f = c;
+    f.cfg.dtype = DType::f32;
+    const HostTensor* src[3] = {&c.q, &c.k, &c.v};
+    HostTensor* dst[3] = {&f.q, &f.k, &f.v};
+    for (int t = 0; t < 3; ++t) {
+      const std::vector<int64_t>& shape = src[t]->shape();  // padded [B, S, H, X]
+      *dst[t] = HostTensor(DType::f32, shape);
+      for (int64_t e = 0; e < src[t]->numel(); ++e) {
+        const int64_t head = (e / shape[3]) % shape[2];
+        const int64_t n = e / (shape[3] * shape[2] * shape[1]);
+        const int64_t g = t == 0 ? head / (c.cfg.hq / c.cfg.hk) : head;
+        dst[t]->set(e, static_cast<float>(src[t]->get(e)) *
+                           static_cast<float>(descale[t].get(n * c.cfg.hk + g)));
+      }
+    }
+    return f;
+  }
+};
+
+inline Fp8Case make_fp8_case(AttnConfig cfg, std::mt19937_64& rng) {
+  cfg.dtype = DType::e4m3;
+  cfg.varlen = false;
+  Fp8Case f{make_case(cfg, rng), {}};
+  for (auto& t : f.descale) {
+    t = HostTensor(DType::f32, {f.c.num_seqs, cfg.hk});
+    t.fill_uniform(rng, 0.05, 0.5);
+  }
+  return f;
+}
+
 // ---- the naive reference ------------------------------------------------------------------
 
 // The mask rule of docs/attention.md, restated for the test.
