@@ -16,6 +16,7 @@ struct GradCase {
   std::string name;
   DeltaCase c;
 };
+void PrintTo(const GradCase& g, std::ostream* os) { *os << g.name; }
 
 // Central differences at `samples` random elements of input `x` (all of them when fewer),
 // compared with the analytic gradient `grad`. Returns the worst |fd - analytic| / max(1, max|analytic|).
@@ -54,7 +55,7 @@ TEST_P(DeltaRuleGradient, MatchesFiniteDifferences) {
   DeltaData d(GetParam().c, rng);
   const DeltaGrads g = run_backward(d);
   const bool chunked = d.c.algorithm == DeltaRuleAlgorithm::chunked;
-  const int samples = chunked ? 24 : 48;
+  const int samples = chunked ? 48 : 160;
   double worst = 0;
   worst = std::max(worst, fd_check(d, d.q, g.dq, "dq", samples, rng));
   worst = std::max(worst, fd_check(d, d.k, g.dk, "dk", samples, rng));

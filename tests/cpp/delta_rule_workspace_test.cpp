@@ -1,0 +1,105 @@
+// Memory of the recurrent backward: O(K*V) per worker plus buffers the size of v (r, then dr) and
+// of k per value head (dq, dk partials) -- never proportional to T*K*V -- and caller-provided
+// workspace giving the same bits as the backend's own.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "delta_rule_test_util.h"
+
+namespace flashgrad::test {
+namespace {
+
+DeltaRuleParams shape_only_params(std::vector<HostTensor>& keep, int64_t T, int64_t HV, int64_t K, int64_t V,
+                                  int threads) {
+  // Only shapes matter to the query; small real tensors would need T*... storage, so keep them.
+  keep.clear();
+  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, 2, K});
+  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, 2, K});
+  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, HV, V});
+  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, HV});
+  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, HV});
+  DeltaRuleParams p;
+  p.q = keep[0].view();
+  p.k = keep[1].view();
+  p.v = keep[2].view();
+  p.g = keep[3].view();
+  p.beta = keep[4].view();
+  p.algorithm = DeltaRuleAlgorithm::recurrent;
+  p.exec.num_threads = threads;
+  return p;
+}
+
+TEST(DeltaRuleWorkspace, RecurrentBackwardIsOKVPerWorkerNotTKV) {
+  const int64_t T = 4096, HV = 4, K = 64, V = 64;
+  const int workers = 2;
+  std::vector<HostTensor> keep;
+  const DeltaRuleParams p = shape_only_params(keep, T, HV, K, V, workers);
+  const std::size_t bwd = delta_rule_workspace_bytes(p, Pass::backward);
+  const std::size_t fwd = delta_rule_workspace_bytes(p, Pass::forward);
+  const std::size_t f = sizeof(float);
+  // Per worker: S and dS (2*K*V) plus a few K- and V-vectors; shared: r/dr [T, HV, V] and the
+  // dq, dk partials [T, HV, K]; 64 bytes of alignment slack.
+  const std::size_t per_worker_bound = (2 * K * V + 8 * (K + V)) * f;
+  const std::size_t tensor_bound = T * HV * (V + 2 * K) * f;
+  EXPECT_LE(bwd, workers * per_worker_bound + tensor_bound + 64);
+  // Materialized per-step states would be T*HV*K*V floats: V/3 = 21x more than this here.
+  EXPECT_LT(bwd, T * HV * K * V * f / 16);
+  // The forward needs no T-sized buffer at all.
+  EXPECT_LE(fwd, workers * (K * V + 8 * (K + V)) * f + 64);
+
+  // Growth with T is exactly the size-of-v and size-of-k-per-value-head buffers.
+  const DeltaRuleParams p2 = shape_only_params(keep, 2 * T, HV, K, V, workers);
+  EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::backward) - bwd, T * HV * (V + 2 * K) * f);
+  EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::forward), fwd);
+  std::cout << "  T=4096 HV=4 K=V=64, 2 workers: backward workspace " << bwd << " bytes, forward " << fwd
+            << " bytes; per-step states would take " << T * HV * K * V * f << " bytes\n";
+}
+
+TEST(DeltaRuleWorkspace, CallerWorkspaceGivesSameBits) {
+  auto rng = make_rng();
+  DeltaCase c;
+  c.B = 2;
+  c.T = 70;
+  c.H = 1;
+  c.HV = 2;
+  c.K = 8;
+  c.V = 6;
+  c.gate = GateKind::per_channel;
+  c.l2norm = true;
+  c.dtype = DType::bf16;
+  c.gate_dtype = DType::f32;
+  c.precision = Precision::fp32;
+  c.threads = 2;
+  DeltaData d(c, rng);
+  const DeltaRuleParams p = d.params();
+  const DeltaForward f_own = run_forward(d, p);
+  const DeltaGrads g_own = run_backward(d, p);
+
+  const std::size_t fb = delta_rule_workspace_bytes(p, Pass::forward);
+  const std::size_t bb = delta_rule_workspace_bytes(p, Pass::backward);
+  // Deliberately misaligned start (4 bytes past an 8-byte boundary): the backend aligns it up.
+  std::vector<double> buf(std::max(fb, bb) / 8 + 2, std::nan(""));
+  Workspace ws_f{reinterpret_cast<char*>(buf.data()) + 4, fb};
+  Workspace ws_b{reinterpret_cast<char*>(buf.data()) + 4, bb};
+  DeltaForward f;
+  f.o = HostTensor(c.dtype, {c.B, c.T, c.HV, c.V});
+  f.final_state = HostTensor(DType::f32, d.state_shape());
+  DeltaRuleForwardOutputs out;
+  out.o = f.o.view();
+  out.final_state = f.final_state.view();
+  delta_rule_forward(p, out, ws_f);
+  DeltaGrads g = make_grads(d);
+  delta_rule_backward(p, backward_inputs(d), grad_views(d, g), ws_b);
+  EXPECT_TRUE(same_bits(f.o, f_own.o));
+  EXPECT_TRUE(same_bits(f.final_state, f_own.final_state));
+  EXPECT_TRUE(same_bits(g.dq, g_own.dq));
+  EXPECT_TRUE(same_bits(g.dk, g_own.dk));
+  EXPECT_TRUE(same_bits(g.dv, g_own.dv));
+  EXPECT_TRUE(same_bits(g.dg, g_own.dg));
+  EXPECT_TRUE(same_bits(g.dbeta, g_own.dbeta));
+  EXPECT_TRUE(same_bits(g.dh0, g_own.dh0));
+}
+
+}  // namespace
+}  // namespace flashgrad::test
