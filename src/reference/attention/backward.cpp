@@ -131,19 +131,19 @@ template <typename T>
 void backward_in(const AttentionParams& p, const AttentionProblem& pr,
                  const AttentionBackwardInputs& in, const TensorView& dq, const TensorView& dk,
                  const TensorView& dv, Workspace ws) {
-  const BackwardPass<T> pass{p,
-                             pr,
-                             token_rows(p.q),
-                             token_rows(p.k),
-                             token_rows(p.v),
-                             token_rows(in.out),
-                             token_rows(in.dout),
-                             lse_rows(in.lse),
-                             lse_rows(in.dlse),
-                             token_rows(dq),
-                             token_rows(dk),
-                             token_rows(dv),
-                             static_cast<T>(in.z_loss_weight)};
+  const BackwardPass<T> pass{.p = p,
+                             .pr = pr,
+                             .q = token_rows(p.q),
+                             .k = token_rows(p.k),
+                             .v = token_rows(p.v),
+                             .out = token_rows(in.out),
+                             .dout = token_rows(in.dout),
+                             .lse = lse_rows(in.lse),
+                             .dlse = lse_rows(in.dlse),
+                             .dq = token_rows(dq),
+                             .dk = token_rows(dk),
+                             .dv = token_rows(dv),
+                             .z_loss_weight = static_cast<T>(in.z_loss_weight)};
   const ScratchPlan plan = plan_scratch(p, pr, Pass::backward);
   const Scratch scratch(plan, ws);
   parallel_for(plan.items, plan.workers, [&](int64_t item, int worker) {

@@ -91,8 +91,13 @@ struct ForwardPass {
 template <typename T>
 void forward_in(const AttentionParams& p, const AttentionProblem& pr, const TensorView& out,
                 const TensorView& lse, Workspace ws) {
-  const ForwardPass<T> pass{p, pr, token_rows(p.q), token_rows(p.k), token_rows(p.v),
-                            token_rows(out), lse_rows(lse)};
+  const ForwardPass<T> pass{.p = p,
+                            .pr = pr,
+                            .q = token_rows(p.q),
+                            .k = token_rows(p.k),
+                            .v = token_rows(p.v),
+                            .out = token_rows(out),
+                            .lse = lse_rows(lse)};
   const ScratchPlan plan = plan_scratch(p, pr, Pass::forward);
   const Scratch scratch(plan, ws);
   parallel_for(plan.items, plan.workers, [&](int64_t item, int worker) {
