@@ -6,6 +6,7 @@
 // Inputs as fla tests them: g = logsigmoid(x) / n (n from 0.1 to 10) with some g exactly 0,
 // beta in (0, 1), a non-zero initial state, random dout and dht. Every output is poisoned with
 // NaN before each call, so an element the kernels forget fails the comparison.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
+#include "flashgrad/status.h"
 
 namespace {
 
@@ -380,7 +382,7 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
                   const std::string& name) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   const double e = rel_rms(got, ref);
-  std::printf("  %-28s %-6s rel_rms %.2e (bar %.3f)\n", name.c_str(), what, e, bar);
+  std::printf("  %-28s %-6s rel_rms %.2e (bar %g)\n", name.c_str(), what, e, bar);
   EXPECT_TRUE(e <= bar) << name << ": " << what << " relative RMS error " << e << " > " << bar;
 }
 
@@ -467,6 +469,80 @@ void run_case(const Case& c) {
   expect_close("dbeta", dbeta.download(), R.dbeta, 0.02, c.name);
   if (dg.ptr) expect_close("dg", dg.download(), R.dg, 0.02, c.name);
   if (c.h0) expect_close("dh0", dh0.download(), R.dh0, 0.008, c.name);
+}
+
+// ---- the test's float64 recurrence vs flashgrad's CPU reference (no GPU needed) -----------
+// Both implement docs/delta_rule.md independently; agreeing to ~1e-9 makes the GPU bars meaningful.
+void compare_with_cpu_backend(const Case& c) {
+  const HostData d = make_data(c);
+  const RefOut R = reference(c, d);
+  const int64_t Tt = c.Ttot(), N = c.N();
+  auto cpu = [](std::vector<float>& x, std::initializer_list<int64_t> shape) {
+    return TensorView(x.data(), DType::f32, shape);
+  };
+  HostData m = d;  // mutable copies for the views
+  std::vector<int64_t> cu = d.cu;
+  flashgrad::DeltaRuleParams p;
+  p.q = cpu(m.q, {c.B, Tt, c.H, c.K});
+  p.k = cpu(m.k, {c.B, Tt, c.H, c.K});
+  p.v = cpu(m.v, {c.B, Tt, c.HV, c.V});
+  if (c.gate == GateKind::scalar) p.g = cpu(m.g, {c.B, Tt, c.HV});
+  if (c.gate == GateKind::per_channel) p.g = cpu(m.g, {c.B, Tt, c.HV, c.K});
+  p.beta = cpu(m.beta, {c.B, Tt, c.HV});
+  if (c.h0) p.initial_state = cpu(m.h0, {N, c.HV, c.K, c.V});
+  if (!c.seq_lens.empty()) p.cu_seqlens = TensorView(cu.data(), DType::i64, {N + 1});
+  p.use_qk_l2norm_in_kernel = c.l2norm;
+  p.algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
+  p.exec.precision = flashgrad::Precision::fp64;
+  std::vector<float> o(c.B * Tt * c.HV * c.V), ht(N * c.HV * c.K * c.V), r(o.size());
+  flashgrad::DeltaRuleForwardOutputs out;
+  out.o = cpu(o, {c.B, Tt, c.HV, c.V});
+  out.final_state = cpu(ht, {N, c.HV, c.K, c.V});
+  out.saved_r = cpu(r, {c.B, Tt, c.HV, c.V});
+  try {
+    flashgrad::delta_rule_forward(p, out);
+  } catch (const flashgrad::Error& e) {
+    GTEST_SKIP() << "CPU reference unavailable: " << e.what();
+  }
+  std::vector<float> dq(m.q.size()), dk(m.k.size()), dv(m.v.size()), dg(m.g.size()), db(m.beta.size()),
+      dh0(ht.size());
+  flashgrad::DeltaRuleBackwardInputs in;
+  in.dout = cpu(m.dout, {c.B, Tt, c.HV, c.V});
+  in.dht = cpu(m.dht, {N, c.HV, c.K, c.V});
+  in.saved_r = out.saved_r;
+  flashgrad::DeltaRuleGrads gr;
+  gr.dq = cpu(dq, {c.B, Tt, c.H, c.K});
+  gr.dk = cpu(dk, {c.B, Tt, c.H, c.K});
+  gr.dv = cpu(dv, {c.B, Tt, c.HV, c.V});
+  if (c.gate == GateKind::scalar) gr.dg = cpu(dg, {c.B, Tt, c.HV});
+  if (c.gate == GateKind::per_channel) gr.dg = cpu(dg, {c.B, Tt, c.HV, c.K});
+  gr.dbeta = cpu(db, {c.B, Tt, c.HV});
+  if (c.h0) gr.dh0 = cpu(dh0, {N, c.HV, c.K, c.V});
+  ASSERT_NO_THROW(flashgrad::delta_rule_backward(p, in, gr));
+  auto dbl = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  // float32 storage of the CPU results bounds the agreement at ~1e-7.
+  expect_close("o", dbl(o), R.o, 1e-5, c.name);
+  expect_close("ht", dbl(ht), R.ht, 1e-5, c.name);
+  expect_close("dq", dbl(dq), R.dq, 1e-5, c.name);
+  expect_close("dk", dbl(dk), R.dk, 1e-5, c.name);
+  expect_close("dv", dbl(dv), R.dv, 1e-5, c.name);
+  expect_close("dbeta", dbl(db), R.dbeta, 1e-5, c.name);
+  if (c.gate != GateKind::none) expect_close("dg", dbl(dg), R.dg, 1e-5, c.name);
+  if (c.h0) expect_close("dh0", dbl(dh0), R.dh0, 1e-5, c.name);
+}
+
+TEST(DeltaRuleGpuReference, TestRecurrenceMatchesCpuBackend) {
+  for (GateKind gk : {GateKind::scalar, GateKind::per_channel, GateKind::none}) {
+    Case c;
+    c.name = std::string("cpu-check gate ") + std::to_string(static_cast<int>(gk));
+    c.dtype = DType::f32;
+    c.gate = gk;
+    c.B = 1, c.H = 1, c.HV = 2, c.K = 12, c.V = 10;
+    c.seq_lens = {5, 0, 17, 9};
+    c.gate_div = 0.5f;
+    c.seed = 900 + static_cast<int>(gk);
+    compare_with_cpu_backend(c);
+  }
 }
 
 // ---- the cases --------------------------------------------------------------------------------
@@ -580,6 +656,118 @@ TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
   c.B = 2, c.T = 200, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
   c.seed = 600;
   run_case(c);
+}
+
+// ---- past 2^31 elements ------------------------------------------------------------------------
+// v, o, dout, dv hold B*T*HV*V = 270000 * 64 * 128 > 2^31 elements (fla's fused recurrent kernel
+// crashes at such sizes). Inputs are generated on the device; the first and the last sequence
+// (whose elements sit past 2^31) are compared with the float64 recurrence.
+__device__ float hash_uniform(uint64_t x) {  // splitmix64 -> (0, 1)
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+// kind 0: normal; 1: logsigmoid(normal) / 2 with 10% exact zeros; 2: sigmoid(normal).
+__global__ void fill_random(void* p, bool bf16, int64_t n, uint64_t seed, int kind) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t key = seed * 0x100000001b3ull + static_cast<uint64_t>(i) * 2;
+    const float u1 = hash_uniform(key), u2 = hash_uniform(key + 1);
+    float x = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    if (kind == 1) x = hash_uniform(key ^ 0x5555) < 0.1f ? 0.f : (fminf(x, 0.f) - log1pf(expf(-fabsf(x)))) / 2.f;
+    if (kind == 2) x = 1.f / (1.f + expf(-x));
+    if (bf16)
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+    else
+      static_cast<float*>(p)[i] = x;
+  }
+}
+void fill(DevTensor& t, uint64_t seed, int kind) {
+  fill_random<<<4096, 256>>>(t.ptr, t.dtype == DType::bf16, t.numel(), seed, kind);
+}
+std::vector<float> download_range(const DevTensor& t, int64_t first, int64_t count) {
+  const std::size_t es = flashgrad::dtype_size(t.dtype);
+  std::vector<uint8_t> buf(count * es);
+  cudaMemcpy(buf.data(), static_cast<const char*>(t.ptr) + first * es, buf.size(), cudaMemcpyDeviceToHost);
+  std::vector<float> x(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = flashgrad::host::load<float>(buf.data(), t.dtype, i);
+  return x;
+}
+
+TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
+  REQUIRE_GPU();
+  const int64_t H = 16, HV = 64, K = 64, V = 128;
+  std::vector<int64_t> lens = {100};
+  int64_t total = 100;
+  while (total < 270000 - 150 - 2100) { lens.push_back(2100); total += 2100; }
+  lens.push_back(270000 - 150 - total);
+  lens.push_back(150);
+  total = 270000;
+  const int64_t N = static_cast<int64_t>(lens.size());
+  ASSERT_GT(total * HV * V, int64_t(1) << 31);
+  std::vector<int64_t> cu_h = {0};
+  for (int64_t l : lens) cu_h.push_back(cu_h.back() + l);
+  ASSERT_GT((cu_h[N - 1]) * HV * V, int64_t(1) << 31);  // the last sequence starts past 2^31
+
+  DevTensor q(DType::bf16, {1, total, H, K}), k(DType::bf16, {1, total, H, K}), v(DType::bf16, {1, total, HV, V});
+  DevTensor g(DType::f32, {1, total, HV}), beta(DType::bf16, {1, total, HV}), h0(DType::f32, {N, HV, K, V});
+  DevTensor dout(DType::bf16, {1, total, HV, V}), dht(DType::f32, {N, HV, K, V}), cu(DType::i64, {N + 1});
+  DevTensor o(DType::bf16, {1, total, HV, V}), r(DType::bf16, {1, total, HV, V}), ht(DType::f32, {N, HV, K, V});
+  DevTensor dq(DType::bf16, {1, total, H, K}), dk(DType::bf16, {1, total, H, K}), dv(DType::bf16, {1, total, HV, V});
+  DevTensor dg(DType::f32, {1, total, HV}), dbeta(DType::bf16, {1, total, HV}), dh0(DType::f32, {N, HV, K, V});
+  for (DevTensor* t : {&q, &k, &v, &g, &beta, &h0, &dout, &dht, &cu, &o, &r, &ht, &dq, &dk, &dv, &dg, &dbeta, &dh0})
+    ASSERT_NE(t->ptr, nullptr) << "cudaMalloc failed for " << t->bytes() << " bytes";
+  fill(q, 1, 0); fill(k, 2, 0); fill(v, 3, 0); fill(g, 4, 1); fill(beta, 5, 2); fill(h0, 6, 0);
+  fill(dout, 7, 0); fill(dht, 8, 0);
+  CUDA_OK(cudaMemcpy(cu.ptr, cu_h.data(), 8 * cu_h.size(), cudaMemcpyHostToDevice));
+  for (DevTensor* t : {&o, &r, &ht, &dq, &dk, &dv, &dg, &dbeta, &dh0}) t->poison();
+
+  flashgrad::DeltaRuleParams p;
+  p.q = q.view(); p.k = k.view(); p.v = v.view(); p.g = g.view(); p.beta = beta.view();
+  p.initial_state = h0.view(); p.cu_seqlens = cu.view(); p.use_qk_l2norm_in_kernel = true;
+  p.algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
+  flashgrad::DeltaRuleForwardOutputs out;
+  out.o = o.view(); out.final_state = ht.view(); out.saved_r = r.view();
+  ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out));
+  flashgrad::DeltaRuleBackwardInputs in;
+  in.dout = dout.view(); in.dht = dht.view(); in.saved_r = r.view();
+  flashgrad::DeltaRuleGrads gr;
+  gr.dq = dq.view(); gr.dk = dk.view(); gr.dv = dv.view(); gr.dg = g.ptr ? dg.view() : TensorView();
+  gr.dbeta = dbeta.view(); gr.dh0 = dh0.view();
+  ASSERT_NO_THROW(flashgrad::delta_rule_backward(p, in, gr));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  for (int64_t n : {int64_t(0), N - 1}) {
+    const int64_t bos = cu_h[n], len = lens[n];
+    Case c;
+    c.name = "2^31 seq " + std::to_string(n);
+    c.B = 1, c.H = H, c.HV = HV, c.K = K, c.V = V, c.seq_lens = {len};
+    HostData d;
+    d.q = download_range(q, bos * H * K, len * H * K);
+    d.k = download_range(k, bos * H * K, len * H * K);
+    d.v = download_range(v, bos * HV * V, len * HV * V);
+    d.g = download_range(g, bos * HV, len * HV);
+    d.beta = download_range(beta, bos * HV, len * HV);
+    d.h0 = download_range(h0, n * HV * K * V, HV * K * V);
+    d.dout = download_range(dout, bos * HV * V, len * HV * V);
+    d.dht = download_range(dht, n * HV * K * V, HV * K * V);
+    d.cu = {0, len};
+    const RefOut R = reference(c, d);
+    auto got = [](const DevTensor& t, int64_t first, int64_t count) {
+      const std::vector<float> f = download_range(t, first, count);
+      return std::vector<double>(f.begin(), f.end());
+    };
+    expect_close("o", got(o, bos * HV * V, len * HV * V), R.o, 0.005, c.name);
+    expect_close("ht", got(ht, n * HV * K * V, HV * K * V), R.ht, 0.005, c.name);
+    expect_close("dq", got(dq, bos * H * K, len * H * K), R.dq, 0.008, c.name);
+    expect_close("dk", got(dk, bos * H * K, len * H * K), R.dk, 0.008, c.name);
+    expect_close("dv", got(dv, bos * HV * V, len * HV * V), R.dv, 0.008, c.name);
+    expect_close("dbeta", got(dbeta, bos * HV, len * HV), R.dbeta, 0.02, c.name);
+    expect_close("dg", got(dg, bos * HV, len * HV), R.dg, 0.02, c.name);
+    expect_close("dh0", got(dh0, n * HV * K * V, HV * K * V), R.dh0, 0.008, c.name);
+  }
 }
 
 }  // namespace
