@@ -284,6 +284,20 @@ TEST(DeltaRuleForward, SingleStepDecode) {
   }
 }
 
+// No steps at all: the final state is the initial state and dh0 is dht, for both algorithms.
+TEST(DeltaRuleForward, ZeroLengthPassesStateThrough) {
+  auto rng = make_rng();
+  for (auto alg : {DeltaRuleAlgorithm::recurrent, DeltaRuleAlgorithm::chunked}) {
+    DeltaCase c = mid_case(GateKind::per_channel, true, alg);
+    c.T = 0;
+    DeltaData d(c, rng);
+    const DeltaForward f = run_forward(d);
+    const DeltaGrads g = run_backward(d);
+    EXPECT_EQ(f.final_state.to_doubles(), d.h0.to_doubles());
+    EXPECT_EQ(g.dh0.to_doubles(), d.dht.to_doubles());
+  }
+}
+
 // 1 and N workers give the same bits (work items never share an output element).
 TEST(DeltaRuleThreads, OneAndManyWorkersBitwiseEqual) {
   auto rng = make_rng();
