@@ -39,7 +39,16 @@ double check_gradients(const AttnConfig& cfg_in, const GradCheckOptions& opt) {
   AttnConfig cfg = cfg_in;
   cfg.dtype = DType::f64;
   auto rng = make_rng();
-  const AttnCase c = make_case(cfg, rng);
+  AttnCase c = make_case(cfg, rng);
+  // soft_sign's second derivative jumps at s_raw = 0, and a central difference straddling that
+  // kink is off by O(h). A perturbation moves a score by < scale * |k| * h ~ 4e-5 here, so cases
+  // with an allowed raw score within 1e-3 of 0 are redrawn (about 1 draw in 10).
+  if (cfg.softcap > 0 && cfg.softcap_method == SoftcapMethod::soft_sign)
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      if (naive_forward(c, c.q.to_doubles(), c.k.to_doubles(), c.v.to_doubles()).min_abs_raw_score > 1e-3)
+        break;
+      c = make_case(cfg, rng);
+    }
   const ForwardResult fwd = run_forward(c);
   HostTensor dout = c.make(DType::f64, c.q_like(cfg.dv));
   dout.fill_uniform(rng, -1, 1);

@@ -210,6 +210,7 @@ inline bool naive_allowed(const AttnCase& c, int64_t n, int64_t i, int64_t j) {
 
 struct NaiveForward {
   std::vector<double> out, lse;  // logical layouts of out and lse
+  double min_abs_raw_score = std::numeric_limits<double>::infinity();  // over allowed pairs
 };
 
 // Direct formula: full score matrix S[i][j] per (sequence, head), softmax over allowed keys.
@@ -231,6 +232,7 @@ inline NaiveForward naive_forward(const AttnCase& c, const std::vector<double>& 
           for (int64_t e = 0; e < f.d; ++e)
             s += q[c.q_index(n, i, h, e, f.d)] * k[c.k_index(n, j, g, e, f.d)];
           s *= scale;
+          if (naive_allowed(c, n, i, j)) r.min_abs_raw_score = std::min(r.min_abs_raw_score, std::fabs(s));
           if (cap > 0)
             s = f.softcap_method == SoftcapMethod::tanh ? cap * std::tanh(s / cap)
                                                         : s / (1 + std::fabs(s) / cap);
