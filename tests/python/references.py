@@ -120,7 +120,8 @@ def delta_rule(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None
     """fla's layout: q, k [B, T, H, K] ... -> o [B, T, HV, V], final [N, HV, K, V]."""
     if l2:
         q, k = l2norm(q), l2norm(k)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if scale is None:  # the core's default, K^-0.5 computed in float32 (its scale is a float)
+        scale = float(1.0 / torch.tensor(float(q.shape[-1]), dtype=torch.float32).sqrt())
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if cu_seqlens is None:
