@@ -39,6 +39,29 @@ int recurrent_workers(const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
   return resolve_num_threads(p.exec.num_threads, pr.num_seqs * pr.value_heads);
 }
 
+// ---- one step of the recurrence, on S in place ----------------------------------------------
+
+namespace {
+
+// S~ = diag(exp(g_t)) S.
+template <typename Real>
+void decay_state(Real* S, const StepInputs<Real>& x, int64_t K, int64_t V) {
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t col = 0; col < V; ++col) S[i * V + col] *= x.decay[i];
+}
+
+// r = v - S~^T k, then S = S~ + k (beta r)^T.
+template <typename Real>
+void delta_update(Real* S, const StepInputs<Real>& x, int64_t K, int64_t V, Real* r) {
+  for (int64_t col = 0; col < V; ++col) r[col] = x.v[col];
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t col = 0; col < V; ++col) r[col] -= S[i * V + col] * x.k[i];
+  for (int64_t i = 0; i < K; ++i)
+    for (int64_t col = 0; col < V; ++col) S[i * V + col] += x.k[i] * (x.beta * r[col]);
+}
+
+}  // namespace
+
 // ---- forward --------------------------------------------------------------------------------
 
 template <typename Real>
@@ -65,15 +88,9 @@ void recurrent_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
 
     for (int64_t t = 0; t < c.len; ++t) {
       x.load(p, pr, c, t);
-      // S~ = diag(exp(g_t)) S, then r = v - S~^T k.
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t col = 0; col < V; ++col) S[i * V + col] *= x.decay[i];
-      for (int64_t col = 0; col < V; ++col) r[col] = x.v[col];
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t col = 0; col < V; ++col) r[col] -= S[i * V + col] * x.k[i];
-      // S = S~ + k (beta r)^T, then o = scale S^T q.
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t col = 0; col < V; ++col) S[i * V + col] += x.k[i] * (x.beta * r[col]);
+      decay_state(S, x, K, V);
+      delta_update(S, x, K, V, r);
+      // o = scale S^T q.
       for (int64_t col = 0; col < V; ++col) o[col] = 0;
       for (int64_t i = 0; i < K; ++i)
         for (int64_t col = 0; col < V; ++col) o[col] += S[i * V + col] * x.q[i];
@@ -171,8 +188,7 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
     // One forward step on S: decay, r = v - S~^T k (into r_out), S += k (beta r)^T. When
     // `Sdr_of` is given, also forms S~ dr_of (a K-vector) from the decayed state.
     auto forward_step = [&](Real* r_out, const Real* Sdr_of) {
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t col = 0; col < V; ++col) S[i * V + col] *= x.decay[i];
+      decay_state(S, x, K, V);
       if (Sdr_of) {
         for (int64_t i = 0; i < K; ++i) {
           Real acc = 0;
@@ -180,11 +196,7 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
           Sdr[i] = acc;
         }
       }
-      for (int64_t col = 0; col < V; ++col) r_out[col] = x.v[col];
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t col = 0; col < V; ++col) r_out[col] -= S[i * V + col] * x.k[i];
-      for (int64_t i = 0; i < K; ++i)
-        for (int64_t col = 0; col < V; ++col) S[i * V + col] += x.k[i] * (x.beta * r_out[col]);
+      delta_update(S, x, K, V, r_out);
     };
 
     // Pass 0 (only without saved_r): the forward again, keeping r in rd.
