@@ -40,6 +40,8 @@ struct HeadInputs {
   std::vector<Real> h0;        // [K, V] (zeros without initial_state)
 };
 
+// `p`'s tensors must be host memory (copy device tensors to the host first); `pr` comes from
+// validate_delta_rule_inputs (src/core/delta_rule_validation.h).
 template <typename Real>
 HeadInputs<Real> gather_head_inputs(const DeltaRuleParams& p, const DeltaRuleProblem& pr, int64_t n, int64_t j);
 
