@@ -18,6 +18,8 @@ mask / probabilities there, which flashgrad never materializes.
 
 from __future__ import annotations
 
+import math
+
 from ._checks import fail, index_tensor, require_tensor, same_device
 from ._torch_library import ops
 
@@ -52,7 +54,7 @@ def _resolve_mask(op, causal, window_size, prefix_lengths, candidate_bounds):
     return "none", -1, -1
 
 
-def _check_unsupported(op, dropout_p, alibi_slopes, softcap, softcap_method):
+def _check_unsupported(op, dropout_p, alibi_slopes, softcap, softcap_method, softmax_scale):
     if dropout_p != 0.0:
         fail(op, "dropout_p", f"must be 0.0: flashgrad has no attention dropout (got {dropout_p})",
              NotImplementedError)
@@ -62,6 +64,8 @@ def _check_unsupported(op, dropout_p, alibi_slopes, softcap, softcap_method):
         fail(op, "softcap_method", f"must be one of {_SOFTCAP_METHODS}, got {softcap_method!r}")
     if softcap is None or softcap < 0:
         fail(op, "softcap", f"must be >= 0 (0 disables it), got {softcap}")
+    if softmax_scale is not None and not math.isfinite(softmax_scale):
+        fail(op, "softmax_scale", f"must be finite (None: 1/sqrt(head dim)), got {softmax_scale}")
 
 
 def _attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -71,7 +75,7 @@ def _attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     for arg, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(op, arg, t)
     same_device(op, q, "q", k=k, v=v)
-    _check_unsupported(op, dropout_p, alibi_slopes, softcap, softcap_method)
+    _check_unsupported(op, dropout_p, alibi_slopes, softcap, softcap_method, softmax_scale)
     mask, window_left, window_right = _resolve_mask(op, causal, window_size, prefix_lengths, candidate_bounds)
     cu_seqlens_q = index_tensor(op, "cu_seqlens_q", cu_seqlens_q, q.device)
     cu_seqlens_k = index_tensor(op, "cu_seqlens_k", cu_seqlens_k, q.device)
