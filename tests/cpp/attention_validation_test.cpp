@@ -161,6 +161,16 @@ TEST_F(AttentionValidation, HeadDimsOfQAndKMustMatch) {
   both_reject("k", "head dim must match q");
 }
 
+TEST_F(AttentionValidation, AtLeastOneHead) {
+  p.q.shape[2] = 0;  // an empty q: no data is read, the size rule still applies
+  both_reject("q", "must have at least one head");
+}
+
+TEST_F(AttentionValidation, HeadDimAtLeastOne) {
+  p.v.shape[3] = 0;
+  both_reject("v", "head dim must be >= 1");
+}
+
 // ---- dtypes and devices -------------------------------------------------------------------
 
 TEST_F(AttentionValidation, UnsupportedInputDtype) {
@@ -242,6 +252,11 @@ TEST_F(AttentionValidation, OutputLastDimensionMustBeContiguous) {
   backward_rejects("dv", "contiguous in its last dimension");
 }
 
+TEST_F(AttentionValidation, NegativeStrides) {
+  p.q.stride[1] = -p.q.stride[1];
+  both_reject("q", "negative stride in dim 1");
+}
+
 // ---- cu_seqlens and max_seqlen ------------------------------------------------------------
 
 TEST_F(AttentionValidation, CuSeqlensBothOrNeither) {
@@ -256,6 +271,19 @@ TEST_F(AttentionValidation, CuSeqlensMustBeInt32) {
   cu.assign({0, 3, 3, 7});
   p.cu_seqlens_q = cu.view();
   both_reject("cu_seqlens_q", "dtype must be one of {int32}");
+}
+
+TEST_F(AttentionValidation, CuSeqlensRankOne) {
+  build(varlen_config());
+  const HostTensor cu = int32_tensor({0, 3, 3, 7}, {2, 2});
+  p.cu_seqlens_q = cu.view();
+  both_reject("cu_seqlens_q", "must have rank 1");
+}
+
+TEST_F(AttentionValidation, CuSeqlensOnTheInputsDevice) {
+  build(varlen_config());
+  p.cu_seqlens_k.device = Device::cuda;
+  both_reject("cu_seqlens_k", "must be on the same device as q");
 }
 
 TEST_F(AttentionValidation, CuSeqlensMustNotBeEmpty) {
