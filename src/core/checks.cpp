@@ -17,12 +17,16 @@ std::string shape_string(const std::vector<int64_t>& s) {
 }
 
 std::string shape_string(const TensorView& t) {
-  return shape_string(std::vector<int64_t>(t.shape, t.shape + std::max(t.rank, 0)));
+  const int rank = std::clamp(t.rank, 0, TensorView::kMaxRank);  // never read past shape[]
+  return shape_string(std::vector<int64_t>(t.shape, t.shape + rank));
 }
 
 void Checker::tensor(const TensorView& t, const std::string& arg,
                      std::initializer_list<int> ranks) const {
   require(t.present(), arg, "is required");
+  require(t.rank <= TensorView::kMaxRank, arg,
+          "has rank " + std::to_string(t.rank) + ", above flashgrad's maximum of " +
+              std::to_string(TensorView::kMaxRank));
   bool rank_ok = false;
   std::ostringstream want;
   int i = 0;
