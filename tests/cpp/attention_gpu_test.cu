@@ -10,6 +10,8 @@
 //          CPU so the test needs no framework. Masks come from the reference's SequenceMask.
 // Every case draws fresh random inputs, poisons all outputs with NaN before each call, and checks
 // every element.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -24,6 +26,7 @@
 #include "core/attention_validation.h"
 #include "core/host_dtype.h"
 #include "flashgrad/attention.h"
+#include "flashgrad/status.h"
 #include "reference/attention/mask.h"
 
 namespace flashgrad::gpu_test {
@@ -661,6 +664,123 @@ TEST(AttentionGpu, PackedQkvStrides) {
   c.sq = c.sk = 100;
   c.mask = MaskKind::causal;
   check_case(named("packed qkv (row stride (Hq + 2Hk) D)", c));
+}
+
+TEST(AttentionGpu, UnsupportedHeadDimNamesTheArgument) {
+  SKIP_WITHOUT_GPU();
+  DeviceArray<uint16_t> buf(2 * 16 * 2 * 96), out(2 * 16 * 2 * 96);
+  DeviceArray<float> lse(2 * 2 * 16);
+  AttentionParams p;
+  p.q = p.k = p.v = view(buf.ptr, DType::bf16, {2, 16, 2, 96}, Device::cuda);
+  try {
+    attention_forward(p, view(out.ptr, DType::bf16, {2, 16, 2, 96}, Device::cuda),
+                      view(lse.ptr, DType::f32, {2, 2, 16}, Device::cuda));
+    ADD_FAILURE() << "head dim 96 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
+    EXPECT_EQ(e.argument(), "q") << e.what();
+  }
+}
+
+// ---- past 2^31 elements ------------------------------------------------------------------------
+// Fills x[i] = rd(uniform(-2, 2)) from a hash of (seed, i): gigabytes of inputs without a host copy.
+__global__ void fill_hashed(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t{seed} << 32);
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    const float u = static_cast<float>(h >> 40) / static_cast<float>(1 << 24) * 4.f - 2.f;
+    if (bf16) {
+      const __nv_bfloat16 b = __float2bfloat16_rn(u);
+      x[i] = *reinterpret_cast<const uint16_t*>(&b);
+    } else {
+      const __half b = __float2half_rn(u);
+      x[i] = *reinterpret_cast<const uint16_t*>(&b);
+    }
+  }
+}
+
+// q, out, dout, dq have B * S * H * D = 8193 * 128 * 16 * 128 = 2^31 + 2^18 elements, so element
+// offsets of the last batches overflow int32. Forward and backward run over the whole problem; the
+// first, a middle and the last batch are checked against the CPU reference by the 2x rule.
+TEST(AttentionGpu, PastTwoToThe31Elements) {
+  SKIP_WITHOUT_GPU();
+  const int B = 8193, S = 128, H = 16, D = 128;
+  const int64_t n = int64_t{B} * S * H * D;
+  ASSERT_GT(n, int64_t{1} << 31);
+  size_t free_bytes = 0, total = 0;
+  CK(cudaMemGetInfo(&free_bytes, &total));
+  if (free_bytes < static_cast<size_t>(n) * 2 * 8 + static_cast<size_t>(n) * 4 + (size_t{2} << 30))
+    GTEST_SKIP() << "needs about " << (n * 20 >> 30) << " GiB of device memory, " << (free_bytes >> 30) << " free";
+  const DType dt = DType::bf16;
+  DeviceArray<uint16_t> q(n), k(n), v(n), out(n), dout(n), dq(n), dk(n), dv(n);
+  DeviceArray<float> lse(int64_t{B} * H * S);
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && out.ptr && dout.ptr && dq.ptr && dk.ptr && dv.ptr && lse.ptr);
+  const uint32_t seed = std::random_device{}();
+  fill_hashed<<<4096, 256>>>(q.ptr, n, seed, true);
+  fill_hashed<<<4096, 256>>>(k.ptr, n, seed + 1, true);
+  fill_hashed<<<4096, 256>>>(v.ptr, n, seed + 2, true);
+  fill_hashed<<<4096, 256>>>(dout.ptr, n, seed + 3, true);
+  out.poison();
+  lse.poison();
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  AttentionParams p;
+  p.mask = MaskKind::causal;
+  const std::vector<int64_t> shape = {B, S, H, D};
+  p.q = view(q.ptr, dt, shape, Device::cuda);
+  p.k = view(k.ptr, dt, shape, Device::cuda);
+  p.v = view(v.ptr, dt, shape, Device::cuda);
+  const TensorView o = view(out.ptr, dt, shape, Device::cuda);
+  const TensorView l = view(lse.ptr, DType::f32, {B, H, S}, Device::cuda);
+  attention_forward(p, o, l);
+  AttentionBackwardInputs in;
+  in.out = o;
+  in.lse = l;
+  in.dout = view(dout.ptr, dt, shape, Device::cuda);
+  attention_backward(p, in, view(dq.ptr, dt, shape, Device::cuda), view(dk.ptr, dt, shape, Device::cuda),
+                     view(dv.ptr, dt, shape, Device::cuda));
+  CK(cudaDeviceSynchronize());
+
+  const int64_t per_batch = int64_t{S} * H * D;
+  auto slice = [&](const DeviceArray<uint16_t>& a, int b) {
+    std::vector<uint16_t> h(per_batch);
+    cudaMemcpy(h.data(), a.ptr + b * per_batch, per_batch * 2, cudaMemcpyDeviceToHost);
+    return decode_all(dt, h);
+  };
+  for (int b : {0, B / 2, B - 1}) {
+    Config c;
+    c.name = "batch " + std::to_string(b) + " of " + std::to_string(B);
+    c.batch = 1;
+    c.sq = c.sk = S;
+    c.hq = c.hk = H;
+    c.d = D;
+    c.mask = MaskKind::causal;
+    HostCase h;
+    h.cfg = c;
+    h.geo = geometry(c);
+    h.q = slice(q, b);
+    h.k = slice(k, b);
+    h.v = slice(v, b);
+    h.dout = slice(dout, b);
+    const Outputs ref = run_reference(h);
+    const Outputs low = run_lowp(h);
+    Outputs gpu;
+    gpu.out = slice(out, b);
+    gpu.dq = slice(dq, b);
+    gpu.dk = slice(dk, b);
+    gpu.dv = slice(dv, b);
+    gpu.lse.resize(int64_t{H} * S);
+    cudaMemcpy(gpu.lse.data(), lse.ptr + b * int64_t{H} * S, gpu.lse.size() * 4, cudaMemcpyDeviceToHost);
+    std::printf("  case %s (element offset %lld)\n", c.name.c_str(), static_cast<long long>(b * per_batch));
+    expect_2x_rule("out", gpu.out, ref.out, low.out, dt, 2.0);
+    expect_2x_rule("lse", gpu.lse, ref.lse, low.lse, DType::f32, 2.0);
+    expect_2x_rule("dq", gpu.dq, ref.dq, low.dq, dt, 2.0);
+    expect_2x_rule("dk", gpu.dk, ref.dk, low.dk, dt, 2.0);
+    expect_2x_rule("dv", gpu.dv, ref.dv, low.dv, dt, 2.0);
+  }
 }
 
 }  // namespace

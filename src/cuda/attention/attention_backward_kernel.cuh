@@ -109,6 +109,162 @@ __device__ __forceinline__ void issue_query_block_loads(const AttentionKernelPar
   }
 }
 
+// One (query head, query block) tile of the walk below. kGeneral: per-element mask and softcap.
+template <bool kGeneral, typename T, int D, bool kDoDV, bool kDoDK>
+__device__ __forceinline__ void backward_query_tile(const AttentionKernelParams& p,
+                                                    const BackwardSmem& sm, int buf,
+                                                    const SequenceView& sv, const MaskView& mask,
+                                                    int h, int n0, int m0,
+                                                    float (&acc_dv)[D / 8][4],
+                                                    float (&acc_dk)[D / 8][4]) {
+  using Cfg = BackwardConfig<D>;
+  using Ops = ElementOps<T>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, MT = BM / 8, DT = D / 8;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int key_in_warp = warp * 16;
+  const bool with_dq = kDoDK && !p.deterministic;
+  const LaneOffsets<D> rc(lane, kRowsThenCols), cr(lane, kColsThenRows);
+  const uint32_t sK = smem_address(sm.k), sV = smem_address(sm.v);
+  const uint32_t sQ = smem_address(sm.q[buf]), sdO = smem_address(sm.dout[buf]);
+  const float* sLse = sm.lse[buf];
+  const float* sShift = sm.shift[buf];
+
+  // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x BM queries.
+  float acc_s[MT][4], acc_dp[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_s[i][e] = acc_dp[i][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    load_a<D>(a, sK, rc, key_in_warp, kk * 16);
+#pragma unroll
+    for (int np = 0; np < MT / 2; ++np) {
+      uint32_t b[4];
+      load_b_nk<D>(b, sQ, cr, np * 16, kk * 16);
+      Ops::mma(acc_s[2 * np], a, b[0], b[1]);
+      Ops::mma(acc_s[2 * np + 1], a, b[2], b[3]);
+    }
+    if constexpr (kDoDK) {
+      load_a<D>(a, sV, rc, key_in_warp, kk * 16);
+#pragma unroll
+      for (int np = 0; np < MT / 2; ++np) {
+        uint32_t b[4];
+        load_b_nk<D>(b, sdO, cr, np * 16, kk * 16);
+        Ops::mma(acc_dp[2 * np], a, b[0], b[1]);
+        Ops::mma(acc_dp[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Element (key jj, query ii) of the warp's fragments: jj = g (+8 for e >= 2), ii = 8 nt + 2t (+1).
+  const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+  for (int nt = 0; nt < MT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ii = nt * 8 + 2 * t + (e & 1);
+      float pr, factor = 1.f;
+      if constexpr (kGeneral) {
+        const int jj = key_in_warp + g + (e >= 2 ? 8 : 0);
+        const float s = apply_softcap(p.softcap_method, p.softcap, acc_s[nt][e] * p.scale, factor);
+        pr = fast_exp2(s * kLog2e - sLse[ii]);
+        const int i = m0 + ii, j = n0 + jj;
+        if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) pr = 0.f;
+      } else {
+        pr = fast_exp2(acc_s[nt][e] * scale_log2 - sLse[ii]);
+      }
+      acc_s[nt][e] = pr;
+      if constexpr (kDoDK) acc_dp[nt][e] = pr * (acc_dp[nt][e] - sShift[ii]) * factor;
+    }
+  }
+
+  // dV += P^T dO and dK += dS^T Q: A fragments straight from the registers above.
+#pragma unroll
+  for (int kq = 0; kq < BM / 16; ++kq) {
+    uint32_t a_p[4], a_ds[4];
+    a_p[0] = Ops::pack(acc_s[2 * kq][0], acc_s[2 * kq][1]);
+    a_p[1] = Ops::pack(acc_s[2 * kq][2], acc_s[2 * kq][3]);
+    a_p[2] = Ops::pack(acc_s[2 * kq + 1][0], acc_s[2 * kq + 1][1]);
+    a_p[3] = Ops::pack(acc_s[2 * kq + 1][2], acc_s[2 * kq + 1][3]);
+    a_ds[0] = Ops::pack(acc_dp[2 * kq][0], acc_dp[2 * kq][1]);
+    a_ds[1] = Ops::pack(acc_dp[2 * kq][2], acc_dp[2 * kq][3]);
+    a_ds[2] = Ops::pack(acc_dp[2 * kq + 1][0], acc_dp[2 * kq + 1][1]);
+    a_ds[3] = Ops::pack(acc_dp[2 * kq + 1][2], acc_dp[2 * kq + 1][3]);
+    if constexpr (kDoDV) {
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t b[4];
+        load_b_kn<D>(b, sdO, rc, kq * 16, dp * 16);
+        Ops::mma(acc_dv[2 * dp], a_p, b[0], b[1]);
+        Ops::mma(acc_dv[2 * dp + 1], a_p, b[2], b[3]);
+      }
+    }
+    if constexpr (kDoDK) {
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t b[4];
+        load_b_kn<D>(b, sQ, rc, kq * 16, dp * 16);
+        Ops::mma(acc_dk[2 * dp], a_ds, b[0], b[1]);
+        Ops::mma(acc_dk[2 * dp + 1], a_ds, b[2], b[3]);
+      }
+      if (with_dq) {
+        // dS^T (bf16/fp16, as the product rounds it) into shared memory, [key][query].
+        T* sdS = static_cast<T*>(sm.ds);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int nt = 2 * kq + half;
+          const int ii = nt * 8 + 2 * t;
+          const int jj = key_in_warp + g;
+          *reinterpret_cast<uint32_t*>(sdS + swizzled_offset<BM>(jj, ii)) = a_ds[half * 2];
+          *reinterpret_cast<uint32_t*>(sdS + swizzled_offset<BM>(jj + 8, ii)) =
+              a_ds[half * 2 + 1];
+        }
+      }
+    }
+  }
+
+  if constexpr (kDoDK) {
+    if (with_dq) {
+      __syncthreads();
+      // dQ rows [16 warp, 16 warp + 16) of this query block: dS (from dS^T) times K.
+      const LaneOffsets<BM> cr_ds(lane, kColsThenRows);
+      const uint32_t sdS = smem_address(sm.ds);
+      uint32_t a[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) load_a_from_transposed<BM>(a[kk], sdS, cr_ds, warp * 16, kk * 16);
+      const int i0 = m0 + warp * 16 + g;
+      float* dq_row0 = p.dq_accum + ((sv.scratch_row0 + i0) * p.heads_q + h) * static_cast<int64_t>(D);
+      const int64_t row8 = 8LL * p.heads_q * D;
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          uint32_t b[4];
+          load_b_kn<D>(b, sK, rc, kk * 16, dp * 16);
+          Ops::mma(acc[0], a[kk], b[0], b[1]);
+          Ops::mma(acc[1], a[kk], b[2], b[3]);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int col = dp * 16 + half * 8 + 2 * t;
+          if (i0 < sv.len_q) {
+            atomicAdd(dq_row0 + col, acc[half][0]);
+            atomicAdd(dq_row0 + col + 1, acc[half][1]);
+          }
+          if (i0 + 8 < sv.len_q) {
+            atomicAdd(dq_row0 + row8 + col, acc[half][2]);
+            atomicAdd(dq_row0 + row8 + col + 1, acc[half][3]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // One walk over the query tiles of this key block, accumulating dV (kDoDV) and/or dK and dQ
 // (kDoDK). acc_dv / acc_dk may alias when only one of them is used.
 template <typename T, int D, bool kDoDV, bool kDoDK>
@@ -119,13 +275,10 @@ __device__ __forceinline__ void backward_key_block_walk(const AttentionKernelPar
                                                         float (&acc_dv)[D / 8][4],
                                                         float (&acc_dk)[D / 8][4]) {
   using Cfg = BackwardConfig<D>;
-  using Ops = ElementOps<T>;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, MT = BM / 8, DT = D / 8;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  const int tid = threadIdx.x;
   const int group = p.heads_q / p.heads_k;
-  const int key_in_warp = warp * 16;
-  const bool with_dq = kDoDK && !p.deterministic;
+  const bool short_path_ok = p.softcap_method == kSoftcapOff;
 
   QueryWalk walk{(sv.len_q + BM - 1) / BM, 0};
   walk.num_items = walk.num_mb * group;
@@ -150,142 +303,10 @@ __device__ __forceinline__ void backward_key_block_walk(const AttentionKernelPar
 
     const int h = hk * group + it / walk.num_mb;
     const int m0 = (it % walk.num_mb) * BM;
-    const T* sK = static_cast<const T*>(sm.k);
-    const T* sV = static_cast<const T*>(sm.v);
-    const T* sQ = static_cast<const T*>(sm.q[buf]);
-    const T* sdO = static_cast<const T*>(sm.dout[buf]);
-    const float* sLse = sm.lse[buf];
-    const float* sShift = sm.shift[buf];
-
-    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x BM queries.
-    float acc_s[MT][4], acc_dp[MT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[i][e] = acc_dp[i][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      load_a<D>(a, sK, key_in_warp, kk * 16, lane);
-#pragma unroll
-      for (int np = 0; np < MT / 2; ++np) {
-        uint32_t b[4];
-        load_b_nk<D>(b, sQ, np * 16, kk * 16, lane);
-        Ops::mma(acc_s[2 * np], a, b[0], b[1]);
-        Ops::mma(acc_s[2 * np + 1], a, b[2], b[3]);
-      }
-      if constexpr (kDoDK) {
-        load_a<D>(a, sV, key_in_warp, kk * 16, lane);
-#pragma unroll
-        for (int np = 0; np < MT / 2; ++np) {
-          uint32_t b[4];
-          load_b_nk<D>(b, sdO, np * 16, kk * 16, lane);
-          Ops::mma(acc_dp[2 * np], a, b[0], b[1]);
-          Ops::mma(acc_dp[2 * np + 1], a, b[2], b[3]);
-        }
-      }
-    }
-
-    // Element (key jj, query ii) of the warp's fragments: jj = g (+8 for e >= 2), ii = 8 nt + 2t (+1).
-#pragma unroll
-    for (int nt = 0; nt < MT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ii = nt * 8 + 2 * t + (e & 1);
-        const int jj = key_in_warp + g + (e >= 2 ? 8 : 0);
-        float factor;
-        const float s = apply_softcap(p.softcap_method, p.softcap, acc_s[nt][e] * p.scale, factor);
-        float pr = exp2f(s * kLog2e - sLse[ii]);
-        if (cls == kTilePartial) {
-          const int i = m0 + ii, j = n0 + jj;
-          if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) pr = 0.f;
-        }
-        acc_s[nt][e] = pr;
-        if constexpr (kDoDK) acc_dp[nt][e] = pr * (acc_dp[nt][e] - sShift[ii]) * factor;
-      }
-    }
-
-    // dV += P^T dO and dK += dS^T Q: A fragments straight from the registers above.
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      uint32_t a_p[4], a_ds[4];
-      a_p[0] = Ops::pack(acc_s[2 * kq][0], acc_s[2 * kq][1]);
-      a_p[1] = Ops::pack(acc_s[2 * kq][2], acc_s[2 * kq][3]);
-      a_p[2] = Ops::pack(acc_s[2 * kq + 1][0], acc_s[2 * kq + 1][1]);
-      a_p[3] = Ops::pack(acc_s[2 * kq + 1][2], acc_s[2 * kq + 1][3]);
-      a_ds[0] = Ops::pack(acc_dp[2 * kq][0], acc_dp[2 * kq][1]);
-      a_ds[1] = Ops::pack(acc_dp[2 * kq][2], acc_dp[2 * kq][3]);
-      a_ds[2] = Ops::pack(acc_dp[2 * kq + 1][0], acc_dp[2 * kq + 1][1]);
-      a_ds[3] = Ops::pack(acc_dp[2 * kq + 1][2], acc_dp[2 * kq + 1][3]);
-      if constexpr (kDoDV) {
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          uint32_t b[4];
-          load_b_kn<D>(b, sdO, kq * 16, dp * 16, lane);
-          Ops::mma(acc_dv[2 * dp], a_p, b[0], b[1]);
-          Ops::mma(acc_dv[2 * dp + 1], a_p, b[2], b[3]);
-        }
-      }
-      if constexpr (kDoDK) {
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          uint32_t b[4];
-          load_b_kn<D>(b, sQ, kq * 16, dp * 16, lane);
-          Ops::mma(acc_dk[2 * dp], a_ds, b[0], b[1]);
-          Ops::mma(acc_dk[2 * dp + 1], a_ds, b[2], b[3]);
-        }
-        if (with_dq) {
-          // dS^T (bf16/fp16, as the product rounds it) into shared memory, [key][query].
-          T* sdS = static_cast<T*>(sm.ds);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int nt = 2 * kq + half;
-            const int ii = nt * 8 + 2 * t;
-            const int jj = key_in_warp + g;
-            *reinterpret_cast<uint32_t*>(sdS + swizzled_offset<BM>(jj, ii)) = a_ds[half * 2];
-            *reinterpret_cast<uint32_t*>(sdS + swizzled_offset<BM>(jj + 8, ii)) =
-                a_ds[half * 2 + 1];
-          }
-        }
-      }
-    }
-
-    if constexpr (kDoDK) {
-      if (with_dq) {
-        __syncthreads();
-        // dQ rows [16 warp, 16 warp + 16) of this query block: dS (from dS^T) times K.
-        const T* sdS = static_cast<const T*>(sm.ds);
-        uint32_t a[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) load_a_from_transposed<BM>(a[kk], sdS, warp * 16, kk * 16, lane);
-        const int i0 = m0 + warp * 16 + g;
-        float* dq_row0 = p.dq_accum + ((sv.scratch_row0 + i0) * p.heads_q + h) * static_cast<int64_t>(D);
-        const int64_t row8 = 8LL * p.heads_q * D;
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t b[4];
-            load_b_kn<D>(b, sK, kk * 16, dp * 16, lane);
-            Ops::mma(acc[0], a[kk], b[0], b[1]);
-            Ops::mma(acc[1], a[kk], b[2], b[3]);
-          }
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int col = dp * 16 + half * 8 + 2 * t;
-            if (i0 < sv.len_q) {
-              atomicAdd(dq_row0 + col, acc[half][0]);
-              atomicAdd(dq_row0 + col + 1, acc[half][1]);
-            }
-            if (i0 + 8 < sv.len_q) {
-              atomicAdd(dq_row0 + row8 + col, acc[half][2]);
-              atomicAdd(dq_row0 + row8 + col + 1, acc[half][3]);
-            }
-          }
-        }
-      }
-    }
+    if (cls == kTileFull && short_path_ok)
+      backward_query_tile<false, T, D, kDoDV, kDoDK>(p, sm, buf, sv, mask, h, n0, m0, acc_dv, acc_dk);
+    else
+      backward_query_tile<true, T, D, kDoDV, kDoDK>(p, sm, buf, sv, mask, h, n0, m0, acc_dv, acc_dk);
     it = next;
     cls = next_cls;
     buf ^= 1;

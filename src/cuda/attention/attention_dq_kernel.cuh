@@ -31,6 +31,8 @@ __global__ void __launch_bounds__(128)
   T* sdO = sQ + BM * D;
   T* sK = sdO + BM * D;
   T* sV = sK + BN * D;
+  const uint32_t uQ = smem_address(sQ), udO = smem_address(sdO), uK = smem_address(sK),
+                 uV = smem_address(sV);
 
   const int seq = blockIdx.x / num_m_blocks;
   const int mb = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
@@ -43,6 +45,7 @@ __global__ void __launch_bounds__(128)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int row_in_warp = warp * 16;
+  const LaneOffsets<D> rc(lane, kRowsThenCols), cr(lane, kColsThenRows);
 
   const T* q = static_cast<const T*>(p.q) + row_offset(p.q_st, sv.q_batch, sv.q_row0, m0, h);
   const T* dout = static_cast<const T*>(p.dout) + row_offset(p.dout_st, sv.q_batch, sv.q_row0, m0, h);
@@ -87,15 +90,15 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[4], a2[4];
-      load_a<D>(a, sQ, row_in_warp, kk * 16, lane);
-      load_a<D>(a2, sdO, row_in_warp, kk * 16, lane);
+      load_a<D>(a, uQ, rc, row_in_warp, kk * 16);
+      load_a<D>(a2, udO, rc, row_in_warp, kk * 16);
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t b[4];
-        load_b_nk<D>(b, sK, np * 16, kk * 16, lane);
+        load_b_nk<D>(b, uK, cr, np * 16, kk * 16);
         Ops::mma(acc_s[2 * np], a, b[0], b[1]);
         Ops::mma(acc_s[2 * np + 1], a, b[2], b[3]);
-        load_b_nk<D>(b, sV, np * 16, kk * 16, lane);
+        load_b_nk<D>(b, uV, cr, np * 16, kk * 16);
         Ops::mma(acc_dp[2 * np], a2, b[0], b[1]);
         Ops::mma(acc_dp[2 * np + 1], a2, b[2], b[3]);
       }
@@ -116,7 +119,7 @@ __global__ void __launch_bounds__(128)
         const int r = e >> 1;
         float factor;
         const float s = apply_softcap(p.softcap_method, p.softcap, acc_s[nt][e] * p.scale, factor);
-        float pr = exp2f(s * kLog2e - row_lse[r]);
+        float pr = fast_exp2(s * kLog2e - row_lse[r]);
         if (cls == kTilePartial) {
           const int i = m0 + row_in_warp + g + 8 * r;
           const int j = n0 + nt * 8 + 2 * t + (e & 1);
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t b[4];
-        load_b_kn<D>(b, sK, kk * 16, dp * 16, lane);
+        load_b_kn<D>(b, uK, rc, kk * 16, dp * 16);
         Ops::mma(acc_dq[2 * dp], a, b[0], b[1]);
         Ops::mma(acc_dq[2 * dp + 1], a, b[2], b[3]);
       }

@@ -37,16 +37,137 @@ __device__ __forceinline__ int next_key_block(const MaskView& mask, int nb, int 
   return -1;
 }
 
+// Per-CTA state of the forward walk over key blocks.
+template <typename T, int D, int kWarps>
+struct ForwardState {
+  using Cfg = ForwardConfig<D, kWarps>;
+  static constexpr int NT = Cfg::kBlockN / 8, DT = D / 8;
+  float acc_o[DT][4];
+  float row_max[2];  // log2 units
+  float row_sum[2];  // this thread's partial sums
+};
+
+// One key block: S = Q K^T, softmax update, O += P V; prefetches the next K block in between.
+// kGeneral: the tile needs per-element masking or a softcap (diagonal / edge tiles, softcap runs);
+// the common full tile takes the short path so the hot loop stays small in the instruction cache.
+template <bool kGeneral, typename T, int D, int kWarps>
+__device__ __forceinline__ void forward_key_block(
+    ForwardState<T, D, kWarps>& st, const AttentionKernelParams& p, const SequenceView& sv,
+    const MaskView& mask, uint32_t uQ, uint32_t uK, uint32_t uV, T* sK, const T* k,
+    const LaneOffsets<D>& rc, const LaneOffsets<D>& cr, int m0, int nb, int num_nb, int& next,
+    int& next_cls) {
+  using Cfg = ForwardConfig<D, kWarps>;
+  using Ops = ElementOps<T>;
+  constexpr int BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int row_in_warp = warp * 16;
+
+  // S = Q K^T for this warp's 16 rows x BN keys.
+  float acc_s[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    load_a<D>(a, uQ, rc, row_in_warp, kk * 16);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      load_b_nk<D>(b, uK, cr, np * 16, kk * 16);
+      Ops::mma(acc_s[2 * np], a, b[0], b[1]);
+      Ops::mma(acc_s[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+
+  // Scores in log2 units (softcapped, masked to -inf where not allowed).
+  const float scale_log2 = p.scale * kLog2e;
+  if constexpr (kGeneral) {
+    const int n0 = nb * BN;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float s = acc_s[nt][e];
+        if (p.softcap_method != kSoftcapOff) {
+          float unused;
+          s = apply_softcap(p.softcap_method, p.softcap, s * p.scale, unused) * kLog2e;
+        } else {
+          s *= scale_log2;
+        }
+        const int i = m0 + row_in_warp + g + (e >= 2 ? 8 : 0);
+        const int j = n0 + nt * 8 + 2 * t + (e & 1);
+        if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) s = -INFINITY;
+        acc_s[nt][e] = s;
+      }
+    }
+  }
+
+  // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3). On the short path the scale is folded
+  // into the exponent: p = 2^(s * scale_log2 - max * scale_log2).
+  const float mul = kGeneral ? 1.f : scale_log2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+    mx = fmaxf(quad_max(mx) * mul, st.row_max[r]);
+    // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
+    const float base = mx == -INFINITY ? 0.f : mx;
+    const float rescale = fast_exp2(st.row_max[r] - base);
+    st.row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      acc_s[nt][2 * r] = fast_exp2(acc_s[nt][2 * r] * mul - base);
+      acc_s[nt][2 * r + 1] = fast_exp2(acc_s[nt][2 * r + 1] * mul - base);
+      sum += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
+    }
+    st.row_sum[r] = st.row_sum[r] * rescale + sum;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      st.acc_o[dt][2 * r] *= rescale;
+      st.acc_o[dt][2 * r + 1] *= rescale;
+    }
+  }
+
+  cp_async_wait<0>();
+  __syncthreads();  // V(nb) landed; every warp is done reading K(nb)
+  next = next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + Cfg::kBlockM, next_cls);
+  if (next >= 0)
+    load_tile_async<BN, D, Cfg::kThreads>(sK, k + static_cast<int64_t>(next) * BN * p.k_st.row,
+                                          p.k_st.row, sv.len_k - next * BN, tid);
+  cp_async_commit();
+
+  // O += P V, P from the S accumulators (two n-tiles = one A fragment of 16 keys).
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    uint32_t a[4];
+    a[0] = Ops::pack(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+    a[1] = Ops::pack(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+    a[2] = Ops::pack(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+    a[3] = Ops::pack(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < DT / 2; ++dp) {
+      uint32_t b[4];
+      load_b_kn<D>(b, uV, rc, kk * 16, dp * 16);
+      Ops::mma(st.acc_o[2 * dp], a, b[0], b[1]);
+      Ops::mma(st.acc_o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 template <typename T, int D, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps)
     attention_forward_kernel(const AttentionKernelParams p, int num_m_blocks) {
   using Cfg = ForwardConfig<D, kWarps>;
   using Ops = ElementOps<T>;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, DT = D / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * D;
   T* sV = sK + BN * D;
+  const uint32_t uQ = smem_address(sQ), uK = smem_address(sK), uV = smem_address(sV);
 
   // Heaviest query blocks (the last ones under a causal mask) are scheduled first.
   const int seq = blockIdx.x / num_m_blocks;
@@ -60,6 +181,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
+  const LaneOffsets<D> rc(lane, kRowsThenCols), cr(lane, kColsThenRows);
 
   const T* q = static_cast<const T*>(p.q) + row_offset(p.q_st, sv.q_batch, sv.q_row0, m0, h);
   const T* k = static_cast<const T*>(p.k) + row_offset(p.k_st, sv.k_batch, sv.k_row0, 0, hk);
@@ -74,13 +196,13 @@ __global__ void __launch_bounds__(32 * kWarps)
                                           p.k_st.row, sv.len_k - nb * BN, tid);
   cp_async_commit();
 
-  float acc_o[DT][4];
+  ForwardState<T, D, kWarps> st;
 #pragma unroll
-  for (int i = 0; i < DT; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // log2 units
-  float row_sum[2] = {0.f, 0.f};              // this thread's partial sums
-  const float scale_log2 = p.scale * kLog2e;
-  const int row_in_warp = warp * 16;
+  for (int i = 0; i < DT; ++i) st.acc_o[i][0] = st.acc_o[i][1] = st.acc_o[i][2] = st.acc_o[i][3] = 0.f;
+  st.row_max[0] = st.row_max[1] = -INFINITY;
+  st.row_sum[0] = st.row_sum[1] = 0.f;
+  // The short path assumes no softcap and a positive scale (max(s) * scale = max(s * scale)).
+  const bool short_path_ok = p.softcap_method == kSoftcapOff && p.scale > 0.f;
 
   while (nb >= 0) {
     cp_async_wait<0>();
@@ -88,120 +210,34 @@ __global__ void __launch_bounds__(32 * kWarps)
     load_tile_async<BN, D, Cfg::kThreads>(sV, v + static_cast<int64_t>(nb) * BN * p.v_st.row,
                                           p.v_st.row, sv.len_k - nb * BN, tid);
     cp_async_commit();
-
-    // S = Q K^T for this warp's 16 rows x BN keys.
-    float acc_s[NT][4];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      load_a<D>(a, sQ, row_in_warp, kk * 16, lane);
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t b[4];
-        load_b_nk<D>(b, sK, np * 16, kk * 16, lane);
-        Ops::mma(acc_s[2 * np], a, b[0], b[1]);
-        Ops::mma(acc_s[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-
-    // Scores in log2 units, softcapped and masked; -inf where not allowed.
-    const int n0 = nb * BN;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float s = acc_s[nt][e];
-        if (p.softcap_method != kSoftcapOff) {
-          float unused;
-          s = apply_softcap(p.softcap_method, p.softcap, s * p.scale, unused) * kLog2e;
-        } else {
-          s *= scale_log2;
-        }
-        if (cls == kTilePartial) {
-          const int i = m0 + row_in_warp + g + (e >= 2 ? 8 : 0);
-          const int j = n0 + nt * 8 + 2 * t + (e & 1);
-          if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) s = -INFINITY;
-        }
-        acc_s[nt][e] = s;
-      }
-    }
-
-    // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
-      mx = quad_max(mx);
-      // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-      const float base = mx == -INFINITY ? 0.f : mx;
-      const float rescale = exp2f(row_max[r] - base);
-      row_max[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        acc_s[nt][2 * r] = exp2f(acc_s[nt][2 * r] - base);
-        acc_s[nt][2 * r + 1] = exp2f(acc_s[nt][2 * r + 1] - base);
-        sum += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * rescale + sum;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        acc_o[dt][2 * r] *= rescale;
-        acc_o[dt][2 * r + 1] *= rescale;
-      }
-    }
-
-    cp_async_wait<0>();
-    __syncthreads();  // V(nb) landed; every warp is done reading K(nb)
-    int next_cls = kTileEmpty;
-    const int next = next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, next_cls);
-    if (next >= 0)
-      load_tile_async<BN, D, Cfg::kThreads>(sK, k + static_cast<int64_t>(next) * BN * p.k_st.row,
-                                            p.k_st.row, sv.len_k - next * BN, tid);
-    cp_async_commit();
-
-    // O += P V, P from the S accumulators (two n-tiles = one A fragment of 16 keys).
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = Ops::pack(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-      a[1] = Ops::pack(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-      a[2] = Ops::pack(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-      a[3] = Ops::pack(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        uint32_t b[4];
-        load_b_kn<D>(b, sV, kk * 16, dp * 16, lane);
-        Ops::mma(acc_o[2 * dp], a, b[0], b[1]);
-        Ops::mma(acc_o[2 * dp + 1], a, b[2], b[3]);
-      }
-    }
+    int next = -1, next_cls = kTileEmpty;
+    if (cls == kTileFull && short_path_ok)
+      forward_key_block<false>(st, p, sv, mask, uQ, uK, uV, sK, k, rc, cr, m0, nb, num_nb, next, next_cls);
+    else
+      forward_key_block<true>(st, p, sv, mask, uQ, uK, uV, sK, k, rc, cr, m0, nb, num_nb, next, next_cls);
     nb = next;
     cls = next_cls;
   }
   cp_async_wait<0>();
 
   // Epilogue: O / l, lse = (m + log2 l) ln 2; a row with l = 0 (nothing allowed) gives 0 and -inf.
+  const int row_in_warp = warp * 16;
   T* out = static_cast<T*>(p.out) + row_offset(p.out_st, sv.q_batch, sv.q_row0, m0, h);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(row_sum[r]);
+    const float l = quad_sum(st.row_sum[r]);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int i = row_in_warp + g + 8 * r;  // row inside the block
     if (m0 + i >= sv.len_q) continue;
     T* orow = out + static_cast<int64_t>(i) * p.out_st.row;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
-      const uint32_t packed = Ops::pack(acc_o[dt][2 * r] * inv, acc_o[dt][2 * r + 1] * inv);
+      const uint32_t packed = Ops::pack(st.acc_o[dt][2 * r] * inv, st.acc_o[dt][2 * r + 1] * inv);
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) = packed;
     }
     if (p.lse != nullptr && t == 0) {
-      const float lse = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
-      p.lse[sv.q_batch * p.lse_batch_stride +
-            static_cast<int64_t>(h) * p.lse_head_stride +
+      const float lse = l > 0.f ? (st.row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+      p.lse[sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(h) * p.lse_head_stride +
             (sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
     }
   }

@@ -81,40 +81,66 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-// A fragment (16 rows from row0, 16 columns from col0) of a row-major tile: the four 8x8 pieces
-// (rows +0/+8) x (cols +0/+8) in the order a0, a1, a2, a3. Lane l addresses piece l / 8, row l % 8.
-template <int COLS, typename T>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int row0, int col0, int lane) {
-  const int piece = lane >> 3, r = lane & 7;
-  ldmatrix_x4(a, smem_address(tile + swizzled_offset<COLS>(row0 + r + (piece & 1) * 8,
-                                                             col0 + (piece >> 1) * 8)));
+// ldmatrix addressing with the lane-dependent part hoisted out of the loops.
+// Every x4 load reads four 8x8 pieces; lane l addresses row l % 8 of piece l / 8. Two arrangements
+// of the pieces cover all operands (row0 a multiple of 8, col0 a multiple of 16):
+//   kRowsThenCols: pieces (+0,+0) (+8,+0) (+0,+8) (+8,+8) in (row, col): an A fragment of a
+//                  row-major tile, or B fragments of a [k][n] tile via the transposing load;
+//   kColsThenRows: pieces (+0,+0) (+0,+8) (+8,+0) (+8,+8): B fragments of an [n][k] tile for two
+//                  n-tiles, or an A fragment of a tile that stores the operand transposed.
+// Since row0 % 8 == 0, the swizzle XOR only sees the lane's row r = l % 8 and the low 3 bits of the
+// chunk index; col0's chunk index is even, so those low bits take 4 values: the 4 byte offsets are
+// computed once per lane and a load's address is base + off[(col0 / 16) % 4] + a constant.
+enum PieceOrder { kRowsThenCols, kColsThenRows };
+
+template <int COLS>
+struct LaneOffsets {
+  uint32_t off[4];
+  __device__ __forceinline__ LaneOffsets(int lane, PieceOrder order) {
+    const int piece = lane >> 3, r = lane & 7;
+    const int row = r + (order == kRowsThenCols ? (piece & 1) : (piece >> 1)) * 8;
+    const int chunk = order == kRowsThenCols ? (piece >> 1) : (piece & 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) off[i] = (row * COLS + (((2 * i + chunk) ^ r) << 3)) * 2;
+  }
+  // Shared-memory byte address of the lane's row for the 16 x 16 block at (row0, col0).
+  __device__ __forceinline__ uint32_t at(uint32_t base, int row0, int col0) const {
+    return base + (row0 * COLS + (col0 & ~63)) * 2 + off[(col0 >> 4) & 3];
+  }
+};
+
+// A fragment of rows row0.., cols col0.. of a row-major tile (lo: kRowsThenCols).
+template <int COLS>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, const LaneOffsets<COLS>& lo,
+                                       int row0, int col0) {
+  ldmatrix_x4(a, lo.at(tile, row0, col0));
+}
+// A fragment of M (rows row0.., cols col0..) from a tile storing M^T (lo: kColsThenRows).
+template <int COLS>
+__device__ __forceinline__ void load_a_from_transposed(uint32_t (&a)[4], uint32_t tile,
+                                                       const LaneOffsets<COLS>& lo, int row0, int col0) {
+  ldmatrix_x4_trans(a, lo.at(tile, col0, row0));
+}
+// B fragments of n-tiles n0.., n0+8.. at k0.. from a tile storing B as [n][k], e.g. K for Q K^T
+// (lo: kColsThenRows): b[0], b[1] for the first n-tile, b[2], b[3] for the second.
+template <int COLS>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], uint32_t tile, const LaneOffsets<COLS>& lo,
+                                          int n0, int k0) {
+  ldmatrix_x4(b, lo.at(tile, n0, k0));
+}
+// B fragments of n-tiles n0.., n0+8.. at k0.. from a tile storing B as [k][n], e.g. V for P V
+// (lo: kRowsThenCols, transposing load).
+template <int COLS>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], uint32_t tile, const LaneOffsets<COLS>& lo,
+                                          int k0, int n0) {
+  ldmatrix_x4_trans(b, lo.at(tile, k0, n0));
 }
 
-// A fragment of M (16 x 16 from (row0, col0)) when the tile stores M transposed (tile[c][r] = M[r][c]).
-template <int COLS, typename T>
-__device__ __forceinline__ void load_a_from_transposed(uint32_t (&a)[4], const T* tile, int row0,
-                                                       int col0, int lane) {
-  const int piece = lane >> 3, r = lane & 7;
-  ldmatrix_x4_trans(a, smem_address(tile + swizzled_offset<COLS>(col0 + r + (piece >> 1) * 8,
-                                                                   row0 + (piece & 1) * 8)));
-}
-
-// B fragments for two n-tiles (n0..n0+7, n0+8..n0+15) at k0..k0+15, where the tile stores B
-// transposed, i.e. tile[n][k] (K for S = Q K^T): b[0], b[1] for the first n-tile, b[2], b[3] next.
-template <int COLS, typename T>
-__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T* tile, int n0, int k0, int lane) {
-  const int piece = lane >> 3, r = lane & 7;
-  ldmatrix_x4(b, smem_address(tile + swizzled_offset<COLS>(n0 + r + (piece >> 1) * 8,
-                                                             k0 + (piece & 1) * 8)));
-}
-
-// B fragments for two n-tiles when the tile stores B as tile[k][n] (V for O = P V): transposing
-// ldmatrix over rows k0.., k0+8.. at columns n0, n0+8.
-template <int COLS, typename T>
-__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* tile, int k0, int n0, int lane) {
-  const int piece = lane >> 3, r = lane & 7;
-  ldmatrix_x4_trans(b, smem_address(tile + swizzled_offset<COLS>(k0 + r + (piece & 1) * 8,
-                                                                   n0 + (piece >> 1) * 8)));
+// 2^x on the SFU (ex2.approx: 2 ulp; 2^-inf = +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // ---- cp.async ------------------------------------------------------------------------------------
