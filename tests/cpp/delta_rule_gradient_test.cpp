@@ -87,6 +87,19 @@ std::vector<GradCase> gradient_cases() {
         c.algorithm = alg;
         cases.push_back({a + "_" + gname + (l2 ? "_l2norm" : ""), c});
       }
+      // HV == H with the L2 norm: the recurrent backward finishes dq, dk per step without the
+      // per-value-head partials of GVA (a separate code path).
+      DeltaCase e;
+      e.B = 2;
+      e.T = 67;
+      e.H = 2;
+      e.HV = 2;
+      e.K = 5;
+      e.V = 3;
+      e.gate = gate;
+      e.l2norm = true;
+      e.algorithm = alg;
+      cases.push_back({a + "_" + gname + "_l2norm_hv_eq_h", e});
       // Varlen with uneven lengths (one empty, one past a chunk boundary), per-sequence states.
       DeltaCase v;
       v.B = 1;

@@ -1,6 +1,7 @@
-// Memory of the recurrent backward: O(K*V) per worker plus buffers the size of v (r, then dr) and
-// of k per value head (dq, dk partials) -- never proportional to T*K*V -- and caller-provided
-// workspace giving the same bits as the backend's own.
+// Memory of the recurrent backward: O(K*V) per worker plus a buffer the size of v (r, then dr) and
+// one the size of k (dk's first part) when HV == H, or two of k per value head (dk, dq partials)
+// with GVA -- never proportional to T*K*V -- and caller-provided workspace giving the same bits
+// as the backend's own.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -10,12 +11,12 @@
 namespace flashgrad::test {
 namespace {
 
-DeltaRuleParams shape_only_params(std::vector<HostTensor>& keep, int64_t T, int64_t HV, int64_t K, int64_t V,
-                                  int threads) {
-  // Only shapes matter to the query; small real tensors would need T*... storage, so keep them.
+DeltaRuleParams shape_only_params(std::vector<HostTensor>& keep, int64_t T, int64_t H, int64_t HV, int64_t K,
+                                  int64_t V, int threads) {
+  // The query reads only shapes, but validation wants real (allocated) tensors; `keep` owns them.
   keep.clear();
-  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, 2, K});
-  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, 2, K});
+  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, H, K});
+  keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, H, K});
   keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, HV, V});
   keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, HV});
   keep.emplace_back(DType::f32, std::vector<int64_t>{1, T, HV});
@@ -31,15 +32,15 @@ DeltaRuleParams shape_only_params(std::vector<HostTensor>& keep, int64_t T, int6
 }
 
 TEST(DeltaRuleWorkspace, RecurrentBackwardIsOKVPerWorkerNotTKV) {
-  const int64_t T = 4096, HV = 4, K = 64, V = 64;
+  const int64_t T = 4096, H = 2, HV = 4, K = 64, V = 64;  // GVA: two value heads per q/k head
   const int workers = 2;
   std::vector<HostTensor> keep;
-  const DeltaRuleParams p = shape_only_params(keep, T, HV, K, V, workers);
+  const DeltaRuleParams p = shape_only_params(keep, T, H, HV, K, V, workers);
   const std::size_t bwd = delta_rule_workspace_bytes(p, Pass::backward);
   const std::size_t fwd = delta_rule_workspace_bytes(p, Pass::forward);
   const std::size_t f = sizeof(float);
   // Per worker: S and dS (2*K*V) plus a few K- and V-vectors; shared: r/dr [T, HV, V] and the
-  // dq, dk partials [T, HV, K]; 64 bytes of alignment slack.
+  // dk, dq partials [T, HV, K]; 64 bytes of alignment slack.
   const std::size_t per_worker_bound = (2 * K * V + 8 * (K + V)) * f;
   const std::size_t tensor_bound = T * HV * (V + 2 * K) * f;
   EXPECT_LE(bwd, workers * per_worker_bound + tensor_bound + 64);
@@ -49,20 +50,35 @@ TEST(DeltaRuleWorkspace, RecurrentBackwardIsOKVPerWorkerNotTKV) {
   EXPECT_LE(fwd, workers * (K * V + 8 * (K + V)) * f + 64);
 
   // Growth with T is exactly the size-of-v and size-of-k-per-value-head buffers.
-  const DeltaRuleParams p2 = shape_only_params(keep, 2 * T, HV, K, V, workers);
+  const DeltaRuleParams p2 = shape_only_params(keep, 2 * T, H, HV, K, V, workers);
   EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::backward) - bwd, T * HV * (V + 2 * K) * f);
   EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::forward), fwd);
   std::cout << "  T=4096 HV=4 K=V=64, 2 workers: backward workspace " << bwd << " bytes, forward " << fwd
             << " bytes; per-step states would take " << T * HV * K * V * f << " bytes\n";
 }
 
-TEST(DeltaRuleWorkspace, CallerWorkspaceGivesSameBits) {
+// Without GVA the backward keeps only r/dr (the size of v) and dk's first part (the size of k):
+// dq and dk of a step are finished in pass 2 and written directly.
+TEST(DeltaRuleWorkspace, RecurrentBackwardWithoutGvaKeepsSizeOfVPlusSizeOfK) {
+  const int64_t T = 4096, H = 4, K = 64, V = 64;
+  const int workers = 2;
+  std::vector<HostTensor> keep;
+  const DeltaRuleParams p = shape_only_params(keep, T, H, H, K, V, workers);
+  const std::size_t bwd = delta_rule_workspace_bytes(p, Pass::backward);
+  const std::size_t f = sizeof(float);
+  const std::size_t per_worker_bound = (2 * K * V + 8 * (K + V)) * f;
+  EXPECT_LE(bwd, workers * per_worker_bound + T * H * (V + K) * f + 64);
+  const DeltaRuleParams p2 = shape_only_params(keep, 2 * T, H, H, K, V, workers);
+  EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::backward) - bwd, T * H * (V + K) * f);
+}
+
+void expect_caller_workspace_gives_same_bits(int64_t H, int64_t HV) {
   auto rng = make_rng();
   DeltaCase c;
   c.B = 2;
   c.T = 70;
-  c.H = 1;
-  c.HV = 2;
+  c.H = H;
+  c.HV = HV;
   c.K = 8;
   c.V = 6;
   c.gate = GateKind::per_channel;
@@ -100,6 +116,9 @@ TEST(DeltaRuleWorkspace, CallerWorkspaceGivesSameBits) {
   EXPECT_TRUE(same_bits(g.dbeta, g_own.dbeta));
   EXPECT_TRUE(same_bits(g.dh0, g_own.dh0));
 }
+
+TEST(DeltaRuleWorkspace, CallerWorkspaceGivesSameBitsGva) { expect_caller_workspace_gives_same_bits(1, 2); }
+TEST(DeltaRuleWorkspace, CallerWorkspaceGivesSameBitsWithoutGva) { expect_caller_workspace_gives_same_bits(2, 2); }
 
 }  // namespace
 }  // namespace flashgrad::test

@@ -3,6 +3,7 @@
 #include "recurrent.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/parallel.h"
 #include "step_io.h"
@@ -13,7 +14,7 @@ namespace {
 // Step vectors each worker needs besides its K x V states.
 int64_t forward_scratch(int64_t K, int64_t V) { return StepInputs<double>::scratch_size(K, V) + 2 * V; }
 int64_t backward_scratch(int64_t K, int64_t V) {
-  return StepInputs<double>::scratch_size(K, V) + 4 * V + 4 * K;
+  return StepInputs<double>::scratch_size(K, V) + 4 * V + 5 * K;
 }
 }  // namespace
 
@@ -25,10 +26,11 @@ RecurrentWorkspace RecurrentWorkspace::make(const DeltaRuleProblem& pr, Pass pas
   if (pass == Pass::forward) {
     w.per_worker = K * V + forward_scratch(K, V);
   } else {
+    w.gva = pr.value_heads != pr.heads;
     w.rd = 0;
-    w.dq_part = rows * V;
-    w.dk_part = w.dq_part + rows * K;
-    w.workers_begin = w.dk_part + rows * K;
+    w.dk_part = rows * V;
+    w.dq_part = w.dk_part + rows * K;
+    w.workers_begin = w.dq_part + (w.gva ? rows * K : 0);
     w.per_worker = 2 * K * V + backward_scratch(K, V);
   }
   w.total = w.workers_begin + w.per_worker * workers;
@@ -112,7 +114,7 @@ inline int64_t part_row(const DeltaRuleProblem& pr, int64_t b, int64_t t, int64_
   return (b * pr.seq_len + t) * pr.value_heads + j;
 }
 
-// Sum the per-value-head partial gradients of each q/k head in value-head order, apply the
+// GVA: sum the per-value-head partial gradients of each q/k head in value-head order, apply the
 // L2-norm backward when the norm is inside the op, and store dq, dk.
 template <typename Real>
 void reduce_qk_grads(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleGrads& grads,
@@ -158,8 +160,8 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
   const Real scale = static_cast<Real>(pr.scale);
   const bool has_gate = pr.gate != GateKind::none;
   Real* rd_all = workspace + ws.rd;
-  Real* dq_part = workspace + ws.dq_part;
   Real* dk_part = workspace + ws.dk_part;
+  Real* dq_part = ws.gva ? workspace + ws.dq_part : nullptr;
 
   parallel_for(pr.num_seqs * HV, workers, [&](int64_t item, int worker) {
     const HeadCursor c = HeadCursor::make(pr, item / HV, item % HV);
@@ -176,8 +178,11 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
     Real* Sdr = dg_row + K;                                        // [K] S~ dr
     Real* dg_total = Sdr + K;  // [K] dg of the first step, per key channel: rowsum(dh0 * h0)
     Real* dg_prefix = dg_total + K;  // [K] sum over earlier steps of the closed-form terms
+    Real* dq_step = dg_prefix + K;   // [K] dq of one step (HV == H: written straight to grads.dq)
     auto rd_row = [&](int64_t t) { return rd_all + part_row(pr, c.b, c.t0 + t, c.j) * V; };
-    auto dq_row = [&](int64_t t) { return dq_part + part_row(pr, c.b, c.t0 + t, c.j) * K; };
+    auto dq_row = [&](int64_t t) {
+      return ws.gva ? dq_part + part_row(pr, c.b, c.t0 + t, c.j) * K : dq_step;
+    };
     auto dk_row = [&](int64_t t) { return dk_part + part_row(pr, c.b, c.t0 + t, c.j) * K; };
     auto load_h0 = [&](Real* dst) {
       if (pr.has_initial_state)
@@ -264,7 +269,9 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
       dg_total[gate_width == 1 ? 0 : i] += acc;
     }
 
-    // Pass 2, t = 0 .. len-1, recomputing S from h0: dk -= S~ dr;  dq = scale S do.
+    // Pass 2, t = 0 .. len-1, recomputing S from h0: dk -= S~ dr;  dq = scale S do. With
+    // HV == H this value head is the only contributor to q/k head c.h, so step t's dq and dk are
+    // final here: L2-norm backward, then one rounding into the outputs (no partials, no sum).
     for (int64_t t = 0; t < c.len; ++t) {
       x.load(p, pr, c, t);
       load_row<Real>(in.dout, c.b, c.t0 + t, c.j, V, false, dout);
@@ -278,18 +285,26 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
         for (int64_t col = 0; col < V; ++col) acc += S[i * V + col] * dout[col];
         dq_t[i] = scale * acc;
       }
-      if (!has_gate) continue;
-      for (int64_t i = 0; i < gate_width; ++i) dg_row[i] = dg_total[i] - dg_prefix[i];
-      if (pr.gate == GateKind::per_channel)
-        store_row<Real>(grads.dg, c.b, c.t0 + t, c.j, K, dg_row);
-      else
-        host::store<Real>(grads.dg.data, grads.dg.dtype, offset3(grads.dg, c.b, c.t0 + t, c.j), dg_row[0]);
-      for (int64_t i = 0; i < K; ++i)
-        dg_prefix[gate_width == 1 ? 0 : i] += x.q[i] * dq_t[i] - x.k[i] * dk_t[i] - 2 * x.k[i] * Sdr[i];
+      if (has_gate) {
+        for (int64_t i = 0; i < gate_width; ++i) dg_row[i] = dg_total[i] - dg_prefix[i];
+        if (pr.gate == GateKind::per_channel)
+          store_row<Real>(grads.dg, c.b, c.t0 + t, c.j, K, dg_row);
+        else
+          host::store<Real>(grads.dg.data, grads.dg.dtype, offset3(grads.dg, c.b, c.t0 + t, c.j), dg_row[0]);
+        for (int64_t i = 0; i < K; ++i)
+          dg_prefix[gate_width == 1 ? 0 : i] += x.q[i] * dq_t[i] - x.k[i] * dk_t[i] - 2 * x.k[i] * Sdr[i];
+      }
+      if (ws.gva) continue;
+      if (p.use_qk_l2norm_in_kernel) {  // x.q, x.k hold the normalized rows
+        l2norm_backward<Real>(x.q, x.q_rstd, K, dq_t);
+        l2norm_backward<Real>(x.k, x.k_rstd, K, dk_t);
+      }
+      store_row<Real>(grads.dq, c.b, c.t0 + t, c.h, K, dq_t);
+      store_row<Real>(grads.dk, c.b, c.t0 + t, c.h, K, dk_t);
     }
   });
 
-  reduce_qk_grads<Real>(p, pr, grads, dq_part, dk_part, workers);
+  if (ws.gva) reduce_qk_grads<Real>(p, pr, grads, dq_part, dk_part, workers);
 }
 
 template void recurrent_forward<float>(const DeltaRuleParams&, const DeltaRuleProblem&,
