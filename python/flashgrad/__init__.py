@@ -26,6 +26,8 @@ __version__ = "0.1.0"
 _TORCH_API = {
     "flash_attn_func": "flashgrad.attention",
     "flash_attn_varlen_func": "flashgrad.attention",
+    "flash_attn_qkvpacked_func": "flashgrad.attention",
+    "flash_attn_kvpacked_func": "flashgrad.attention",
     "chunk_gated_delta_rule": "flashgrad.delta_rule",
     "fused_recurrent_gated_delta_rule": "flashgrad.delta_rule",
     "chunk_kda": "flashgrad.delta_rule",

@@ -115,6 +115,31 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                       softcap_method, prefix_lengths, candidate_bounds, return_lse, z_loss_weight)
 
 
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              **extensions):
+    """flash_attn_func on qkv [B, S, 3, H, D] (FlashAttention's packed layout; the gradient flows
+    back into qkv through the views)."""
+    require_tensor("flash_attn_qkvpacked_func", "qkv", qkv)
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        fail("flash_attn_qkvpacked_func", "qkv", f"must have shape [B, S, 3, H, D], got {list(qkv.shape)}")
+    q, k, v = qkv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, **extensions)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             **extensions):
+    """flash_attn_func with kv [B, Sk, 2, Hk, D] (FlashAttention's packed layout)."""
+    require_tensor("flash_attn_kvpacked_func", "kv", kv)
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        fail("flash_attn_kvpacked_func", "kv", f"must have shape [B, Sk, 2, Hk, D], got {list(kv.shape)}")
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, **extensions)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
