@@ -70,12 +70,7 @@ TEST(DeltaRuleChunked, AgreesWithRecurrentInFp64) {
       expect_close(fc.o, fr.o, 1e-10, what + " o");
       expect_close(fc.final_state, fr.final_state, 1e-10, what + " final_state");
       const DeltaGrads gr = run_backward(d, pr), gc = run_backward(d, pc);
-      expect_close(gc.dq, gr.dq, 1e-10, what + " dq");
-      expect_close(gc.dk, gr.dk, 1e-10, what + " dk");
-      expect_close(gc.dv, gr.dv, 1e-10, what + " dv");
-      expect_close(gc.dbeta, gr.dbeta, 1e-10, what + " dbeta");
-      expect_close(gc.dh0, gr.dh0, 1e-10, what + " dh0");
-      if (gate != GateKind::none) expect_close(gc.dg, gr.dg, 1e-10, what + " dg");
+      for (const GradPair& g : grad_pairs(gc, gr, gate)) expect_close(g.a, g.b, 1e-10, what + " " + g.name);
     }
 }
 
@@ -144,12 +139,12 @@ TEST(DeltaRuleVarlen, EqualsSeparateCalls) {
         const std::string what = gate_label(gate) + " sequence " + std::to_string(n);
         expect_rows_equal(f.o, t0, fs.o, what + " o");
         expect_state_equal(f.final_state, n, fs.final_state, what + " final_state");
-        expect_rows_equal(g.dq, t0, gs.dq, what + " dq");
-        expect_rows_equal(g.dk, t0, gs.dk, what + " dk");
-        expect_rows_equal(g.dv, t0, gs.dv, what + " dv");
-        expect_rows_equal(g.dbeta, t0, gs.dbeta, what + " dbeta");
-        if (gate != GateKind::none) expect_rows_equal(g.dg, t0, gs.dg, what + " dg");
-        expect_state_equal(g.dh0, n, gs.dh0, what + " dh0");
+        for (const GradPair& x : grad_pairs(g, gs, gate)) {
+          if (std::string(x.name) == "dh0")  // a state [N, HV, K, V], not time rows
+            expect_state_equal(x.a, n, x.b, what + " dh0");
+          else
+            expect_rows_equal(x.a, t0, x.b, what + " " + x.name);
+        }
       }
     }
 }
@@ -186,12 +181,7 @@ TEST(DeltaRulePrecision, Fp32AndLowPrecisionTrackFp64) {
         };
         check(f32.o, f64.o, "o");
         check(f32.final_state, f64.final_state, "final_state");
-        check(g32.dq, g64.dq, "dq");
-        check(g32.dk, g64.dk, "dk");
-        check(g32.dv, g64.dv, "dv");
-        check(g32.dbeta, g64.dbeta, "dbeta");
-        check(g32.dh0, g64.dh0, "dh0");
-        if (gate != GateKind::none) check(g32.dg, g64.dg, "dg");
+        for (const GradPair& g : grad_pairs(g32, g64, gate)) check(g.a, g.b, g.name);
         std::cout << "  [" << what << "] worst relative rms vs fp64 compute = " << worst << "\n";
       }
 }
@@ -257,10 +247,8 @@ TEST(DeltaRuleSavedR, SameGradientsAsRecompute) {
     const DeltaForward f = run_forward(d, p, /*save_r=*/true, DType::f64);
     const DeltaGrads with_r = run_backward(d, p, &f.r);
     const DeltaGrads without = run_backward(d, p);
-    EXPECT_TRUE(same_bits(with_r.dq, without.dq) && same_bits(with_r.dk, without.dk) &&
-                same_bits(with_r.dv, without.dv) && same_bits(with_r.dbeta, without.dbeta) &&
-                same_bits(with_r.dh0, without.dh0))
-        << gate_label(gate);
+    for (const GradPair& g : grad_pairs(with_r, without, gate))
+      EXPECT_TRUE(same_bits(g.a, g.b)) << gate_label(gate) << " " << g.name;
     // saved_r from the chunked forward: the same r up to rounding.
     DeltaRuleParams pc = p;
     pc.algorithm = DeltaRuleAlgorithm::chunked;
@@ -317,12 +305,7 @@ TEST(DeltaRuleThreads, OneAndManyWorkersBitwiseEqual) {
       EXPECT_TRUE(same_bits(f1.o, fn.o)) << what << " o";
       EXPECT_TRUE(same_bits(f1.final_state, fn.final_state)) << what << " final_state";
       EXPECT_TRUE(same_bits(f1.r, fn.r)) << what << " saved_r";
-      EXPECT_TRUE(same_bits(g1.dq, gn.dq)) << what << " dq";
-      EXPECT_TRUE(same_bits(g1.dk, gn.dk)) << what << " dk";
-      EXPECT_TRUE(same_bits(g1.dv, gn.dv)) << what << " dv";
-      EXPECT_TRUE(same_bits(g1.dbeta, gn.dbeta)) << what << " dbeta";
-      EXPECT_TRUE(same_bits(g1.dh0, gn.dh0)) << what << " dh0";
-      if (gate != GateKind::none) EXPECT_TRUE(same_bits(g1.dg, gn.dg)) << what << " dg";
+      for (const GradPair& g : grad_pairs(g1, gn, gate)) EXPECT_TRUE(same_bits(g.a, g.b)) << what << " " << g.name;
     }
 }
 

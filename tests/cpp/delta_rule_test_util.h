@@ -147,6 +147,21 @@ inline DeltaGrads make_grads(const DeltaData& d) {
   return g;
 }
 
+// The gradients of two results side by side, named, for a check over all of them (dg only when
+// the case has a gate).
+struct GradPair {
+  const char* name;
+  const HostTensor& a;
+  const HostTensor& b;
+};
+inline std::vector<GradPair> grad_pairs(const DeltaGrads& a, const DeltaGrads& b, GateKind gate) {
+  std::vector<GradPair> pairs = {{"dq", a.dq, b.dq},          {"dk", a.dk, b.dk},
+                                 {"dv", a.dv, b.dv},          {"dbeta", a.dbeta, b.dbeta},
+                                 {"dh0", a.dh0, b.dh0}};
+  if (gate != GateKind::none) pairs.push_back({"dg", a.dg, b.dg});
+  return pairs;
+}
+
 inline DeltaRuleGrads grad_views(const DeltaData& d, const DeltaGrads& g) {
   DeltaRuleGrads v;
   v.dq = g.dq.view();
