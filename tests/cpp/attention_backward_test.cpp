@@ -244,7 +244,7 @@ TEST(AttentionBackward, LowPrecisionInputsAgreeWithDouble) {
     const ForwardResult dfwd = run_forward(d);
     const HostTensor dlse64 = converted(dlse, DType::f64);
     const Gradients ref = run_backward(d, dfwd, converted(dout, DType::f64), &dlse64, 0.1f);
-    const double ulp = dt == DType::bf16 ? 0x1p-8 : dt == DType::f16 ? 0x1p-11 : 0x1p-24;
+    const double ulp = unit_roundoff(dt);
     const std::pair<const HostTensor*, const HostTensor*> pairs[] = {
         {&g.dq, &ref.dq}, {&g.dk, &ref.dk}, {&g.dv, &ref.dv}};
     const char* names[] = {"dq", "dk", "dv"};

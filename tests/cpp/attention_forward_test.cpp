@@ -175,7 +175,7 @@ TEST(AttentionForward, Fp32AndHalfInputsAgreeWithDouble) {
     const NaiveForward ref = naive_forward(c, c.q.to_doubles(), c.k.to_doubles(), c.v.to_doubles());
     // Output rounding is half an ulp of the dtype; fp32 accumulation over <= 53 keys adds a few
     // float ulps. Bound: 2 output ulps + 64 float ulps, relative to the largest value.
-    const double ulp = dt == DType::bf16 ? 0x1p-8 : dt == DType::f16 ? 0x1p-11 : 0x1p-24;
+    const double ulp = unit_roundoff(dt);
     const MaxDiff out = max_abs_diff(r.out.to_doubles(), ref.out);
     EXPECT_LE(out.diff, (2 * ulp + 64 * 0x1p-24) * out.ref_max) << "out, element " << out.where;
     const MaxDiff lse = max_abs_diff(r.lse.to_doubles(), ref.lse);

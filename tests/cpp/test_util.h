@@ -42,6 +42,19 @@ inline bool is_float_dtype(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16 || t == DType::e4m3;
 }
 
+// Unit roundoff 2^-p of a floating dtype with p significand bits (half the spacing of its numbers
+// in [1, 2)): the relative error of one round-to-nearest into that dtype.
+inline double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::bf16: return 0x1p-8;
+    case DType::f16: return 0x1p-11;
+    case DType::f32: return 0x1p-24;
+    case DType::f64: return 0x1p-53;
+    case DType::e4m3: return 0x1p-4;
+    default: return 0;
+  }
+}
+
 // A host tensor that owns its storage. `pad` (optional, one entry per dim) adds unused elements
 // to each dim's physical extent, so the view's strides are those of a larger row-major array and
 // the view is not contiguous (the last stride stays 1). Padding elements hold NaN (or -1 for
