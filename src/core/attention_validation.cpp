@@ -75,7 +75,7 @@ std::vector<int64_t> check_cu_seqlens(const Checker& c, const TensorView& t, con
                                       const AttentionParams& p) {
   check_small_tensor(c, t, arg, 1, DType::i32, p.q);
   c.require(t.shape[0] >= 1, arg, "must have length N+1 >= 1 (N = number of sequences), got length 0");
-  std::vector<int64_t> v = checks::read_index_tensor(t, p.exec.stream);
+  std::vector<int64_t> v = checks::read_index_tensor(c, t, arg, p.exec.stream);
   c.require(v[0] == 0, arg, "must start at 0, got entry 0 = " + num(v[0]));
   for (size_t i = 1; i < v.size(); ++i)
     c.require(v[i] >= v[i - 1], arg,
@@ -115,7 +115,7 @@ void check_mask(const Checker& c, const AttentionParams& p, AttentionProblem& pr
     c.require(p.prefix_lengths.present(), "prefix_lengths", "is required with mask prefix_lm");
     check_small_tensor(c, p.prefix_lengths, "prefix_lengths", 1, DType::i32, p.q);
     c.shape(p.prefix_lengths, "prefix_lengths", {pr.num_seqs}, "one prefix length per sequence");
-    pr.prefix_lengths = checks::read_index_tensor(p.prefix_lengths, p.exec.stream);
+    pr.prefix_lengths = checks::read_index_tensor(c, p.prefix_lengths, "prefix_lengths", p.exec.stream);
     for (int64_t n = 0; n < pr.num_seqs; ++n)
       c.require(pr.prefix_lengths[n] >= 0, "prefix_lengths",
                 "must be >= 0, got " + num(pr.prefix_lengths[n]) + " for sequence " + num(n));
@@ -130,7 +130,7 @@ void check_mask(const Checker& c, const AttentionParams& p, AttentionProblem& pr
     check_small_tensor(c, p.candidate_bounds, "candidate_bounds", 2, DType::i32, p.q);
     c.shape(p.candidate_bounds, "candidate_bounds", {pr.num_seqs, 4},
             "h0, h1, c0, c1 per sequence");
-    pr.candidate_bounds = checks::read_index_tensor(p.candidate_bounds, p.exec.stream);
+    pr.candidate_bounds = checks::read_index_tensor(c, p.candidate_bounds, "candidate_bounds", p.exec.stream);
     for (int64_t n = 0; n < pr.num_seqs; ++n) {
       const int64_t sq = pr.q_len(n), sk = pr.k_len(n);
       c.require(sq == sk, "q",

@@ -104,7 +104,8 @@ void Checker::no_overlap(const TensorView& out, const std::string& out_arg, cons
           "must not overlap the memory of input '" + in_arg + "'");
 }
 
-std::vector<int64_t> read_index_tensor(const TensorView& t, void* stream) {
+std::vector<int64_t> read_index_tensor(const Checker& c, const TensorView& t, const std::string& arg,
+                                       void* stream) {
   const int64_t n = t.numel();
   std::vector<int64_t> values(static_cast<size_t>(n));
   if (n == 0) return values;
@@ -124,8 +125,9 @@ std::vector<int64_t> read_index_tensor(const TensorView& t, void* stream) {
                       dtype_size(t.dtype), raw.data() + i * dtype_size(t.dtype));
     }
   } else {
-    if (!t.is_contiguous())
-      throw_invalid_argument("read_index_tensor", "index tensor", "must be contiguous on CUDA");
+    c.require(t.is_contiguous(), arg,
+              "must be contiguous when on a CUDA device (it is copied to the host as one block), got "
+              "strides of a padded layout for shape " + shape_string(t));
     backend::cuda_copy_to_host(raw.data(), t.data, raw.size(), t.device_index, stream);
   }
   for (int64_t i = 0; i < n; ++i) values[i] = host::load_index(raw.data(), t.dtype, i);

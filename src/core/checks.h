@@ -49,7 +49,9 @@ std::string shape_string(const std::vector<int64_t>& s);
 std::string shape_string(const TensorView& t);
 
 // The values of a small integer tensor (cu_seqlens, prefix lengths, bounds) on the host, copied
-// from the device if needed. `t` must already have passed Checker::tensor.
-std::vector<int64_t> read_index_tensor(const TensorView& t, void* stream);
+// from the device if needed. `t` must already have passed Checker::tensor; a device copy also
+// needs it contiguous (a failure names `arg`).
+std::vector<int64_t> read_index_tensor(const Checker& c, const TensorView& t, const std::string& arg,
+                                       void* stream);
 
 }  // namespace flashgrad::checks

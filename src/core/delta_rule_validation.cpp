@@ -53,7 +53,7 @@ void check_cu_seqlens(const Checker& c, const DeltaRuleParams& p, DeltaRuleProbl
   c.require(cu.shape[0] >= 2, "cu_seqlens",
             "must have at least 2 entries (N + 1 for N >= 1 sequences), got " +
                 std::to_string(cu.shape[0]));
-  std::vector<int64_t> v = checks::read_index_tensor(cu, p.exec.stream);
+  std::vector<int64_t> v = checks::read_index_tensor(c, cu, "cu_seqlens", p.exec.stream);
   c.require(v[0] == 0, "cu_seqlens", "must start at 0, got " + std::to_string(v[0]));
   for (size_t i = 1; i < v.size(); ++i)
     c.require(v[i] >= v[i - 1], "cu_seqlens",
@@ -130,6 +130,8 @@ DeltaRuleProblem validate_delta_rule_inputs(const char* op, const DeltaRuleParam
                              std::to_string(static_cast<int>(p.algorithm)));
   c.require(p.exec.precision == Precision::fp32 || p.exec.precision == Precision::fp64, "exec.precision",
             "must be fp32 or fp64");
+  c.require(p.exec.num_threads >= 0, "exec.num_threads",
+            "must be >= 0 (0 = one per hardware thread), got " + std::to_string(p.exec.num_threads));
 
   if (p.cu_seqlens.present()) check_cu_seqlens(c, p, pr);
 
@@ -157,6 +159,7 @@ void check_output(const Checker& c, const DeltaRuleParams& p, const TensorView& 
   c.no_overlap(t, arg, p.g, "g");
   c.no_overlap(t, arg, p.beta, "beta");
   c.no_overlap(t, arg, p.initial_state, "initial_state");
+  c.no_overlap(t, arg, p.cu_seqlens, "cu_seqlens");
 }
 
 void check_outputs_disjoint(const Checker& c, const std::vector<std::pair<const TensorView*, const char*>>& outs) {

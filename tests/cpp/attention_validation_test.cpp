@@ -435,6 +435,17 @@ TEST_F(CandidateValidation, NeedsEqualQueryAndKeyLengths) {
   both_reject("q", "equal query and key lengths per sequence; sequence 0 has Sq = 5, Sk = 7");
 }
 
+// Index tensors on a CUDA device are copied to the host as one block, so they must be contiguous.
+// Validation rejects a padded [2, 4] view before any copy (so this runs without a GPU: no device
+// memory is touched).
+TEST_F(CandidateValidation, BoundsOnCudaMustBeContiguous) {
+  bounds = int32_tensor({0, 4, 4, 8, 0, 0, 0, 0, 0, 4, 4, 8, 0, 0, 0, 0}, {2, 8});
+  p.candidate_bounds = TensorView(bounds.view().data, DType::i32, {2, 4}, {8, 1}, Device::cuda);
+  for (TensorView* t : {&p.q, &p.k, &p.v}) t->device = Device::cuda;
+  expect_rejected([&] { attention_workspace_bytes(p, Pass::forward); }, "attention_workspace_bytes",
+                  "candidate_bounds", "must be contiguous when on a CUDA device");
+}
+
 TEST_F(CandidateValidation, BoundsOnlyWithCandidateMask) {
   with_bounds({0, 4, 4, 8, 0, 4, 4, 8});
   p.mask = MaskKind::none;

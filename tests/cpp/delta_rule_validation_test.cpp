@@ -275,6 +275,18 @@ TEST(DeltaRuleValidation, ScaleNotFinite) {
   expect_rejected("scale", [](Call& c) { c.p.scale = std::numeric_limits<float>::infinity(); });
   expect_rejected("scale", [](Call& c) { c.p.scale = -std::numeric_limits<float>::infinity(); });
 }
+TEST(DeltaRuleValidation, ExecutionOptions) {
+  expect_rejected("exec.num_threads", [](Call& c) { c.p.exec.num_threads = -1; });
+  expect_rejected("exec.precision", [](Call& c) { c.p.exec.precision = static_cast<Precision>(5); });
+}
+TEST(DeltaRuleValidation, NegativeStride) {
+  expect_rejected("k", [](Call& c) { c.p.k.stride[1] = -c.p.k.stride[1]; });
+}
+TEST(DeltaRuleValidation, OutputAliasesCuSeqlens) {
+  expect_rejected("o", [](Call& c) { c.out.o.data = c.p.cu_seqlens.data; }, Which::forward, varlen_case());
+  expect_rejected("dbeta", [](Call& c) { c.grads.dbeta.data = c.p.cu_seqlens.data; }, Which::backward,
+                  varlen_case());
+}
 TEST(DeltaRuleValidation, UnknownAlgorithm) {
   expect_rejected("algorithm", [](Call& c) { c.p.algorithm = static_cast<DeltaRuleAlgorithm>(7); });
 }
