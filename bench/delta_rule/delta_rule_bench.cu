@@ -5,7 +5,7 @@
 // fla's numbers from shared/design/anchors.md (anchor values measured earlier on the same kind of
 // H200, not re-run here).
 //
-// Usage: delta_rule_bench [--reps N] [--quick]   (prints a Markdown table to stdout)
+// Usage: delta_rule_bench [--reps N] [--quick] [--rows 0,3]   (prints a Markdown table to stdout)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -206,9 +206,11 @@ void run_row(const Row& r, int reps) {
 int main(int argc, char** argv) {
   int reps = 5;
   bool quick = false;
+  std::string only;  // --rows 0,3: run only these row indices
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) only = std::string(",") + argv[++i] + ",";
   }
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -230,8 +232,10 @@ int main(int argc, char** argv) {
       {"chunk GDN K=V=64", G::scalar, A::chunked, 8, 4096, 16, 64, 64, 1.036, 3.281},
       {"decode GDN (T=1)", G::scalar, A::recurrent, 64, 1, 16, 128, 128, 0, 0},
   };
-  for (const Row& r : rows) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
     if (quick && r.T * r.B > 16384) continue;
+    if (!only.empty() && only.find("," + std::to_string(i) + ",") == std::string::npos) continue;
     try {
       run_row(r, reps);
     } catch (const flashgrad::Error& e) {

@@ -1,8 +1,8 @@
 // Per-step reduction over the columns of a block, for the backward's per-row vectors (dk, dq: sums
 // over value columns j of S[k, j] * x_j) and per-column scalars (dbeta, the GDN gate terms).
 //
-// Each thread holds NVEC vectors of KPT row slots (rows gl + L * i) for its own column, and NSC
-// scalars that are equal on all lanes of its column group. Steps:
+// Each thread holds NVEC vectors of KPT row slots for its own column, and NSC
+// scalars that are equal on all lanes of its column group. Rows: row_of<KPT>(gl, i). Steps:
 //   1. xor-shuffles across the column groups of a warp (lanes gl, gl + L, ...): lanes gl < L of
 //      each warp then hold the warp's sum for their rows;
 //   2. those lanes write them to shared memory, one row of floats per warp;
@@ -39,7 +39,7 @@ __device__ __forceinline__ void column_reduce_write(ColumnReduceSmem<KMAX, NVEC,
 #pragma unroll
     for (int v = 0; v < NVEC; ++v)
 #pragma unroll
-      for (int i = 0; i < KPT; ++i) sm.red[buf][warp][v * KMAX + lane + L * i] = vec[v][i];
+      for (int i = 0; i < KPT; ++i) sm.red[buf][warp][v * KMAX + row_of<KPT>(lane, i)] = vec[v][i];
     if (lane == 0) {
 #pragma unroll
       for (int s = 0; s < NSC; ++s) sm.red[buf][warp][NVEC * KMAX + s] = sc[s];
@@ -47,8 +47,8 @@ __device__ __forceinline__ void column_reduce_write(ColumnReduceSmem<KMAX, NVEC,
     if (write_qk && warp == 0) {
 #pragma unroll
       for (int i = 0; i < KPT; ++i) {
-        sm.qk[buf][0][lane + L * i] = q[i];
-        sm.qk[buf][1][lane + L * i] = k[i];
+        sm.qk[buf][0][row_of<KPT>(lane, i)] = q[i];
+        sm.qk[buf][1][row_of<KPT>(lane, i)] = k[i];
       }
     }
   }

@@ -77,6 +77,17 @@ const int64_t* upload_cu_seqlens(cuda_detail::ScratchBuffer& scratch, const Delt
   return d;
 }
 
+// Whether every lane's run of 8 consecutive elements along the last dim (K) of `t` is 16-byte
+// aligned: K % 8 == 0, an aligned base, and every outer stride a multiple of 16 bytes.
+bool runs_are_vectors(const TensorView& t, int64_t K) {
+  const int64_t es = static_cast<int64_t>(dtype_size(t.dtype));
+  if (K % 8 != 0 || (8 * es) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int d = 0; d + 1 < t.rank; ++d)
+    if ((t.stride[d] * es) % 16 != 0) return false;
+  return true;
+}
+
 dr::RecurrentArgs base_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
   dr::RecurrentArgs a;
   a.q = view_of(p.q);
@@ -92,6 +103,8 @@ dr::RecurrentArgs base_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr
   a.V = pr.value_dim;
   a.scale = pr.scale;
   a.l2norm = p.use_qk_l2norm_in_kernel;
+  a.qk_vec = runs_are_vectors(p.q, pr.key_dim) && runs_are_vectors(p.k, pr.key_dim);
+  a.g_vec = pr.gate == GateKind::per_channel && p.g.dtype == DType::f32 && runs_are_vectors(p.g, pr.key_dim);
   return a;
 }
 

@@ -24,6 +24,7 @@
 
 #include "block_reduce.cuh"
 #include "recurrent_common.cuh"
+#include "recurrent_forward.cuh"  // prefetch_depth
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -32,7 +33,7 @@ __device__ __forceinline__ int64_t row_index(int64_t b, int64_t T, int64_t tok, 
 }
 
 template <typename T, int KMAX, Gate G>
-__global__ void __launch_bounds__(kThreads) recurrent_backward_pass1_kernel(RecurrentArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(RecurrentArgs a) {
   constexpr int KPT = kRowsPerThread;
   constexpr int L = KMAX / KPT;
   constexpr bool kPC = G == Gate::per_channel;
@@ -40,34 +41,26 @@ __global__ void __launch_bounds__(kThreads) recurrent_backward_pass1_kernel(Recu
   const BlockCoords c = block_coords<L>(a);
   const int tid = threadIdx.x;
 
+  __shared__ float tile[kStateTileFloats];
   float dS[KPT];
-#pragma unroll
-  for (int i = 0; i < KPT; ++i) {
-    const int64_t row = c.gl + L * i;
-    dS[i] = (a.dht.p && c.col_ok && row < a.K)
-                ? static_cast<const float*>(a.dht.p)[off4(a.dht, c.n, c.hv, row, c.col)]
-                : 0.f;
-  }
-  const T* dop = static_cast<const T*>(a.dout.p);
-  const T* vp = static_cast<const T*>(a.v.p);
+  load_state_slice<KMAX, KPT>(a.dht, c, a.K, a.V, tile, dS);
   auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
     const int64_t tok = c.bos + t;
     load_qkgb<T, L, KPT, G>(a, c, tok, s);
-    s.x0 = c.col_ok ? to_f<T>(dop[off4(a.dout, c.b, tok, c.hv, c.col)]) : 0.f;
-    s.x1 = c.col_ok ? load_elem<T>(a.r, off4(a.r, c.b, tok, c.hv, c.col)) : 0.f;
-    s.x2 = (G == Gate::scalar && c.col_ok) ? to_f<T>(vp[off4(a.v, c.b, tok, c.hv, c.col)]) : 0.f;
+    s.x0 = c.col_ok ? load_raw<T>(a.dout, off4(a.dout, c.b, tok, c.hv, c.col)) : 0u;
+    s.x1 = c.col_ok ? load_raw<T>(a.r, off4(a.r, c.b, tok, c.hv, c.col)) : 0u;
+    s.x2 = (G == Gate::scalar && c.col_ok) ? load_raw<T>(a.v, off4(a.v, c.b, tok, c.hv, c.col)) : 0u;
   };
 
   float run = 0.f;  // owner's running suffix sum of the pass-1 gate term (KDA: row tid; GDN: tid 0)
-  StepLoad<T, KPT, kPC> cur, nxt;
-  if (c.len > 0) load_step(c.len - 1, cur);
-  for (int64_t t = c.len - 1; t >= 0; --t) {
-    if (t > 0) load_step(t - 1, nxt);
+  auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     const int buf = static_cast<int>(t & 1);
     float q[KPT], k[KPT], d[KPT];
     qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
-    const float dout = cur.x0, r = cur.x1;
+    const float dout = raw_to_f<T>(a.dout.f32, cur.x0), r = raw_to_f<T>(a.r.f32, cur.x1);
+    const float beta = raw_to_f<T>(a.beta.f32, cur.beta);
     float pk = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
@@ -75,11 +68,11 @@ __global__ void __launch_bounds__(kThreads) recurrent_backward_pass1_kernel(Recu
       pk += dS[i] * k[i];
     }
     const float du = group_sum<L>(pk);
-    const float u = cur.beta * r, dv = cur.beta * du;
+    const float u = beta * r, dv = beta * du;
     const int64_t tok = c.bos + t;
     if (c.gl == 0 && c.col_ok) store_elem<T>(a.dv, off4(a.dv, c.b, tok, c.hv, c.col), dv);
     float vec[1][KPT];
-    float sc[2] = {du * r, -cur.x2 * dv};
+    float sc[2] = {du * r, -raw_to_f<T>(a.v.f32, cur.x2) * dv};
 #pragma unroll
     for (int i = 0; i < KPT; ++i) vec[0][i] = dS[i] * u;
     column_reduce_write<KMAX, L, KPT, 1, 2>(sm, buf, vec, sc, q, k, kPC);
@@ -101,19 +94,16 @@ __global__ void __launch_bounds__(kThreads) recurrent_backward_pass1_kernel(Recu
         atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv), run);
       }
     }
-    cur = nxt;
-  }
-  if (a.dh0.p && c.col_ok) {
-#pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-      const int64_t row = c.gl + L * i;
-      if (row < a.K) static_cast<float*>(a.dh0.p)[off4(a.dh0, c.n, c.hv, row, c.col)] = dS[i];
-    }
-  }
+  };
+  constexpr int kDepth = prefetch_depth<T, G>();
+  StepLoad<T, KPT, kPC> ring[kDepth];
+  pipelined_loop<kDepth, true>(c.len, ring, load_step, step);
+
+  store_state_slice<KMAX, KPT>(a.dh0, c, a.K, a.V, tile, dS);
 }
 
 template <typename T, int KMAX, Gate G>
-__global__ void __launch_bounds__(kThreads) recurrent_backward_pass2_kernel(RecurrentArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(RecurrentArgs a) {
   constexpr int KPT = kRowsPerThread;
   constexpr int L = KMAX / KPT;
   constexpr bool kPC = G == Gate::per_channel;
@@ -121,35 +111,27 @@ __global__ void __launch_bounds__(kThreads) recurrent_backward_pass2_kernel(Recu
   const BlockCoords c = block_coords<L>(a);
   const int tid = threadIdx.x;
 
+  __shared__ float tile[kStateTileFloats];
   float S[KPT];
-#pragma unroll
-  for (int i = 0; i < KPT; ++i) {
-    const int64_t row = c.gl + L * i;
-    S[i] = (a.h0.p && c.col_ok && row < a.K)
-               ? static_cast<const float*>(a.h0.p)[off4(a.h0, c.n, c.hv, row, c.col)]
-               : 0.f;
-  }
-  const T* vp = static_cast<const T*>(a.v.p);
-  const T* dop = static_cast<const T*>(a.dout.p);
-  const T* dvp = static_cast<const T*>(a.dv.p);
+  load_state_slice<KMAX, KPT>(a.h0, c, a.K, a.V, tile, S);
   auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
     const int64_t tok = c.bos + t;
     load_qkgb<T, L, KPT, G>(a, c, tok, s);
-    s.x0 = c.col_ok ? to_f<T>(vp[off4(a.v, c.b, tok, c.hv, c.col)]) : 0.f;
-    s.x1 = c.col_ok ? to_f<T>(dop[off4(a.dout, c.b, tok, c.hv, c.col)]) : 0.f;
-    s.x2 = c.col_ok ? to_f<T>(dvp[off4(a.dv, c.b, tok, c.hv, c.col)]) : 0.f;
+    s.x0 = c.col_ok ? load_raw<T>(a.v, off4(a.v, c.b, tok, c.hv, c.col)) : 0u;
+    s.x1 = c.col_ok ? load_raw<T>(a.dout, off4(a.dout, c.b, tok, c.hv, c.col)) : 0u;
+    s.x2 = c.col_ok ? load_raw<T>(a.dv, off4(a.dv, c.b, tok, c.hv, c.col)) : 0u;
   };
 
   float prefix = 0.f;  // owner's running prefix sum of the pass-2 gate term
-  StepLoad<T, KPT, kPC> cur, nxt;
-  if (c.len > 0) load_step(0, cur);
-  for (int64_t t = 0; t < c.len; ++t) {
-    if (t + 1 < c.len) load_step(t + 1, nxt);
+  auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     const int buf = static_cast<int>(t & 1);
     float q[KPT], k[KPT], d[KPT];
     qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
-    const float v = cur.x0, dout = cur.x1, dv = cur.x2;
+    const float v = raw_to_f<T>(a.v.f32, cur.x0), dout = raw_to_f<T>(a.dout.f32, cur.x1),
+                dv = raw_to_f<T>(a.dv.f32, cur.x2);
+    const float beta = raw_to_f<T>(a.beta.f32, cur.beta);
     float vec[2][KPT];
     float pk = 0.f;
 #pragma unroll
@@ -158,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) recurrent_backward_pass2_kernel(Recu
       pk += S[i] * k[i];
       vec[1][i] = S[i] * dv;  // P2 = S~ dv
     }
-    const float u = cur.beta * (v - group_sum<L>(pk));
+    const float u = beta * (v - group_sum<L>(pk));
     float pq = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
@@ -187,23 +169,23 @@ __global__ void __launch_bounds__(kThreads) recurrent_backward_pass2_kernel(Recu
         prefix += column_sum(sm, buf, 2 * KMAX);
       }
     }
-    cur = nxt;
-  }
+  };
+  constexpr int kDepth = prefetch_depth<T, G>();
+  StepLoad<T, KPT, kPC> ring[kDepth];
+  pipelined_loop<kDepth, false>(c.len, ring, load_step, step);
 
   // Per-sequence constant of the gate gradient: this block's Total (= prefix) + <S_T, dht>.
   if constexpr (G != Gate::none) {
     const int buf = static_cast<int>(c.len & 1);
+    float dh[KPT];
+    load_state_slice<KMAX, KPT>(a.dht, c, a.K, a.V, tile, dh);
     float vec[2][KPT];
     float part = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
-      const int64_t row = c.gl + L * i;
-      const float dh = (a.dht.p && c.col_ok && row < a.K)
-                           ? static_cast<const float*>(a.dht.p)[off4(a.dht, c.n, c.hv, row, c.col)]
-                           : 0.f;
-      vec[0][i] = S[i] * dh;
+      vec[0][i] = S[i] * dh[i];
       vec[1][i] = 0.f;
-      part += S[i] * dh;
+      part += S[i] * dh[i];
     }
     float sc[1] = {group_sum<L>(part)};
     float zq[KPT] = {}, zk[KPT] = {};

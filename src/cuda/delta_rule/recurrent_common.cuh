@@ -4,9 +4,9 @@
 // Thread layout (all three kernels): one thread block = 256 threads owns one (sequence n, value
 // head hv, slice of BV value columns). Column j of the state S (K x V) evolves independently of
 // the other columns, so a column is owned by a group of L = KMAX / 8 consecutive lanes; lane
-// `gl` of the group holds rows k = gl + L * i (i < 8) of that column in registers (interleaved so
-// that the group's loads of q[k], k[k] are coalesced). Dot products over K are a register sum plus
-// log2(L) xor-shuffles inside the group. BV = 256 / L columns per block (KMAX 64: 32, 128: 16,
+// `gl` of the group holds rows k = 8 gl + i (i < 8) of that column in registers (row_of), so its
+// q, k (and KDA gate) elements are one 16-byte run and the group's loads are coalesced. Dot
+// products over K are a register sum plus log2(L) xor-shuffles inside the group. BV = 256 / L columns per block (KMAX 64: 32, 128: 16,
 // 256: 8). K < KMAX is padded: rows k >= K load zeros and stay zero.
 #pragma once
 
@@ -49,6 +49,8 @@ struct RecurrentArgs {
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
   bool l2norm = false;
+  bool qk_vec = false;  // q, k rows: K % 8 == 0 and 16-byte aligned runs (vector loads)
+  bool g_vec = false;   // KDA float32 gate rows: same
 };
 
 template <typename T> __device__ __forceinline__ float to_f(T x);
@@ -99,7 +101,7 @@ __device__ __forceinline__ float across_groups_sum(float x) {
 // Where one (sequence, value head, column slice) block works.
 struct BlockCoords {
   int64_t n, b, bos, len, hv, h, col;
-  int gl;      // lane inside the column group: holds rows gl + L * i
+  int gl;      // lane inside the column group: holds rows row_of<KPT>(gl, i)
   bool col_ok; // this thread's column exists (col < V)
 };
 
@@ -125,14 +127,69 @@ __device__ __forceinline__ BlockCoords block_coords(const RecurrentArgs& a) {
   return c;
 }
 
-// One step's per-thread inputs, loaded a step ahead (software prefetch hides global latency).
+// Row of the state held in register slot i by lane gl of a column group: each lane holds KPT
+// consecutive rows, so its q / k / KDA-gate elements are one contiguous (vectorizable) run.
+template <int KPT>
+__device__ __forceinline__ int64_t row_of(int gl, int i) {
+  return static_cast<int64_t>(gl) * KPT + i;
+}
+
+// Raw 32-bit storage of one element of a View whose type is float or T (converted at use, so
+// that a prefetched load is waited for only where its value is needed).
+template <typename T>
+__device__ __forceinline__ uint32_t load_raw(const View& x, int64_t off) {
+  if (x.f32) return __float_as_uint(static_cast<const float*>(x.p)[off]);
+  if constexpr (sizeof(T) == 2) return static_cast<uint32_t>(static_cast<const uint16_t*>(x.p)[off]);
+  else return __float_as_uint(static_cast<const float*>(x.p)[off]);
+}
+template <typename T>
+__device__ __forceinline__ float raw_to_f(bool f32, uint32_t bits) {
+  if (f32 || sizeof(T) == 4) return __uint_as_float(bits);
+  const uint16_t h = static_cast<uint16_t>(bits);
+  T x;
+  memcpy(&x, &h, 2);
+  return to_f<T>(x);
+}
+
+// One step's per-thread inputs in raw form, loaded kPrefetch steps ahead into a register ring
+// (pipelined_loop below), so global-memory latency overlaps several steps of compute.
 template <typename T, int KPT, bool kPerChannel>
 struct StepLoad {
-  T q[KPT], k[KPT];
-  float g[kPerChannel ? KPT : 1];
-  float beta;
-  float x0, x1, x2;  // per-column values: meaning depends on the kernel (v, do, r, dv...)
+  alignas(16) T q[KPT];
+  alignas(16) T k[KPT];
+  alignas(16) float g[kPerChannel ? KPT : 1];
+  uint32_t beta;
+  uint32_t x0, x1, x2;  // per-column values: meaning depends on the kernel (v, do, r, dv...)
 };
+
+// KPT consecutive elements starting at `off` (rows >= K are zero). `vec`: the run is 16-byte
+// aligned and fully inside K (checked once on the host), so it moves as 16-byte loads.
+template <typename E, int KPT>
+__device__ __forceinline__ void load_run(const E* base, int64_t off, int64_t row0, int64_t K, bool vec,
+                                         E (&dst)[KPT]) {
+  static_assert((KPT * sizeof(E)) % 16 == 0, "runs are whole 16-byte vectors");
+  if (vec) {
+    if (row0 < K) {
+      const uint4* src = reinterpret_cast<const uint4*>(base + off + row0);
+#pragma unroll
+      for (int c = 0; c < static_cast<int>(KPT * sizeof(E) / 16); ++c) reinterpret_cast<uint4*>(dst)[c] = src[c];
+    } else {
+#pragma unroll
+      for (int c = 0; c < static_cast<int>(KPT * sizeof(E) / 16); ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      const int64_t row = row0 + i;
+      if (row < K) {
+        dst[i] = base[off + row];
+      } else {
+        const E zero{};
+        dst[i] = zero;
+      }
+    }
+  }
+}
 
 // q and k rows for this thread, optionally normalized over the full K (group reduction).
 template <typename T, int L, int KPT>
@@ -161,33 +218,30 @@ __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KP
   if (k_rstd) *k_rstd = rk;
 }
 
-// Loads this thread's q, k rows and the gate/beta of step t (absolute token index tok).
+// Loads this thread's q, k rows and the gate/beta of absolute token `tok`.
 template <typename T, int L, int KPT, Gate G>
 __device__ __forceinline__ void load_qkgb(const RecurrentArgs& a, const BlockCoords& c, int64_t tok,
                                           StepLoad<T, KPT, G == Gate::per_channel>& s) {
-  const int64_t qo = off3(a.q, c.b, tok, c.h), ko = off3(a.k, c.b, tok, c.h);
-  const T* qp = static_cast<const T*>(a.q.p);
-  const T* kp = static_cast<const T*>(a.k.p);
-#pragma unroll
-  for (int i = 0; i < KPT; ++i) {
-    const int64_t row = c.gl + L * i;
-    const bool ok = row < a.K;
-    s.q[i] = ok ? qp[qo + row] : from_f<T>(0.f);
-    s.k[i] = ok ? kp[ko + row] : from_f<T>(0.f);
-  }
+  const int64_t row0 = row_of<KPT>(c.gl, 0);
+  load_run<T, KPT>(static_cast<const T*>(a.q.p), off3(a.q, c.b, tok, c.h), row0, a.K, a.qk_vec, s.q);
+  load_run<T, KPT>(static_cast<const T*>(a.k.p), off3(a.k, c.b, tok, c.h), row0, a.K, a.qk_vec, s.k);
   if constexpr (G == Gate::scalar) {
-    s.g[0] = load_elem<T>(a.g, off3(a.g, c.b, tok, c.hv));
+    s.g[0] = __uint_as_float(load_raw<T>(a.g, off3(a.g, c.b, tok, c.hv)));  // raw bits, see gate_value
   } else if constexpr (G == Gate::per_channel) {
     const int64_t go = off3(a.g, c.b, tok, c.hv);
+    if (a.g.f32) {
+      load_run<float, KPT>(static_cast<const float*>(a.g.p), go, row0, a.K, a.g_vec, s.g);
+    } else {
 #pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-      const int64_t row = c.gl + L * i;
-      s.g[i] = row < a.K ? load_elem<T>(a.g, go + row) : 0.f;
+      for (int i = 0; i < KPT; ++i) {
+        const int64_t row = row0 + i;
+        s.g[i] = row < a.K ? to_f<T>(static_cast<const T*>(a.g.p)[go + row]) : 0.f;
+      }
     }
   } else {
     s.g[0] = 0.f;
   }
-  s.beta = load_elem<T>(a.beta, off3(a.beta, c.b, tok, c.hv));
+  s.beta = load_raw<T>(a.beta, off3(a.beta, c.b, tok, c.hv));
 }
 
 // exp(g) for row slot i (one value for GDN, one per row for KDA, 1 without a gate).
@@ -197,12 +251,91 @@ __device__ __forceinline__ void decays(const float* g, float (&d)[KPT]) {
 #pragma unroll
     for (int i = 0; i < KPT; ++i) d[i] = expf(g[i]);
   } else if constexpr (G == Gate::scalar) {
-    const float e = expf(g[0]);
+    const float e = expf(g[0]);  // g[0] holds the gate already converted by gate_scalar
 #pragma unroll
     for (int i = 0; i < KPT; ++i) d[i] = e;
   } else {
 #pragma unroll
     for (int i = 0; i < KPT; ++i) d[i] = 1.f;
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Runs step(t, ring[slot]) for t over [0, len) (descending when kReverse), with the inputs of
+// step t loaded D steps ahead into a register ring: the slot is refilled right after use, and
+// indices into the ring are compile-time constants (the inner loop is unrolled), so the ring
+// stays in registers and a load is waited for only D steps later.
+template <int D, bool kReverse, typename Ring, typename Load, typename Step>
+__device__ __forceinline__ void pipelined_loop(int64_t len, Ring (&ring)[D], Load&& load, Step&& step) {
+  auto time_of = [&](int64_t i) { return kReverse ? len - 1 - i : i; };
+#pragma unroll
+  for (int s = 0; s < D; ++s)
+    if (s < len) load(time_of(s), ring[s]);
+  for (int64_t i0 = 0; i0 < len; i0 += D) {
+#pragma unroll
+    for (int s = 0; s < D; ++s) {
+      const int64_t i = i0 + s;
+      if (i < len) {
+        step(time_of(i), ring[s]);
+        if (i + D < len) load(time_of(i + D), ring[s]);
+      }
+    }
+  }
+}
+
+// The gate of GDN arrives as raw bits in g[0]; convert it in place at use.
+template <typename T, Gate G, typename S>
+__device__ __forceinline__ void gate_scalar(bool f32, S& s) {
+  if constexpr (G == Gate::scalar) s.g[0] = raw_to_f<T>(f32, __float_as_uint(s.g[0]));
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// A state slice [K rows, kCols columns] of (sequence n, value head hv) moves between a state
+// tensor [N, HV, K, V] (float32) and the threads' registers through shared memory, so the global
+// side is coalesced along V (rows of kCols consecutive floats) instead of one float per row per
+// lane. kCols * KMAX == 2048 floats for every KMAX (kCols = 256 / (KMAX / 8)).
+constexpr int kStateTileFloats = 2048;
+
+template <int KMAX, int KPT>
+__device__ __forceinline__ void load_state_slice(const View& st, const BlockCoords& c, int64_t K, int64_t V,
+                                                 float* tile, float (&dst)[KPT]) {
+  constexpr int L = KMAX / KPT, kCols = kThreads / L;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kCols;
+  if (st.p) {
+    const float* p = static_cast<const float*>(st.p);
+    for (int e = threadIdx.x; e < KMAX * kCols; e += kThreads) {
+      const int64_t row = e / kCols, col = col0 + e % kCols;
+      tile[e] = (row < K && col < V) ? p[off4(st, c.n, c.hv, row, col)] : 0.f;
+    }
+  }
+  __syncthreads();
+  const int my = threadIdx.x / L;
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) dst[i] = st.p ? tile[row_of<KPT>(c.gl, i) * kCols + my] : 0.f;
+  __syncthreads();  // the tile is reused by the caller's next load or store
+}
+
+template <int KMAX, int KPT>
+__device__ __forceinline__ void store_state_slice(const View& st, const BlockCoords& c, int64_t K, int64_t V,
+                                                  float* tile, const float (&src)[KPT]) {
+  if (!st.p) return;  // uniform over the block
+  constexpr int L = KMAX / KPT, kCols = kThreads / L;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kCols;
+  __syncthreads();  // earlier users of the tile are done
+  const int my = threadIdx.x / L;
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) tile[row_of<KPT>(c.gl, i) * kCols + my] = src[i];
+  __syncthreads();
+  float* p = static_cast<float*>(st.p);
+  for (int e = threadIdx.x; e < KMAX * kCols; e += kThreads) {
+    const int64_t row = e / kCols, col = col0 + e % kCols;
+    if (row < K && col < V) p[off4(st, c.n, c.hv, row, col)] = tile[e];
   }
 }
 

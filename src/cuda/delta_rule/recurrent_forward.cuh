@@ -10,34 +10,38 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// Steps of input prefetch (register ring depth): 4 steps cover ~1 us of global-memory latency.
+// KDA gates (8 more floats per step) and float32 inputs (twice the q / k registers) get 2, to
+// stay within 128 registers (two blocks per SM) without spilling.
+template <typename T, Gate G>
+constexpr int prefetch_depth() {
+#ifdef FLASHGRAD_DELTA_RULE_PREFETCH  // experiments only (tools/dev/delta_rule_build_variant.sh)
+  return FLASHGRAD_DELTA_RULE_PREFETCH;
+#else
+  return (G == Gate::per_channel || sizeof(T) == 4) ? 2 : 4;
+#endif
+}
+
 template <typename T, int KMAX, Gate G>
-__global__ void __launch_bounds__(kThreads) recurrent_forward_kernel(RecurrentArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) recurrent_forward_kernel(RecurrentArgs a) {
   constexpr int KPT = kRowsPerThread;
   constexpr int L = KMAX / KPT;
   constexpr bool kPC = G == Gate::per_channel;
   const BlockCoords c = block_coords<L>(a);
 
+  __shared__ float tile[kStateTileFloats];
   float S[KPT];
-#pragma unroll
-  for (int i = 0; i < KPT; ++i) {
-    const int64_t row = c.gl + L * i;
-    S[i] = (a.h0.p && c.col_ok && row < a.K)
-               ? static_cast<const float*>(a.h0.p)[off4(a.h0, c.n, c.hv, row, c.col)]
-               : 0.f;
-  }
-  const T* vp = static_cast<const T*>(a.v.p);
+  load_state_slice<KMAX, KPT>(a.h0, c, a.K, a.V, tile, S);
+  const View vv = a.v;
   auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
     const int64_t tok = c.bos + t;
     load_qkgb<T, L, KPT, G>(a, c, tok, s);
-    s.x0 = c.col_ok ? to_f<T>(vp[off4(a.v, c.b, tok, c.hv, c.col)]) : 0.f;
+    s.x0 = c.col_ok ? load_raw<T>(vv, off4(vv, c.b, tok, c.hv, c.col)) : 0u;
   };
-
-  StepLoad<T, KPT, kPC> cur, nxt;
-  if (c.len > 0) load_step(0, cur);
-  for (int64_t t = 0; t < c.len; ++t) {
-    if (t + 1 < c.len) load_step(t + 1, nxt);
+  auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     float q[KPT], k[KPT], d[KPT];
     qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
     float pk = 0.f;
 #pragma unroll
@@ -45,8 +49,8 @@ __global__ void __launch_bounds__(kThreads) recurrent_forward_kernel(RecurrentAr
       S[i] *= d[i];
       pk += S[i] * k[i];
     }
-    const float r = cur.x0 - group_sum<L>(pk);
-    const float u = cur.beta * r;
+    const float r = raw_to_f<T>(false, cur.x0) - group_sum<L>(pk);
+    const float u = raw_to_f<T>(a.beta.f32, cur.beta) * r;
     float pq = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
@@ -59,15 +63,12 @@ __global__ void __launch_bounds__(kThreads) recurrent_forward_kernel(RecurrentAr
       if (a.o.p) store_elem<T>(a.o, off4(a.o, c.b, tok, c.hv, c.col), o);
       if (a.r.p) store_elem<T>(a.r, off4(a.r, c.b, tok, c.hv, c.col), r);
     }
-    cur = nxt;
-  }
-  if (a.ht.p && c.col_ok) {
-#pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-      const int64_t row = c.gl + L * i;
-      if (row < a.K) static_cast<float*>(a.ht.p)[off4(a.ht, c.n, c.hv, row, c.col)] = S[i];
-    }
-  }
+  };
+  constexpr int kDepth = prefetch_depth<T, G>();
+  StepLoad<T, KPT, kPC> ring[kDepth];
+  pipelined_loop<kDepth, false>(c.len, ring, load_step, step);
+
+  store_state_slice<KMAX, KPT>(a.ht, c, a.K, a.V, tile, S);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
