@@ -170,7 +170,8 @@ void check_fp8_descales(const Checker& c, const AttentionParams& p, const Attent
   }
 }
 
-// Output tensor: rank, dtype, device and exact shape.
+// A result tensor (an output, or the forward's results read back by the backward): rank, device
+// and exact shape.
 void check_result(const Checker& c, const TensorView& t, const std::string& arg,
                   const std::vector<int64_t>& shape, const std::string& why, const TensorView& q) {
   c.tensor(t, arg, {static_cast<int>(shape.size())});
@@ -317,9 +318,11 @@ void validate_attention_forward_outputs(const char* op, const AttentionParams& p
   check_result(c, out, "out", out_shape(pr), out_why(pr), p.q);
   c.require(is_result_dtype(p.q.dtype, out.dtype), "out",
             result_dtype_rule(p.q.dtype) + ", got " + dtype_name(out.dtype));
+  c.distinct_elements(out, "out");
   if (lse.present()) {
     check_result(c, lse, "lse", lse_shape(pr), lse_why(pr), p.q);
     check_lse_dtype(c, lse, "lse", p.q.dtype);
+    c.distinct_elements(lse, "lse");
   }
 
   const std::pair<const TensorView*, const char*> inputs[] = {
@@ -371,6 +374,7 @@ void validate_attention_backward_args(const char* op, const AttentionParams& p,
                     ") for float8_e4m3fn inputs, got " + dtype_name(g.dtype));
     else
       c.same_dtype(g, arg, p.q, "q");
+    c.distinct_elements(g, arg);
   }
 
   const std::pair<const TensorView*, const char*> inputs[] = {

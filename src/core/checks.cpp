@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
 
 #include "backends.h"
 #include "host_dtype.h"
@@ -83,6 +84,22 @@ void Checker::shape(const TensorView& t, const std::string& arg,
   for (int d = 0; ok && d < t.rank; ++d) ok = t.shape[d] == expected[d];
   require(ok, arg, "must have shape " + shape_string(expected) + " (" + why + "), got " +
                        shape_string(t));
+}
+
+void Checker::distinct_elements(const TensorView& t, const std::string& arg) const {
+  if (!t.present() || t.numel() == 0) return;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1) dims.emplace_back(t.stride[d], t.shape[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // the largest offset reachable with the dims seen so far
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span)
+      fail(arg, "is an output and must not map two elements to one address, got strides " +
+                    shape_string(std::vector<int64_t>(t.stride, t.stride + t.rank)) + " for shape " +
+                    shape_string(t));
+    span += stride * (size - 1);
+  }
 }
 
 namespace {

@@ -39,6 +39,10 @@ struct Checker {
   // t.shape == expected exactly (message shows both).
   void shape(const TensorView& t, const std::string& arg, const std::vector<int64_t>& expected,
              const std::string& why) const;
+  // An output's elements must not share memory (a zero stride on a dim of size > 1, or strides
+  // that interleave): two work items would write one address. Sufficient test: taking the dims of
+  // size > 1 by increasing stride, each stride exceeds the span of the dims before it.
+  void distinct_elements(const TensorView& t, const std::string& arg) const;
   // Memory ranges of an output and an input must not overlap (an output written first would
   // corrupt the input). Conservative: compares [lowest, highest] byte spans.
   void no_overlap(const TensorView& out, const std::string& out_arg, const TensorView& in,

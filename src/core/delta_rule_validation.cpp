@@ -147,12 +147,14 @@ DeltaRuleProblem validate_delta_rule_inputs(const char* op, const DeltaRuleParam
 }
 
 namespace {
-// An output: present, right shape, dtype and device, and not aliasing any input.
+// An output: present, right shape and device, no two elements at one address, and not aliasing
+// any input.
 void check_output(const Checker& c, const DeltaRuleParams& p, const TensorView& t, const std::string& arg,
                   const std::vector<int64_t>& shape, const std::string& why) {
   c.tensor(t, arg, {static_cast<int>(shape.size())});
   c.same_device(t, arg, p.q, "q");
   c.shape(t, arg, shape, why);
+  c.distinct_elements(t, arg);
   c.no_overlap(t, arg, p.q, "q");
   c.no_overlap(t, arg, p.k, "k");
   c.no_overlap(t, arg, p.v, "v");

@@ -512,6 +512,17 @@ TEST_F(AttentionValidation, OutMustNotOverlapInputs) {
   forward_rejects("out", "must not overlap the memory of input 'q'");
 }
 
+// Outputs whose elements share memory would be written by several work items at once.
+TEST_F(AttentionValidation, OutputsMustNotMapTwoElementsToOneAddress) {
+  out_view.stride[1] = 0;  // a broadcast (expanded) view: every query row at one address
+  forward_rejects("out", "must not map two elements to one address");
+  out_view = out.view();
+  lse_view.stride[1] = 2;  // [2, 4, 5]: each head's 5 positions start 2 after the previous head's
+  forward_rejects("lse", "must not map two elements to one address");
+  dk_view.stride[2] = 2;  // dk [2, 7, 2, 3]: head 1's row starts inside head 0's row of 3
+  backward_rejects("dk", "must not map two elements to one address");
+}
+
 TEST_F(AttentionValidation, LseMustNotOverlapOut) {
   lse_view.data = out_view.data;
   forward_rejects("lse", "must not overlap the memory of input 'out'");

@@ -240,6 +240,11 @@ TEST(DeltaRuleValidation, OutputAliasesInput) {
   expect_rejected("dv", [](Call& c) { c.grads.dv.data = c.in.dout.data; }, Which::backward);
   expect_rejected("dbeta", [](Call& c) { c.grads.dbeta.data = c.p.beta.data; }, Which::backward);
 }
+TEST(DeltaRuleValidation, OutputsMustNotMapTwoElementsToOneAddress) {
+  expect_rejected("o", [](Call& c) { c.out.o.stride[1] = 0; }, Which::forward);  // broadcast over T
+  expect_rejected("final_state", [](Call& c) { c.out.final_state.stride[2] = 1; }, Which::forward);
+  expect_rejected("dq", [](Call& c) { c.grads.dq.stride[0] = 0; }, Which::backward);
+}
 TEST(DeltaRuleValidation, BackwardInputs) {
   expect_rejected("dout", [](Call& c) { c.in.dout = c.make(DType::f32, {2, 5, 2, 4}); }, Which::backward);
   expect_rejected("dout", [](Call& c) { c.in.dout = c.make(DType::f16, {2, 5, 2, 3}); }, Which::backward);
