@@ -1,7 +1,7 @@
 // Softmax attention backward, main pass (FlashAttention-2 scheme on mma.sync tensor cores).
 //
-// One CTA = one block of kBlockN = 64 keys of one (sequence, kv head), 4 warps, each warp owning 16
-// keys. It walks every (query head of the kv head's group, query block of 64) whose tile the mask
+// One CTA = one block of kBlockN keys of one (sequence, kv head), 16 keys per warp (8 warps, or 4
+// at D = 256). It walks every (query head of the kv head's group, query block of 64) whose tile the mask
 // does not rule out, and per tile computes, in registers:
 //   S^T  = K Q^T                 P^T = exp2(S^T log2e - lse log2e)     (0 where masked)
 //   dP^T = V dO^T                dS^T = P^T * (dP^T - shift) * softcap'(S)
@@ -26,10 +26,14 @@ namespace flashgrad::cuda_attn {
 
 template <int D>
 struct BackwardConfig {
-  static constexpr int kBlockN = 64;  // keys per CTA
-  static constexpr int kBlockM = 64;  // queries per step
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = 128;
+  // 8 warps (128 keys) share each Q / dO tile up to D = 128, which halves the Q / dO traffic and
+  // the dq atomics per key; at D = 256 two 128 x 256 K / V tiles would not fit in shared memory.
+  static constexpr int kWarps = D > 128 ? 4 : 8;
+  static constexpr int kBlockN = 16 * kWarps;  // keys per CTA, 16 per warp
+  static constexpr int kBlockM = 64;           // queries per step
+  static constexpr int kThreads = 32 * kWarps;
+  // dq = dS K: the BM / 16 row tiles x kDqColParts column parts of D, one per warp.
+  static constexpr int kDqColParts = kWarps / (kBlockM / 16);
   static constexpr bool kSplitPasses = D > 128;
   // K, V, 2 x (Q, dO), dS^T, 2 x (lse, shift)
   static constexpr int kSmemBytes =
@@ -229,17 +233,20 @@ __device__ __forceinline__ void backward_query_tile(const AttentionKernelParams&
   if constexpr (kDoDK) {
     if (with_dq) {
       __syncthreads();
-      // dQ rows [16 warp, 16 warp + 16) of this query block: dS (from dS^T) times K.
+      // dQ rows [16 rt, 16 rt + 16) x columns of part cp of this query block: dS (from dS^T) K.
+      constexpr int kPairsPerPart = DT / 2 / Cfg::kDqColParts;
+      const int rt = warp % (BM / 16), cp = warp / (BM / 16);
       const LaneOffsets<BM> cr_ds(lane, kColsThenRows);
       const uint32_t sdS = smem_address(sm.ds);
       uint32_t a[BN / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) load_a_from_transposed<BM>(a[kk], sdS, cr_ds, warp * 16, kk * 16);
-      const int i0 = m0 + warp * 16 + g;
+      for (int kk = 0; kk < BN / 16; ++kk) load_a_from_transposed<BM>(a[kk], sdS, cr_ds, rt * 16, kk * 16);
+      const int i0 = m0 + rt * 16 + g;
       float* dq_row0 = p.dq_accum + ((sv.scratch_row0 + i0) * p.heads_q + h) * static_cast<int64_t>(D);
       const int64_t row8 = 8LL * p.heads_q * D;
 #pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
+      for (int dpl = 0; dpl < kPairsPerPart; ++dpl) {
+        const int dp = cp * kPairsPerPart + dpl;
         float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
@@ -334,7 +341,7 @@ __device__ __forceinline__ void store_key_rows(T* dst, int64_t row_stride, int r
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(BackwardConfig<D>::kThreads)
     attention_backward_kernel(const AttentionKernelParams p, int num_n_blocks) {
   using Cfg = BackwardConfig<D>;
   constexpr int BN = Cfg::kBlockN, DT = D / 8;

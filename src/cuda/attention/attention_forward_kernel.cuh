@@ -17,10 +17,21 @@ namespace flashgrad::cuda_attn {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <int D, int kWarps>
+#ifndef FLASHGRAD_ATTN_FWD_WIDE_BLOCK_N
+#define FLASHGRAD_ATTN_FWD_WIDE_BLOCK_N 32
+#endif
+
+// kWarps warps, each owning kMTiles x 16 query rows: two row tiles per warp let every K / V
+// fragment loaded from shared memory feed twice as many mma's (ldmatrix bandwidth, not the tensor
+// cores, limits one tile per warp); at D = 256 the 16 x 256 accumulator leaves room for one.
+template <int D, int kWarps, int kMTiles>
 struct ForwardConfig {
-  static constexpr int kBlockM = 16 * kWarps;
-  static constexpr int kBlockN = 64;
+  static constexpr int kRowsPerWarp = 16 * kMTiles;
+  static constexpr int kBlockM = kRowsPerWarp * kWarps;
+  // Keys per step: 64, or FLASHGRAD_ATTN_FWD_WIDE_BLOCK_N (default 32) when two row tiles of a
+  // 128-wide head would not fit in registers beside a 64-key S tile (the macro is a tuning knob
+  // for tools/dev experiments).
+  static constexpr int kBlockN = (kMTiles == 2 && D >= 128) ? FLASHGRAD_ATTN_FWD_WIDE_BLOCK_N : 64;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kSmemElems = (kBlockM + 2 * kBlockN) * D;
   static constexpr int kSmemBytes = kSmemElems * 2;
@@ -37,46 +48,51 @@ __device__ __forceinline__ int next_key_block(const MaskView& mask, int nb, int 
   return -1;
 }
 
-// Per-CTA state of the forward walk over key blocks.
-template <typename T, int D, int kWarps>
+// Per-thread state of the forward walk over key blocks: for each row tile, the output accumulator
+// and the running max / partial sum of rows g and g + 8.
+template <int D, int kMTiles>
 struct ForwardState {
-  using Cfg = ForwardConfig<D, kWarps>;
-  static constexpr int NT = Cfg::kBlockN / 8, DT = D / 8;
-  float acc_o[DT][4];
-  float row_max[2];  // log2 units
-  float row_sum[2];  // this thread's partial sums
+  float acc_o[kMTiles][D / 8][4];
+  float row_max[kMTiles][2];  // log2 units
+  float row_sum[kMTiles][2];  // this thread's partial sums
 };
 
 // One key block: S = Q K^T, softmax update, O += P V; prefetches the next K block in between.
 // kGeneral: the tile needs per-element masking or a softcap (diagonal / edge tiles, softcap runs);
 // the common full tile takes the short path so the hot loop stays small in the instruction cache.
-template <bool kGeneral, typename T, int D, int kWarps>
+template <bool kGeneral, typename T, int D, int kWarps, int kMTiles>
 __device__ __forceinline__ void forward_key_block(
-    ForwardState<T, D, kWarps>& st, const AttentionKernelParams& p, const SequenceView& sv,
+    ForwardState<D, kMTiles>& st, const AttentionKernelParams& p, const SequenceView& sv,
     const MaskView& mask, uint32_t uQ, uint32_t uK, uint32_t uV, T* sK, const T* k,
     const LaneOffsets<D>& rc, const LaneOffsets<D>& cr, int m0, int nb, int num_nb, int& next,
     int& next_cls) {
-  using Cfg = ForwardConfig<D, kWarps>;
+  using Cfg = ForwardConfig<D, kWarps, kMTiles>;
   using Ops = ElementOps<T>;
-  constexpr int BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8;
+  constexpr int BN = Cfg::kBlockN, NT = BN / 8, DT = D / 8, MT = kMTiles;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int row_in_warp = warp * 16;
+  const int row_in_warp = warp * Cfg::kRowsPerWarp;
 
-  // S = Q K^T for this warp's 16 rows x BN keys.
-  float acc_s[NT][4];
+  // S = Q K^T for this warp's rows x BN keys.
+  float acc_s[MT][NT][4];
 #pragma unroll
-  for (int i = 0; i < NT; ++i) acc_s[i][0] = acc_s[i][1] = acc_s[i][2] = acc_s[i][3] = 0.f;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < NT; ++i) acc_s[mt][i][0] = acc_s[mt][i][1] = acc_s[mt][i][2] = acc_s[mt][i][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    load_a<D>(a, uQ, rc, row_in_warp, kk * 16);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_a<D>(a[mt], uQ, rc, row_in_warp + mt * 16, kk * 16);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t b[4];
       load_b_nk<D>(b, uK, cr, np * 16, kk * 16);
-      Ops::mma(acc_s[2 * np], a, b[0], b[1]);
-      Ops::mma(acc_s[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Ops::mma(acc_s[mt][2 * np], a[mt], b[0], b[1]);
+        Ops::mma(acc_s[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 
@@ -85,49 +101,56 @@ __device__ __forceinline__ void forward_key_block(
   if constexpr (kGeneral) {
     const int n0 = nb * BN;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float s = acc_s[nt][e];
-        if (p.softcap_method != kSoftcapOff) {
-          float unused;
-          s = apply_softcap(p.softcap_method, p.softcap, s * p.scale, unused) * kLog2e;
-        } else {
-          s *= scale_log2;
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float s = acc_s[mt][nt][e];
+          if (p.softcap_method != kSoftcapOff) {
+            float unused;
+            s = apply_softcap(p.softcap_method, p.softcap, s * p.scale, unused) * kLog2e;
+          } else {
+            s *= scale_log2;
+          }
+          const int i = m0 + row_in_warp + mt * 16 + g + (e >= 2 ? 8 : 0);
+          const int j = n0 + nt * 8 + 2 * t + (e & 1);
+          if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) s = -INFINITY;
+          acc_s[mt][nt][e] = s;
         }
-        const int i = m0 + row_in_warp + g + (e >= 2 ? 8 : 0);
-        const int j = n0 + nt * 8 + 2 * t + (e & 1);
-        if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) s = -INFINITY;
-        acc_s[nt][e] = s;
       }
     }
   }
 
-  // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3). On the short path the scale is folded
-  // into the exponent: p = 2^(s * scale_log2 - max * scale_log2).
+  // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3) of each row tile. On the short path
+  // the scale is folded into the exponent: p = 2^(s * scale_log2 - max * scale_log2).
   const float mul = kGeneral ? 1.f : scale_log2;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
-    mx = fmaxf(quad_max(mx) * mul, st.row_max[r]);
-    // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-    const float base = mx == -INFINITY ? 0.f : mx;
-    const float rescale = fast_exp2(st.row_max[r] - base);
-    st.row_max[r] = mx;
-    float sum = 0.f;
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      acc_s[nt][2 * r] = fast_exp2(acc_s[nt][2 * r] * mul - base);
-      acc_s[nt][2 * r + 1] = fast_exp2(acc_s[nt][2 * r + 1] * mul - base);
-      sum += acc_s[nt][2 * r] + acc_s[nt][2 * r + 1];
-    }
-    st.row_sum[r] = st.row_sum[r] * rescale + sum;
+      for (int nt = 0; nt < NT; ++nt)
+        mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * r], acc_s[mt][nt][2 * r + 1]));
+      mx = fmaxf(quad_max(mx) * mul, st.row_max[mt][r]);
+      // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float rescale = fast_exp2(st.row_max[mt][r] - base);
+      st.row_max[mt][r] = mx;
+      float sum = 0.f;
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      st.acc_o[dt][2 * r] *= rescale;
-      st.acc_o[dt][2 * r + 1] *= rescale;
+      for (int nt = 0; nt < NT; ++nt) {
+        acc_s[mt][nt][2 * r] = fast_exp2(acc_s[mt][nt][2 * r] * mul - base);
+        acc_s[mt][nt][2 * r + 1] = fast_exp2(acc_s[mt][nt][2 * r + 1] * mul - base);
+        sum += acc_s[mt][nt][2 * r] + acc_s[mt][nt][2 * r + 1];
+      }
+      st.row_sum[mt][r] = st.row_sum[mt][r] * rescale + sum;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        st.acc_o[mt][dt][2 * r] *= rescale;
+        st.acc_o[mt][dt][2 * r + 1] *= rescale;
+      }
     }
   }
 
@@ -142,27 +165,33 @@ __device__ __forceinline__ void forward_key_block(
   // O += P V, P from the S accumulators (two n-tiles = one A fragment of 16 keys).
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
-    uint32_t a[4];
-    a[0] = Ops::pack(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-    a[1] = Ops::pack(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-    a[2] = Ops::pack(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-    a[3] = Ops::pack(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = Ops::pack(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+      a[mt][1] = Ops::pack(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+      a[mt][2] = Ops::pack(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+      a[mt][3] = Ops::pack(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int dp = 0; dp < DT / 2; ++dp) {
       uint32_t b[4];
       load_b_kn<D>(b, uV, rc, kk * 16, dp * 16);
-      Ops::mma(st.acc_o[2 * dp], a, b[0], b[1]);
-      Ops::mma(st.acc_o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Ops::mma(st.acc_o[mt][2 * dp], a[mt], b[0], b[1]);
+        Ops::mma(st.acc_o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
 
-template <typename T, int D, int kWarps>
+template <typename T, int D, int kWarps, int kMTiles>
 __global__ void __launch_bounds__(32 * kWarps)
     attention_forward_kernel(const AttentionKernelParams p, int num_m_blocks) {
-  using Cfg = ForwardConfig<D, kWarps>;
+  using Cfg = ForwardConfig<D, kWarps, kMTiles>;
   using Ops = ElementOps<T>;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, DT = D / 8;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, DT = D / 8, MT = kMTiles;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * D;
@@ -196,11 +225,15 @@ __global__ void __launch_bounds__(32 * kWarps)
                                           p.k_st.row, sv.len_k - nb * BN, tid);
   cp_async_commit();
 
-  ForwardState<T, D, kWarps> st;
+  ForwardState<D, MT> st;
 #pragma unroll
-  for (int i = 0; i < DT; ++i) st.acc_o[i][0] = st.acc_o[i][1] = st.acc_o[i][2] = st.acc_o[i][3] = 0.f;
-  st.row_max[0] = st.row_max[1] = -INFINITY;
-  st.row_sum[0] = st.row_sum[1] = 0.f;
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < DT; ++i)
+      st.acc_o[mt][i][0] = st.acc_o[mt][i][1] = st.acc_o[mt][i][2] = st.acc_o[mt][i][3] = 0.f;
+    st.row_max[mt][0] = st.row_max[mt][1] = -INFINITY;
+    st.row_sum[mt][0] = st.row_sum[mt][1] = 0.f;
+  }
   // The short path assumes no softcap and a positive scale (max(s) * scale = max(s * scale)).
   const bool short_path_ok = p.softcap_method == kSoftcapOff && p.scale > 0.f;
 
@@ -212,33 +245,37 @@ __global__ void __launch_bounds__(32 * kWarps)
     cp_async_commit();
     int next = -1, next_cls = kTileEmpty;
     if (cls == kTileFull && short_path_ok)
-      forward_key_block<false>(st, p, sv, mask, uQ, uK, uV, sK, k, rc, cr, m0, nb, num_nb, next, next_cls);
+      forward_key_block<false, T, D, kWarps, MT>(st, p, sv, mask, uQ, uK, uV, sK, k, rc, cr, m0, nb,
+                                                 num_nb, next, next_cls);
     else
-      forward_key_block<true>(st, p, sv, mask, uQ, uK, uV, sK, k, rc, cr, m0, nb, num_nb, next, next_cls);
+      forward_key_block<true, T, D, kWarps, MT>(st, p, sv, mask, uQ, uK, uV, sK, k, rc, cr, m0, nb,
+                                                num_nb, next, next_cls);
     nb = next;
     cls = next_cls;
   }
   cp_async_wait<0>();
 
   // Epilogue: O / l, lse = (m + log2 l) ln 2; a row with l = 0 (nothing allowed) gives 0 and -inf.
-  const int row_in_warp = warp * 16;
   T* out = static_cast<T*>(p.out) + row_offset(p.out_st, sv.q_batch, sv.q_row0, m0, h);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(st.row_sum[r]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int i = row_in_warp + g + 8 * r;  // row inside the block
-    if (m0 + i >= sv.len_q) continue;
-    T* orow = out + static_cast<int64_t>(i) * p.out_st.row;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      const uint32_t packed = Ops::pack(st.acc_o[dt][2 * r] * inv, st.acc_o[dt][2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) = packed;
-    }
-    if (p.lse != nullptr && t == 0) {
-      const float lse = l > 0.f ? (st.row_max[r] + log2f(l)) * kLn2 : -INFINITY;
-      p.lse[sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(h) * p.lse_head_stride +
-            (sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
+    for (int r = 0; r < 2; ++r) {
+      const float l = quad_sum(st.row_sum[mt][r]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int i = warp * Cfg::kRowsPerWarp + mt * 16 + g + 8 * r;  // row inside the block
+      if (m0 + i >= sv.len_q) continue;
+      T* orow = out + static_cast<int64_t>(i) * p.out_st.row;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+        const uint32_t packed = Ops::pack(st.acc_o[mt][dt][2 * r] * inv, st.acc_o[mt][dt][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) = packed;
+      }
+      if (p.lse != nullptr && t == 0) {
+        const float lse = l > 0.f ? (st.row_max[mt][r] + log2f(l)) * kLn2 : -INFINITY;
+        p.lse[sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(h) * p.lse_head_stride +
+              (sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
+      }
     }
   }
 }
