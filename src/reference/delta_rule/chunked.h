@@ -30,7 +30,6 @@ inline constexpr int64_t kChunk = 64;
 template <typename Real>
 struct HeadInputs {
   int64_t T = 0, K = 0, V = 0;
-  GateKind gate = GateKind::none;
   Real scale = 0;
   std::vector<Real> q, k;      // [T, K], L2-normalized when use_qk_l2norm_in_kernel
   std::vector<Real> q_rstd, k_rstd;  // [T]: 1 / sqrt(sum x^2 + eps) (1 without the norm)

@@ -18,7 +18,6 @@ HeadInputs<Real> gather_head_inputs(const DeltaRuleParams& p, const DeltaRulePro
   x.T = c.len;
   x.K = pr.key_dim;
   x.V = pr.value_dim;
-  x.gate = pr.gate;
   x.scale = static_cast<Real>(pr.scale);
   const int64_t T = x.T, K = x.K, V = x.V;
   x.q.resize(T * K);

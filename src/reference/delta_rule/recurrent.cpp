@@ -22,7 +22,6 @@ RecurrentWorkspace RecurrentWorkspace::make(const DeltaRuleProblem& pr, Pass pas
   const int64_t K = pr.key_dim, V = pr.value_dim;
   const int64_t rows = pr.batch * pr.seq_len * pr.value_heads;  // (b, t, value head) rows
   RecurrentWorkspace w;
-  w.workers = workers;
   if (pass == Pass::forward) {
     w.per_worker = K * V + forward_scratch(K, V);
   } else {

@@ -22,7 +22,6 @@
 namespace flashgrad::reference::delta_rule {
 
 struct RecurrentWorkspace {
-  int workers = 1;
   bool gva = false;                          // HV > H: dq, dk go through per-value-head partials
   int64_t rd = 0, dk_part = 0, dq_part = 0;  // offsets (Reals) of the shared buffers (dq_part: GVA)
   int64_t per_worker = 0;                    // Reals per worker block
