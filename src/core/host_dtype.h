@@ -117,6 +117,19 @@ inline void store(void* base, DType dt, int64_t offset, T value) {
   }
 }
 
+// Reads the n contiguous elements starting at element `offset` into dst, converted to T. The
+// references read whole rows this way (the last dim of every tensor is contiguous).
+template <typename T>
+inline void load_n(const void* base, DType dt, int64_t offset, int64_t n, T* dst) {
+  for (int64_t e = 0; e < n; ++e) dst[e] = load<T>(base, dt, offset + e);
+}
+
+// Rounds the n values of src once into the contiguous elements starting at element `offset`.
+template <typename T>
+inline void store_n(void* base, DType dt, int64_t offset, int64_t n, const T* src) {
+  for (int64_t e = 0; e < n; ++e) store<T>(base, dt, offset + e, src[e]);
+}
+
 // Integer tensors (cu_seqlens, bounds): read as int64.
 inline int64_t load_index(const void* base, DType dt, int64_t offset) {
   return dt == DType::i64 ? static_cast<const int64_t*>(base)[offset]

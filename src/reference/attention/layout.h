@@ -35,7 +35,9 @@ struct Rows {
 // else 1), in the compute type T.
 template <typename T>
 inline void load_row(const Rows& r, int64_t offset, int64_t x, T mul, T* dst) {
-  for (int64_t e = 0; e < x; ++e) dst[e] = r.load<T>(offset + e) * mul;
+  host::load_n<T>(r.data, r.dtype, offset, x, dst);
+  if (mul != T(1))
+    for (int64_t e = 0; e < x; ++e) dst[e] *= mul;
 }
 
 // Rounds the X values of src once into the row starting at `offset`, times `mul`.

@@ -3,7 +3,8 @@
 //
 // Index math: sequence n lives in batch row b = pr.batch_of(n) at tokens
 // [pr.t_begin(n), pr.t_begin(n) + pr.t_len(n)); value head j reads q/k head h = j / (HV / H).
-// Element (i0, i1, i2, i3) of a view sits at sum_d i_d * stride[d] (strides in elements, int64).
+// Element (i0, i1, i2, i3) of a view sits at sum_d i_d * stride[d] (strides in elements, int64);
+// validation makes the last dim contiguous, so a row of D elements is read from one offset.
 #pragma once
 
 #include <cmath>
@@ -50,8 +51,7 @@ struct HeadCursor {
 // rstd = 1 / sqrt(sum x^2 + eps) and returns rstd (1 otherwise).
 template <typename Real>
 Real load_row(const TensorView& x, int64_t b, int64_t t, int64_t h, int64_t D, bool normalize, Real* dst) {
-  const int64_t base = offset4(x, b, t, h, 0);
-  for (int64_t d = 0; d < D; ++d) dst[d] = host::load<Real>(x.data, x.dtype, base + d * x.stride[3]);
+  host::load_n<Real>(x.data, x.dtype, offset4(x, b, t, h, 0), D, dst);
   if (!normalize) return Real(1);
   Real ss = 0;
   for (int64_t d = 0; d < D; ++d) ss += dst[d] * dst[d];
@@ -62,8 +62,7 @@ Real load_row(const TensorView& x, int64_t b, int64_t t, int64_t h, int64_t D, b
 
 template <typename Real>
 void store_row(const TensorView& x, int64_t b, int64_t t, int64_t h, int64_t D, const Real* src) {
-  const int64_t base = offset4(x, b, t, h, 0);
-  for (int64_t d = 0; d < D; ++d) host::store<Real>(x.data, x.dtype, base + d * x.stride[3], src[d]);
+  host::store_n<Real>(x.data, x.dtype, offset4(x, b, t, h, 0), D, src);
 }
 
 // Backward of y = x * rstd (x already replaced by y): dx = rstd * (dy - (dy . y) y), in place on dy.
@@ -122,17 +121,11 @@ struct StepInputs {
 // State tensors [N, HV, K, V]: load / store one (sequence, value head) slice as row-major K x V.
 template <typename Real>
 void load_state(const TensorView& s, int64_t n, int64_t j, int64_t K, int64_t V, Real* dst) {
-  for (int64_t i = 0; i < K; ++i) {
-    const int64_t base = offset4(s, n, j, i, 0);
-    for (int64_t c = 0; c < V; ++c) dst[i * V + c] = host::load<Real>(s.data, s.dtype, base + c * s.stride[3]);
-  }
+  for (int64_t i = 0; i < K; ++i) host::load_n<Real>(s.data, s.dtype, offset4(s, n, j, i, 0), V, dst + i * V);
 }
 template <typename Real>
 void store_state(const TensorView& s, int64_t n, int64_t j, int64_t K, int64_t V, const Real* src) {
-  for (int64_t i = 0; i < K; ++i) {
-    const int64_t base = offset4(s, n, j, i, 0);
-    for (int64_t c = 0; c < V; ++c) host::store<Real>(s.data, s.dtype, base + c * s.stride[3], src[i * V + c]);
-  }
+  for (int64_t i = 0; i < K; ++i) host::store_n<Real>(s.data, s.dtype, offset4(s, n, j, i, 0), V, src + i * V);
 }
 
 }  // namespace flashgrad::reference::delta_rule
