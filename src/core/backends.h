@@ -17,7 +17,8 @@ void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, int device
 
 }  // namespace flashgrad::backend
 
-// One namespace per backend with the same four attention functions and four delta-rule ones.
+// One namespace per backend with the same three functions per op family: forward, backward and
+// the workspace query.
 #define FLASHGRAD_DECLARE_BACKEND(NS)                                                              \
   namespace flashgrad::NS {                                                                        \
   void attention_forward(const AttentionParams& p, const AttentionProblem& pr,                     \
