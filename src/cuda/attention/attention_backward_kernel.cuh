@@ -165,6 +165,17 @@ __device__ __forceinline__ void backward_query_tile(const AttentionKernelParams&
 
   // Element (key jj, query ii) of the warp's fragments: jj = g (+8 for e >= 2), ii = 8 nt + 2t (+1).
   const float scale_log2 = p.scale * kLog2e;
+  // Queries that may see this thread's two keys (g, g + 8), relative to m0 + 2t.
+  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};
+  bool ranged = true;
+  if constexpr (kGeneral) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ranged = mask.key_queries(n0 + key_in_warp + g + 8 * r, q_lo[r], q_hi[r]) && ranged;
+      q_lo[r] -= m0 + 2 * t;
+      q_hi[r] -= m0 + 2 * t;
+    }
+  }
 #pragma unroll
   for (int nt = 0; nt < MT; ++nt) {
 #pragma unroll
@@ -172,11 +183,15 @@ __device__ __forceinline__ void backward_query_tile(const AttentionKernelParams&
       const int ii = nt * 8 + 2 * t + (e & 1);
       float pr, factor = 1.f;
       if constexpr (kGeneral) {
-        const int jj = key_in_warp + g + (e >= 2 ? 8 : 0);
         const float s = apply_softcap(p.softcap_method, p.softcap, acc_s[nt][e] * p.scale, factor);
         pr = fast_exp2(s * kLog2e - sLse[ii]);
-        const int i = m0 + ii, j = n0 + jj;
-        if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) pr = 0.f;
+        const int r = e >> 1, ir = nt * 8 + (e & 1);  // query - m0 - 2t
+        bool ok = ir >= q_lo[r] && ir < q_hi[r];
+        if (!ranged) {
+          const int i = m0 + ii, j = n0 + key_in_warp + g + 8 * r;
+          ok = i < sv.len_q && j < sv.len_k && mask.allowed(i, j);
+        }
+        if (!ok) pr = 0.f;
       } else {
         pr = fast_exp2(acc_s[nt][e] * scale_log2 - sLse[ii]);
       }

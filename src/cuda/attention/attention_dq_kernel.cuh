@@ -112,6 +112,14 @@ __global__ void __launch_bounds__(128)
     cp_async_commit();
 
     const int n0 = nb * BN;
+    int k_lo[2], k_hi[2], k_diag[2];  // keys of this thread's rows, relative to n0 + 2t
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mask.query_keys(m0 + row_in_warp + g + 8 * r, k_lo[r], k_hi[r], k_diag[r]);
+      k_lo[r] -= n0 + 2 * t;
+      k_hi[r] -= n0 + 2 * t;
+      k_diag[r] -= n0 + 2 * t;
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -121,9 +129,8 @@ __global__ void __launch_bounds__(128)
         const float s = apply_softcap(p.softcap_method, p.softcap, acc_s[nt][e] * p.scale, factor);
         float pr = fast_exp2(s * kLog2e - row_lse[r]);
         if (cls == kTilePartial) {
-          const int i = m0 + row_in_warp + g + 8 * r;
-          const int j = n0 + nt * 8 + 2 * t + (e & 1);
-          if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) pr = 0.f;
+          const int jr = nt * 8 + (e & 1);  // key - n0 - 2t
+          if (!((jr >= k_lo[r] && jr < k_hi[r]) || jr == k_diag[r])) pr = 0.f;
         }
         acc_dp[nt][e] = pr * (acc_dp[nt][e] - row_shift[r]) * factor;
       }

@@ -99,24 +99,32 @@ __device__ __forceinline__ void forward_key_block(
   // Scores in log2 units (softcapped, masked to -inf where not allowed).
   const float scale_log2 = p.scale * kLog2e;
   if constexpr (kGeneral) {
+    // Keys relative to this block's first key, so the per-element test is on small ints.
     const int n0 = nb * BN;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+      for (int r = 0; r < 2; ++r) {
+        int lo, hi, diag;
+        mask.query_keys(m0 + row_in_warp + mt * 16 + g + 8 * r, lo, hi, diag);
+        lo -= n0 + 2 * t;
+        hi -= n0 + 2 * t;
+        diag -= n0 + 2 * t;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float s = acc_s[mt][nt][e];
-          if (p.softcap_method != kSoftcapOff) {
-            float unused;
-            s = apply_softcap(p.softcap_method, p.softcap, s * p.scale, unused) * kLog2e;
-          } else {
-            s *= scale_log2;
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float s = acc_s[mt][nt][2 * r + c];
+            if (p.softcap_method != kSoftcapOff) {
+              float unused;
+              s = apply_softcap(p.softcap_method, p.softcap, s * p.scale, unused) * kLog2e;
+            } else {
+              s *= scale_log2;
+            }
+            const int jr = nt * 8 + c;  // key - n0 - 2t
+            if (!((jr >= lo && jr < hi) || jr == diag)) s = -INFINITY;
+            acc_s[mt][nt][2 * r + c] = s;
           }
-          const int i = m0 + row_in_warp + mt * 16 + g + (e >= 2 ? 8 : 0);
-          const int j = n0 + nt * 8 + 2 * t + (e & 1);
-          if (i >= sv.len_q || j >= sv.len_k || !mask.allowed(i, j)) s = -INFINITY;
-          acc_s[mt][nt][e] = s;
         }
       }
     }

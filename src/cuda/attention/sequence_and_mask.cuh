@@ -43,6 +43,9 @@ __device__ __forceinline__ int64_t row_offset(const RowMajorStrides& st, int64_t
   return batch * st.batch + (row0 + row) * st.row + head * st.head;
 }
 
+__device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
+
 enum TileClass : int { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2 };
 
 struct MaskView {
@@ -69,6 +72,57 @@ struct MaskView {
       }
       default: return true;
     }
+  }
+
+  // The keys query row i may see, as [lo, hi) plus one extra key `diag` (-1 if none; only the
+  // candidate-isolation diagonal uses it). Rows past len_q see nothing. Per-element tests on partial
+  // tiles then cost two or three compares instead of the full rule.
+  __device__ __forceinline__ void query_keys(int i, int& lo, int& hi, int& diag) const {
+    diag = -1;
+    lo = 0;
+    hi = i < len_q ? len_k : 0;
+    if (i >= len_q) return;
+    const int64_t a = i + offset;
+    switch (kind) {
+      case kMaskCausal: hi = static_cast<int>(imin64(len_k, a + 1)); break;
+      case kMaskWindow:
+        if (wl >= 0) lo = static_cast<int>(imax64(0, a - wl));
+        if (wr >= 0) hi = static_cast<int>(imin64(len_k, a + wr + 1));
+        break;
+      case kMaskPrefix:
+        hi = static_cast<int>(imin64(len_k, imax64(a + 1, a < prefix ? prefix : 0)));
+        break;
+      case kMaskCandidate: {
+        const bool i_hist = i >= h0 && i < h1, i_cand = i >= c0 && i < c1;
+        lo = h0;
+        hi = (i_hist || i_cand) ? h1 : h0;
+        diag = i_cand ? i : -1;
+        break;
+      }
+      default: break;
+    }
+  }
+
+  // The queries that may see key j, as [lo, hi); false when no single range describes them
+  // (candidate isolation: history keys are seen by two row ranges), then use allowed().
+  __device__ __forceinline__ bool key_queries(int j, int& lo, int& hi) const {
+    lo = 0;
+    hi = j < len_k ? len_q : 0;
+    if (j >= len_k) return true;
+    const int64_t jo = static_cast<int64_t>(j) - offset;  // query index whose a equals j
+    switch (kind) {
+      case kMaskCausal: lo = static_cast<int>(imax64(0, imin64(jo, len_q))); break;
+      case kMaskWindow:  // a - wl <= j <= a + wr  <=>  j - wr <= a <= j + wl
+        if (wr >= 0) lo = static_cast<int>(imax64(0, imin64(jo - wr, len_q)));
+        if (wl >= 0) hi = static_cast<int>(imax64(0, imin64(jo + wl + 1, len_q)));
+        break;
+      case kMaskPrefix:  // keys in the prefix are seen by every row (a < P or a >= j)
+        if (j >= prefix) lo = static_cast<int>(imax64(0, imin64(jo, len_q)));
+        break;
+      case kMaskCandidate: return false;
+      default: break;
+    }
+    return true;
   }
 
   // Whether a tile of queries [m0, m1) x keys [n0, n1) (not clipped to the lengths) has no allowed
