@@ -72,16 +72,17 @@ def test_gradient_check_catches_a_slightly_wrong_gradient():
     wrong = check_layer("chunk_gdn", config, _with_scaled_gate_gradient(reference_kernels(), 1.001),
                         batch=2, steps=37, device=torch.device("cpu"), seed=11)
     assert not wrong.passed
-    assert wrong.out == 0.0          # the forward is right ...
-    assert wrong.d_weights > 1e-4    # ... the gradient 0.1% off is caught
-    assert wrong.worst_weight in ("to_decay.weight", "A_log", "dt_bias")
+    assert wrong.out == 0.0                              # the forward is right ...
+    assert wrong.worst_op_input == "g"                   # ... dg 0.1% off is caught
+    assert wrong.d_op_inputs == pytest.approx(1e-3, rel=1e-3)
+    assert wrong.weight_errors["A_log"] > 1e-4           # and shows in the weights it feeds
 
 
 def test_gradient_check_catches_a_dropped_gradient():
     def no_beta_gradient(q, k, v, g, beta):
         return reference_ops.gated_delta_rule(q, k, v, g, beta.detach(), use_qk_l2norm=True)
     kernels = Kernels("no-dbeta", reference_kernels().attention, no_beta_gradient, no_beta_gradient)
-    with pytest.raises(RuntimeError, match="to_beta.weight"):
+    with pytest.raises(RuntimeError, match="no gradient reached the op inputs beta"):
         check_layer("recurrent_gdn", ModelConfig(vocab_size=10), kernels, batch=1, steps=9,
                     device=torch.device("cpu"), seed=5)
 

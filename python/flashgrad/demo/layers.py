@@ -45,7 +45,7 @@ class AttentionMixer(nn.Module):
         per_element_weight = z_loss_weight / (batch * steps * self.heads_q)
         out, lse = kernels.attention(q, k, v, softcap=self.softcap,
                                      z_loss_weight=per_element_weight)
-        y = self.to_out(out.float().reshape(batch, steps, self.heads_q * self.head_dim))
+        y = self.to_out(out.to(x.dtype).reshape(batch, steps, self.heads_q * self.head_dim))
         return y, lse
 
 
@@ -92,7 +92,7 @@ class GatedDeltaMixer(nn.Module):
         g = -torch.exp(self.A_log) * F.softplus(self.to_decay(x) + self.dt_bias)
         op = (kernels.chunk_gated_delta_rule if self.mode == "chunk"
               else kernels.recurrent_gated_delta_rule)
-        o = op(q.to(dtype), k.to(dtype), v.to(dtype), g.to(dtype), beta.to(dtype)).float()
+        o = op(q.to(dtype), k.to(dtype), v.to(dtype), g.to(dtype), beta.to(dtype)).to(x.dtype)
         gate = F.silu(self.to_gate(x)).view(batch, steps, self.value_heads, self.value_dim)
         y = self.to_out((self.out_norm(o) * gate).reshape(batch, steps, -1))
         return y, None

@@ -2,7 +2,8 @@
 
 They are the oracle of the demo's gradient check: autograd differentiates them, so whatever
 backward flashgrad implements by hand is compared with the gradient of the textbook formula.
-Both follow the contract in the design notes (attention.md, delta_rule.md) and compute in fp32.
+Both follow the contract in the design notes (attention.md, delta_rule.md) and compute in fp32
+(fp64 for fp64 inputs).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Query head h reads kv head h // (Hq // Hk).
     """
     dtype = q.dtype
-    q, k, v = q.float(), k.float(), v.float()
+    compute = torch.promote_types(dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
     batch, seq_q, heads_q, head_dim = q.shape
     seq_k, heads_k = k.shape[1], k.shape[2]
     if scale is None:
@@ -54,11 +56,12 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     """The gated delta rule, one time step after the other, state in fp32.
 
     q, k [B, T, H, K], v [B, T, HV, V], g (natural-log decay) and beta [B, T, HV] -> o [B, T, HV, V].
-    Per value head, with state S (K x V) starting at zero:
+    Per value head, with state S (K x V, fp32 or fp64) starting at zero:
         S~ = exp(g_t) S;  r = v_t - S~^T k_t;  S = S~ + k_t (beta_t r)^T;  o_t = scale S^T q_t
     """
     dtype = q.dtype
-    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    compute = torch.promote_types(dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    q, k, v, g, beta = (x.to(compute) for x in (q, k, v, g, beta))
     batch, steps, heads, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     if scale is None:
