@@ -50,10 +50,8 @@ double check_gradients(const AttnConfig& cfg_in, const GradCheckOptions& opt) {
       c = make_case(cfg, rng);
     }
   const ForwardResult fwd = run_forward(c);
-  HostTensor dout = c.make(DType::f64, c.q_like(cfg.dv));
-  dout.fill_uniform(rng, -1, 1);
-  HostTensor dlse = c.make(DType::f64, c.lse_shape());
-  dlse.fill_uniform(rng, -1, 1);
+  HostTensor dout = c.random_dout(DType::f64, rng);
+  HostTensor dlse = c.random_dlse(DType::f64, rng);
   if (!opt.with_dlse) dlse.fill(0.0);  // the loss then has no lse term; the API gets no dlse
   const Gradients g = run_backward(c, fwd, dout, opt.with_dlse ? &dlse : nullptr, opt.z_loss_weight);
 
@@ -201,10 +199,8 @@ TEST(AttentionBackward, FullyMaskedRowsHaveZeroGradientAndNoNaN) {
   auto rng = make_rng();
   const AttnCase c = make_case(cfg, rng);
   const ForwardResult fwd = run_forward(c);
-  HostTensor dout = c.make(DType::f32, c.q_like(cfg.dv));
-  dout.fill_uniform(rng, -1, 1);
-  HostTensor dlse = c.make(DType::f32, c.lse_shape());
-  dlse.fill_uniform(rng, -1, 1);
+  HostTensor dout = c.random_dout(DType::f32, rng);
+  HostTensor dlse = c.random_dlse(DType::f32, rng);
   const Gradients g = run_backward(c, fwd, dout, &dlse, 0.5f);
   for (const HostTensor* t : {&g.dq, &g.dk, &g.dv})
     for (double x : t->to_doubles()) ASSERT_TRUE(std::isfinite(x));
@@ -230,10 +226,8 @@ TEST(AttentionBackward, LowPrecisionInputsAgreeWithDouble) {
     auto rng = make_rng();
     const AttnCase c = make_case(cfg, rng);
     const ForwardResult fwd = run_forward(c);
-    HostTensor dout = c.make(dt, c.q_like(cfg.dv));
-    dout.fill_uniform(rng, -1, 1);
-    HostTensor dlse = c.make(DType::f32, c.lse_shape());
-    dlse.fill_uniform(rng, -1, 1);
+    HostTensor dout = c.random_dout(dt, rng);
+    HostTensor dlse = c.random_dlse(DType::f32, rng);
     const Gradients g = run_backward(c, fwd, dout, &dlse, 0.1f);
 
     AttnCase d = c;  // the same values in float64
@@ -268,8 +262,7 @@ TEST(AttentionBackward, Fp8InputsGiveGradientsOfTheDequantizedInputs) {
   const AttentionParams p = f.params();
   ForwardResult fwd{f.c.make(DType::bf16, f.c.q_like(cfg.dv)), f.c.make(DType::f32, f.c.lse_shape())};
   attention_forward(p, fwd.out.view(), fwd.lse.view());
-  HostTensor dout = f.c.make(DType::bf16, f.c.q_like(cfg.dv));
-  dout.fill_uniform(rng, -1, 1);
+  HostTensor dout = f.c.random_dout(DType::bf16, rng);
   HostTensor dq = f.c.make(DType::bf16, f.c.q_like(cfg.d)), dk = f.c.make(DType::bf16, f.c.k_like(cfg.d)),
              dv = f.c.make(DType::bf16, f.c.k_like(cfg.dv));
   AttentionBackwardInputs in;
@@ -298,8 +291,7 @@ TEST(AttentionBackward, SameBitsForOneAndManyThreads) {
   auto rng = make_rng();
   AttnCase c = make_case(cfg, rng);
   const ForwardResult fwd = run_forward(c);
-  HostTensor dout = c.make(DType::bf16, c.q_like(cfg.dv));
-  dout.fill_uniform(rng, -1, 1);
+  HostTensor dout = c.random_dout(DType::bf16, rng);
   c.cfg.threads = 1;
   const Gradients one = run_backward(c, fwd, dout, nullptr, 0.2f);
   for (int threads : {2, 4, 0}) {
@@ -318,8 +310,7 @@ TEST(AttentionBackward, WorkspaceGivenOrAllocatedGivesSameBits) {
   auto rng = make_rng();
   const AttnCase c = make_case(cfg, rng);
   const ForwardResult fwd = run_forward(c);
-  HostTensor dout = c.make(DType::f32, c.q_like(cfg.dv));
-  dout.fill_uniform(rng, -1, 1);
+  HostTensor dout = c.random_dout(DType::f32, rng);
   const std::size_t bytes = attention_workspace_bytes(c.params(), Pass::backward);
   // 2 workers, each: K, dK [8, 3], V, dV [8, 2], q and dq rows [3], dout and out rows [2] floats.
   const std::size_t per_worker = ((2 * 8 * 5 + 2 * 3 + 2 * 2) * 4 + 63) / 64 * 64;

@@ -75,6 +75,17 @@ struct AttnCase {
     HostTensor t(dtype, shape, pad(shape.size()));
     return t;  // NaN-poisoned by construction
   }
+  // Incoming gradients of the backward, uniform in [-1, 1): dout shaped like out, dlse like lse.
+  HostTensor random_dout(DType dtype, std::mt19937_64& rng) const {
+    HostTensor t = make(dtype, q_like(cfg.dv));
+    t.fill_uniform(rng, -1, 1);
+    return t;
+  }
+  HostTensor random_dlse(DType dtype, std::mt19937_64& rng) const {
+    HostTensor t = make(dtype, lse_shape());
+    t.fill_uniform(rng, -1, 1);
+    return t;
+  }
   DType out_dtype() const { return cfg.dtype == DType::e4m3 ? DType::bf16 : cfg.dtype; }
   DType lse_dtype() const { return cfg.dtype == DType::f64 ? DType::f64 : DType::f32; }
 

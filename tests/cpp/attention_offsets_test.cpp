@@ -51,8 +51,7 @@ TEST(AttentionOffsets, BatchStridePast2To31Elements) {
   auto rng = make_rng();
   const AttnCase c = make_case(cfg, rng);
   const ForwardResult ref_fwd = run_forward(c);
-  HostTensor dout = c.make(DType::f32, c.q_like(cfg.dv));
-  dout.fill_uniform(rng, -1, 1);
+  HostTensor dout = c.random_dout(DType::f32, rng);
   const Gradients ref = run_backward(c, ref_fwd, dout, nullptr, 0.0f);
 
   // [2, 5, 2, 4] with strides (2^31 + 64, 8, 4, 1).

@@ -29,10 +29,8 @@ class AttentionValidation : public ::testing::Test {
     lse = c.make(DType::f32, c.lse_shape());
     // Valid forward results and incoming gradients for the backward.
     fwd = run_forward(c);
-    dout = c.make(c.out_dtype(), c.q_like(cfg.dv));
-    dout.fill_uniform(rng, -1, 1);
-    dlse = c.make(DType::f32, c.lse_shape());
-    dlse.fill_uniform(rng, -1, 1);
+    dout = c.random_dout(c.out_dtype(), rng);
+    dlse = c.random_dlse(DType::f32, rng);
     dq = c.make(c.out_dtype(), c.q_like(cfg.d));
     dk = c.make(c.out_dtype(), c.k_like(cfg.d));
     dv = c.make(c.out_dtype(), c.k_like(cfg.dv));
