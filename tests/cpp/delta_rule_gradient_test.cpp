@@ -142,7 +142,7 @@ std::vector<GradCase> gradient_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DeltaRuleGradient, ::testing::ValuesIn(gradient_cases()),
-                         [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<GradCase>& param) { return param.param.name; });
 
 }  // namespace
 }  // namespace flashgrad::test

@@ -115,12 +115,12 @@ TEST(DeltaRuleValidation, VBatchOrTime) {
   expect_rejected("v", [](Call& c) { c.p.v = c.make(DType::f32, {2, 6, 2, 3}); });
 }
 TEST(DeltaRuleValidation, ValueHeadsNotMultipleOfHeads) {
-  DeltaCase c = base_case();
-  c.H = 2;
-  c.HV = 2;
+  DeltaCase cs = base_case();
+  cs.H = 2;
+  cs.HV = 2;
   expect_rejected("v", [](Call& c) {
     c.p.v = c.make(DType::f32, {2, 5, 3, 3});  // HV = 3, H = 2
-  }, Which::forward, c);
+  }, Which::forward, cs);
 }
 TEST(DeltaRuleValidation, GRank) {
   expect_rejected("g", [](Call& c) { c.p.g = c.make(DType::f32, {2, 5}); });
@@ -141,11 +141,11 @@ TEST(DeltaRuleValidation, InitialStateShape) {
   expect_rejected("initial_state", [](Call& c) { c.p.initial_state = c.make(DType::f32, {2, 2, 3, 4}); });
 }
 TEST(DeltaRuleValidation, InitialStateCountWithVarlen) {
-  DeltaCase c = base_case();
-  c.B = 1;
-  c.cu_seqlens = {0, 2, 5};
+  DeltaCase cs = base_case();
+  cs.B = 1;
+  cs.cu_seqlens = {0, 2, 5};
   expect_rejected("initial_state", [](Call& c) { c.p.initial_state = c.make(DType::f32, {1, 2, 4, 3}); },
-                  Which::both, c);
+                  Which::both, cs);
 }
 
 // ---- dtypes and devices -------------------------------------------------------------------------
