@@ -61,7 +61,8 @@ void check_lse_dtype(const Checker& c, const TensorView& t, const std::string& a
     c.dtype(t, arg, {DType::f32});
 }
 
-// A per-sequence int32 tensor (cu_seqlens, prefix lengths, bounds, descales): rank, dtype, device.
+// A small per-sequence tensor (cu_seqlens, prefix lengths, bounds: int32; fp8 descales: float32):
+// rank, dtype, device.
 void check_small_tensor(const Checker& c, const TensorView& t, const std::string& arg, int rank,
                         DType dtype, const TensorView& q) {
   c.tensor(t, arg, {rank});
