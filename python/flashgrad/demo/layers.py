@@ -92,7 +92,11 @@ class GatedDeltaMixer(nn.Module):
         g = -torch.exp(self.A_log) * F.softplus(self.to_decay(x) + self.dt_bias)
         op = (kernels.chunk_gated_delta_rule if self.mode == "chunk"
               else kernels.recurrent_gated_delta_rule)
-        o = op(q.to(dtype), k.to(dtype), v.to(dtype), g.to(dtype), beta.to(dtype)).to(x.dtype)
+        # Gates stay in fp32 even when q, k, v are bf16 (the ops accept that, as fla's do): the
+        # decay is summed over many steps, where bf16's 8 bits would drift.
+        gate_dtype = torch.promote_types(dtype, torch.float32)
+        o = op(q.to(dtype), k.to(dtype), v.to(dtype), g.to(gate_dtype), beta.to(gate_dtype))
+        o = o.to(x.dtype)
         gate = F.silu(self.to_gate(x)).view(batch, steps, self.value_heads, self.value_dim)
         y = self.to_out((self.out_norm(o) * gate).reshape(batch, steps, -1))
         return y, None
