@@ -286,27 +286,33 @@ TEST(DeltaRuleForward, ZeroLengthPassesStateThrough) {
   }
 }
 
-// 1 and N workers give the same bits (work items never share an output element).
+// 1 and N workers give the same bits (work items never share an output element), with GVA and
+// with HV == H (where the recurrent backward reuses each worker's rows from item to item).
 TEST(DeltaRuleThreads, OneAndManyWorkersBitwiseEqual) {
   auto rng = make_rng();
   for (auto alg : {DeltaRuleAlgorithm::recurrent, DeltaRuleAlgorithm::chunked})
-    for (GateKind gate : kGates) {
-      DeltaCase c = mid_case(gate, true, alg);
-      c.dtype = DType::bf16;
-      c.gate_dtype = DType::f32;
-      c.precision = Precision::fp32;
-      DeltaData d(c, rng);
-      DeltaRuleParams p1 = d.params(), pn = d.params();
-      p1.exec.num_threads = 1;
-      pn.exec.num_threads = 5;
-      const DeltaForward f1 = run_forward(d, p1, true), fn = run_forward(d, pn, true);
-      const DeltaGrads g1 = run_backward(d, p1), gn = run_backward(d, pn);
-      const std::string what = gate_label(gate) + (alg == DeltaRuleAlgorithm::chunked ? " chunked" : " recurrent");
-      EXPECT_TRUE(same_bits(f1.o, fn.o)) << what << " o";
-      EXPECT_TRUE(same_bits(f1.final_state, fn.final_state)) << what << " final_state";
-      EXPECT_TRUE(same_bits(f1.r, fn.r)) << what << " saved_r";
-      for (const GradPair& g : grad_pairs(g1, gn, gate)) EXPECT_TRUE(same_bits(g.a, g.b)) << what << " " << g.name;
-    }
+    for (GateKind gate : kGates)
+      for (int64_t hv : {4, 2}) {
+        DeltaCase c = mid_case(gate, true, alg);
+        c.HV = hv;
+        c.dtype = DType::bf16;
+        c.gate_dtype = DType::f32;
+        c.precision = Precision::fp32;
+        DeltaData d(c, rng);
+        DeltaRuleParams p1 = d.params(), pn = d.params();
+        p1.exec.num_threads = 1;
+        pn.exec.num_threads = 5;
+        const DeltaForward f1 = run_forward(d, p1, true), fn = run_forward(d, pn, true);
+        const DeltaGrads g1 = run_backward(d, p1), gn = run_backward(d, pn);
+        const std::string what = gate_label(gate) +
+                                 (alg == DeltaRuleAlgorithm::chunked ? " chunked" : " recurrent") +
+                                 " HV = " + std::to_string(hv);
+        EXPECT_TRUE(same_bits(f1.o, fn.o)) << what << " o";
+        EXPECT_TRUE(same_bits(f1.final_state, fn.final_state)) << what << " final_state";
+        EXPECT_TRUE(same_bits(f1.r, fn.r)) << what << " saved_r";
+        for (const GradPair& g : grad_pairs(g1, gn, gate))
+          EXPECT_TRUE(same_bits(g.a, g.b)) << what << " " << g.name;
+      }
 }
 
 }  // namespace

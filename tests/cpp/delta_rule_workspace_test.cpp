@@ -1,7 +1,7 @@
-// Memory of the recurrent backward: O(K*V) per worker plus a buffer the size of v (r, then dr) and
-// one the size of k (dk's first part) when HV == H, or two of k per value head (dk, dq partials)
-// with GVA -- never proportional to T*K*V -- and caller-provided workspace giving the same bits
-// as the backend's own.
+// Memory of the recurrent backward: per worker O(K*V) plus r/dr and (HV == H) dk's first part
+// for the steps of the item it is on; with GVA also two tensors of k per value head (the dk, dq
+// partials summed over a q/k head's value heads). Never proportional to T*K*V. And
+// caller-provided workspace gives the same bits as the backend's own.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -39,37 +39,56 @@ TEST(DeltaRuleWorkspace, RecurrentBackwardIsOKVPerWorkerNotTKV) {
   const std::size_t bwd = delta_rule_workspace_bytes(p, Pass::backward);
   const std::size_t fwd = delta_rule_workspace_bytes(p, Pass::forward);
   const std::size_t f = sizeof(float);
-  // Per worker: S and dS (2*K*V) plus a few K- and V-vectors; shared: r/dr [T, HV, V] and the
-  // dk, dq partials [T, HV, K]; 64 bytes of alignment slack.
-  const std::size_t per_worker_bound = (2 * K * V + 8 * (K + V)) * f;
-  const std::size_t tensor_bound = T * HV * (V + 2 * K) * f;
-  EXPECT_LE(bwd, workers * per_worker_bound + tensor_bound + 64);
-  // Materialized per-step states would be T*HV*K*V floats: V/3 = 21x more than this here.
+  // Per worker: S and dS (2*K*V), a few K- and V-vectors, r/dr of one item's steps [T, V];
+  // shared: the dk, dq partials [T, HV, K]; 64 bytes of alignment slack.
+  const std::size_t per_worker_bound = (2 * K * V + 8 * (K + V) + T * V) * f;
+  const std::size_t shared_bound = T * HV * 2 * K * f;
+  EXPECT_LE(bwd, workers * per_worker_bound + shared_bound + 64);
+  // Materialized per-step states would be T*HV*K*V floats: 25x more than this here.
   EXPECT_LT(bwd, T * HV * K * V * f / 16);
   // The forward needs no T-sized buffer at all.
   EXPECT_LE(fwd, workers * (K * V + 8 * (K + V)) * f + 64);
 
-  // Growth with T is exactly the size-of-v and size-of-k-per-value-head buffers.
+  // Growth with T is exactly the partials and each worker's r/dr rows.
   const DeltaRuleParams p2 = shape_only_params(keep, 2 * T, H, HV, K, V, workers);
-  EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::backward) - bwd, T * HV * (V + 2 * K) * f);
+  EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::backward) - bwd, T * (2 * HV * K + workers * V) * f);
   EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::forward), fwd);
-  std::cout << "  T=4096 HV=4 K=V=64, 2 workers: backward workspace " << bwd << " bytes, forward " << fwd
+  std::cout << "  T=4096 H=2 HV=4 K=V=64, 2 workers: backward workspace " << bwd << " bytes, forward " << fwd
             << " bytes; per-step states would take " << T * HV * K * V * f << " bytes\n";
 }
 
-// Without GVA the backward keeps only r/dr (the size of v) and dk's first part (the size of k):
-// dq and dk of a step are finished in pass 2 and written directly.
-TEST(DeltaRuleWorkspace, RecurrentBackwardWithoutGvaKeepsSizeOfVPlusSizeOfK) {
+// Without GVA nothing is shared: each worker keeps r/dr and dk's first part for the steps of the
+// item it is on (dq and dk of a step are finished in pass 2 and written directly), so the
+// workspace does not grow with the number of heads or sequences.
+TEST(DeltaRuleWorkspace, RecurrentBackwardWithoutGvaIsPerWorkerOnly) {
   const int64_t T = 4096, H = 4, K = 64, V = 64;
   const int workers = 2;
   std::vector<HostTensor> keep;
   const DeltaRuleParams p = shape_only_params(keep, T, H, H, K, V, workers);
   const std::size_t bwd = delta_rule_workspace_bytes(p, Pass::backward);
   const std::size_t f = sizeof(float);
-  const std::size_t per_worker_bound = (2 * K * V + 8 * (K + V)) * f;
-  EXPECT_LE(bwd, workers * per_worker_bound + T * H * (V + K) * f + 64);
+  const std::size_t per_worker_bound = (2 * K * V + 8 * (K + V) + T * (V + K)) * f;
+  EXPECT_LE(bwd, workers * per_worker_bound + 64);
   const DeltaRuleParams p2 = shape_only_params(keep, 2 * T, H, H, K, V, workers);
-  EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::backward) - bwd, T * H * (V + K) * f);
+  EXPECT_EQ(delta_rule_workspace_bytes(p2, Pass::backward) - bwd, workers * T * (V + K) * f);
+  const DeltaRuleParams p8 = shape_only_params(keep, T, 2 * H, 2 * H, K, V, workers);
+  EXPECT_EQ(delta_rule_workspace_bytes(p8, Pass::backward), bwd);  // twice the heads, same memory
+  std::cout << "  T=4096 H=HV=4 K=V=64, 2 workers: backward workspace " << bwd << " bytes\n";
+}
+
+// With packed sequences the per-item rows are sized by the longest sequence, not the total.
+TEST(DeltaRuleWorkspace, RecurrentBackwardVarlenSizedByLongestSequence) {
+  const int64_t T = 1000, H = 2, K = 8, V = 4;
+  const int workers = 2;
+  std::vector<HostTensor> keep;
+  DeltaRuleParams p = shape_only_params(keep, T, H, H, K, V, workers);
+  const HostTensor cu = int32_tensor({0, 300, 300, 1000});  // longest: 700 steps
+  p.cu_seqlens = cu.view();
+  const std::size_t f = sizeof(float);
+  const std::size_t packed = delta_rule_workspace_bytes(p, Pass::backward);
+  const DeltaRuleParams single = shape_only_params(keep, 700, H, H, K, V, workers);
+  EXPECT_EQ(packed, delta_rule_workspace_bytes(single, Pass::backward));
+  EXPECT_LT(packed, workers * T * (V + K) * f);
 }
 
 void expect_caller_workspace_gives_same_bits(int64_t H, int64_t HV) {

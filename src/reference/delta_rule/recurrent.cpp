@@ -20,17 +20,20 @@ int64_t backward_scratch(int64_t K, int64_t V) {
 
 RecurrentWorkspace RecurrentWorkspace::make(const DeltaRuleProblem& pr, Pass pass, int workers) {
   const int64_t K = pr.key_dim, V = pr.value_dim;
-  const int64_t rows = pr.batch * pr.seq_len * pr.value_heads;  // (b, t, value head) rows
   RecurrentWorkspace w;
   if (pass == Pass::forward) {
     w.per_worker = K * V + forward_scratch(K, V);
   } else {
+    int64_t longest = 0;  // steps of the longest sequence: the per-item buffers' length
+    for (int64_t n = 0; n < pr.num_seqs; ++n) longest = std::max(longest, pr.t_len(n));
+    const int64_t rows = pr.batch * pr.seq_len * pr.value_heads;  // (b, t, value head) rows
     w.gva = pr.value_heads != pr.heads;
-    w.rd = 0;
-    w.dk_part = rows * V;
-    w.dq_part = w.dk_part + rows * K;
-    w.workers_begin = w.dq_part + (w.gva ? rows * K : 0);
-    w.per_worker = 2 * K * V + backward_scratch(K, V);
+    w.dk_part = 0;
+    w.dq_part = w.gva ? rows * K : 0;
+    w.workers_begin = w.gva ? 2 * rows * K : 0;
+    w.rd = 2 * K * V + backward_scratch(K, V);
+    w.dk_item = w.rd + longest * V;
+    w.per_worker = w.dk_item + (w.gva ? 0 : longest * K);
   }
   w.total = w.workers_begin + w.per_worker * workers;
   return w;
@@ -158,13 +161,13 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
   const RecurrentWorkspace ws = RecurrentWorkspace::make(pr, Pass::backward, workers);
   const Real scale = static_cast<Real>(pr.scale);
   const bool has_gate = pr.gate != GateKind::none;
-  Real* rd_all = workspace + ws.rd;
-  Real* dk_part = workspace + ws.dk_part;
+  Real* dk_part = ws.gva ? workspace + ws.dk_part : nullptr;
   Real* dq_part = ws.gva ? workspace + ws.dq_part : nullptr;
 
   parallel_for(pr.num_seqs * HV, workers, [&](int64_t item, int worker) {
     const HeadCursor c = HeadCursor::make(pr, item / HV, item % HV);
-    Real* S = workspace + ws.workers_begin + worker * ws.per_worker;
+    Real* block = workspace + ws.workers_begin + worker * ws.per_worker;
+    Real* S = block;
     Real* dS = S + K * V;
     Real* scratch = dS + K * V;
     StepInputs<Real> x;
@@ -178,11 +181,16 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
     Real* dg_total = Sdr + K;  // [K] dg of the first step, per key channel: rowsum(dh0 * h0)
     Real* dg_prefix = dg_total + K;  // [K] sum over earlier steps of the closed-form terms
     Real* dq_step = dg_prefix + K;   // [K] dq of one step (HV == H: written straight to grads.dq)
-    auto rd_row = [&](int64_t t) { return rd_all + part_row(pr, c.b, c.t0 + t, c.j) * V; };
+    // Step t's rows of r/dr and of this value head's dk and dq: r/dr in this worker's block
+    // (the item's steps only); dk there too unless GVA, which needs dk and dq partials that
+    // outlive the item (row (b, t, j) of the shared [B, T, HV, K] buffers).
+    auto rd_row = [&](int64_t t) { return block + ws.rd + t * V; };
+    auto dk_row = [&](int64_t t) {
+      return ws.gva ? dk_part + part_row(pr, c.b, c.t0 + t, c.j) * K : block + ws.dk_item + t * K;
+    };
     auto dq_row = [&](int64_t t) {
       return ws.gva ? dq_part + part_row(pr, c.b, c.t0 + t, c.j) * K : dq_step;
     };
-    auto dk_row = [&](int64_t t) { return dk_part + part_row(pr, c.b, c.t0 + t, c.j) * K; };
     auto load_h0 = [&](Real* dst) {
       if (pr.has_initial_state)
         load_state<Real>(p.initial_state, c.n, c.j, K, V, dst);
