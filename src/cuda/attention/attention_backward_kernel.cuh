@@ -1,16 +1,16 @@
 // Softmax attention backward, main pass (FlashAttention-2 scheme on mma.sync tensor cores).
 //
 // One CTA = one block of kBlockN keys of one (sequence, kv head), 16 keys per warp (8 warps, or 4
-// at D = 256). It walks every (query head of the kv head's group, query block of 64) whose tile the mask
-// does not rule out, and per tile computes, in registers:
+// at D = 256). It walks every (query head of the kv head's group, query block of 64) whose tile
+// the mask does not rule out, and per tile computes, in registers:
 //   S^T  = K Q^T                 P^T = exp2(S^T log2e - lse log2e)     (0 where masked)
 //   dP^T = V dO^T                dS^T = P^T * (dP^T - shift) * softcap'(S)
 //   dV  += P^T dO                dK  += dS^T Q
 // where shift = rowsum(dO * O) - dLSE - z * lse (the pre-pass). dK / dV stay in registers over the
 // whole group (GQA sums without atomics) and are written once, dK times the softmax scale.
-// dQ = scale * dS K: by default dS^T goes through shared memory and each warp adds its 16 query
-// rows of dS K into an fp32 buffer with atomics; in deterministic mode this kernel skips dQ and
-// attention_dq_kernel computes it in a fixed order.
+// dQ = scale * dS K: by default dS^T goes through shared memory and each warp adds one 16-row x
+// (D / kDqColParts) piece of dS K into an fp32 buffer with atomics; in deterministic mode this
+// kernel skips dQ and attention_dq_kernel computes it in a fixed order.
 //
 // With D = 256 the two 16 x 256 fp32 accumulators do not fit beside S and dP in 255 registers, so
 // the kernel makes two passes over the queries (dV first, then dK and dQ), recomputing S.
