@@ -71,6 +71,21 @@ def test_quick_demo_on_the_gpu(tmp_path):
     _assert_trained_and_checked(run, log, tmp_path / "demo", tolerance=5e-2)
 
 
+@pytest.mark.gpu
+def test_fp8_demo_runs_or_says_fp8_is_missing(tmp_path):
+    import flashgrad
+    command = [sys.executable, "-m", "flashgrad.demo", "--quick", "--device", "cuda", "--fp8",
+               "--out", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if "flash_attn_fp8_func" in dir(flashgrad):
+        assert run.returncode == 0, f"demo failed:\n{run.stdout}\n{run.stderr}"
+        log = json.loads((tmp_path / "log.json").read_text())
+        assert log["kernels"] == "flashgrad-fp8" and log["gradient_check"]["passed"]
+    else:
+        assert run.returncode == 2
+        assert "fp8 attention is not available in this build of flashgrad" in run.stderr
+
+
 def _with_scaled_gate_gradient(kernels: Kernels, factor: float) -> Kernels:
     """The same forward, but the gradient reaching the decay gate g is multiplied by factor."""
     def wrong(q, k, v, g, beta):

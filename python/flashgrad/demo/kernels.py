@@ -44,15 +44,16 @@ class KernelsUnavailable(RuntimeError):
     """The installed flashgrad lacks an op the demo needs; the message says which."""
 
 
-def _require(module, name: str):
+def _require(module, name: str, what: str | None = None):
+    """module.name, or KernelsUnavailable saying that `what` (default: the op) is missing."""
     try:
         op = getattr(module, name, None)
     except ImportError as error:  # flashgrad loads its PyTorch ops (the native extension) lazily
         raise KernelsUnavailable(f"flashgrad.{name} cannot be loaded: {error}") from error
     if op is None:
         raise KernelsUnavailable(
-            f"flashgrad.{name} is not available in this build of flashgrad "
-            f"({getattr(module, '__file__', 'unknown location')})")
+            f"{what or 'flashgrad.' + name} is not available in this build of flashgrad "
+            f"(no flashgrad.{name} in {getattr(module, '__file__', 'an unknown location')})")
     return op
 
 
@@ -74,10 +75,7 @@ def flashgrad_kernels(device: torch.device, *, fp8: bool = False) -> Kernels:
     compute_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
     if fp8:
-        try:
-            attention_op = _require(flashgrad, "flash_attn_fp8_func")
-        except KernelsUnavailable as error:
-            raise KernelsUnavailable(f"fp8 attention is not available in this build ({error})")
+        attention_op = _require(flashgrad, "flash_attn_fp8_func", what="fp8 attention")
         compute_dtype = torch.bfloat16
     else:
         attention_op = _require(flashgrad, "flash_attn_func")
