@@ -69,6 +69,7 @@ struct Case {
   bool l2norm = true;
   bool h0 = true;
   float gate_div = 1.0f;  // g = logsigmoid(x) / gate_div
+  int64_t pad = 0;        // strided q, k, v, dout, o, r, dq, dk, dv: rows padded by this many elements
   flashgrad::DeltaRuleAlgorithm algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
   uint64_t seed = 1;
 
@@ -314,18 +315,26 @@ RefOut reference(const Case& c, const HostData& d) {
 }
 
 // ---- device tensors -------------------------------------------------------------------------
+// A device tensor, optionally with `pad` unused elements after each last-dim row (a strided view
+// like a slice of a fused projection). Padding is poisoned too, so a kernel that reads it fails.
 struct DevTensor {
   void* ptr = nullptr;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
+  int64_t pad = 0;
   int64_t numel() const {
     int64_t n = 1;
     for (auto s : shape) n *= s;
     return n;
   }
-  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * flashgrad::dtype_size(dtype); }
+  int64_t inner() const { return shape.empty() ? 1 : shape.back(); }
+  int64_t phys(int64_t i) const { return i / inner() * (inner() + pad) + i % inner(); }
+  std::size_t bytes() const {
+    return static_cast<std::size_t>(numel() / std::max<int64_t>(inner(), 1) * (inner() + pad)) *
+           flashgrad::dtype_size(dtype);
+  }
   DevTensor() = default;
-  DevTensor(DType dt, std::vector<int64_t> s) : dtype(dt), shape(std::move(s)) {
+  DevTensor(DType dt, std::vector<int64_t> s, int64_t pad_ = 0) : dtype(dt), shape(std::move(s)), pad(pad_) {
     if (cudaMalloc(&ptr, std::max<std::size_t>(bytes(), 1)) != cudaSuccess) ptr = nullptr;
   }
   DevTensor(const DevTensor&) = delete;
@@ -335,6 +344,7 @@ struct DevTensor {
     std::swap(ptr, o.ptr);
     dtype = o.dtype;
     shape = o.shape;
+    pad = o.pad;
     return *this;
   }
   ~DevTensor() {
@@ -351,21 +361,21 @@ struct DevTensor {
     for (int i = t.rank - 1; i >= 0; --i) {
       t.shape[i] = shape[i];
       t.stride[i] = st;
-      st *= shape[i];
+      st *= shape[i] + (i == t.rank - 1 ? pad : 0);
     }
     return t;
   }
   void poison() { cudaMemset(ptr, 0xff, bytes()); }  // all-ones: NaN in f32, f16 and bf16
   void upload(const std::vector<float>& x) {
-    std::vector<uint8_t> buf(bytes());
-    for (int64_t i = 0; i < numel(); ++i) flashgrad::host::store<float>(buf.data(), dtype, i, x[i]);
+    std::vector<uint8_t> buf(bytes(), 0xff);
+    for (int64_t i = 0; i < numel(); ++i) flashgrad::host::store<float>(buf.data(), dtype, phys(i), x[i]);
     cudaMemcpy(ptr, buf.data(), bytes(), cudaMemcpyHostToDevice);
   }
   std::vector<double> download() const {
     std::vector<uint8_t> buf(bytes());
     cudaMemcpy(buf.data(), ptr, bytes(), cudaMemcpyDeviceToHost);
     std::vector<double> x(numel());
-    for (int64_t i = 0; i < numel(); ++i) x[i] = flashgrad::host::load<double>(buf.data(), dtype, i);
+    for (int64_t i = 0; i < numel(); ++i) x[i] = flashgrad::host::load<double>(buf.data(), dtype, phys(i));
     return x;
   }
 };
@@ -485,8 +495,10 @@ void run_case(const Case& c) {
   const int64_t Tt = c.Ttot(), N = c.N();
   const DType gdt = c.gate_f32 ? DType::f32 : c.dtype, bdt = c.beta_f32 ? DType::f32 : c.dtype;
 
-  DevTensor q(c.dtype, {c.B, Tt, c.H, c.K}), k(c.dtype, {c.B, Tt, c.H, c.K}), v(c.dtype, {c.B, Tt, c.HV, c.V});
-  DevTensor beta(bdt, {c.B, Tt, c.HV}), dout(c.dtype, {c.B, Tt, c.HV, c.V});
+  const int64_t pd = c.pad;
+  DevTensor q(c.dtype, {c.B, Tt, c.H, c.K}, pd), k(c.dtype, {c.B, Tt, c.H, c.K}, pd),
+      v(c.dtype, {c.B, Tt, c.HV, c.V}, pd);
+  DevTensor beta(bdt, {c.B, Tt, c.HV}), dout(c.dtype, {c.B, Tt, c.HV, c.V}, pd);
   DevTensor g;
   if (c.gate == GateKind::scalar) g = DevTensor(gdt, {c.B, Tt, c.HV});
   if (c.gate == GateKind::per_channel) g = DevTensor(gdt, {c.B, Tt, c.HV, c.K});
@@ -520,10 +532,10 @@ void run_case(const Case& c) {
   p.use_qk_l2norm_in_kernel = c.l2norm;
   p.algorithm = c.algorithm;
 
-  DevTensor o(c.dtype, {c.B, Tt, c.HV, c.V}), ht(DType::f32, {N, c.HV, c.K, c.V});
+  DevTensor o(c.dtype, {c.B, Tt, c.HV, c.V}, pd), ht(DType::f32, {N, c.HV, c.K, c.V});
   const bool save_r = c.saved_r != DType::i32;
   DevTensor r;
-  if (save_r) r = DevTensor(c.saved_r, {c.B, Tt, c.HV, c.V});
+  if (save_r) r = DevTensor(c.saved_r, {c.B, Tt, c.HV, c.V}, pd);
   o.poison();
   ht.poison();
   if (r.ptr) r.poison();
@@ -534,7 +546,8 @@ void run_case(const Case& c) {
   ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out));
   CUDA_OK(cudaDeviceSynchronize());
 
-  DevTensor dq(c.dtype, {c.B, Tt, c.H, c.K}), dk(c.dtype, {c.B, Tt, c.H, c.K}), dv(c.dtype, {c.B, Tt, c.HV, c.V});
+  DevTensor dq(c.dtype, {c.B, Tt, c.H, c.K}, pd), dk(c.dtype, {c.B, Tt, c.H, c.K}, pd),
+      dv(c.dtype, {c.B, Tt, c.HV, c.V}, pd);
   DevTensor dbeta(bdt, {c.B, Tt, c.HV}), dh0(DType::f32, {N, c.HV, c.K, c.V}), dg;
   if (g.ptr) dg = DevTensor(gdt, g.shape);
   for (DevTensor* t : {&dq, &dk, &dv, &dbeta, &dh0, &dg})
@@ -680,6 +693,23 @@ TEST(DeltaRuleGpu, VarlenUnevenLengths) {
   }
 }
 
+TEST(DeltaRuleGpu, StridedViews) {
+  REQUIRE_GPU();
+  // pad 8: rows stay 16-byte aligned (vector loads); pad 3: they do not (element loads).
+  for (int64_t pad : {8, 3}) {
+    for (GateKind gk : {GateKind::scalar, GateKind::per_channel}) {
+      Case c;
+      c.name = "strided pad " + std::to_string(pad) + (gk == GateKind::scalar ? " gdn" : " kda");
+      c.gate = gk;
+      c.B = 2, c.T = 90, c.H = 1, c.HV = 2, c.K = 64, c.V = 32;
+      c.pad = pad;
+      c.saved_r = DType::bf16;
+      c.seed = 700 + pad + static_cast<int>(gk);
+      run_case(c);
+    }
+  }
+}
+
 TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
   REQUIRE_GPU();
   Case c;
@@ -799,6 +829,43 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
     expect_close("dbeta", got(dbeta, bos * HV, len * HV), R.dbeta, 0.02, c.name);
     expect_close("dg", got(dg, bos * HV, len * HV), R.dg, 0.02, c.name);
     expect_close("dh0", got(dh0, n * HV * K * V, HV * K * V), R.dh0, 0.008, c.name);
+  }
+}
+
+// ---- what the CUDA backend refuses (no GPU needed: refused before any CUDA call) ---------------
+TEST(DeltaRuleCuda, UnsupportedCallsFailClearly) {
+  // Fake, distinct, aligned device addresses: nothing may be dereferenced before the refusal.
+  auto fake = [](uintptr_t slot, DType dt, std::initializer_list<int64_t> shape) {
+    TensorView t(reinterpret_cast<void*>(slot << 32), dt, shape);
+    t.device = flashgrad::Device::cuda;
+    return t;
+  };
+  struct Bad {
+    const char* what;
+    DType dt;
+    int64_t K;
+    flashgrad::Precision prec;
+    const char* arg;
+  };
+  for (const Bad& b : {Bad{"float64 inputs", DType::f64, 64, flashgrad::Precision::fp32, "q"},
+                       Bad{"K > 256", DType::bf16, 300, flashgrad::Precision::fp32, "q"},
+                       Bad{"fp64 compute", DType::bf16, 64, flashgrad::Precision::fp64, "exec.precision"}}) {
+    flashgrad::DeltaRuleParams p;
+    p.q = fake(1, b.dt, {1, 8, 2, b.K});
+    p.k = fake(2, b.dt, {1, 8, 2, b.K});
+    p.v = fake(3, b.dt, {1, 8, 2, 16});
+    p.beta = fake(4, b.dt, {1, 8, 2});
+    p.exec.precision = b.prec;
+    flashgrad::DeltaRuleForwardOutputs out;
+    out.o = fake(5, b.dt, {1, 8, 2, 16});
+    try {
+      flashgrad::delta_rule_forward(p, out);
+      ADD_FAILURE() << b.what << ": accepted";
+    } catch (const flashgrad::Error& e) {
+      EXPECT_EQ(e.kind(), flashgrad::ErrorKind::unsupported) << b.what << ": " << e.what();
+      EXPECT_EQ(e.argument(), b.arg) << b.what << ": " << e.what();
+      std::printf("  %s -> %s\n", b.what, e.what());
+    }
   }
 }
 
