@@ -62,6 +62,21 @@ void check_supported(const char* op, const DeltaRuleParams& p, const DeltaRulePr
     throw_unsupported(op, "v", "too many value heads (> 65535) or sequences for one launch");
 }
 
+// Makes the tensors' device current for the call and restores the caller's device afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    FLASHGRAD_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (device != previous_) FLASHGRAD_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }  // destructor: cannot throw
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 std::size_t cu_bytes(const DeltaRuleProblem& pr) {
   return pr.varlen ? cuda_detail::align_up(sizeof(int64_t) * pr.cu_seqlens.size()) : 0;
 }
@@ -144,7 +159,7 @@ void delta_rule_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, co
                         Workspace ws) {
   const char* op = "delta_rule_forward";
   check_supported(op, p, pr);
-  FLASHGRAD_CUDA_CHECK(cudaSetDevice(p.q.device_index));
+  const DeviceGuard device(p.q.device_index);
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
   // algorithm == chunked runs the recurrent kernels too (see the header comment).
   cuda_detail::ScratchBuffer scratch(ws, cu_bytes(pr), stream);
@@ -164,7 +179,7 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
                          const DeltaRuleGrads& grads, Workspace ws) {
   const char* op = "delta_rule_backward";
   check_supported(op, p, pr);
-  FLASHGRAD_CUDA_CHECK(cudaSetDevice(p.q.device_index));
+  const DeviceGuard device(p.q.device_index);
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
   const BackwardSizes sz = backward_sizes(pr);
   const bool recompute_r = !in.saved_r.present();
