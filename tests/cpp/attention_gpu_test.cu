@@ -25,6 +25,7 @@
 
 #include "core/attention_validation.h"
 #include "core/host_dtype.h"
+#include "cuda/attention/sequence_and_mask.cuh"
 #include "flashgrad/attention.h"
 #include "flashgrad/status.h"
 #include "reference/attention/mask.h"
@@ -680,6 +681,113 @@ TEST(AttentionGpu, UnsupportedHeadDimNamesTheArgument) {
     EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
     EXPECT_EQ(e.argument(), "q") << e.what();
   }
+}
+
+// ---- the kernels' mask logic on the host ------------------------------------------------------------
+// The kernels skip tiles by MaskView::classify and test partial tiles with per-row / per-key ranges.
+// Here (host only, no GPU needed) both are checked exhaustively against the CPU reference's
+// SequenceMask::allowed on random sequences: element rule, row ranges and key ranges exactly;
+// tile classes soundly (empty = no allowed pair, full = every pair allowed) and tightly (a tile with
+// no allowed pair is always classified empty, so no mask does work on masked-out tiles).
+TEST(AttentionMaskTiles, MatchTheReferenceRule) {
+  std::mt19937 rng(std::random_device{}());
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const MaskKind kinds[] = {MaskKind::none, MaskKind::causal, MaskKind::sliding_window,
+                            MaskKind::prefix_lm, MaskKind::candidate_isolation};
+  const int codes[] = {cuda_attn::kMaskNone, cuda_attn::kMaskCausal, cuda_attn::kMaskWindow,
+                       cuda_attn::kMaskPrefix, cuda_attn::kMaskCandidate};
+  const std::pair<int, int> blocks[] = {{128, 32}, {128, 64}, {64, 64}, {64, 128}, {16, 16}};
+  int64_t mismatches = 0;
+  for (int trial = 0; trial < 1500 && mismatches == 0; ++trial) {
+    const int kind = trial % 5;
+    const int lq = uni(0, 200);
+    const int lk = kinds[kind] == MaskKind::candidate_isolation ? lq : uni(0, 200);
+    AttentionParams p;
+    p.mask = kinds[kind];
+    AttentionProblem pr;
+    pr.num_seqs = 1;
+    pr.seqlen_q = lq;
+    pr.seqlen_k = lk;
+    cuda_attn::MaskView mv;
+    mv.kind = codes[kind];
+    mv.offset = lk - lq;
+    mv.len_q = lq;
+    mv.len_k = lk;
+    if (p.mask == MaskKind::sliding_window) {
+      const int pick[] = {-1, 0, 1, uni(0, 40), uni(0, 400)};
+      p.window_left = mv.wl = pick[uni(0, 4)];
+      p.window_right = mv.wr = pick[uni(0, 4)];
+    }
+    if (p.mask == MaskKind::prefix_lm) {
+      mv.prefix = uni(0, lk + 5);
+      pr.prefix_lengths = {mv.prefix};
+    }
+    if (p.mask == MaskKind::candidate_isolation) {
+      // Disjoint [h0, h1) and [c0, c1) in either order, possibly empty, with gaps.
+      std::vector<int> cut = {uni(0, lq), uni(0, lq), uni(0, lq), uni(0, lq)};
+      std::sort(cut.begin(), cut.end());
+      const bool history_first = uni(0, 1) == 1;
+      mv.h0 = history_first ? cut[0] : cut[2];
+      mv.h1 = history_first ? cut[1] : cut[3];
+      mv.c0 = history_first ? cut[2] : cut[0];
+      mv.c1 = history_first ? cut[3] : cut[1];
+      pr.candidate_bounds = {mv.h0, mv.h1, mv.c0, mv.c1};
+    }
+    const reference::attn::SequenceMask ref(p, pr, 0);
+    auto ref_allowed = [&](int i, int j) { return i >= 0 && j >= 0 && i < lq && j < lk && ref.allowed(i, j); };
+    const std::string where = std::string(mask_name(p.mask)) + " Sq=" + std::to_string(lq) +
+                              " Sk=" + std::to_string(lk) + " wl=" + std::to_string(mv.wl) +
+                              " wr=" + std::to_string(mv.wr) + " P=" + std::to_string(mv.prefix) +
+                              " h=[" + std::to_string(mv.h0) + "," + std::to_string(mv.h1) + ") c=[" +
+                              std::to_string(mv.c0) + "," + std::to_string(mv.c1) + ")";
+    for (int i = 0; i < lq + 3; ++i) {
+      int lo, hi, diag;
+      mv.query_keys(i, lo, hi, diag);
+      for (int j = 0; j < lk + 3; ++j) {
+        const bool want = ref_allowed(i, j);
+        const bool by_range = (j >= lo && j < hi) || j == diag;
+        if (i < lq && j < lk && mv.allowed(i, j) != want) {
+          ++mismatches;
+          ADD_FAILURE() << where << ": MaskView::allowed(" << i << ", " << j << ") = " << !want;
+        }
+        if (by_range != want) ++mismatches;
+        EXPECT_EQ(by_range, want) << where << ": row range of query " << i << " at key " << j;
+        if (mismatches) break;
+      }
+      if (mismatches) break;
+    }
+    for (int j = 0; j < lk + 3 && mismatches == 0; ++j) {
+      int lo, hi;
+      if (!mv.key_queries(j, lo, hi)) continue;
+      for (int i = 0; i < lq + 3; ++i) {
+        const bool want = ref_allowed(i, j), by_range = i >= lo && i < hi;
+        if (by_range != want) ++mismatches;
+        EXPECT_EQ(by_range, want) << where << ": key range of key " << j << " at query " << i;
+        if (mismatches) break;
+      }
+    }
+    for (auto [bm, bn] : blocks) {
+      for (int m0 = 0; m0 < lq && mismatches == 0; m0 += bm) {
+        for (int n0 = 0; n0 < lk; n0 += bn) {
+          bool any = false, all = m0 + bm <= lq && n0 + bn <= lk;
+          for (int i = m0; i < m0 + bm; ++i)
+            for (int j = n0; j < n0 + bn; ++j) {
+              const bool a = ref_allowed(i, j);
+              any = any || a;
+              if (i < lq && j < lk) all = all && a;
+            }
+          const int cls = mv.classify(m0, m0 + bm, n0, n0 + bn);
+          const bool bad = (cls == cuda_attn::kTileEmpty) != !any || (cls == cuda_attn::kTileFull && !all);
+          if (bad) ++mismatches;
+          EXPECT_FALSE(bad) << where << ": tile [" << m0 << "," << m0 + bm << ") x [" << n0 << ","
+                            << n0 + bn << ") classified " << cls << ", any allowed " << any
+                            << ", all allowed " << all;
+          if (mismatches) break;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
 }
 
 // ---- past 2^31 elements ------------------------------------------------------------------------

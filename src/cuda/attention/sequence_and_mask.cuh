@@ -1,4 +1,5 @@
-// Per-sequence geometry and the mask rules of docs/attention.md, on the device.
+// Per-sequence geometry and the mask rules of docs/attention.md, on the device (MaskView also
+// compiles for the host, where attention_gpu_test.cu checks it against the CPU reference's rule).
 //
 // Positions are within one sequence: query i (0 <= i < len_q), key j (0 <= j < len_k). Masks are
 // bottom-right aligned: query i stands at key position a = i + len_k - len_q.
@@ -43,8 +44,10 @@ __device__ __forceinline__ int64_t row_offset(const RowMajorStrides& st, int64_t
   return batch * st.batch + (row0 + row) * st.row + head * st.head;
 }
 
-__device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
+__host__ __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
+__host__ __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
 enum TileClass : int { kTileEmpty = 0, kTilePartial = 1, kTileFull = 2 };
 
@@ -57,7 +60,7 @@ struct MaskView {
   int h0 = 0, h1 = 0, c0 = 0, c1 = 0;
 
   // Whether query i may attend to key j (both inside the sequence).
-  __device__ __forceinline__ bool allowed(int i, int j) const {
+  __host__ __device__ __forceinline__ bool allowed(int i, int j) const {
     const int a = i + offset;
     switch (kind) {
       case kMaskCausal: return j <= a;
@@ -77,7 +80,7 @@ struct MaskView {
   // The keys query row i may see, as [lo, hi) plus one extra key `diag` (-1 if none; only the
   // candidate-isolation diagonal uses it). Rows past len_q see nothing. Per-element tests on partial
   // tiles then cost two or three compares instead of the full rule.
-  __device__ __forceinline__ void query_keys(int i, int& lo, int& hi, int& diag) const {
+  __host__ __device__ __forceinline__ void query_keys(int i, int& lo, int& hi, int& diag) const {
     diag = -1;
     lo = 0;
     hi = i < len_q ? len_k : 0;
@@ -105,7 +108,7 @@ struct MaskView {
 
   // The queries that may see key j, as [lo, hi); false when no single range describes them
   // (candidate isolation: history keys are seen by two row ranges), then use allowed().
-  __device__ __forceinline__ bool key_queries(int j, int& lo, int& hi) const {
+  __host__ __device__ __forceinline__ bool key_queries(int j, int& lo, int& hi) const {
     lo = 0;
     hi = j < len_k ? len_q : 0;
     if (j >= len_k) return true;
@@ -127,8 +130,8 @@ struct MaskView {
 
   // Whether a tile of queries [m0, m1) x keys [n0, n1) (not clipped to the lengths) has no allowed
   // pair (skip it), only allowed pairs inside the sequence (no per-element test), or some of each.
-  __device__ __forceinline__ int classify(int m0, int m1, int n0, int n1) const {
-    const int m_last = min(m1, len_q) - 1, n_last = min(n1, len_k) - 1;
+  __host__ __device__ __forceinline__ int classify(int m0, int m1, int n0, int n1) const {
+    const int m_last = imin(m1, len_q) - 1, n_last = imin(n1, len_k) - 1;
     if (m_last < m0 || n_last < n0) return kTileEmpty;
     const bool inside = m1 <= len_q && n1 <= len_k;
     const int a0 = m0 + offset, a1 = m_last + offset;
@@ -155,9 +158,10 @@ struct MaskView {
       }
       case kMaskCandidate: {
         // Rows in history or candidates see the history keys; candidate rows also see themselves.
-        const bool rows_see_history = (m0 < h1 && m_last >= h0) || (m0 < c1 && m_last >= c0);
-        const bool keys_in_history = n0 < h1 && n_last >= h0;
-        const int d0 = max(max(m0, n0), c0), d1 = min(min(m_last, n_last), c1 - 1);
+        const bool rows_see_history =
+            (h0 < h1 && m0 < h1 && m_last >= h0) || (c0 < c1 && m0 < c1 && m_last >= c0);
+        const bool keys_in_history = h0 < h1 && n0 < h1 && n_last >= h0;
+        const int d0 = imax(imax(m0, n0), c0), d1 = imin(imin(m_last, n_last), c1 - 1);
         if (!(rows_see_history && keys_in_history) && d0 > d1) return kTileEmpty;
         return kTilePartial;
       }
