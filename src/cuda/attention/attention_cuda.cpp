@@ -129,9 +129,7 @@ AttentionKernelParams common_params(const AttentionParams& p, const AttentionPro
   k.heads_k = static_cast<int>(pr.heads_k);
   k.scale = pr.scale;
   k.mask = cuda_attn_mask_code(p.mask);
-  if (p.mask == MaskKind::causal) {
-    k.mask = cuda_attn::kMaskCausal;
-  } else if (p.mask == MaskKind::sliding_window) {
+  if (p.mask == MaskKind::sliding_window) {
     k.window_left = p.window_left;
     k.window_right = p.window_right;
   } else if (p.mask == MaskKind::prefix_lm) {

@@ -26,17 +26,16 @@ void allow_large_smem(Kernel kernel, int bytes) {
 
 // Forward: 4 warps of 2 row tiles (128 query rows) per CTA up to D = 128; 4 warps of one row tile
 // (64 rows) at D = 256, where the 16 x 256 fp32 output accumulator already takes 128 registers.
-template <int D>
-constexpr int forward_warps() { return 4; }
+constexpr int kForwardWarps = 4;
 template <int D>
 constexpr int forward_mtiles() { return D > 128 ? 1 : 2; }
 
 template <typename T, int D>
 void launch_forward(const AttentionKernelParams& p, cudaStream_t stream) {
-  using Cfg = ForwardConfig<D, forward_warps<D>(), forward_mtiles<D>()>;
+  using Cfg = ForwardConfig<D, kForwardWarps, forward_mtiles<D>()>;
   const int mblocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (mblocks == 0 || p.num_seqs == 0) return;
-  auto kernel = attention_forward_kernel<T, D, forward_warps<D>(), forward_mtiles<D>()>;
+  auto kernel = attention_forward_kernel<T, D, kForwardWarps, forward_mtiles<D>()>;
   allow_large_smem(kernel, Cfg::kSmemBytes);
   kernel<<<attention_grid(p.num_seqs, mblocks, p.heads_q), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
       p, mblocks);
