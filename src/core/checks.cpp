@@ -144,7 +144,8 @@ std::vector<int64_t> read_index_tensor(const Checker& c, const TensorView& t, co
   } else {
     c.require(t.is_contiguous(), arg,
               "must be contiguous when on a CUDA device (it is copied to the host as one block), got "
-              "strides of a padded layout for shape " + shape_string(t));
+              "strides " + shape_string(std::vector<int64_t>(t.stride, t.stride + t.rank)) +
+                  " for shape " + shape_string(t));
     backend::cuda_copy_to_host(raw.data(), t.data, raw.size(), t.device_index, stream);
   }
   for (int64_t i = 0; i < n; ++i) values[i] = host::load_index(raw.data(), t.dtype, i);
