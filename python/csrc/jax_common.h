@@ -46,8 +46,8 @@ struct Call {
   int64_t int_attr(std::string_view name) const;
   float float_attr(std::string_view name) const;
   bool bool_attr(std::string_view name) const;
-  // Scratch memory on the call's device: XLA's scratch allocator on CUDA; on the CPU an empty
-  // Workspace (the reference allocates its own).
+  // Scratch memory on the call's device: XLA's scratch allocator on CUDA; on the CPU, or when XLA
+  // cannot provide it, an empty Workspace (the backend then allocates its own).
   Workspace workspace(std::size_t bytes) const;
 };
 

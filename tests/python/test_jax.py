@@ -17,6 +17,16 @@ import flashgrad.jax as fgj  # noqa: E402
 TOL = dict(rtol=1e-9, atol=1e-10)
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu_unless_gpu(request):
+    """The float64 checks run on the CPU even where JAX's default device is a GPU."""
+    if "gpu" in request.keywords:
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.fixture
 def key():
     seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
@@ -290,11 +300,13 @@ def test_gpu_attention_and_delta_rule(key):
     q, k, v = (normal(kk, 2, 64, 2, 64, dtype=jnp.float32) for kk in ks)
     loss = lambda q, k, v: (fgj.flash_attention(q, k, v, causal=True).astype(jnp.float32) ** 2).sum()  # noqa: E731
     g_gpu = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*(t.astype(jnp.bfloat16) for t in (q, k, v)))
-    g_cpu = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), device=cpu)(q, k, v)
-    close_tree([t.astype(jnp.float32) for t in g_gpu], g_cpu, rtol=5e-2, atol=5e-2)
+    g_cpu = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*jax.device_put((q, k, v), cpu))
+    for a, b in zip(g_gpu, g_cpu):  # bfloat16 inputs: relative RMS error against float32 on the CPU
+        a, b = np.asarray(a.astype(jnp.float32), np.float64), np.asarray(b, np.float64)
+        assert np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)) < 2e-2
     x = delta_inputs(key, "gdn", kd=64, vd=32)
     x = {n: (None if t is None else t.astype(jnp.float32)) for n, t in x.items()}
     dl = lambda q, k, v, g, b: (fgj.gated_delta_rule(q, k, v, g, b, algorithm="recurrent")[0] ** 2).sum()  # noqa: E731
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     close_tree(jax.jit(jax.grad(dl, argnums=(0, 1, 2, 3, 4)))(*args),
-               jax.jit(jax.grad(dl, argnums=(0, 1, 2, 3, 4)), device=cpu)(*args), rtol=1e-3, atol=1e-3)
+               jax.jit(jax.grad(dl, argnums=(0, 1, 2, 3, 4)))(*jax.device_put(args, cpu)), rtol=1e-3, atol=1e-3)
