@@ -227,39 +227,98 @@ def test_opcheck_attention_backward(rng, case):
 # ---- GPU: the same functions on CUDA tensors, against the CPU reference ------------------------
 
 
-def _bound(x, x_ref, x_lowp):
-    """docs/attention.md's rule: |X - X_ref32| <= 2 max|X_lowp - X_ref32| + rounding at that size."""
+def _bound(name, x, x_ref, x_lowp):
+    """docs/attention.md's rule: |X - X_ref32| <= 2 max|X_lowp - X_ref32| + rounding at that size.
+    Rows with no allowed key (lse = -inf) must match exactly and are left out of the maxima."""
+    x, x_ref, x_lowp = x.float(), x_ref.float(), x_lowp.float()
+    empty = torch.isneginf(x_ref)
+    assert torch.equal(torch.isneginf(x), empty), f"{name}: fully masked rows differ"
+    x, x_ref, x_lowp = (t.masked_fill(empty, 0.0) for t in (x, x_ref, x_lowp))
     atol = 2 * (x_ref + 0.3 - 0.3 - x_ref).abs().max().item()
-    err = (x.float() - x_ref).abs().max().item()
-    limit = 2 * (x_lowp.float() - x_ref).abs().max().item() + atol
-    assert err <= limit, f"max error {err:.3e} > {limit:.3e}"
+    err = (x - x_ref).abs().max().item()
+    limit = 2 * (x_lowp - x_ref).abs().max().item() + atol
+    assert err <= limit, f"{name}: max error {err:.3e} > {limit:.3e}"
+
+
+def _loss(out, lse, dout, dlse):
+    # Through out and lse (dLSE), with fully masked rows (lse = -inf) left out.
+    return (out.float() * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()
+
+
+def _check_gpu_against_cpu(rng, q, k, v, fn, lowp_fn, device="cuda"):
+    """fn(q, k, v) -> (out, lse) on `device` vs the CPU reference in float32; lowp_fn is the plain
+    torch formula run in the input precision on `device` (the yardstick of the rule)."""
+    dout = torch.randn(*q.shape[:-1], v.shape[-1], generator=rng)
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
+    dlse = torch.randn(lse_shape, generator=rng)
+
+    def run(f, q, k, v, device):
+        q, k, v = (t.to(device).requires_grad_() for t in (q, k, v))
+        out, lse = f(q, k, v)
+        grads = torch.autograd.grad(_loss(out, lse, dout.to(device), dlse.to(device)), (q, k, v))
+        return [t.detach().cpu() for t in (out, lse, *grads)]
+
+    gpu = run(fn, q, k, v, device)
+    ref = run(fn, *(t.float() for t in (q, k, v)), "cpu")
+    lowp = run(lowp_fn, q, k, v, device)
+    for name, x, x_ref, x_lowp in zip(["out", "lse", "dq", "dk", "dv"], gpu, ref, lowp):
+        _bound(name, x, x_ref, x_lowp)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_gpu_matches_cpu_reference(rng, dtype, causal, d):
     b, sq, sk, hq, hk = 2, 77, 129, 4, 2
-    q = torch.randn(b, sq, hq, d, generator=rng).to(dtype)
-    k = torch.randn(b, sk, hk, d, generator=rng).to(dtype)
-    v = torch.randn(b, sk, hk, d, generator=rng).to(dtype)
-    dout = torch.randn(b, sq, hq, d, generator=rng).to(dtype)
+    q, k, v = (torch.randn(b, s, h, d, generator=rng).to(dtype) for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+    _check_gpu_against_cpu(
+        rng, q, k, v,
+        lambda q, k, v: flash_attn_func(q, k, v, causal=causal, return_lse=True),
+        lambda q, k, v: attention_padded(q, k, v, mask="causal" if causal else "none"))
 
-    def run(q, k, v, dout, device):
-        q, k, v = (t.to(device).requires_grad_() for t in (q, k, v))
-        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-        dq, dk, dv = torch.autograd.grad((out * dout.to(device)).sum(), (q, k, v))
-        return [t.detach().cpu() for t in (out, lse, dq, dk, dv)]
 
-    gpu = run(q, k, v, dout, "cuda")
-    ref = run(*(t.float() for t in (q, k, v, dout)), "cpu")  # fp32 reference
-    # The same math in the input precision by plain torch (the low-precision yardstick).
-    ql, kl, vl = (t.cuda().requires_grad_() for t in (q, k, v))
-    out_l, lse_l = attention_padded(ql, kl, vl, mask="causal" if causal else "none")
-    lowp = [out_l, lse_l, *torch.autograd.grad((out_l * dout.cuda()).sum(), (ql, kl, vl))]
-    for x, x_ref, x_lowp in zip(gpu, ref, lowp):
-        _bound(x, x_ref, x_lowp.detach().cpu())
+# Each mask and softcap method on the GPU: (flashgrad kwargs, reference kwargs, kv heads, Sq, Sk).
+GPU_FEATURES = {
+    "window": (dict(window_size=(32, 8)), dict(mask="sliding_window", window=(32, 8)), 2, 97, 130),
+    "causal_window": (dict(causal=True, window_size=(48, -1)), dict(mask="sliding_window", window=(48, 0)), 2, 97, 97),
+    "softcap_tanh": (dict(causal=True, softcap=2.0), dict(mask="causal", softcap=2.0), 2, 97, 97),
+    "softcap_soft_sign": (dict(softcap=2.0, softcap_method="soft_sign"), dict(softcap=2.0, method="soft_sign"), 2, 97, 97),
+    "mqa_causal_sq_gt_sk": (dict(causal=True), dict(mask="causal"), 1, 130, 97),
+    "prefix_lm": (dict(prefix_lengths=torch.tensor([20, 50], dtype=torch.int32)),
+                  dict(mask="prefix_lm", prefix=torch.tensor([20, 50])), 2, 97, 97),
+    "candidates": (dict(candidate_bounds=torch.tensor([[0, 40, 40, 90], [5, 60, 60, 97]], dtype=torch.int32)),
+                   dict(mask="candidate_isolation", bounds=torch.tensor([[0, 40, 40, 90], [5, 60, 60, 97]])),
+                   2, 97, 97),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_FEATURES)
+def test_gpu_masks_and_softcap(rng, case):
+    kwargs, ref_kwargs, hk, sq, sk = GPU_FEATURES[case]
+    q, k, v = (torch.randn(2, s, h, 128, generator=rng).bfloat16() for s, h in ((sq, 4), (sk, hk), (sk, hk)))
+
+    def fn(q, k, v):
+        moved = {n: (t.to(q.device) if isinstance(t, torch.Tensor) else t) for n, t in kwargs.items()}
+        return flash_attn_func(q, k, v, return_lse=True, **moved)
+
+    _check_gpu_against_cpu(rng, q, k, v, fn, lambda q, k, v: attention_padded(q, k, v, **ref_kwargs))
+
+
+@pytest.mark.gpu
+def test_gpu_varlen(rng):
+    cu_q = torch.tensor([0, 70, 70, 171], dtype=torch.int32)
+    cu_k = torch.tensor([0, 90, 90, 190], dtype=torch.int32)
+    q = torch.randn(171, 4, 64, generator=rng).bfloat16()
+    k = torch.randn(190, 2, 64, generator=rng).bfloat16()
+    v = torch.randn(190, 2, 64, generator=rng).bfloat16()
+
+    def fn(q, k, v):
+        return flash_attn_varlen_func(q, k, v, cu_q.to(q.device), cu_k.to(q.device), 101, 100, causal=True,
+                                      return_lse=True)
+
+    _check_gpu_against_cpu(rng, q, k, v, fn, lambda q, k, v: attention_varlen(q, k, v, cu_q, cu_k, mask="causal"))
 
 
 @pytest.mark.gpu
