@@ -43,7 +43,8 @@ GateKind delta_rule_gate_kind(const DeltaRuleParams& p);
 struct DeltaRuleForwardOutputs {
   TensorView o;            // required
   TensorView final_state;  // optional (fla's output_final_state)
-  // optional: the prediction errors r [B, T, HV, V] (float32 or q's dtype). The recurrent backward
+  // optional: the prediction errors r [B, T, HV, V], float32 (float64 with float64 inputs; a 16-bit
+  // r costs KDA's dg its accuracy bar, so it is refused). The recurrent backward
   // reads them instead of re-running the forward; pass the same tensor to delta_rule_backward.
   TensorView saved_r;
 };

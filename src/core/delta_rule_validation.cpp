@@ -26,7 +26,7 @@ void check_state_dtype(const Checker& c, const TensorView& t, const std::string&
     c.dtype(t, arg, {DType::f32});
 }
 
-// g, beta, saved_r: float32 or q's dtype.
+// g, beta: float32 or q's dtype.
 void check_f32_or_q_dtype(const Checker& c, const TensorView& t, const std::string& arg,
                           const TensorView& q) {
   if (t.dtype == DType::f32 || t.dtype == q.dtype) return;
@@ -183,7 +183,10 @@ void validate_delta_rule_forward_outputs(const char* op, const DeltaRuleParams& 
   }
   if (out.saved_r.present()) {
     check_output(c, p, out.saved_r, "saved_r", v_shape(pr), "the shape of v");
-    check_f32_or_q_dtype(c, out.saved_r, "saved_r", p.q);
+    // Float32 only (float64 with float64 inputs): measured on the H200, a bf16 saved_r put KDA's
+    // dg at 0.021 relative RMS, over the 0.02 bar (float32: 0.004), because r's rounding enters
+    // dk and the reverse sum of dg directly.
+    check_state_dtype(c, out.saved_r, "saved_r", p.q);
   }
   check_outputs_disjoint(c, {{&out.o, "o"}, {&out.final_state, "final_state"}, {&out.saved_r, "saved_r"}});
 }
@@ -206,7 +209,7 @@ void validate_delta_rule_backward_args(const char* op, const DeltaRuleParams& p,
   }
   if (in.saved_r.present()) {
     c.tensor(in.saved_r, "saved_r", {4});
-    check_f32_or_q_dtype(c, in.saved_r, "saved_r", p.q);
+    check_state_dtype(c, in.saved_r, "saved_r", p.q);
     c.same_device(in.saved_r, "saved_r", p.q, "q");
     c.shape(in.saved_r, "saved_r", v_shape(pr), "the shape of v");
   }

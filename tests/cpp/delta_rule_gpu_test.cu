@@ -628,7 +628,7 @@ TEST(DeltaRuleGpu, PlainDeltaRuleF16) {
     c.gate = GateKind::none;
     c.B = 2, c.T = T, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
     c.l2norm = false;
-    c.saved_r = DType::f16;
+    c.saved_r = DType::f32;
     c.seed = 300 + T;
     run_case(c);
   }
@@ -656,7 +656,7 @@ TEST(DeltaRuleGpu, KdaF16NoInitialStateNoNorm) {
   c.B = 2, c.T = 200, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
   c.h0 = false;
   c.l2norm = false;
-  c.saved_r = DType::f16;
+  c.saved_r = DType::f32;
   c.seed = 402;
   run_case(c);
 }
@@ -703,7 +703,7 @@ TEST(DeltaRuleGpu, StridedViews) {
       c.gate = gk;
       c.B = 2, c.T = 90, c.H = 1, c.HV = 2, c.K = 64, c.V = 32;
       c.pad = pad;
-      c.saved_r = DType::bf16;
+      c.saved_r = DType::f32;
       c.seed = 700 + pad + static_cast<int>(gk);
       run_case(c);
     }

@@ -227,6 +227,15 @@ TEST(DeltaRuleValidation, OutputDtypes) {
   expect_rejected("dq", [](Call& c) { c.grads.dq = c.make(DType::f64, {2, 5, 1, 4}); }, Which::backward);
   expect_rejected("dbeta", [](Call& c) { c.grads.dbeta = c.make(DType::bf16, {2, 5, 2}); }, Which::backward);
 }
+// saved_r is float32 even for 16-bit inputs: a bf16 r put KDA's dg over its accuracy bar on the H200.
+TEST(DeltaRuleValidation, SavedRSixteenBitRefusedForSixteenBitInputs) {
+  DeltaCase c = base_case();
+  c.dtype = DType::bf16;
+  expect_rejected("saved_r", [](Call& call) { call.out.saved_r = call.make(DType::bf16, {2, 5, 2, 3}); },
+                  Which::forward, c);
+  expect_rejected("saved_r", [](Call& call) { call.in.saved_r = call.make(DType::bf16, {2, 5, 2, 3}); },
+                  Which::backward, c);
+}
 TEST(DeltaRuleValidation, OutputMissing) {
   expect_rejected("o", [](Call& c) { c.out.o = TensorView(); }, Which::forward);
   expect_rejected("dv", [](Call& c) { c.grads.dv = TensorView(); }, Which::backward);
