@@ -73,6 +73,42 @@ def _flashgrad_version() -> str | None:
     return getattr(flashgrad, "__version__", "unknown")
 
 
+def _describe_run(args, argv, kernels, device, model_config, train_config, parameters) -> dict:
+    """The head of log.json: what ran, where, with which settings."""
+    return {"command": " ".join(["python -m flashgrad.demo"] + list(argv if argv is not None
+                                                                     else sys.argv[1:])),
+            "flashgrad_version": _flashgrad_version(), "torch_version": torch.__version__,
+            "platform": platform.platform(), "device": str(device),
+            "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                            else platform.processor() or platform.machine()),
+            "torch_threads": torch.get_num_threads(),
+            "kernels": kernels.name, "compute_dtype": str(kernels.compute_dtype),
+            "model": dataclasses.asdict(model_config), "train": dataclasses.asdict(train_config),
+            "seed": args.seed, "parameters": parameters}
+
+
+def _check_gradients(model_config, kernels, args, device, log: dict) -> bool:
+    print("\ngradient check: each layer type against its plain PyTorch twin "
+          "(relative error max|a-b| / max|b|)")
+    checks = run_gradient_check(model_config, kernels, batch=2, steps=args.seq_len,
+                                device=device, seed=args.seed + 1000)
+    print(format_table(checks))
+    passed = all(c.passed for c in checks)
+    log["gradient_check"] = {"passed": passed, "layers": [c.as_dict() for c in checks]}
+    if not passed:
+        failed = ", ".join(c.layer for c in checks if not c.passed)
+        print(f"\nflashgrad demo: GRADIENT CHECK FAILED for {failed}: flashgrad's gradients do "
+              f"not match the plain PyTorch layer. Not training.", file=sys.stderr)
+    else:
+        print("gradient check passed\n")
+    return passed
+
+
+def _prompt_for(vocab: CharVocab, text: str) -> str:
+    prompt = "And God said"  # a line opening that Genesis uses often
+    return prompt if all(c in vocab.index for c in prompt) else text[:12]
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
@@ -105,42 +141,26 @@ def main(argv: list[str] | None = None) -> int:
           f"layers {' / '.join(model_config.layout)}, {parameters:,} parameters")
     print(f"kernels {kernels.name} ({kernels.compute_dtype}), device {device}, "
           f"torch threads {torch.get_num_threads()}")
+    log = _describe_run(args, argv, kernels, device, model_config, train_config, parameters)
 
-    log = {"command": " ".join(["python -m flashgrad.demo"] + (argv if argv is not None
-                                                                  else sys.argv[1:])),
-           "flashgrad_version": _flashgrad_version(), "torch_version": torch.__version__,
-           "platform": platform.platform(), "device": str(device),
-           "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                           else platform.processor() or platform.machine()),
-           "kernels": kernels.name, "compute_dtype": str(kernels.compute_dtype),
-           "model": dataclasses.asdict(model_config), "train": dataclasses.asdict(train_config),
-           "seed": args.seed, "parameters": parameters}
-
-    print("\ngradient check: each layer type against its plain PyTorch twin "
-          "(relative error max|a-b| / max|b|)")
-    checks = run_gradient_check(model_config, kernels, batch=2, steps=args.seq_len,
-                                device=device, seed=args.seed + 1000)
-    print(format_table(checks))
-    log["gradient_check"] = {"passed": all(c.passed for c in checks),
-                             "layers": [c.as_dict() for c in checks]}
-    if not log["gradient_check"]["passed"]:
+    if not _check_gradients(model_config, kernels, args, device, log):
         save_json(log, log_path)
-        failed = ", ".join(c.layer for c in checks if not c.passed)
-        print(f"\nflashgrad demo: GRADIENT CHECK FAILED for {failed}: flashgrad's gradients do "
-              f"not match the plain PyTorch layer. Not training. Log: {log_path}", file=sys.stderr)
+        print(f"log: {log_path}", file=sys.stderr)
         return 1
-    print("gradient check passed\n")
 
     loss_start = evaluate(model, kernels, held_out, batches=4, device=device)
     history = train(model, kernels, train_sampler, train_config, device)
     loss_end = evaluate(model, kernels, held_out, batches=4, device=device)
     train_seconds = sum(r["seconds"] for r in history)
     tokens_per_s = args.batch_size * args.seq_len * len(history) / train_seconds
+    window = max(1, min(10, len(history) // 2))
+    first = sum(r["loss"] for r in history[:window]) / window
+    last = sum(r["loss"] for r in history[-window:]) / window
     print(f"held-out loss {loss_start:.3f} -> {loss_end:.3f} nats/char; training loss "
-          f"{history[0]['loss']:.3f} -> {history[-1]['loss']:.3f}; "
+          f"(mean of {window} steps) {first:.3f} -> {last:.3f}; "
           f"{train_seconds:.1f} s, {tokens_per_s:,.0f} tokens/s")
 
-    prompt = "And God said"
+    prompt = _prompt_for(vocab, text)
     sample = sample_text(model, kernels, vocab, prompt, args.sample_chars, context=args.seq_len,
                          temperature=0.8, device=device, seed=args.seed)
     print(f"\nsample ({args.sample_chars} characters after the prompt {prompt!r}):\n{sample}\n")
