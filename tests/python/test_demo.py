@@ -123,6 +123,18 @@ def test_fp8_on_the_cpu_is_refused_with_a_message(tmp_path, capsys):
     assert "fp8 attention runs on a GPU only" in capsys.readouterr().err
 
 
+def test_fp8_without_the_op_names_what_is_missing(monkeypatch):
+    """The GPU branch of --fp8, reached on any machine by claiming a CUDA build."""
+    import flashgrad
+    from flashgrad.demo.kernels import KernelsUnavailable, flashgrad_kernels
+    if "flash_attn_fp8_func" in dir(flashgrad):
+        pytest.skip("this build has flash_attn_fp8_func: test_fp8_demo_runs_or_says_fp8_is_missing covers it")
+    monkeypatch.setattr(flashgrad, "build_info", lambda: {"cuda": True})
+    with pytest.raises(KernelsUnavailable, match="fp8 attention is not available in this build of "
+                                                 "flashgrad .no flashgrad.flash_attn_fp8_func"):
+        flashgrad_kernels(torch.device("cuda"), fp8=True)
+
+
 def test_attention_reference_matches_torch_sdpa_without_softcap():
     """The oracle itself: without softcap its output is PyTorch's own causal SDPA (GQA expanded)."""
     q = torch.randn(2, 19, 4, 16, dtype=torch.float64)
