@@ -1,0 +1,7 @@
+// The chunked forward stages for __half inputs, K = 64 and 128 (one dtype per file so that the
+// builds run in parallel). Not yet called by delta_rule_cuda.cu (see chunked_stages.h).
+#include "chunked_launch_impl.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+FLASHGRAD_CHUNKED_INSTANTIATE(__half)
+}  // namespace flashgrad::cuda_detail::delta_rule

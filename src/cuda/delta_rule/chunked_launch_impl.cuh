@@ -1,0 +1,101 @@
+// Host launchers of the chunked stages (declared in chunked_stages.h); included once per dtype
+// by chunked_instances_*.cu. Only K = 64 and K = 128 are instantiated (KMAX = K exactly).
+#pragma once
+
+#include <string>
+
+#include "chunked_output.cuh"
+#include "chunked_prepare.cuh"
+#include "chunked_stages.h"
+#include "chunked_state.cuh"
+#include "cuda/common/cuda_check.h"
+#include "flashgrad/status.h"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Refuses what the stages do not take (see chunked_stages_support), naming the argument.
+inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs& a) {
+  const std::string why = chunked_stages_support(dtype, a.K, a.V, false);
+  if (!why.empty()) throw_unsupported(stage, "q", why);
+  if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)
+    throw_unsupported(stage, "v", "too many value heads, chunks or sequences for one launch");
+}
+
+// Opts the kernel into `bytes` of dynamic shared memory (above 48 KiB needs the attribute).
+template <typename Kernel>
+void set_smem(Kernel kernel, int64_t bytes) {
+  FLASHGRAD_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <typename T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+}
+
+template <typename T, int KMAX>
+void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  const int64_t bytes = PrepareSmem<T, KMAX>::bytes(a.V);
+  set_smem(chunk_prepare_kernel<T, KMAX>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
+  chunk_prepare_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int KMAX>
+void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t bytes = StateSmem<T, KMAX>::bytes();
+  set_smem(chunk_state_kernel<T, KMAX>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV),
+                  static_cast<unsigned>(a.V / kStateCols));
+  chunk_state_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int KMAX>
+void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t bytes = OutputSmem<T, KMAX>::bytes();
+  set_smem(chunk_output_kernel<T, KMAX>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV),
+                  static_cast<unsigned>(a.V / kOutputCols));
+  chunk_output_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
+  check_chunked_args("chunked delta rule (prepare)", dtype_of<T>(), a);
+  if (a.num_chunks == 0 || a.HV == 0) return;
+  if (a.K == 64)
+    launch_prepare_fixed<T, 64>(a, s);
+  else
+    launch_prepare_fixed<T, 128>(a, s);
+}
+
+template <typename T>
+void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
+  check_chunked_args("chunked delta rule (state)", dtype_of<T>(), a);
+  // Runs for empty sequences too: their final state is the initial state.
+  if (a.num_seqs == 0 || a.HV == 0) return;
+  if (a.K == 64)
+    launch_state_fixed<T, 64>(a, s);
+  else
+    launch_state_fixed<T, 128>(a, s);
+}
+
+template <typename T>
+void launch_chunk_output(const ChunkedArgs& a, cudaStream_t s) {
+  check_chunked_args("chunked delta rule (output)", dtype_of<T>(), a);
+  if (a.num_chunks == 0 || a.HV == 0) return;
+  if (a.K == 64)
+    launch_output_fixed<T, 64>(a, s);
+  else
+    launch_output_fixed<T, 128>(a, s);
+}
+
+#define FLASHGRAD_CHUNKED_INSTANTIATE(T)                                  \
+  template void launch_chunk_prepare<T>(const ChunkedArgs&, cudaStream_t); \
+  template void launch_chunk_state<T>(const ChunkedArgs&, cudaStream_t);   \
+  template void launch_chunk_output<T>(const ChunkedArgs&, cudaStream_t);
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,233 @@
+// Chunked stage 1 ("prepare"), one block of 128 threads (4 warps) per (chunk, value head):
+//   G = cumsum(g) inside the chunk,  M_ij = beta_i exp(G_i - G_j) k_i.k_j (i > j),
+//   A = (I + M)^{-1},  w = A (beta exp(G) k),  u = A (beta v).
+// Writes G, A (fp32), w (T) and u (fp32) to the intermediates (layouts: chunked_stages.h).
+//
+// Products on tensor cores (chunked_mma.cuh): warp `wp` owns rows [16 wp, 16 wp + 16) of every
+// 64-row result. k k^T rounds k to T (as fla does); A is split into A_hi + A_lo (both T) so that
+// w and u carry A's fp32 accuracy rather than T's 8 (bf16) or 11 (fp16) bits.
+// The inverse is blocked: the four 16 x 16 diagonal blocks by forward substitution (one thread
+// per column), then block rows I = 1..3: A_IJ = -A_II sum_{J <= m < I} M_Im A_mJ, m over 16-blocks.
+#pragma once
+
+#include "chunked_mma.cuh"
+#include "chunked_rows.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <typename T, int KMAX>
+struct PrepareSmem {
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1;
+  T* ks;     // [C][LDK] k (normalized), rounded to T
+  T* wb;     // [C][LDK] beta exp(G) k
+  T* ub;     // [C][ldv] beta v
+  T* a_hi;   // [C][LDA]
+  T* a_lo;   // [C][LDA]
+  float* M;  // [C][LDM]
+  float* A;  // [C][LDM]
+  float* tmp;  // [16][48]: sum_m M_Im A_mJ of one block row
+  float* G;  // [C]
+  float* beta;  // [C]
+  int ldv;
+
+  static __host__ __device__ int64_t bytes(int64_t V) {
+    const int64_t ldv = V + 8;
+    return sizeof(T) * (2 * C * LDK + C * ldv + 2 * C * LDA) + sizeof(float) * (2 * C * LDM + 16 * 48 + 2 * C);
+  }
+  __device__ PrepareSmem(unsigned char* raw, int64_t V) {
+    ldv = static_cast<int>(V + 8);
+    ks = reinterpret_cast<T*>(raw);
+    wb = ks + C * LDK;
+    ub = wb + C * LDK;
+    a_hi = ub + C * ldv;
+    a_lo = a_hi + C * LDA;
+    M = reinterpret_cast<float*>(a_lo + C * LDA);  // 2 * C * (LDK + LDA) + C * ldv elements: a multiple of 4 bytes
+    A = M + C * LDM;
+    tmp = A + C * LDM;
+    G = tmp + 16 * 48;
+    beta = G + C;
+  }
+};
+
+// Inclusive prefix sum of G[0..63] in place (threads 0..63; the whole block calls it).
+__device__ __forceinline__ void chunk_cumsum64(float* G) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  float x = tid < kChunkSize ? G[tid] : 0.f;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();
+  if (tid < kChunkSize) G[tid] = x;
+  __syncthreads();
+  if (tid >= 32 && tid < kChunkSize) G[tid] += G[31];  // warp 1 adds warp 0's total
+  __syncthreads();
+}
+
+// As = (I + M)^{-1} for the 64 x 64 strictly lower M (both fp32 in shared memory, ld LDM).
+template <int LDM>
+__device__ __forceinline__ void invert_unit_lower64(const float* M, float* As, float* tmp) {
+  const int tid = threadIdx.x;
+  for (int e = tid; e < 64 * 64; e += kChunkThreads) As[(e / 64) * LDM + e % 64] = 0.f;
+  __syncthreads();
+  // Diagonal blocks: thread (block bI, column jj) runs forward substitution down its column:
+  // A_jj = 1, A_ij = -sum_{m=j}^{i-1} M_im A_mj for i in the block.
+  if (tid < 64) {
+    const int j = tid, end = (j / 16) * 16 + 16;
+    As[j * LDM + j] = 1.f;
+    for (int i = j + 1; i < end; ++i) {
+      float s = 0.f;
+      for (int m = j; m < i; ++m) s += M[i * LDM + m] * As[m * LDM + j];
+      As[i * LDM + j] = -s;
+    }
+  }
+  __syncthreads();
+  // Block rows I = 1..3, rows [16 I, 16 I + 16), columns c < 16 I:
+  //   tmp[r][c] = sum_{m = c}^{16 I - 1} M[16 I + r][m] A[m][c]   (A[m][c] = 0 for m < c)
+  //   A[16 I + r][c] = -sum_{m' = 0}^{r} A[16 I + r][16 I + m'] tmp[m'][c]
+  for (int I = 1; I < 4; ++I) {
+    const int r0 = 16 * I, width = 16 * I;
+    for (int e = tid; e < 16 * width; e += kChunkThreads) {
+      const int r = e / width, c = e % width;
+      float s = 0.f;
+      for (int m = c; m < r0; ++m) s += M[(r0 + r) * LDM + m] * As[m * LDM + c];
+      tmp[r * 48 + c] = s;
+    }
+    __syncthreads();
+    for (int e = tid; e < 16 * width; e += kChunkThreads) {
+      const int r = e / width, c = e % width;
+      float s = 0.f;
+      for (int m = 0; m <= r; ++m) s += As[(r0 + r) * LDM + r0 + m] * tmp[m * 48 + c];
+      As[(r0 + r) * LDM + c] = -s;
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArgs a) {
+  using S = PrepareSmem<T, KMAX>;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw, a.V);
+  const ChunkInfo ci = a.chunks[blockIdx.x];
+  const int64_t hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
+  const int64_t row0 = chunk_row0(ci, a.T);
+
+  // g and beta (zeros past L), then G = cumsum(g).
+  if (tid < C) {
+    float gi = 0.f, bi = 0.f;
+    if (tid < L) {
+      const int64_t tok = ci.t0 + tid;
+      bi = load_elem<T>(a.beta, off3(a.beta, ci.b, tok, hv));
+      if (a.g.p) gi = load_elem<T>(a.g, off3(a.g, ci.b, tok, hv));
+    }
+    sm.G[tid] = gi;
+    sm.beta[tid] = bi;
+  }
+  __syncthreads();
+  chunk_cumsum64(sm.G);
+  if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = sm.G[tid];
+
+  // k (normalized) and beta exp(G) k; beta v.
+  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
+    sm.ks[r * LDK + d] = from_f<T>(x);
+    sm.wb[r * LDK + d] = from_f<T>(sm.beta[r] * expf(sm.G[r]) * x);
+  });
+  for_each_value_row<T>(a.v, ci, hv, 0, static_cast<int>(a.V),
+                        [&](int r, int col, float x) { sm.ub[r * sm.ldv + col] = from_f<T>(sm.beta[r] * x); });
+  __syncthreads();
+
+  // M = StrictLower(beta_i exp(G_i - G_j) (k k^T)_ij). Column tiles right of the warp's
+  // diagonal block are all zero and skipped.
+  {
+    float acc[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KMAX; kk += 16) {
+      uint32_t af[4];
+      mma::frag_a(sm.ks, LDK, 16 * wp, kk, af);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt > 2 * wp + 1) continue;
+        uint32_t bf[2];
+        mma::frag_b_trans(sm.ks, LDK, kk, 8 * nt, bf);
+        mma::mma16816<T>(acc[nt], af, bf);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+        // exp(G_i - G_j) with i > j only: bounded by 1 for g <= 0.
+        sm.M[i * LDM + j] = i > j ? sm.beta[i] * expf(sm.G[i] - sm.G[j]) * acc[nt][e] : 0.f;
+      }
+  }
+  __syncthreads();
+  invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
+
+  // A to the intermediates (rows < L; columns >= L are 0 there) and as hi + lo in T.
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, j = e % C;
+    const float x = sm.A[i * LDM + j];
+    if (a.A && i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = x;
+    const T hi = from_f<T>(x);
+    sm.a_hi[i * LDA + j] = hi;
+    sm.a_lo[i * LDA + j] = from_f<T>(x - to_f<T>(hi));
+  }
+  __syncthreads();
+
+  // w = A wb (A is lower triangular: column blocks kb <= wp only).
+  {
+    constexpr int NT = KMAX / 8;
+    float acc[NT][4] = {};
+    for (int kb = 0; kb <= wp; ++kb) {
+      uint32_t ah[4], al[4];
+      mma::frag_a(sm.a_hi, LDA, 16 * wp, 16 * kb, ah);
+      mma::frag_a(sm.a_lo, LDA, 16 * wp, 16 * kb, al);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t bf[2];
+        mma::frag_b(sm.wb, LDK, 16 * kb, 8 * nt, bf);
+        mma::mma16816<T>(acc[nt], ah, bf);
+        mma::mma16816<T>(acc[nt], al, bf);
+      }
+    }
+    T* w = static_cast<T*>(a.w);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * wp + mma::acc_row(e), d = 8 * nt + mma::acc_col(e);
+        if (i < L) w[((row0 + i) * a.HV + hv) * a.K + d] = from_f<T>(acc[nt][e]);
+      }
+  }
+
+  // u = A ub, 64 value columns at a time.
+  for (int c0 = 0; c0 < a.V; c0 += 64) {
+    float acc[8][4] = {};
+    for (int kb = 0; kb <= wp; ++kb) {
+      uint32_t ah[4], al[4];
+      mma::frag_a(sm.a_hi, LDA, 16 * wp, 16 * kb, ah);
+      mma::frag_a(sm.a_lo, LDA, 16 * wp, 16 * kb, al);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        uint32_t bf[2];
+        mma::frag_b(sm.ub, sm.ldv, 16 * kb, c0 + 8 * nt, bf);
+        mma::mma16816<T>(acc[nt], ah, bf);
+        mma::mma16816<T>(acc[nt], al, bf);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * wp + mma::acc_row(e), col = c0 + 8 * nt + mma::acc_col(e);
+        if (i < L) a.u[((row0 + i) * a.HV + hv) * a.V + col] = acc[nt][e];
+      }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,57 @@
+// Loading one chunk's rows of q, k or v into the chunked stages (128-thread blocks), with the
+// in-kernel L2 norm of q and k. Rows past the chunk's length L read as zeros, so padded rows of
+// a short last chunk contribute nothing to any product.
+#pragma once
+
+#include "chunked_stages.h"
+#include "recurrent_common.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+constexpr int kChunkThreads = 128;
+
+// For every row r < 64 of the chunk and column d < KMAX (K == KMAX), calls emit(r, d, x) with
+// x = q/k[b, t0 + r, head, d] as float, divided by sqrt(sum_d x^2 + eps) when `l2norm`.
+// Thread layout: KMAX / 8 consecutive lanes share a row, each loading 8 consecutive elements;
+// the row's sum of squares is a shuffle sum inside those lanes (group_sum), so every lane of a
+// warp takes part even for padded rows.
+template <typename T, int KMAX, typename Emit>
+__device__ __forceinline__ void for_each_key_row(const View& x, const ChunkInfo& ci, int64_t head, bool l2norm,
+                                                 Emit&& emit) {
+  constexpr int kLanesPerRow = KMAX / 8;
+  constexpr int kRowsPerPass = kChunkThreads / kLanesPerRow;
+  const int lr = threadIdx.x / kLanesPerRow, seg = threadIdx.x % kLanesPerRow;
+  for (int r0 = 0; r0 < kChunkSize; r0 += kRowsPerPass) {
+    const int r = r0 + lr;
+    const bool ok = r < ci.len;
+    const int64_t base = ok ? off3(x, ci.b, ci.t0 + r, head) + seg * 8 : 0;
+    float e[8];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      e[i] = ok ? load_elem<T>(x, base + i) : 0.f;
+      ss += e[i] * e[i];
+    }
+    const float rstd = l2norm ? 1.0f / sqrtf(group_sum<kLanesPerRow>(ss) + kL2NormEps) : 1.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) emit(r, seg * 8 + i, e[i] * rstd);
+  }
+}
+
+// For every row r < 64 and column col < width of a [B, T, HV, V] tensor slice starting at
+// column col0: emit(r, col, x) with x = 0 for rows past the chunk. Consecutive threads take
+// consecutive columns (coalesced).
+template <typename T, typename Emit>
+__device__ __forceinline__ void for_each_value_row(const View& x, const ChunkInfo& ci, int64_t hv, int64_t col0,
+                                                   int width, Emit&& emit) {
+  for (int e = threadIdx.x; e < kChunkSize * width; e += kChunkThreads) {
+    const int r = e / width, col = e % width;
+    const float val = r < ci.len ? load_elem<T>(x, off4(x, ci.b, ci.t0 + r, hv, col0 + col)) : 0.f;
+    emit(r, col, val);
+  }
+}
+
+// Token row (the intermediates' first index) of local row 0 of a chunk.
+__device__ __forceinline__ int64_t chunk_row0(const ChunkInfo& ci, int64_t T) { return ci.b * T + ci.t0; }
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,117 @@
+// Internal interface of the chunked (chunk 64, UT/WY, tensor-core) delta-rule forward stages.
+// WRITTEN, NOT YET RUN ON A GPU: nothing in delta_rule_cuda.cu calls these yet; `algorithm =
+// chunked` keeps running the verified recurrent kernels until tests/cpp/delta_rule_chunked_gpu_test.cu
+// passes on the H200 (docs/perf/delta_rule.md, "Chunked kernels: written, not yet run on a GPU").
+//
+// Notation as src/reference/delta_rule/chunked.h, per (sequence, value head hv) and chunk c of
+// L <= 64 steps (local rows i, j):
+//   G_i   = g_0 + ... + g_i (cumulative log decay inside the chunk; 0 without a gate)
+//   M_ij  = beta_i exp(G_i - G_j) k_i.k_j  (i > j),  A = (I + M)^{-1}
+//   w     = A (beta exp(G) k),  u = A (beta v)
+//   v_new = u - w h_c,  h_{c+1} = exp(G_{L-1}) h_c + (k exp(G_{L-1} - G))^T v_new
+//   o     = scale [exp(G) (q h_c) + Lower(q k^T exp(G_i - G_j)) v_new]
+//
+// Stages (each a kernel with the host launcher declared below):
+//   1. prepare (grid: chunks x HV): G, A, w, u.
+//   2. state   (grid: sequences x HV x V/32): v_new and the chunk-entry states h, final state.
+//   3. output  (grid: chunks x HV x V/64): o.
+//
+// Intermediates are contiguous float/T arrays indexed by the token row `row = b * T + t`
+// (padded batch: b < B, t < T; varlen: b = 0, t = packed token), so chunks of different
+// sequences never share rows:
+//   G     float [rows, HV]          (only with a gate)
+//   A     float [rows, HV, 64]      row i of its chunk's A (columns >= L are 0)
+//   w     T     [rows, HV, K]
+//   u     float [rows, HV, V]
+//   v_new T     [rows, HV, V]
+//   h     float [num_chunks, HV, K, V]   state entering chunk c (global chunk index, see ChunkInfo)
+// Offsets are int64 throughout.
+//
+// Scope of this first version: bf16 / fp16 inputs, K in {64, 128}, V a multiple of 64, GDN
+// (scalar gate) and the plain delta rule. KDA (per-channel gates) is refused by
+// chunked_stages_support(): its decayed key products exp(G_id - G_jd) are not one matrix product.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashgrad/tensor.h"
+#include "recurrent_common.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+constexpr int kChunkSize = 64;
+
+// One chunk of one sequence: its batch row b, first token t0 (inside that batch row), length L
+// (1..64) and sequence index n. 32 bytes, read once per block.
+struct ChunkInfo {
+  int64_t b;
+  int64_t t0;
+  int64_t seq;
+  int32_t len;
+  int32_t unused;
+};
+
+// Chunks of every sequence, sequence by sequence: sequence n owns chunks
+// [seq_first_chunk[n], seq_first_chunk[n + 1]). Empty sequences own none.
+struct ChunkPlanHost {
+  std::vector<ChunkInfo> chunks;
+  std::vector<int64_t> seq_first_chunk;  // [N + 1]
+  std::vector<int64_t> seq_b, seq_t0, seq_len;  // [N]
+};
+
+// From the padded length T and batch B, or (when `cu_seqlens` is non-empty, B == 1) the host
+// copy of cu_seqlens [N + 1].
+ChunkPlanHost make_chunk_plan(int64_t B, int64_t T, const std::vector<int64_t>& cu_seqlens);
+
+struct ChunkedArgs {
+  // The user's tensors (strided views; see recurrent_common.cuh).
+  View q, k, v, g, beta;  // g.p null: plain delta rule
+  View h0;                // [N, HV, K, V] float32, null: zeros
+  View o, ht;             // stage 3 output, stage 2 final state (ht may be null)
+  // The chunk plan, on the device.
+  const ChunkInfo* chunks = nullptr;
+  const int64_t* seq_first_chunk = nullptr;  // [N + 1]
+  int64_t num_chunks = 0, num_seqs = 0;
+  // Intermediates (layouts in the header comment), on the device.
+  float* G = nullptr;
+  float* A = nullptr;
+  void* w = nullptr;
+  float* u = nullptr;
+  void* v_new = nullptr;
+  float* h = nullptr;
+  int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
+  float scale = 1.0f;
+  bool l2norm = false;
+};
+
+// Empty when the stages take this problem; otherwise why not.
+std::string chunked_stages_support(DType dtype, int64_t K, int64_t V, bool per_channel_gate);
+
+// Element counts of the intermediates for `rows` token rows (B * T).
+struct ChunkedScratchSizes {
+  int64_t G, A, w, u, v_new, h;
+};
+ChunkedScratchSizes chunked_scratch_sizes(int64_t rows, int64_t num_chunks, int64_t HV, int64_t K, int64_t V,
+                                          bool gate);
+
+// Stage launchers (T = __nv_bfloat16 or __half); each checks its launch.
+template <typename T>
+void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t stream);
+template <typename T>
+void launch_chunk_state(const ChunkedArgs& a, cudaStream_t stream);
+template <typename T>
+void launch_chunk_output(const ChunkedArgs& a, cudaStream_t stream);
+
+// The three stages in order (the whole chunked forward).
+template <typename T>
+void launch_chunked_forward(const ChunkedArgs& a, cudaStream_t stream) {
+  launch_chunk_prepare<T>(a, stream);
+  launch_chunk_state<T>(a, stream);
+  launch_chunk_output<T>(a, stream);
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
