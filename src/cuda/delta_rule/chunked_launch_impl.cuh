@@ -17,6 +17,9 @@ namespace flashgrad::cuda_detail::delta_rule {
 inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs& a) {
   const std::string why = chunked_stages_support(dtype, a.K, a.V, false);
   if (!why.empty()) throw_unsupported(stage, "q", why);
+  // Intermediates every stage pair shares (A is optional: only the tests read it).
+  if (!a.w || !a.u || !a.v_new || !a.h || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
+    throw_invalid_argument(stage, "scratch", "w, u, v_new, h, the chunk plan and (with a gate) G must be allocated");
   if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)
     throw_unsupported(stage, "v", "too many value heads, chunks or sequences for one launch");
 }

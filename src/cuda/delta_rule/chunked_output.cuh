@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-        sm.P[i * LDP + j] = from_f<T>(i >= j ? acc[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.f);
+        // exp(G_i - G_j) with j <= i < L only (rows past L hold G = 0 and are never stored).
+        sm.P[i * LDP + j] = from_f<T>(i >= j && i < L ? acc[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.f);
       }
   }
   __syncwarp();

@@ -33,8 +33,8 @@ std::string chunked_stages_support(DType dtype, int64_t K, int64_t V, bool per_c
     return std::string("the chunked kernels take bfloat16 or float16 inputs, got ") + dtype_name(dtype);
   if (K != 64 && K != 128)
     return "the chunked kernels take K = 64 or 128, got K = " + std::to_string(K);
-  if (V <= 0 || V % 64 != 0)
-    return "the chunked kernels take V a positive multiple of 64, got V = " + std::to_string(V);
+  if (V <= 0 || V % 64 != 0 || V > 256)
+    return "the chunked kernels take V = 64, 128, 192 or 256, got V = " + std::to_string(V);
   if (per_channel_gate)
     return "the chunked kernels do not take per-channel (KDA) gates yet";
   return {};

@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
         // exp(G_i - G_j) with i > j only: bounded by 1 for g <= 0.
-        sm.M[i * LDM + j] = i > j ? sm.beta[i] * expf(sm.G[i] - sm.G[j]) * acc[nt][e] : 0.f;
+        sm.M[i * LDM + j] = i > j && i < L ? sm.beta[i] * expf(sm.G[i] - sm.G[j]) * acc[nt][e] : 0.f;
       }
   }
   __syncthreads();
