@@ -44,6 +44,11 @@ __device__ __forceinline__ uint32_t ld32(const T* p) {  // two consecutive eleme
 // d += a * b (16 x 8 x 16).
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  // A CPU harness that runs these kernels with one host thread per CUDA thread supplies this
+  // (it exchanges the fragments across the emulated warp); never defined in the library build.
+  emulated_mma16816<T>(d, a, b);
+#else
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -58,6 +63,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
+#endif
 }
 
 // A[r][kk] = X[(r0 + r) * ld + k0 + kk]  (X row-major: the product X ...).

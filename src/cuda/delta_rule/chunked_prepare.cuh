@@ -4,8 +4,11 @@
 // Writes G, A (fp32), w (T) and u (fp32) to the intermediates (layouts: chunked_stages.h).
 //
 // Products on tensor cores (chunked_mma.cuh): warp `wp` owns rows [16 wp, 16 wp + 16) of every
-// 64-row result. k k^T rounds k to T (as fla does); A is split into A_hi + A_lo (both T) so that
-// w and u carry A's fp32 accuracy rather than T's 8 (bf16) or 11 (fp16) bits.
+// 64-row result. Every operand x is split into x_hi = T(x) and x_lo = T(x - x_hi), and a product
+// is formed as hi hi + hi lo + lo hi (three mmas), so k k^T, w and u keep close to fp32 accuracy
+// instead of T's 8 (bf16) or 11 (fp16) bits; the only roundings left are w's storage in T.
+// (Measured on a CPU emulation of these kernels against the float64 reference, bf16: A 5e-6,
+// u 1e-6 relative RMS, w 1.7e-3 = its storage rounding.)
 // The inverse is blocked: the four 16 x 16 diagonal blocks by forward substitution (one thread
 // per column), then block rows I = 1..3: A_IJ = -A_II sum_{J <= m < I} M_Im A_mJ, m over 16-blocks.
 #pragma once
@@ -15,36 +18,48 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// Shared memory of stage 1. Region `keys` holds k (hi, lo) for k k^T, then M during the
+// inverse, then A (hi, lo) for the products w = A wb and u = A ub; each use begins after a
+// block barrier that ends the previous one. u is formed 64 value columns at a time, so the
+// layout does not depend on V: K = V = 128 takes 106 KiB (two blocks per SM).
 template <typename T, int KMAX>
 struct PrepareSmem {
-  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1;
-  T* ks;     // [C][LDK] k (normalized), rounded to T
-  T* wb;     // [C][LDK] beta exp(G) k
-  T* ub;     // [C][ldv] beta v
-  T* a_hi;   // [C][LDA]
-  T* a_lo;   // [C][LDA]
-  float* M;  // [C][LDM]
-  float* A;  // [C][LDM]
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1, LDU = 64 + 8;
+  static constexpr int64_t kKeysBytes = (2 * C * LDK * sizeof(T) > C * LDM * sizeof(float))
+                                            ? 2 * C * LDK * sizeof(T)
+                                            : C * LDM * sizeof(float);
+  static_assert(kKeysBytes >= 2 * C * LDA * sizeof(T), "A (hi, lo) fits where k was");
+  T* ks;       // [C][LDK] k (normalized), rounded to T (hi part)     } region `keys`
+  T* ks_lo;    // [C][LDK] k - hi, rounded to T                       }
+  float* M;    // [C][LDM] (aliases ks, ks_lo)                        }
+  T* a_hi;     // [C][LDA] (aliases M)                                }
+  T* a_lo;     // [C][LDA]                                            }
+  float* A;    // [C][LDM] the inverse in fp32
   float* tmp;  // [16][48]: sum_m M_Im A_mJ of one block row
-  float* G;  // [C]
+  T* wb;       // [C][LDK] beta exp(G) k (hi part)
+  T* wb_lo;    // [C][LDK] its lo part
+  T* ub;       // [C][LDU] beta v, one 64-column piece (hi part)
+  T* ub_lo;    // [C][LDU] its lo part
+  float* G;    // [C]
   float* beta;  // [C]
-  int ldv;
 
-  static __host__ __device__ int64_t bytes(int64_t V) {
-    const int64_t ldv = V + 8;
-    return sizeof(T) * (2 * C * LDK + C * ldv + 2 * C * LDA) + sizeof(float) * (2 * C * LDM + 16 * 48 + 2 * C);
+  static constexpr int64_t bytes() {
+    return kKeysBytes + sizeof(float) * (C * LDM + 16 * 48) + sizeof(T) * (2 * C * LDK + 2 * C * LDU) +
+           sizeof(float) * 2 * C;
   }
-  __device__ PrepareSmem(unsigned char* raw, int64_t V) {
-    ldv = static_cast<int>(V + 8);
+  __device__ explicit PrepareSmem(unsigned char* raw) {
     ks = reinterpret_cast<T*>(raw);
-    wb = ks + C * LDK;
-    ub = wb + C * LDK;
-    a_hi = ub + C * ldv;
+    ks_lo = ks + C * LDK;
+    M = reinterpret_cast<float*>(raw);
+    a_hi = reinterpret_cast<T*>(raw);
     a_lo = a_hi + C * LDA;
-    M = reinterpret_cast<float*>(a_lo + C * LDA);  // 2 * C * (LDK + LDA) + C * ldv elements: a multiple of 4 bytes
-    A = M + C * LDM;
+    A = reinterpret_cast<float*>(raw + kKeysBytes);  // kKeysBytes is a multiple of 16
     tmp = A + C * LDM;
-    G = tmp + 16 * 48;
+    wb = reinterpret_cast<T*>(tmp + 16 * 48);
+    wb_lo = wb + C * LDK;
+    ub = wb_lo + C * LDK;
+    ub_lo = ub + C * LDU;
+    G = reinterpret_cast<float*>(ub_lo + C * LDU);
     beta = G + C;
   }
 };
@@ -108,9 +123,9 @@ __device__ __forceinline__ void invert_unit_lower64(const float* M, float* As, f
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArgs a) {
   using S = PrepareSmem<T, KMAX>;
-  constexpr int C = kChunkSize, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  S sm(smem_raw, a.V);
+  S sm(smem_raw);
   const ChunkInfo ci = a.chunks[blockIdx.x];
   const int64_t hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
@@ -131,13 +146,16 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
   chunk_cumsum64(sm.G);
   if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = sm.G[tid];
 
-  // k (normalized) and beta exp(G) k; beta v.
+  // k (normalized) and beta exp(G) k, each as hi + lo.
   for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
-    sm.ks[r * LDK + d] = from_f<T>(x);
-    sm.wb[r * LDK + d] = from_f<T>(sm.beta[r] * expf(sm.G[r]) * x);
+    const T hi = from_f<T>(x);
+    sm.ks[r * LDK + d] = hi;
+    sm.ks_lo[r * LDK + d] = from_f<T>(x - to_f<T>(hi));
+    const float y = sm.beta[r] * expf(sm.G[r]) * x;
+    const T yh = from_f<T>(y);
+    sm.wb[r * LDK + d] = yh;
+    sm.wb_lo[r * LDK + d] = from_f<T>(y - to_f<T>(yh));
   });
-  for_each_value_row<T>(a.v, ci, hv, 0, static_cast<int>(a.V),
-                        [&](int r, int col, float x) { sm.ub[r * sm.ldv + col] = from_f<T>(sm.beta[r] * x); });
   __syncthreads();
 
   // M = StrictLower(beta_i exp(G_i - G_j) (k k^T)_ij). Column tiles right of the warp's
@@ -146,16 +164,21 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
     float acc[8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < KMAX; kk += 16) {
-      uint32_t af[4];
-      mma::frag_a(sm.ks, LDK, 16 * wp, kk, af);
+      uint32_t ah[4], al[4];
+      mma::frag_a(sm.ks, LDK, 16 * wp, kk, ah);
+      mma::frag_a(sm.ks_lo, LDK, 16 * wp, kk, al);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         if (nt > 2 * wp + 1) continue;
-        uint32_t bf[2];
-        mma::frag_b_trans(sm.ks, LDK, kk, 8 * nt, bf);
-        mma::mma16816<T>(acc[nt], af, bf);
+        uint32_t bh[2], bl[2];
+        mma::frag_b_trans(sm.ks, LDK, kk, 8 * nt, bh);
+        mma::frag_b_trans(sm.ks_lo, LDK, kk, 8 * nt, bl);
+        mma::mma16816<T>(acc[nt], ah, bh);  // k k^T ~ hi hi^T + hi lo^T + lo hi^T
+        mma::mma16816<T>(acc[nt], ah, bl);
+        mma::mma16816<T>(acc[nt], al, bh);
       }
     }
+    __syncthreads();  // every warp is done with ks, ks_lo: M takes their place
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -168,7 +191,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
   __syncthreads();
   invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
 
-  // A to the intermediates (rows < L; columns >= L are 0 there) and as hi + lo in T.
+  // A to the intermediates (rows < L; columns >= L are 0 there) and as hi + lo in T (where M
+  // was: the inverse ended with a barrier).
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     const float x = sm.A[i * LDM + j];
@@ -189,10 +213,12 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
       mma::frag_a(sm.a_lo, LDA, 16 * wp, 16 * kb, al);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bf[2];
-        mma::frag_b(sm.wb, LDK, 16 * kb, 8 * nt, bf);
-        mma::mma16816<T>(acc[nt], ah, bf);
-        mma::mma16816<T>(acc[nt], al, bf);
+        uint32_t bh[2], bl[2];
+        mma::frag_b(sm.wb, LDK, 16 * kb, 8 * nt, bh);
+        mma::frag_b(sm.wb_lo, LDK, 16 * kb, 8 * nt, bl);
+        mma::mma16816<T>(acc[nt], ah, bh);
+        mma::mma16816<T>(acc[nt], al, bh);
+        mma::mma16816<T>(acc[nt], ah, bl);
       }
     }
     T* w = static_cast<T*>(a.w);
@@ -205,8 +231,17 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
       }
   }
 
-  // u = A ub, 64 value columns at a time.
+  // u = A ub, 64 value columns at a time: each piece of beta v is loaded as hi + lo between
+  // two barriers (the previous piece's readers are done; this piece is complete).
   for (int c0 = 0; c0 < a.V; c0 += 64) {
+    __syncthreads();
+    for_each_value_row<T>(a.v, ci, hv, c0, 64, [&](int r, int col, float x) {
+      const float y = sm.beta[r] * x;
+      const T yh = from_f<T>(y);
+      sm.ub[r * LDU + col] = yh;
+      sm.ub_lo[r * LDU + col] = from_f<T>(y - to_f<T>(yh));
+    });
+    __syncthreads();
     float acc[8][4] = {};
     for (int kb = 0; kb <= wp; ++kb) {
       uint32_t ah[4], al[4];
@@ -214,10 +249,12 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
       mma::frag_a(sm.a_lo, LDA, 16 * wp, 16 * kb, al);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
-        uint32_t bf[2];
-        mma::frag_b(sm.ub, sm.ldv, 16 * kb, c0 + 8 * nt, bf);
-        mma::mma16816<T>(acc[nt], ah, bf);
-        mma::mma16816<T>(acc[nt], al, bf);
+        uint32_t bh[2], bl[2];
+        mma::frag_b(sm.ub, LDU, 16 * kb, 8 * nt, bh);
+        mma::frag_b(sm.ub_lo, LDU, 16 * kb, 8 * nt, bl);
+        mma::mma16816<T>(acc[nt], ah, bh);
+        mma::mma16816<T>(acc[nt], al, bh);
+        mma::mma16816<T>(acc[nt], ah, bl);
       }
     }
 #pragma unroll

@@ -6,8 +6,11 @@
 //
 // The state slice (K x 32, fp32) lives in the mma accumulators: warp wp owns state rows
 // [16 (wp + 4 mt), +16) for mt < K / 64, columns [8 nt, 8 nt + 8) for nt < 4 (accumulator
-// layout: chunked_mma.cuh). Each chunk it is copied, rounded to T, into shared memory as the B
-// operand of w h. v_new is rounded to T before the state update, as stage 3 reads it.
+// layout: chunked_mma.cuh). Each chunk it is copied into shared memory as hi + lo (both T), the
+// B operands of w h = w hi + w lo. The state update multiplies k exp(G_{L-1} - G) and v_new
+// as hi + lo parts too (hi hi + lo hi + hi lo), so h keeps fp32 accuracy; v_new is stored in T
+// for stage 3. (CPU emulation against the float64 reference, bf16: h 4e-6 - 6e-6 relative RMS
+// with the splits, 2.4e-3 - 3.1e-3 with kd and v_new rounded to T.)
 #pragma once
 
 #include "chunked_mma.cuh"
@@ -20,18 +23,24 @@ constexpr int kStateCols = 32;  // value columns per stage-2 block
 template <typename T, int KMAX>
 struct StateSmem {
   static constexpr int C = kChunkSize, LDK = KMAX + 8, LDH = kStateCols + 8;
-  T* hs;     // [KMAX][LDH] h_c rounded to T
+  T* hs;     // [KMAX][LDH] h_c rounded to T (hi part)
+  T* hs_lo;  // [KMAX][LDH] h_c - hi, rounded to T: w h_c = w hi + w lo keeps h's fp32 accuracy
   T* ws;     // [C][LDK] w rows of the chunk
-  T* kd;     // [C][LDK] k_j exp(G_{L-1} - G_j)
-  T* vn;     // [C][LDH] v_new rounded to T
+  T* kd;     // [C][LDK] k_j exp(G_{L-1} - G_j), hi part
+  T* kd_lo;  // [C][LDK] its lo part
+  T* vn;     // [C][LDH] v_new rounded to T (what stage 3 reads), hi part
+  T* vn_lo;  // [C][LDH] v_new - hi, rounded to T
   float* G;  // [C]
-  static constexpr int64_t bytes() { return sizeof(T) * (KMAX * LDH + 2 * C * LDK + C * LDH) + sizeof(float) * C; }
+  static constexpr int64_t bytes() { return sizeof(T) * (2 * KMAX * LDH + 3 * C * LDK + 2 * C * LDH) + sizeof(float) * C; }
   __device__ explicit StateSmem(unsigned char* raw) {
     hs = reinterpret_cast<T*>(raw);
-    ws = hs + KMAX * LDH;
+    hs_lo = hs + KMAX * LDH;
+    ws = hs_lo + KMAX * LDH;
     kd = ws + C * LDK;
-    vn = kd + C * LDK;
-    G = reinterpret_cast<float*>(vn + C * LDH);
+    kd_lo = kd + C * LDK;
+    vn = kd_lo + C * LDK;
+    vn_lo = vn + C * LDH;
+    G = reinterpret_cast<float*>(vn_lo + C * LDH);
   }
 };
 
@@ -75,7 +84,9 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
         for (int e = 0; e < 4; ++e) {
           const int d = state_row(mt, e), col = state_col(nt, e);
           hc[d * a.V + col0 + col] = h[mt][nt][e];
-          sm.hs[d * LDH + col] = from_f<T>(h[mt][nt][e]);
+          const T hi = from_f<T>(h[mt][nt][e]);
+          sm.hs[d * LDH + col] = hi;
+          sm.hs_lo[d * LDH + col] = from_f<T>(h[mt][nt][e] - to_f<T>(hi));
         }
     if (tid < C) sm.G[tid] = (a.G && tid < L) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
     for (int e = tid; e < C * KMAX; e += kChunkThreads) {
@@ -86,7 +97,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
     const float G_last = sm.G[L - 1];
     for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
       // exp(G_{L-1} - G_r) with r <= L - 1 (rows past L are zero).
-      sm.kd[r * LDK + d] = from_f<T>(r < L ? x * expf(G_last - sm.G[r]) : 0.f);
+      const float y = r < L ? x * expf(G_last - sm.G[r]) : 0.f;
+      const T hi = from_f<T>(y);
+      sm.kd[r * LDK + d] = hi;
+      sm.kd_lo[r * LDK + d] = from_f<T>(y - to_f<T>(hi));
     });
 
     // v_new = u - w h_c: warp wp, rows [16 wp, 16 wp + 16), the slice's 32 columns.
@@ -101,6 +115,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
           uint32_t bf[2];
           mma::frag_b(sm.hs, LDH, kk, 8 * nt, bf);
           mma::mma16816<T>(p[nt], af, bf);
+          mma::frag_b(sm.hs_lo, LDH, kk, 8 * nt, bf);
+          mma::mma16816<T>(p[nt], af, bf);
         }
       }
 #pragma unroll
@@ -108,13 +124,15 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
-          T val = from_f<T>(0.f);
+          float val = 0.f;
           if (i < L) {
             const int64_t at = ((row0 + i) * a.HV + hv) * a.V + col0 + col;
-            val = from_f<T>(a.u[at] - p[nt][e]);
-            v_new[at] = val;
+            val = a.u[at] - p[nt][e];
+            v_new[at] = from_f<T>(val);
           }
-          sm.vn[i * LDH + col] = val;
+          const T hi = from_f<T>(val);
+          sm.vn[i * LDH + col] = hi;
+          sm.vn_lo[i * LDH + col] = from_f<T>(val - to_f<T>(hi));
         }
     }
     __syncthreads();
@@ -129,13 +147,17 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
         for (int e = 0; e < 4; ++e) h[mt][nt][e] *= decay;
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
-        uint32_t af[4];
-        mma::frag_a_trans(sm.kd, LDK, 16 * (wp + 4 * mt), kk, af);
+        uint32_t ah[4], al[4];
+        mma::frag_a_trans(sm.kd, LDK, 16 * (wp + 4 * mt), kk, ah);
+        mma::frag_a_trans(sm.kd_lo, LDK, 16 * (wp + 4 * mt), kk, al);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bf[2];
-          mma::frag_b(sm.vn, LDH, kk, 8 * nt, bf);
-          mma::mma16816<T>(h[mt][nt], af, bf);
+          uint32_t bh[2], bl[2];
+          mma::frag_b(sm.vn, LDH, kk, 8 * nt, bh);
+          mma::frag_b(sm.vn_lo, LDH, kk, 8 * nt, bl);
+          mma::mma16816<T>(h[mt][nt], ah, bh);
+          mma::mma16816<T>(h[mt][nt], al, bh);
+          mma::mma16816<T>(h[mt][nt], ah, bl);
         }
       }
     }
