@@ -1,0 +1,235 @@
+// CPU emulation of the chunked delta-rule stages: runs the kernels' own source
+// (chunked_prepare.cuh, chunked_state.cuh, chunked_output.cuh) on the host, one std::thread per
+// CUDA thread, and compares every stage's output with the CPU chunked reference
+// (src/reference/delta_rule/chunked.h, float64) by relative RMS, as the GPU test does.
+//
+// What it checks: the kernels' index math, barriers (a missing one shows up as a wrong or NaN
+// result, since shared memory is poisoned with NaN before each block), masks, the blocked inverse,
+// the chunk plan, the hi/lo splits and the accuracy of the whole pipeline. What it cannot check:
+// the hardware itself — mma.sync is emulated from the PTX ISA's fragment layout (the same layout
+// chunked_mma.cuh assumes), shuffles and barriers by the std:: equivalents, and nothing about
+// speed, occupancy or real shared-memory limits.
+//
+// Not built by CMake (it needs the CUDA headers but no GPU, and g++ warns about the ignored
+// CUDA attributes); build and run with run.sh. Bars as tests/cpp/delta_rule_chunked_gpu_test.cu.
+//
+// Emulation: threadIdx / blockIdx are thread_local; __syncthreads / __syncwarp are std::barrier
+// waits over the block's 128 / the warp's 32 threads; __shfl_*_sync and mma.sync exchange values
+// through a per-warp buffer between two warp barriers. Blocks run one after another.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct EmuDim { unsigned x = 0, y = 0, z = 0; };
+thread_local EmuDim emu_tid, emu_bid;
+#define threadIdx emu_tid
+#define blockIdx emu_bid
+std::barrier<>* g_block_bar;
+std::barrier<>* g_warp_bar[4];
+struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[4];
+inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+#define __launch_bounds__(...)
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_bar[emu_tid.x / 32]->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float x, int o) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  g_warp[w].f[l] = x; __syncwarp();
+  const float y = g_warp[w].f[l ^ o]; __syncwarp();
+  return y;
+}
+inline float __shfl_up_sync(unsigned, float x, unsigned o) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  g_warp[w].f[l] = x; __syncwarp();
+  const float y = l >= (int)o ? g_warp[w].f[l - o] : x; __syncwarp();
+  return y;
+}
+namespace flashgrad::cuda_detail::delta_rule {
+alignas(16) unsigned char smem_raw[262144];
+namespace mma {
+template <typename T> float half_of(uint32_t r, int hi) {
+  const uint16_t h = hi ? (r >> 16) : (r & 0xffff);
+  T x; std::memcpy(&x, &h, 2);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x); else return __half2float(x);
+}
+template <typename T>
+void emulated_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  std::memcpy(g_warp[w].a[l], a, 16); std::memcpy(g_warp[w].b[l], b, 8);
+  __syncwarp();
+  float A[16][16], B[16][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L >> 2, t = L & 3; const uint32_t* aa = g_warp[w].a[L]; const uint32_t* bb = g_warp[w].b[L];
+    for (int hi = 0; hi < 2; ++hi) {
+      A[g][2*t+hi] = half_of<T>(aa[0], hi); A[g+8][2*t+hi] = half_of<T>(aa[1], hi);
+      A[g][2*t+8+hi] = half_of<T>(aa[2], hi); A[g+8][2*t+8+hi] = half_of<T>(aa[3], hi);
+      B[2*t+hi][g] = half_of<T>(bb[0], hi); B[2*t+8+hi][g] = half_of<T>(bb[1], hi);
+    }
+  }
+  const int g = l >> 2, t = l & 3;
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);
+    float s = 0; for (int k = 0; k < 16; ++k) s += A[r][k] * B[k][c];
+    d[e] += s;
+  }
+  __syncwarp();
+}
+}  // namespace mma
+}  // namespace flashgrad::cuda_detail::delta_rule
+
+#include "cuda/delta_rule/chunked_prepare.cuh"
+#include "cuda/delta_rule/chunked_state.cuh"
+#include "cuda/delta_rule/chunked_output.cuh"
+#include "core/host_dtype.h"
+#include "flashgrad/delta_rule.h"
+#include "reference/delta_rule/chunked.h"
+
+namespace dr = flashgrad::cuda_detail::delta_rule;
+namespace ref = flashgrad::reference::delta_rule;
+using flashgrad::DType;
+
+template <typename F>
+void launch(unsigned gx, unsigned gy, unsigned gz, F&& body) {
+  for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x) {
+    std::memset(dr::smem_raw, 0xff, sizeof(dr::smem_raw));
+    std::barrier<> blk(128); std::barrier<> w0(32), w1(32), w2(32), w3(32);
+    g_block_bar = &blk; g_warp_bar[0] = &w0; g_warp_bar[1] = &w1; g_warp_bar[2] = &w2; g_warp_bar[3] = &w3;
+    std::vector<std::thread> th;
+    for (unsigned t = 0; t < 128; ++t) th.emplace_back([&, t] { emu_tid = {t, 0, 0}; emu_bid = {x, y, z}; body(); });
+    for (auto& t : th) t.join();
+  }
+}
+
+float round_to(DType dt, float x) {
+  if (dt == DType::bf16) return flashgrad::host::bf16_to_float(flashgrad::host::float_to_bf16(x));
+  if (dt == DType::f16) return flashgrad::host::f16_to_float(flashgrad::host::float_to_f16(x));
+  return x;
+}
+
+struct Buf {  // host "device" buffer
+  DType dt; int64_t n; std::vector<uint8_t> mem;
+  Buf(DType d, int64_t count) : dt(d), n(count), mem(std::max<int64_t>(count, 1) * flashgrad::dtype_size(d), 0xff) {}
+  void* p() { return mem.data(); }
+  void up(const std::vector<float>& x) { for (int64_t i = 0; i < n; ++i) flashgrad::host::store<float>(mem.data(), dt, i, x[i]); }
+  double at(int64_t i) const { return flashgrad::host::load<double>(mem.data(), dt, i); }
+};
+dr::View vw(Buf& b, std::vector<int64_t> sh) {
+  dr::View v; v.p = b.p(); v.f32 = b.dt == DType::f32;
+  int64_t s[4] = {0, 0, 0, 1}; int64_t st = 1;
+  for (int i = (int)sh.size() - 1; i >= 0; --i) { s[i] = st; st *= sh[i]; }
+  v.s0 = s[0]; v.s1 = s[1]; v.s2 = s[2]; v.s3 = sh.size() == 4 ? s[3] : 1;
+  return v;
+}
+struct Pairs { double num = 0, den = 0; size_t n = 0; bool nan = false;
+  void add(double g, double r) { if (std::isnan(g)) nan = true; num += (g - r) * (g - r); den += r * r; ++n; }
+  double rel() const { return nan ? NAN : std::sqrt(num / std::max(den, 1e-300)); } };
+
+template <typename TT, int KM>
+int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV, int64_t V, bool gate, std::vector<int64_t> lens,
+        float gdiv, bool l2norm, uint64_t seed) {
+  const int64_t K = KM;
+  std::vector<int64_t> cu;
+  if (!lens.empty()) { cu.push_back(0); for (auto l : lens) cu.push_back(cu.back() + l); B = 1; T = cu.back(); }
+  const int64_t N = lens.empty() ? B : (int64_t)lens.size(), rows = B * T;
+  std::mt19937_64 rng(seed); std::normal_distribution<float> nd; std::uniform_real_distribution<float> ud;
+  std::vector<float> q(rows*H*K), k(rows*H*K), v(rows*HV*V), g(rows*HV), be(rows*HV), h0(N*HV*K*V);
+  for (auto& e : q) e = round_to(dt, nd(rng)); for (auto& e : k) e = round_to(dt, nd(rng)); for (auto& e : v) e = round_to(dt, nd(rng));
+  for (auto& e : g) { float s = nd(rng); float ls = std::min(s, 0.f) - std::log1p(std::exp(-std::fabs(s))); e = ud(rng) < 0.1f ? 0.f : ls / gdiv; }
+  if (!gate) std::fill(g.begin(), g.end(), 0.f);
+  if (!l2norm) for (int64_t r = 0; r < rows * H; ++r) { double ss = 0; for (int64_t e = 0; e < K; ++e) ss += double(k[r*K+e]) * k[r*K+e];
+    for (int64_t e = 0; e < K; ++e) k[r*K+e] = round_to(dt, k[r*K+e] / std::sqrt(ss)); }
+  for (auto& e : be) e = round_to(dt, 1.f / (1.f + std::exp(-nd(rng))));
+  for (auto& e : h0) e = nd(rng);
+  const dr::ChunkPlanHost plan = dr::make_chunk_plan(B, T, cu);
+  const int64_t NC = plan.chunks.size();
+  Buf bq(dt, q.size()), bk(dt, k.size()), bv(dt, v.size()), bg(DType::f32, g.size()), bb(dt, be.size()), bh0(DType::f32, h0.size());
+  bq.up(q); bk.up(k); bv.up(v); bg.up(g); bb.up(be); bh0.up(h0);
+  Buf bo(dt, rows*HV*V), bht(DType::f32, N*HV*K*V), G(DType::f32, rows*HV), A(DType::f32, rows*HV*64), w(dt, rows*HV*K),
+      u(DType::f32, rows*HV*V), vn(dt, rows*HV*V), hh(DType::f32, std::max<int64_t>(NC,1)*HV*K*V);
+  dr::ChunkedArgs a;
+  a.q = vw(bq, {B, T, H, K}); a.k = vw(bk, {B, T, H, K}); a.v = vw(bv, {B, T, HV, V});
+  if (gate) a.g = vw(bg, {B, T, HV});
+  a.beta = vw(bb, {B, T, HV}); a.h0 = vw(bh0, {N, HV, K, V}); a.o = vw(bo, {B, T, HV, V}); a.ht = vw(bht, {N, HV, K, V});
+  a.chunks = plan.chunks.data(); a.seq_first_chunk = plan.seq_first_chunk.data(); a.num_chunks = NC; a.num_seqs = N;
+  a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
+  a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
+  launch(NC, HV, 1, [&] { dr::chunk_prepare_kernel<TT, KM>(a); });
+  launch(N, HV, V / 32, [&] { dr::chunk_state_kernel<TT, KM>(a); });
+  launch(NC, HV, V / 64, [&] { dr::chunk_output_kernel<TT, KM>(a); });
+  Pairs pG, pA, pw, pu, pvn, ph, pht, po; double h0mis = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t b = plan.seq_b[n], t0 = plan.seq_t0[n], len = plan.seq_len[n], c0 = plan.seq_first_chunk[n], row0 = b*T + t0;
+    for (int64_t j = 0; j < HV; ++j) {
+      const int64_t hd = j / (HV / H);
+      ref::HeadInputs<double> x; x.T = len; x.K = K; x.V = V; x.scale = 1.0 / std::sqrt(double(K));
+      x.q.resize(len*K); x.k.resize(len*K); x.v.resize(len*V); x.g.assign(len*K, 0); x.beta.resize(len); x.q_rstd.assign(len,1); x.k_rstd.assign(len,1);
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t row = row0 + t;
+        for (int ps = 0; ps < 2; ++ps) { auto& src = ps ? k : q; auto& dst = ps ? x.k : x.q; double ss = 0;
+          for (int64_t d = 0; d < K; ++d) ss += double(src[(row*H+hd)*K+d]) * src[(row*H+hd)*K+d];
+          double rs = l2norm ? 1 / std::sqrt(ss + 1e-6) : 1; for (int64_t d = 0; d < K; ++d) dst[t*K+d] = src[(row*H+hd)*K+d] * rs; }
+        for (int64_t e = 0; e < V; ++e) x.v[t*V+e] = v[(row*HV+j)*V+e];
+        for (int64_t d = 0; d < K; ++d) x.g[t*K+d] = g[row*HV+j];
+        x.beta[t] = be[row*HV+j];
+      }
+      x.h0.resize(K*V); for (int64_t i = 0; i < K*V; ++i) x.h0[i] = h0[(n*HV+j)*K*V+i];
+      ref::ChunkedForwardTrace<double> f; ref::chunked_forward_head(x, f);
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t row = row0 + t, ci = t / 64, i = t % 64;
+        if (gate) pG.add(G.at(row*HV+j), f.G[t*K]);
+        for (int64_t jj = 0; jj < i; ++jj) pA.add(A.at((row*HV+j)*64+jj), f.A[(ci*64+i)*64+jj]);
+        for (int64_t d = 0; d < K; ++d) pw.add(w.at((row*HV+j)*K+d), f.w[t*K+d]);
+        for (int64_t e = 0; e < V; ++e) { pu.add(u.at((row*HV+j)*V+e), f.u[t*V+e]); pvn.add(vn.at((row*HV+j)*V+e), f.v_new[t*V+e]); po.add(bo.at((row*HV+j)*V+e), f.o[t*V+e]); }
+      }
+      for (int64_t cc = 0; cc < f.num_chunks; ++cc) for (int64_t e = 0; e < K*V; ++e) {
+        double gv = hh.at(((c0+cc)*HV+j)*K*V+e), want = f.h[cc*K*V+e];
+        if (cc == 0) h0mis = std::max(h0mis, std::isnan(gv) ? 1e300 : std::fabs(gv - want)); else ph.add(gv, want); }
+      for (int64_t e = 0; e < K*V; ++e) pht.add(bht.at((n*HV+j)*K*V+e), f.h[f.num_chunks*K*V+e]);
+    }
+  }
+  std::printf("%-34s G %.2e A %.2e w %.2e u %.2e h %.2e (h0 mismatch %g) v_new %.2e ht %.2e o %.2e\n", name.c_str(),
+              pG.rel(), pA.rel(), pw.rel(), pu.rel(), ph.rel(), h0mis, pvn.rel(), pht.rel(), po.rel());
+  // Same bars as the GPU test; !(x <= bar) also catches NaN.
+  int fails = 0;
+  auto bar = [&](const char* what, const Pairs& p, double b) {
+    if (p.n && !(p.rel() <= b)) { std::printf("  FAIL %s: %.3e > %g\n", what, p.rel(), b); ++fails; } };
+  if (gate) bar("G", pG, 1e-5);
+  bar("A", pA, 5e-3); bar("w", pw, 5e-3); bar("u", pu, 5e-3); bar("h", ph, 5e-3); bar("v_new", pvn, 5e-3);
+  bar("final h", pht, 5e-3); bar("o", po, 5e-3);
+  if (h0mis != 0) { std::printf("  FAIL first entry state != h0\n"); ++fails; }
+  return fails;
+}
+
+// Usage: harness [quick|all]. quick (default): four small cases, ~10 s on two cores; all: seven
+// more with T = 500 and varlen K = V = 128, ~1 min.
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "quick";
+  using bf16 = __nv_bfloat16;
+  int fails = 0;
+  // name, dtype, B, T, H, HV, V, gate, varlen lengths, gate divisor n, l2norm, seed (K: template)
+  fails += run<bf16, 64>("gdn bf16 K64 V64 T=75", DType::bf16, 1, 75, 1, 2, 64, true, {}, 1.f, true, 1);
+  fails += run<bf16, 128>("gdn bf16 K128 V128 T=130 n=0.1", DType::bf16, 1, 130, 1, 2, 128, true, {}, 0.1f, true, 2);
+  fails += run<__half, 64>("delta f16 K64 V128 B=2 T=100", DType::f16, 2, 100, 1, 1, 128, false, {}, 1.f, true, 3);
+  fails += run<bf16, 64>("varlen gdn bf16 K64 V64", DType::bf16, 1, 0, 1, 2, 64, true, {1, 63, 0, 70, 64}, 1.f, true, 4);
+  if (mode == "all") {
+    fails += run<bf16, 64>("gdn bf16 K64 V64 T=500 n=1", DType::bf16, 1, 500, 1, 2, 64, true, {}, 1.f, true, 5);
+    fails += run<bf16, 64>("gdn bf16 K64 V64 T=500 n=10", DType::bf16, 1, 500, 1, 2, 64, true, {}, 10.f, true, 6);
+    fails += run<bf16, 64>("delta bf16 K64 V64 T=500", DType::bf16, 1, 500, 1, 2, 64, false, {}, 1.f, true, 7);
+    fails += run<__half, 64>("gdn f16 K64 V64 T=500 n=0.1", DType::f16, 1, 500, 1, 2, 64, true, {}, 0.1f, true, 8);
+    fails += run<bf16, 128>("gdn bf16 K128 V128 T=500 n=10", DType::bf16, 1, 500, 1, 2, 128, true, {}, 10.f, true, 9);
+    fails += run<bf16, 64>("delta bf16 K64 V128 T=500 no norm", DType::bf16, 1, 500, 1, 2, 128, false, {}, 1.f, false, 10);
+    fails += run<bf16, 128>("varlen gdn bf16 K128 V128 n=0.1", DType::bf16, 1, 0, 1, 2, 128, true,
+                            {1, 63, 136, 0, 511, 75, 64}, 0.1f, true, 11);
+  }
+  std::printf(fails ? "%d comparisons over their bars\n" : "all comparisons within their bars\n", fails);
+  return fails ? 1 : 0;
+}
