@@ -8,6 +8,7 @@
 #include "chunked_prepare.cuh"
 #include "chunked_stages.h"
 #include "chunked_state.cuh"
+#include "chunked_state_backward.cuh"
 #include "cuda/common/cuda_check.h"
 #include "flashgrad/status.h"
 
@@ -65,6 +66,16 @@ void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
+template <typename T, int KMAX>
+void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t bytes = StateBackwardSmem<T, KMAX>::bytes();
+  set_smem(chunk_state_backward_kernel<T, KMAX>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV),
+                  static_cast<unsigned>(a.V / kStateCols));
+  chunk_state_backward_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (prepare)", dtype_of<T>(), a);
@@ -96,9 +107,23 @@ void launch_chunk_output(const ChunkedArgs& a, cudaStream_t s) {
     launch_output_fixed<T, 128>(a, s);
 }
 
+template <typename T>
+void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t s) {
+  const char* stage = "chunked delta rule (state backward)";
+  check_chunked_args(stage, dtype_of<T>(), a);
+  if (!a.dout.p || !a.dh || !a.dv_new)
+    throw_invalid_argument(stage, "scratch", "dout, dh and dv_new must be given");
+  if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write dh0 = dht
+  if (a.K == 64)
+    launch_state_backward_fixed<T, 64>(a, s);
+  else
+    launch_state_backward_fixed<T, 128>(a, s);
+}
+
 #define FLASHGRAD_CHUNKED_INSTANTIATE(T)                                  \
   template void launch_chunk_prepare<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_state<T>(const ChunkedArgs&, cudaStream_t);   \
-  template void launch_chunk_output<T>(const ChunkedArgs&, cudaStream_t);
+  template void launch_chunk_output<T>(const ChunkedArgs&, cudaStream_t);  \
+  template void launch_chunk_state_backward<T>(const ChunkedArgs&, cudaStream_t);
 
 }  // namespace flashgrad::cuda_detail::delta_rule

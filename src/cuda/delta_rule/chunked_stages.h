@@ -15,6 +15,7 @@
 //   1. prepare (grid: chunks x HV): G, A, w, u.
 //   2. state   (grid: sequences x HV x V/32): v_new and the chunk-entry states h, final state.
 //   3. output  (grid: chunks x HV x V/64): o.
+//   B1. state backward (grid: sequences x HV x V/32): dh (per chunk), dv_new, dh0.
 //
 // Intermediates are contiguous float/T arrays indexed by the token row `row = b * T + t`
 // (padded batch: b < B, t < T; varlen: b = 0, t = packed token), so chunks of different
@@ -83,6 +84,10 @@ struct ChunkedArgs {
   float* u = nullptr;
   void* v_new = nullptr;
   float* h = nullptr;
+  // Backward (stage B1 only so far; see chunked_state_backward.cuh).
+  View dout, dht, dh0;       // dout [B, T, HV, V] (T); dht, dh0 [N, HV, K, V] float32 (each may be null)
+  float* dh = nullptr;       // [num_chunks, HV, K, V]: dL/dh_{c+1}, the gradient of the state leaving chunk c
+  float* dv_new = nullptr;   // [rows, HV, V]: dL/dv_new
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
   bool l2norm = false;
@@ -105,6 +110,12 @@ template <typename T>
 void launch_chunk_state(const ChunkedArgs& a, cudaStream_t stream);
 template <typename T>
 void launch_chunk_output(const ChunkedArgs& a, cudaStream_t stream);
+
+// Backward stage B1 (grid: sequences x HV x V/32): the reverse pass over chunks, writing dh,
+// dv_new and dh0. Needs the forward's G and w (stage 1). The rest of the backward (dq, dk, dv,
+// dbeta, dg per chunk) is not written yet.
+template <typename T>
+void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t stream);
 
 // The three stages in order (the whole chunked forward).
 template <typename T>

@@ -89,6 +89,7 @@ void emulated_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 #include "cuda/delta_rule/chunked_prepare.cuh"
 #include "cuda/delta_rule/chunked_state.cuh"
 #include "cuda/delta_rule/chunked_output.cuh"
+#include "cuda/delta_rule/chunked_state_backward.cuh"
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
 #include "reference/delta_rule/chunked.h"
@@ -149,6 +150,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     for (int64_t e = 0; e < K; ++e) k[r*K+e] = round_to(dt, k[r*K+e] / std::sqrt(ss)); }
   for (auto& e : be) e = round_to(dt, 1.f / (1.f + std::exp(-nd(rng))));
   for (auto& e : h0) e = nd(rng);
+  std::vector<float> dout(rows*HV*V), dht(N*HV*K*V);
+  for (auto& e : dout) e = round_to(dt, nd(rng));
+  for (auto& e : dht) e = nd(rng);
   const dr::ChunkPlanHost plan = dr::make_chunk_plan(B, T, cu);
   const int64_t NC = plan.chunks.size();
   Buf bq(dt, q.size()), bk(dt, k.size()), bv(dt, v.size()), bg(DType::f32, g.size()), bb(dt, be.size()), bh0(DType::f32, h0.size());
@@ -165,7 +169,15 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   launch(NC, HV, 1, [&] { dr::chunk_prepare_kernel<TT, KM>(a); });
   launch(N, HV, V / 32, [&] { dr::chunk_state_kernel<TT, KM>(a); });
   launch(NC, HV, V / 64, [&] { dr::chunk_output_kernel<TT, KM>(a); });
+  // Backward stage B1.
+  Buf bdo(dt, dout.size()), bdht(DType::f32, dht.size()), bdh(DType::f32, std::max<int64_t>(NC,1)*HV*K*V),
+      bdvn(DType::f32, rows*HV*V), bdh0(DType::f32, N*HV*K*V);
+  bdo.up(dout); bdht.up(dht);
+  a.dout = vw(bdo, {B, T, HV, V}); a.dht = vw(bdht, {N, HV, K, V}); a.dh0 = vw(bdh0, {N, HV, K, V});
+  a.dh = (float*)bdh.p(); a.dv_new = (float*)bdvn.p();
+  launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
   Pairs pG, pA, pw, pu, pvn, ph, pht, po; double h0mis = 0;
+  Pairs pdh, pdvn, pdh0;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = plan.seq_b[n], t0 = plan.seq_t0[n], len = plan.seq_len[n], c0 = plan.seq_first_chunk[n], row0 = b*T + t0;
     for (int64_t j = 0; j < HV; ++j) {
@@ -182,7 +194,15 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
         x.beta[t] = be[row*HV+j];
       }
       x.h0.resize(K*V); for (int64_t i = 0; i < K*V; ++i) x.h0[i] = h0[(n*HV+j)*K*V+i];
-      ref::ChunkedForwardTrace<double> f; ref::chunked_forward_head(x, f);
+      ref::ChunkedForwardTrace<double> f; ref::ChunkedBackwardTrace<double> bt;
+      std::vector<double> dO(len*V), dHT(K*V);
+      for (int64_t t = 0; t < len; ++t) for (int64_t e = 0; e < V; ++e) dO[t*V+e] = dout[((row0+t)*HV+j)*V+e];
+      for (int64_t i = 0; i < K*V; ++i) dHT[i] = dht[(n*HV+j)*K*V+i];
+      ref::chunked_backward_head(x, dO, dHT, f, bt);  // fills the forward trace too
+      for (int64_t cc = 0; cc < f.num_chunks; ++cc) for (int64_t e = 0; e < K*V; ++e)
+        pdh.add(bdh.at(((c0+cc)*HV+j)*K*V+e), bt.dh[(cc+1)*K*V+e]);
+      for (int64_t t = 0; t < len; ++t) for (int64_t e = 0; e < V; ++e) pdvn.add(bdvn.at(((row0+t)*HV+j)*V+e), bt.dv_new[t*V+e]);
+      for (int64_t i = 0; i < K*V; ++i) pdh0.add(bdh0.at((n*HV+j)*K*V+i), bt.dh[i]);
       for (int64_t t = 0; t < len; ++t) {
         const int64_t row = row0 + t, ci = t / 64, i = t % 64;
         if (gate) pG.add(G.at(row*HV+j), f.G[t*K]);
@@ -198,6 +218,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   }
   std::printf("%-34s G %.2e A %.2e w %.2e u %.2e h %.2e (h0 mismatch %g) v_new %.2e ht %.2e o %.2e\n", name.c_str(),
               pG.rel(), pA.rel(), pw.rel(), pu.rel(), ph.rel(), h0mis, pvn.rel(), pht.rel(), po.rel());
+  std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e\n", "", pdh.rel(), pdvn.rel(), pdh0.rel());
   // Same bars as the GPU test; !(x <= bar) also catches NaN.
   int fails = 0;
   auto bar = [&](const char* what, const Pairs& p, double b) {
@@ -205,6 +226,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   if (gate) bar("G", pG, 1e-5);
   bar("A", pA, 5e-3); bar("w", pw, 5e-3); bar("u", pu, 5e-3); bar("h", ph, 5e-3); bar("v_new", pvn, 5e-3);
   bar("final h", pht, 5e-3); bar("o", po, 5e-3);
+  bar("dh", pdh, 8e-3); bar("dv_new", pdvn, 8e-3); bar("dh0", pdh0, 8e-3);
   if (h0mis != 0) { std::printf("  FAIL first entry state != h0\n"); ++fails; }
   return fails;
 }
