@@ -231,7 +231,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   return fails;
 }
 
-// Usage: harness [quick|all]. quick (default): four small cases, ~10 s on two cores; all: seven
+// Usage: harness [quick|all]. quick (default): six small cases, ~25 s on two cores; all: seven
 // more with T = 500 and varlen K = V = 128, ~1 min.
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "quick";
@@ -242,6 +242,8 @@ int main(int argc, char** argv) {
   fails += run<bf16, 128>("gdn bf16 K128 V128 T=130 n=0.1", DType::bf16, 1, 130, 1, 2, 128, true, {}, 0.1f, true, 2);
   fails += run<__half, 64>("delta f16 K64 V128 B=2 T=100", DType::f16, 2, 100, 1, 1, 128, false, {}, 1.f, true, 3);
   fails += run<bf16, 64>("varlen gdn bf16 K64 V64", DType::bf16, 1, 0, 1, 2, 64, true, {1, 63, 0, 70, 64}, 1.f, true, 4);
+  fails += run<bf16, 128>("gdn bf16 K128 V64 B=2 H=2 HV=4 T=1", DType::bf16, 2, 1, 2, 4, 64, true, {}, 1.f, true, 12);
+  fails += run<bf16, 64>("gdn bf16 K64 V128 B=2 H=2 HV=4 T=64", DType::bf16, 2, 64, 2, 4, 128, true, {}, 1.f, true, 13);
   if (mode == "all") {
     fails += run<bf16, 64>("gdn bf16 K64 V64 T=500 n=1", DType::bf16, 1, 500, 1, 2, 64, true, {}, 1.f, true, 5);
     fails += run<bf16, 64>("gdn bf16 K64 V64 T=500 n=10", DType::bf16, 1, 500, 1, 2, 64, true, {}, 10.f, true, 6);
