@@ -11,6 +11,10 @@
 //            the first chunk's entry state must equal the initial state exactly
 //   stage 3: o <= 5e-3
 //   backward stage B1: dh (per chunk), dv_new, dh0 <= 8e-3 (the design doc's bar for dh0)
+//   backward stage B2: dq, dk (before the L2-norm backward, summed over a group's value heads),
+//            dv <= 8e-3; dbeta, dg <= 2e-2
+//   end to end against delta_rule_backward (CPU, fp32, recurrent; the L2-norm backward of the GPU's
+//   dq, dk done here on the host): dq, dk, dv, dh0 <= 8e-3, dbeta, dg <= 2e-2
 //   end to end against delta_rule_forward (CPU, fp32, recurrent): o <= 5e-3, final state <= 5e-3
 // (the design doc's GPU bars for o and final_state; bf16 storage alone costs ~1.5e-3.)
 // Inputs as fla tests them: g = logsigmoid(x) / n (n = 0.1: strong decay, 1, 10) with 10% exact
@@ -249,8 +253,12 @@ ref::HeadInputs<double> head_inputs(const Case& c, const Inputs& x, int64_t row0
   return hi;
 }
 
-// flashgrad's CPU backend (recurrent, fp32) on the same rounded inputs: o and the final state.
-bool cpu_forward(const Case& c, const Inputs& x, std::vector<float>* o, std::vector<float>* ht, std::string* why) {
+struct CpuResult {
+  std::vector<float> o, ht, dq, dk, dv, dg, dbeta, dh0;
+};
+
+// flashgrad's CPU backend (recurrent, fp32) on the same rounded inputs: forward and backward.
+bool cpu_reference(const Case& c, const Inputs& x, CpuResult* R, std::string* why) {
   Inputs m = x;
   std::vector<int64_t> cu = c.cu();
   const int64_t B = c.Bt(), T = c.Tt(), N = c.N();
@@ -268,13 +276,26 @@ bool cpu_forward(const Case& c, const Inputs& x, std::vector<float>* o, std::vec
   p.use_qk_l2norm_in_kernel = c.l2norm;
   p.algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
   p.exec.precision = flashgrad::Precision::fp32;
-  o->assign(B * T * c.HV * c.V, 0.f);
-  ht->assign(N * c.HV * c.K * c.V, 0.f);
+  R->o.assign(B * T * c.HV * c.V, 0.f);
+  R->ht.assign(N * c.HV * c.K * c.V, 0.f);
   flashgrad::DeltaRuleForwardOutputs out;
-  out.o = cpu(*o, {B, T, c.HV, c.V});
-  out.final_state = cpu(*ht, {N, c.HV, c.K, c.V});
+  out.o = cpu(R->o, {B, T, c.HV, c.V});
+  out.final_state = cpu(R->ht, {N, c.HV, c.K, c.V});
+  R->dq.assign(m.q.size(), 0.f), R->dk.assign(m.k.size(), 0.f), R->dv.assign(m.v.size(), 0.f);
+  R->dg.assign(m.g.size(), 0.f), R->dbeta.assign(m.beta.size(), 0.f), R->dh0.assign(R->ht.size(), 0.f);
+  flashgrad::DeltaRuleBackwardInputs in;
+  in.dout = cpu(m.dout, {B, T, c.HV, c.V});
+  in.dht = cpu(m.dht, {N, c.HV, c.K, c.V});
+  flashgrad::DeltaRuleGrads gr;
+  gr.dq = cpu(R->dq, {B, T, c.H, c.K});
+  gr.dk = cpu(R->dk, {B, T, c.H, c.K});
+  gr.dv = cpu(R->dv, {B, T, c.HV, c.V});
+  if (c.gate) gr.dg = cpu(R->dg, {B, T, c.HV});
+  gr.dbeta = cpu(R->dbeta, {B, T, c.HV});
+  gr.dh0 = cpu(R->dh0, {N, c.HV, c.K, c.V});
   try {
     flashgrad::delta_rule_forward(p, out);
+    flashgrad::delta_rule_backward(p, in, gr);
   } catch (const flashgrad::Error& e) {
     *why = e.what();
     return false;
@@ -288,10 +309,24 @@ void launch_stage(int stage, const dr::ChunkedArgs& a) {
   if (stage == 2) dr::launch_chunk_state<T>(a, nullptr);
   if (stage == 3) dr::launch_chunk_output<T>(a, nullptr);
   if (stage == 4) dr::launch_chunk_state_backward<T>(a, nullptr);
+  if (stage == 5) dr::launch_chunk_grads<T>(a, nullptr);
 }
 
-// Runs the three forward stages and backward stage B1 on the GPU and compares each stage's
-// outputs, then o and the final state against the CPU backend.
+// dx = rstd (dy - (dy . y) y) with y = x rstd, rstd = 1 / sqrt(sum x^2 + 1e-6), per row of K.
+std::vector<double> l2norm_backward_rows(const std::vector<float>& x, const std::vector<double>& dy, int64_t K) {
+  std::vector<double> dx(dy.size());
+  for (std::size_t r = 0; r * K < dy.size(); ++r) {
+    double ss = 0, dot = 0;
+    for (int64_t d = 0; d < K; ++d) ss += double(x[r * K + d]) * x[r * K + d];
+    const double rstd = 1.0 / std::sqrt(ss + 1e-6);
+    for (int64_t d = 0; d < K; ++d) dot += dy[r * K + d] * x[r * K + d] * rstd;
+    for (int64_t d = 0; d < K; ++d) dx[r * K + d] = rstd * (dy[r * K + d] - dot * x[r * K + d] * rstd);
+  }
+  return dx;
+}
+
+// Runs the three forward stages and backward stages B1, B2 on the GPU and compares each stage's
+// outputs, then o, the final state and every gradient against the CPU backend.
 void run_case(const Case& c) {
   const Inputs x = make_inputs(c);
   const int64_t B = c.Bt(), T = c.Tt(), N = c.N(), H = c.H, HV = c.HV, K = c.K, V = c.V;
@@ -315,8 +350,12 @@ void run_case(const Case& c) {
   DevBuf dout(c.dtype, rows * HV * V), dht(DType::f32, N * HV * K * V), dh0(DType::f32, N * HV * K * V),
       dh(DType::f32, sz.h), dvn(DType::f32, sz.v_new);
   dout.upload(x.dout), dht.upload(x.dht);
+  DevBuf dq_acc(DType::f32, rows * H * K), dk_acc(DType::f32, rows * H * K), dvb(DType::f32, rows * HV * V),
+      dbb(DType::f32, rows * HV), dgb(DType::f32, c.gate ? rows * HV : 0);
+  CUDA_OK(cudaMemset(dq_acc.p, 0, dq_acc.bytes()));
+  CUDA_OK(cudaMemset(dk_acc.p, 0, dk_acc.bytes()));
   for (const DevBuf* b : {&q, &k, &v, &beta, &h0, &o, &ht, &chunks, &first, &A, &w, &u, &vn, &h, &dout, &dht, &dh0,
-                          &dh, &dvn})
+                          &dh, &dvn, &dq_acc, &dk_acc, &dvb, &dbb})
     ASSERT_TRUE(b->p != nullptr || b->n == 0) << "cudaMalloc failed";
 
   dr::ChunkedArgs a;
@@ -340,8 +379,10 @@ void run_case(const Case& c) {
   a.dht = view_of(dht, {N, HV, K, V});
   a.dh0 = view_of(dh0, {N, HV, K, V});
   a.dh = dh.f32(), a.dv_new = dvn.f32();
+  a.dq_acc = dq_acc.f32(), a.dk_acc = dk_acc.f32(), a.dv = dvb.f32(), a.dbeta = dbb.f32();
+  a.dg = c.gate ? dgb.f32() : nullptr;
 
-  for (int stage = 1; stage <= 4; ++stage) {
+  for (int stage = 1; stage <= 5; ++stage) {
     if (c.dtype == DType::bf16)
       ASSERT_NO_THROW(launch_stage<__nv_bfloat16>(stage, a)) << "stage " << stage;
     else
@@ -351,10 +392,13 @@ void run_case(const Case& c) {
   const std::vector<double> Gd = c.gate ? G.download() : std::vector<double>(), Ad = A.download(),
                             wd = w.download(), ud = u.download(), vnd = vn.download(), hd = h.download(),
                             od = o.download(), htd = ht.download(), dhd = dh.download(), dvnd = dvn.download(),
-                            dh0d = dh0.download();
+                            dh0d = dh0.download(), dqd = dq_acc.download(), dkd = dk_acc.download(),
+                            dvd = dvb.download(), dbd = dbb.download(),
+                            dgd = c.gate ? dgb.download() : std::vector<double>();
 
   // Per (sequence, value head): the CPU chunked reference and the same elements of the GPU's.
-  Pairs pG, pA, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0;
+  Pairs pG, pA, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
+  std::vector<double> rdq(rows * H * K, 0.0), rdk(rows * H * K, 0.0);  // reference, summed over groups
   double h_entry_mismatch = 0;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = plan.seq_b[n], t0 = plan.seq_t0[n], len = plan.seq_len[n], c0 = plan.seq_first_chunk[n];
@@ -373,6 +417,21 @@ void run_case(const Case& c) {
       for (int64_t t = 0; t < len; ++t)
         for (int64_t e = 0; e < V; ++e) pdvn.add(dvnd[((row0 + t) * HV + j) * V + e], bt.dv_new[t * V + e]);
       for (int64_t e = 0; e < K * V; ++e) pdh0.add(dh0d[(n * HV + j) * K * V + e], bt.dh[e]);
+      const int64_t qk_head = j / (HV / H);
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t row = row0 + t;
+        for (int64_t d = 0; d < K; ++d) {
+          rdq[(row * H + qk_head) * K + d] += bt.dq[t * K + d];
+          rdk[(row * H + qk_head) * K + d] += bt.dk[t * K + d];
+        }
+        for (int64_t e = 0; e < V; ++e) pdv.add(dvd[(row * HV + j) * V + e], bt.dv[t * V + e]);
+        pdb.add(dbd[row * HV + j], bt.dbeta[t]);
+        if (c.gate) {
+          double sg = 0;  // GDN: dg is the sum over K of the per-channel gate gradient
+          for (int64_t d = 0; d < K; ++d) sg += bt.dg[t * K + d];
+          pdg.add(dgd[row * HV + j], sg);
+        }
+      }
       for (int64_t t = 0; t < len; ++t) {
         const int64_t row = row0 + t, ci = t / 64, i = t % 64;
         if (c.gate) pG.add(Gd[row * HV + j], f.G[t * K]);
@@ -407,16 +466,40 @@ void run_case(const Case& c) {
   expect_close("dh", pdh, 8e-3, c.name);
   expect_close("dv_new", pdvn, 8e-3, c.name);
   expect_close("dh0", pdh0, 8e-3, c.name);
+  for (int64_t n = 0; n < N; ++n) {  // rows of real tokens only (padded batches have none to skip)
+    const int64_t row0 = plan.seq_b[n] * T + plan.seq_t0[n];
+    for (int64_t t = 0; t < plan.seq_len[n]; ++t)
+      for (int64_t e = 0; e < H * K; ++e) {
+        const int64_t at = (row0 + t) * H * K + e;
+        pdq.add(dqd[at], rdq[at]);
+        pdk.add(dkd[at], rdk[at]);
+      }
+  }
+  expect_close("dq (pre-norm)", pdq, 8e-3, c.name);
+  expect_close("dk (pre-norm)", pdk, 8e-3, c.name);
+  expect_close("dv", pdv, 8e-3, c.name);
+  expect_close("dbeta", pdb, 2e-2, c.name);
+  if (c.gate) expect_close("dg", pdg, 2e-2, c.name);
 
   // End to end against flashgrad's CPU backend (recurrent, fp32).
-  std::vector<float> o_cpu, ht_cpu;
+  CpuResult R;
   std::string why;
-  ASSERT_TRUE(cpu_forward(c, x, &o_cpu, &ht_cpu, &why)) << "CPU delta_rule_forward failed: " << why;
-  Pairs eo, eht;
-  for (std::size_t i = 0; i < o_cpu.size(); ++i) eo.add(od[i], o_cpu[i]);
-  for (std::size_t i = 0; i < ht_cpu.size(); ++i) eht.add(htd[i], ht_cpu[i]);
-  expect_close("o vs CPU", eo, 5e-3, c.name);
-  expect_close("ht vs CPU", eht, 5e-3, c.name);
+  ASSERT_TRUE(cpu_reference(c, x, &R, &why)) << "CPU delta_rule_forward / backward failed: " << why;
+  const std::vector<double> dq_gpu = c.l2norm ? l2norm_backward_rows(x.q, dqd, K) : dqd;
+  const std::vector<double> dk_gpu = c.l2norm ? l2norm_backward_rows(x.k, dkd, K) : dkd;
+  auto vs_cpu = [&](const char* what, const std::vector<double>& got, const std::vector<float>& want, double bar) {
+    Pairs p;
+    for (std::size_t i = 0; i < want.size(); ++i) p.add(got[i], want[i]);
+    expect_close(what, p, bar, c.name);
+  };
+  vs_cpu("o vs CPU", od, R.o, 5e-3);
+  vs_cpu("ht vs CPU", htd, R.ht, 5e-3);
+  vs_cpu("dq vs CPU", dq_gpu, R.dq, 8e-3);
+  vs_cpu("dk vs CPU", dk_gpu, R.dk, 8e-3);
+  vs_cpu("dv vs CPU", dvd, R.dv, 8e-3);
+  vs_cpu("dbeta vs CPU", dbd, R.dbeta, 2e-2);
+  if (c.gate) vs_cpu("dg vs CPU", dgd, R.dg, 2e-2);
+  vs_cpu("dh0 vs CPU", dh0d, R.dh0, 8e-3);
 }
 
 // ---- tests that need no GPU ------------------------------------------------------------------------

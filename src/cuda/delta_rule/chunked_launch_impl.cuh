@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "chunked_grads.cuh"
 #include "chunked_output.cuh"
 #include "chunked_prepare.cuh"
 #include "chunked_stages.h"
@@ -120,10 +121,33 @@ void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t s) {
     launch_state_backward_fixed<T, 128>(a, s);
 }
 
+template <typename T, int KMAX>
+void launch_grads_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t bytes = GradsSmem<KMAX>::bytes();
+  set_smem(chunk_grads_kernel<T, KMAX>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
+  chunk_grads_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t s) {
+  const char* stage = "chunked delta rule (grads)";
+  check_chunked_args(stage, dtype_of<T>(), a);
+  if (!a.dout.p || !a.dh || !a.dv_new || !a.A || !a.dq_acc || !a.dk_acc || !a.dv || !a.dbeta || (a.g.p && !a.dg))
+    throw_invalid_argument(stage, "scratch", "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and (with a gate) dg must be given");
+  if (a.num_chunks == 0 || a.HV == 0) return;
+  if (a.K == 64)
+    launch_grads_fixed<T, 64>(a, s);
+  else
+    launch_grads_fixed<T, 128>(a, s);
+}
+
 #define FLASHGRAD_CHUNKED_INSTANTIATE(T)                                  \
   template void launch_chunk_prepare<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_state<T>(const ChunkedArgs&, cudaStream_t);   \
   template void launch_chunk_output<T>(const ChunkedArgs&, cudaStream_t);  \
-  template void launch_chunk_state_backward<T>(const ChunkedArgs&, cudaStream_t);
+  template void launch_chunk_state_backward<T>(const ChunkedArgs&, cudaStream_t); \
+  template void launch_chunk_grads<T>(const ChunkedArgs&, cudaStream_t);
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -16,6 +16,7 @@
 //   2. state   (grid: sequences x HV x V/32): v_new and the chunk-entry states h, final state.
 //   3. output  (grid: chunks x HV x V/64): o.
 //   B1. state backward (grid: sequences x HV x V/32): dh (per chunk), dv_new, dh0.
+//   B2. gradients (grid: chunks x HV): dq, dk (pre-norm, summed over a group), dv, dbeta, dg.
 //
 // Intermediates are contiguous float/T arrays indexed by the token row `row = b * T + t`
 // (padded batch: b < B, t < T; varlen: b = 0, t = packed token), so chunks of different
@@ -88,6 +89,13 @@ struct ChunkedArgs {
   View dout, dht, dh0;       // dout [B, T, HV, V] (T); dht, dh0 [N, HV, K, V] float32 (each may be null)
   float* dh = nullptr;       // [num_chunks, HV, K, V]: dL/dh_{c+1}, the gradient of the state leaving chunk c
   float* dv_new = nullptr;   // [rows, HV, V]: dL/dv_new
+  // Backward stage B2 (chunked_grads.cuh), fp32: dq, dk summed over the value heads of a group
+  // (zeroed before, atomically added), before the L2-norm backward; dv, dbeta, dg per value head.
+  float* dq_acc = nullptr;   // [rows, H, K]
+  float* dk_acc = nullptr;   // [rows, H, K]
+  float* dv = nullptr;       // [rows, HV, V]
+  float* dbeta = nullptr;    // [rows, HV]
+  float* dg = nullptr;       // [rows, HV] (only with a gate)
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
   bool l2norm = false;
@@ -116,6 +124,12 @@ void launch_chunk_output(const ChunkedArgs& a, cudaStream_t stream);
 // dbeta, dg per chunk) is not written yet.
 template <typename T>
 void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t stream);
+
+// Backward stage B2 (grid: chunks x HV): per-chunk dq, dk, dv, dbeta, dg on CUDA cores in fp32
+// (a correctness-first version, not tensor cores). Needs A (stage 1), h and v_new (stage 2), dh and
+// dv_new (B1); dq_acc and dk_acc zeroed.
+template <typename T>
+void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t stream);
 
 // The three stages in order (the whole chunked forward).
 template <typename T>

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -39,6 +40,7 @@ struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[4];
 inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 #define __launch_bounds__(...)
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_bar[emu_tid.x / 32]->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float x, int o) {
@@ -90,6 +92,7 @@ void emulated_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 #include "cuda/delta_rule/chunked_state.cuh"
 #include "cuda/delta_rule/chunked_output.cuh"
 #include "cuda/delta_rule/chunked_state_backward.cuh"
+#include "cuda/delta_rule/chunked_grads.cuh"
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
 #include "reference/delta_rule/chunked.h"
@@ -176,8 +179,17 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   a.dout = vw(bdo, {B, T, HV, V}); a.dht = vw(bdht, {N, HV, K, V}); a.dh0 = vw(bdh0, {N, HV, K, V});
   a.dh = (float*)bdh.p(); a.dv_new = (float*)bdvn.p();
   launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
+  // Backward stage B2.
+  std::vector<float> zeros(rows*H*K, 0.f);
+  Buf bdq(DType::f32, rows*H*K), bdk(DType::f32, rows*H*K), bdv(DType::f32, rows*HV*V), bdb(DType::f32, rows*HV),
+      bdg(DType::f32, rows*HV);
+  bdq.up(zeros); bdk.up(zeros);
+  a.dq_acc = (float*)bdq.p(); a.dk_acc = (float*)bdk.p(); a.dv = (float*)bdv.p(); a.dbeta = (float*)bdb.p();
+  a.dg = gate ? (float*)bdg.p() : nullptr;
+  launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM>(a); });
+  std::vector<double> rdq(rows*H*K, 0.0), rdk(rows*H*K, 0.0);
   Pairs pG, pA, pw, pu, pvn, ph, pht, po; double h0mis = 0;
-  Pairs pdh, pdvn, pdh0;
+  Pairs pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = plan.seq_b[n], t0 = plan.seq_t0[n], len = plan.seq_len[n], c0 = plan.seq_first_chunk[n], row0 = b*T + t0;
     for (int64_t j = 0; j < HV; ++j) {
@@ -204,6 +216,13 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       for (int64_t t = 0; t < len; ++t) for (int64_t e = 0; e < V; ++e) pdvn.add(bdvn.at(((row0+t)*HV+j)*V+e), bt.dv_new[t*V+e]);
       for (int64_t i = 0; i < K*V; ++i) pdh0.add(bdh0.at((n*HV+j)*K*V+i), bt.dh[i]);
       for (int64_t t = 0; t < len; ++t) {
+        const int64_t row = row0 + t;
+        for (int64_t d = 0; d < K; ++d) { rdq[(row*H+hd)*K+d] += bt.dq[t*K+d]; rdk[(row*H+hd)*K+d] += bt.dk[t*K+d]; }
+        for (int64_t e = 0; e < V; ++e) pdv.add(bdv.at((row*HV+j)*V+e), bt.dv[t*V+e]);
+        pdb.add(bdb.at(row*HV+j), bt.dbeta[t]);
+        if (gate) { double sg = 0; for (int64_t d = 0; d < K; ++d) sg += bt.dg[t*K+d]; pdg.add(bdg.at(row*HV+j), sg); }
+      }
+      for (int64_t t = 0; t < len; ++t) {
         const int64_t row = row0 + t, ci = t / 64, i = t % 64;
         if (gate) pG.add(G.at(row*HV+j), f.G[t*K]);
         for (int64_t jj = 0; jj < i; ++jj) pA.add(A.at((row*HV+j)*64+jj), f.A[(ci*64+i)*64+jj]);
@@ -218,7 +237,14 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   }
   std::printf("%-34s G %.2e A %.2e w %.2e u %.2e h %.2e (h0 mismatch %g) v_new %.2e ht %.2e o %.2e\n", name.c_str(),
               pG.rel(), pA.rel(), pw.rel(), pu.rel(), ph.rel(), h0mis, pvn.rel(), pht.rel(), po.rel());
-  std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e\n", "", pdh.rel(), pdvn.rel(), pdh0.rel());
+  for (int64_t n = 0; n < N; ++n) {  // dq, dk rows of sequence n (summed over each group's value heads)
+    const int64_t row0 = plan.seq_b[n] * T + plan.seq_t0[n];
+    for (int64_t t = 0; t < plan.seq_len[n]; ++t) for (int64_t e = 0; e < H*K; ++e) {
+      const int64_t at = (row0 + t) * H * K + e;
+      pdq.add(bdq.at(at), rdq[at]); pdk.add(bdk.at(at), rdk[at]); }
+  }
+  std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e  B2: dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e\n", "",
+              pdh.rel(), pdvn.rel(), pdh0.rel(), pdq.rel(), pdk.rel(), pdv.rel(), pdb.rel(), pdg.rel());
   // Same bars as the GPU test; !(x <= bar) also catches NaN.
   int fails = 0;
   auto bar = [&](const char* what, const Pairs& p, double b) {
@@ -227,6 +253,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   bar("A", pA, 5e-3); bar("w", pw, 5e-3); bar("u", pu, 5e-3); bar("h", ph, 5e-3); bar("v_new", pvn, 5e-3);
   bar("final h", pht, 5e-3); bar("o", po, 5e-3);
   bar("dh", pdh, 8e-3); bar("dv_new", pdvn, 8e-3); bar("dh0", pdh0, 8e-3);
+  bar("dq", pdq, 8e-3); bar("dk", pdk, 8e-3); bar("dv", pdv, 8e-3); bar("dbeta", pdb, 2e-2); if (gate) bar("dg", pdg, 2e-2);
   if (h0mis != 0) { std::printf("  FAIL first entry state != h0\n"); ++fails; }
   return fails;
 }
