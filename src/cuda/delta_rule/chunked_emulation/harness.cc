@@ -95,6 +95,7 @@ void emulated_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
+#include "flashgrad/status.h"
 #include "reference/delta_rule/chunked.h"
 
 namespace dr = flashgrad::cuda_detail::delta_rule;
@@ -136,6 +137,46 @@ dr::View vw(Buf& b, std::vector<int64_t> sh) {
 struct Pairs { double num = 0, den = 0; size_t n = 0; bool nan = false;
   void add(double g, double r) { if (std::isnan(g)) nan = true; num += (g - r) * (g - r); den += r * r; ++n; }
   double rel() const { return nan ? NAN : std::sqrt(num / std::max(den, 1e-300)); } };
+
+// flashgrad's CPU backend (recurrent, fp32) on the same inputs, forward and backward; the
+// GPU test's end-to-end reference (same code shape as tests/cpp/delta_rule_chunked_gpu_test.cu).
+struct CpuResult { std::vector<float> o, ht, dq, dk, dv, dg, dbeta, dh0; };
+bool cpu_reference(int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V, int64_t N, bool gate, bool l2norm,
+                   std::vector<int64_t> cu, std::vector<float> q, std::vector<float> k, std::vector<float> v,
+                   std::vector<float> g, std::vector<float> be, std::vector<float> h0, std::vector<float> dout,
+                   std::vector<float> dht, CpuResult* R) {
+  using flashgrad::TensorView;
+  auto cpu = [](std::vector<float>& x, std::initializer_list<int64_t> shape) { return TensorView(x.data(), DType::f32, shape); };
+  flashgrad::DeltaRuleParams p;
+  p.q = cpu(q, {B, T, H, K}); p.k = cpu(k, {B, T, H, K}); p.v = cpu(v, {B, T, HV, V});
+  if (gate) p.g = cpu(g, {B, T, HV});
+  p.beta = cpu(be, {B, T, HV}); p.initial_state = cpu(h0, {N, HV, K, V});
+  if (!cu.empty()) p.cu_seqlens = TensorView(cu.data(), DType::i64, {N + 1});
+  p.use_qk_l2norm_in_kernel = l2norm; p.algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
+  p.exec.precision = flashgrad::Precision::fp32;
+  R->o.assign(B*T*HV*V, 0.f); R->ht.assign(N*HV*K*V, 0.f);
+  flashgrad::DeltaRuleForwardOutputs out; out.o = cpu(R->o, {B, T, HV, V}); out.final_state = cpu(R->ht, {N, HV, K, V});
+  R->dq.assign(q.size(), 0.f); R->dk.assign(k.size(), 0.f); R->dv.assign(v.size(), 0.f); R->dg.assign(g.size(), 0.f);
+  R->dbeta.assign(be.size(), 0.f); R->dh0.assign(R->ht.size(), 0.f);
+  flashgrad::DeltaRuleBackwardInputs in; in.dout = cpu(dout, {B, T, HV, V}); in.dht = cpu(dht, {N, HV, K, V});
+  flashgrad::DeltaRuleGrads gr; gr.dq = cpu(R->dq, {B, T, H, K}); gr.dk = cpu(R->dk, {B, T, H, K}); gr.dv = cpu(R->dv, {B, T, HV, V});
+  if (gate) gr.dg = cpu(R->dg, {B, T, HV});
+  gr.dbeta = cpu(R->dbeta, {B, T, HV}); gr.dh0 = cpu(R->dh0, {N, HV, K, V});
+  try { flashgrad::delta_rule_forward(p, out); flashgrad::delta_rule_backward(p, in, gr); }
+  catch (const flashgrad::Error& e) { std::printf("CPU reference failed: %s\n", e.what()); return false; }
+  return true;
+}
+std::vector<double> l2norm_backward_rows(const std::vector<float>& x, const std::vector<double>& dy, int64_t K) {
+  std::vector<double> dx(dy.size());
+  for (std::size_t r = 0; r * K < dy.size(); ++r) {
+    double ss = 0, dot = 0;
+    for (int64_t d = 0; d < K; ++d) ss += double(x[r * K + d]) * x[r * K + d];
+    const double rstd = 1.0 / std::sqrt(ss + 1e-6);
+    for (int64_t d = 0; d < K; ++d) dot += dy[r * K + d] * x[r * K + d] * rstd;
+    for (int64_t d = 0; d < K; ++d) dx[r * K + d] = rstd * (dy[r * K + d] - dot * x[r * K + d] * rstd);
+  }
+  return dx;
+}
 
 template <typename TT, int KM>
 int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV, int64_t V, bool gate, std::vector<int64_t> lens,
@@ -245,6 +286,19 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   }
   std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e  B2: dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e\n", "",
               pdh.rel(), pdvn.rel(), pdh0.rel(), pdq.rel(), pdk.rel(), pdv.rel(), pdb.rel(), pdg.rel());
+  CpuResult R;
+  Pairs eo, eht, edq, edk, edv, edb, edg, edh0;
+  if (cpu_reference(B, T, H, HV, K, V, N, gate, l2norm, cu, q, k, v, g, be, h0, dout, dht, &R)) {
+    std::vector<double> dqa(rows*H*K), dka(rows*H*K);
+    for (int64_t i = 0; i < rows*H*K; ++i) { dqa[i] = bdq.at(i); dka[i] = bdk.at(i); }
+    const std::vector<double> dqg = l2norm ? l2norm_backward_rows(q, dqa, K) : dqa, dkg = l2norm ? l2norm_backward_rows(k, dka, K) : dka;
+    for (size_t i = 0; i < R.o.size(); ++i) { eo.add(bo.at(i), R.o[i]); edv.add(bdv.at(i), R.dv[i]); }
+    for (size_t i = 0; i < R.ht.size(); ++i) { eht.add(bht.at(i), R.ht[i]); edh0.add(bdh0.at(i), R.dh0[i]); }
+    for (size_t i = 0; i < R.dq.size(); ++i) { edq.add(dqg[i], R.dq[i]); edk.add(dkg[i], R.dk[i]); }
+    for (size_t i = 0; i < R.dbeta.size(); ++i) { edb.add(bdb.at(i), R.dbeta[i]); if (gate) edg.add(bdg.at(i), R.dg[i]); }
+  }
+  std::printf("%-34s vs CPU recurrent: o %.2e ht %.2e dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e dh0 %.2e\n", "",
+              eo.rel(), eht.rel(), edq.rel(), edk.rel(), edv.rel(), edb.rel(), edg.rel(), edh0.rel());
   // Same bars as the GPU test; !(x <= bar) also catches NaN.
   int fails = 0;
   auto bar = [&](const char* what, const Pairs& p, double b) {
@@ -254,6 +308,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   bar("final h", pht, 5e-3); bar("o", po, 5e-3);
   bar("dh", pdh, 8e-3); bar("dv_new", pdvn, 8e-3); bar("dh0", pdh0, 8e-3);
   bar("dq", pdq, 8e-3); bar("dk", pdk, 8e-3); bar("dv", pdv, 8e-3); bar("dbeta", pdb, 2e-2); if (gate) bar("dg", pdg, 2e-2);
+  bar("o vs CPU", eo, 5e-3); bar("ht vs CPU", eht, 5e-3); bar("dq vs CPU", edq, 8e-3); bar("dk vs CPU", edk, 8e-3);
+  bar("dv vs CPU", edv, 8e-3); bar("dbeta vs CPU", edb, 2e-2); if (gate) bar("dg vs CPU", edg, 2e-2); bar("dh0 vs CPU", edh0, 8e-3);
+  if (eo.n == 0) { std::printf("  FAIL no CPU reference\n"); ++fails; }
   if (h0mis != 0) { std::printf("  FAIL first entry state != h0\n"); ++fails; }
   return fails;
 }
