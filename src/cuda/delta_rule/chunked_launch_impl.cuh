@@ -135,7 +135,8 @@ void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t s) {
   const char* stage = "chunked delta rule (grads)";
   check_chunked_args(stage, dtype_of<T>(), a);
   if (!a.dout.p || !a.dh || !a.dv_new || !a.A || !a.dq_acc || !a.dk_acc || !a.dv || !a.dbeta || (a.g.p && !a.dg))
-    throw_invalid_argument(stage, "scratch", "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and (with a gate) dg must be given");
+    throw_invalid_argument(stage, "scratch",
+                           "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and (with a gate) dg must be given");
   if (a.num_chunks == 0 || a.HV == 0) return;
   if (a.K == 64)
     launch_grads_fixed<T, 64>(a, s);

@@ -1,7 +1,8 @@
-// Internal interface of the chunked (chunk 64, UT/WY, tensor-core) delta-rule forward stages.
-// WRITTEN, NOT YET RUN ON A GPU: nothing in delta_rule_cuda.cu calls these yet; `algorithm =
-// chunked` keeps running the verified recurrent kernels until tests/cpp/delta_rule_chunked_gpu_test.cu
-// passes on the H200 (docs/perf/delta_rule.md, "Chunked kernels: written, not yet run on a GPU").
+// Internal interface of the chunked (chunk 64, UT/WY, tensor-core) delta-rule stages.
+// WRITTEN, NOT YET RUN ON A GPU (only on a CPU emulation of their source, chunked_emulation/):
+// nothing in delta_rule_cuda.cu calls these yet; `algorithm = chunked` keeps running the
+// verified recurrent kernels until tests/cpp/delta_rule_chunked_gpu_test.cu passes on the H200
+// (docs/perf/delta_rule.md, "Chunked kernels: written, not yet run on a GPU").
 //
 // Notation as src/reference/delta_rule/chunked.h, per (sequence, value head hv) and chunk c of
 // L <= 64 steps (local rows i, j):
@@ -27,6 +28,8 @@
 //   u     float [rows, HV, V]
 //   v_new T     [rows, HV, V]
 //   h     float [num_chunks, HV, K, V]   state entering chunk c (global chunk index, see ChunkInfo)
+// The backward adds dh [num_chunks, HV, K, V] (dL/dh_{c+1}) and dv_new [rows, HV, V] (B1), and
+// dq_acc, dk_acc [rows, H, K], dv [rows, HV, V], dbeta, dg [rows, HV] (B2), all float.
 // Offsets are int64 throughout.
 //
 // Scope of this first version: bf16 / fp16 inputs, K in {64, 128}, V a multiple of 64, GDN

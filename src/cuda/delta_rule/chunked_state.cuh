@@ -31,7 +31,9 @@ struct StateSmem {
   T* vn;     // [C][LDH] v_new rounded to T (what stage 3 reads), hi part
   T* vn_lo;  // [C][LDH] v_new - hi, rounded to T
   float* G;  // [C]
-  static constexpr int64_t bytes() { return sizeof(T) * (2 * KMAX * LDH + 3 * C * LDK + 2 * C * LDH) + sizeof(float) * C; }
+  static constexpr int64_t bytes() {
+    return sizeof(T) * (2 * KMAX * LDH + 3 * C * LDK + 2 * C * LDH) + sizeof(float) * C;
+  }
   __device__ explicit StateSmem(unsigned char* raw) {
     hs = reinterpret_cast<T*>(raw);
     hs_lo = hs + KMAX * LDH;
