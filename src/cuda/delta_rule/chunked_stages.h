@@ -32,7 +32,7 @@
 // dq_acc, dk_acc [rows, H, K], dv [rows, HV, V], dbeta, dg [rows, HV] (B2), all float.
 // Offsets are int64 throughout.
 //
-// Scope of this first version: bf16 / fp16 inputs, K in {64, 128}, V a multiple of 64, GDN
+// Scope of this first version: bf16 / fp16 inputs, K in {64, 128}, V in {64, 128, 192, 256}, GDN
 // (scalar gate) and the plain delta rule. KDA (per-channel gates) is refused by
 // chunked_stages_support(): its decayed key products exp(G_id - G_jd) are not one matrix product.
 #pragma once
