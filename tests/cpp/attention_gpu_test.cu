@@ -28,34 +28,17 @@
 #include "cuda/attention/sequence_and_mask.cuh"
 #include "flashgrad/attention.h"
 #include "flashgrad/status.h"
+#include "gpu_test_util.h"
 #include "reference/attention/mask.h"
 
 namespace flashgrad::gpu_test {
 namespace {
 
-bool have_device(std::string& why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    why = cudaGetErrorString(err);
-    return false;
-  }
-  if (n == 0) why = "cudaGetDeviceCount() = 0";
-  return n > 0;
-}
+using flashgrad::test::round_to;
 
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    std::string why_;                                                       \
-    if (!have_device(why_)) GTEST_SKIP() << "no CUDA device: " << why_;     \
-  } while (0)
 
-#define CK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-float round_to(DType dt, float x) {
-  return dt == DType::bf16 ? host::bf16_to_float(host::float_to_bf16(x))
-                           : host::f16_to_float(host::float_to_f16(x));
-}
+
 uint16_t encode(DType dt, float x) {
   return dt == DType::bf16 ? host::float_to_bf16(x) : host::float_to_f16(x);
 }
@@ -516,7 +499,7 @@ Config named(const std::string& name, Config c) {
 
 // ---- cases ---------------------------------------------------------------------------------------
 TEST(AttentionGpu, HeadDimsAndDtypes) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   for (int d : {64, 128, 256}) {
     for (DType dt : {DType::bf16, DType::f16}) {
       Config c;
@@ -530,7 +513,7 @@ TEST(AttentionGpu, HeadDimsAndDtypes) {
 }
 
 TEST(AttentionGpu, OddLengthsCausalAndNone) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
     for (auto [sq, sk] : {std::pair{37, 53}, std::pair{37, 113}, std::pair{113, 37}, std::pair{200, 200}}) {
       Config c;
@@ -545,7 +528,7 @@ TEST(AttentionGpu, OddLengthsCausalAndNone) {
 }
 
 TEST(AttentionGpu, SlidingWindow) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   for (auto [wl, wr] : {std::pair<int64_t, int64_t>{16, 8}, {70, 0}, {-1, 5}, {0, -1}, {0, 0}}) {
     Config c;
     c.mask = MaskKind::sliding_window;
@@ -558,7 +541,7 @@ TEST(AttentionGpu, SlidingWindow) {
 }
 
 TEST(AttentionGpu, PrefixLm) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   Config c;
   c.mask = MaskKind::prefix_lm;
   c.batch = 3;
@@ -573,7 +556,7 @@ TEST(AttentionGpu, PrefixLm) {
 }
 
 TEST(AttentionGpu, CandidateIsolation) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   Config c;
   c.mask = MaskKind::candidate_isolation;
   c.batch = 3;
@@ -586,7 +569,7 @@ TEST(AttentionGpu, CandidateIsolation) {
 }
 
 TEST(AttentionGpu, Softcap) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   for (SoftcapMethod m : {SoftcapMethod::tanh, SoftcapMethod::soft_sign}) {
     Config c;
     c.softcap = 2.0f;
@@ -599,7 +582,7 @@ TEST(AttentionGpu, Softcap) {
 }
 
 TEST(AttentionGpu, GqaAndMqa) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   Config c;
   c.hq = 8;
   c.hk = 2;
@@ -615,7 +598,7 @@ TEST(AttentionGpu, GqaAndMqa) {
 }
 
 TEST(AttentionGpu, VarlenWithEmptySequences) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   Config c;
   c.lens_q = {37, 0, 130, 5, 64};
   c.lens_k = {53, 0, 130, 0, 64};
@@ -631,7 +614,7 @@ TEST(AttentionGpu, VarlenWithEmptySequences) {
 }
 
 TEST(AttentionGpu, LseGradientAndZLoss) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   Config c;
   c.with_dlse = true;
   c.z_loss = 0.5f;
@@ -642,7 +625,7 @@ TEST(AttentionGpu, LseGradientAndZLoss) {
 }
 
 TEST(AttentionGpu, DeterministicIsBitwiseRepeatable) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   for (int d : {64, 128, 256}) {
     Config c;
     c.deterministic = true;
@@ -657,7 +640,7 @@ TEST(AttentionGpu, DeterministicIsBitwiseRepeatable) {
 }
 
 TEST(AttentionGpu, PackedQkvStrides) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   Config c;
   c.packed_qkv = true;
   c.hq = 4;
@@ -668,7 +651,7 @@ TEST(AttentionGpu, PackedQkvStrides) {
 }
 
 TEST(AttentionGpu, UnsupportedHeadDimNamesTheArgument) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   DeviceArray<uint16_t> buf(2 * 16 * 2 * 96), out(2 * 16 * 2 * 96);
   DeviceArray<float> lse(2 * 2 * 16);
   AttentionParams p;
@@ -813,12 +796,12 @@ __global__ void fill_hashed(uint16_t* x, int64_t n, uint32_t seed, bool bf16) {
 // offsets of the last batches overflow int32. Forward and backward run over the whole problem; the
 // first, a middle and the last batch are checked against the CPU reference by the 2x rule.
 TEST(AttentionGpu, PastTwoToThe31Elements) {
-  SKIP_WITHOUT_GPU();
+  REQUIRE_GPU();
   const int B = 8193, S = 128, H = 16, D = 128;
   const int64_t n = int64_t{B} * S * H * D;
   ASSERT_GT(n, int64_t{1} << 31);
   size_t free_bytes = 0, total = 0;
-  CK(cudaMemGetInfo(&free_bytes, &total));
+  CUDA_OK(cudaMemGetInfo(&free_bytes, &total));
   if (free_bytes < static_cast<size_t>(n) * 2 * 8 + static_cast<size_t>(n) * 4 + (size_t{2} << 30))
     GTEST_SKIP() << "needs about " << (n * 20 >> 30) << " GiB of device memory, " << (free_bytes >> 30) << " free";
   const DType dt = DType::bf16;
@@ -850,7 +833,7 @@ TEST(AttentionGpu, PastTwoToThe31Elements) {
   in.dout = view(dout.ptr, dt, shape, Device::cuda);
   attention_backward(p, in, view(dq.ptr, dt, shape, Device::cuda), view(dk.ptr, dt, shape, Device::cuda),
                      view(dv.ptr, dt, shape, Device::cuda));
-  CK(cudaDeviceSynchronize());
+  CUDA_OK(cudaDeviceSynchronize());
 
   const int64_t per_batch = int64_t{S} * H * D;
   auto slice = [&](const DeviceArray<uint16_t>& a, int b) {

@@ -38,38 +38,19 @@
 #include "cuda/delta_rule/chunked_stages.h"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
+#include "gpu_test_util.h"
 #include "reference/delta_rule/chunked.h"
 
 namespace {
+
+using flashgrad::test::round_to;
 
 namespace dr = flashgrad::cuda_detail::delta_rule;
 namespace ref = flashgrad::reference::delta_rule;
 using flashgrad::DType;
 using flashgrad::TensorView;
 
-bool have_gpu(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no devices";
-    return false;
-  }
-  return true;
-}
-#define REQUIRE_GPU()                                                 \
-  do {                                                                \
-    std::string why_;                                                 \
-    if (!have_gpu(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-float round_to(DType dt, float x) {
-  switch (dt) {
-    case DType::bf16: return flashgrad::host::bf16_to_float(flashgrad::host::float_to_bf16(x));
-    case DType::f16: return flashgrad::host::f16_to_float(flashgrad::host::float_to_f16(x));
-    default: return x;
-  }
-}
 
 // ---- a case and its host inputs ---------------------------------------------------------------
 struct Case {

@@ -24,37 +24,18 @@
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
+#include "gpu_test_util.h"
 
 namespace {
+
+using flashgrad::test::round_to;
 
 using flashgrad::DType;
 using flashgrad::GateKind;
 using flashgrad::TensorView;
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-bool have_gpu(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no devices";
-    return false;
-  }
-  return true;
-}
-#define REQUIRE_GPU()                                                          \
-  do {                                                                         \
-    std::string why_;                                                          \
-    if (!have_gpu(&why_)) GTEST_SKIP() << "no CUDA device: " << why_;          \
-  } while (0)
 
-float round_to(DType dt, float x) {
-  switch (dt) {
-    case DType::bf16: return flashgrad::host::bf16_to_float(flashgrad::host::float_to_bf16(x));
-    case DType::f16: return flashgrad::host::f16_to_float(flashgrad::host::float_to_f16(x));
-    default: return x;
-  }
-}
 
 // ---- the problem and its host data ---------------------------------------------------------
 struct Case {
