@@ -14,7 +14,7 @@ namespace {
 // Step vectors each worker needs besides its K x V states.
 int64_t forward_scratch(int64_t K, int64_t V) { return StepInputs<double>::scratch_size(K, V) + 2 * V; }
 int64_t backward_scratch(int64_t K, int64_t V) {
-  return StepInputs<double>::scratch_size(K, V) + 4 * V + 5 * K;
+  return StepInputs<double>::scratch_size(K, V) + 4 * V + 3 * K;
 }
 }  // namespace
 
@@ -178,9 +178,14 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
     Real* dr = du + V;                                             // [V]
     Real* dg_row = dr + V;                                         // [K] dg of one step
     Real* Sdr = dg_row + K;                                        // [K] S~ dr
-    Real* dg_total = Sdr + K;  // [K] dg of the first step, per key channel: rowsum(dh0 * h0)
-    Real* dg_prefix = dg_total + K;  // [K] sum over earlier steps of the closed-form terms
-    Real* dq_step = dg_prefix + K;   // [K] dq of one step (HV == H: written straight to grads.dq)
+    Real* dq_step = Sdr + K;                                       // [K] dq of one step (HV == H: written straight to grads.dq)
+    // dg of the first step (rowsum(dh0 * h0), per key channel) and the running sum of the
+    // closed-form terms, in double whatever Real is: late steps' dg_t = dg_1 - prefix is a
+    // difference of two large sums, and in float its rounding has the same sign at every step,
+    // so it added up in sums of dg over time (gate-weight gradients) to ~4e-5 relative.
+    std::vector<double> dg_sums(2 * K, 0.0);
+    double* dg_total = dg_sums.data();
+    double* dg_prefix = dg_total + K;
     // Step t's rows of r/dr and of this value head's dk and dq: r/dr in this worker's block
     // (the item's steps only); dk there too unless GVA, which needs dk and dq partials that
     // outlive the item (row (b, t, j) of the shared [B, T, HV, K] buffers).
@@ -268,11 +273,9 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
     // Gate values per step: K for KDA, 1 for GDN (channel sums), none for the plain rule.
     const int64_t gate_width = pr.gate == GateKind::per_channel ? K : 1;
     load_h0(S);
-    std::fill(dg_total, dg_total + K, Real(0));
-    std::fill(dg_prefix, dg_prefix + K, Real(0));
     for (int64_t i = 0; i < K; ++i) {
-      Real acc = 0;
-      for (int64_t col = 0; col < V; ++col) acc += dS[i * V + col] * S[i * V + col];
+      double acc = 0;
+      for (int64_t col = 0; col < V; ++col) acc += double(dS[i * V + col]) * double(S[i * V + col]);
       dg_total[gate_width == 1 ? 0 : i] += acc;
     }
 
@@ -293,13 +296,14 @@ void recurrent_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
         dq_t[i] = scale * acc;
       }
       if (has_gate) {
-        for (int64_t i = 0; i < gate_width; ++i) dg_row[i] = dg_total[i] - dg_prefix[i];
+        for (int64_t i = 0; i < gate_width; ++i) dg_row[i] = static_cast<Real>(dg_total[i] - dg_prefix[i]);
         if (pr.gate == GateKind::per_channel)
           store_row<Real>(grads.dg, c.b, c.t0 + t, c.j, K, dg_row);
         else
           host::store<Real>(grads.dg.data, grads.dg.dtype, offset3(grads.dg, c.b, c.t0 + t, c.j), dg_row[0]);
         for (int64_t i = 0; i < K; ++i)
-          dg_prefix[gate_width == 1 ? 0 : i] += x.q[i] * dq_t[i] - x.k[i] * dk_t[i] - 2 * x.k[i] * Sdr[i];
+          dg_prefix[gate_width == 1 ? 0 : i] += double(x.q[i]) * dq_t[i] - double(x.k[i]) * dk_t[i] -
+                                                 2.0 * double(x.k[i]) * Sdr[i];
       }
       if (ws.gva) continue;
       if (p.use_qk_l2norm_in_kernel) {  // x.q, x.k hold the normalized rows
