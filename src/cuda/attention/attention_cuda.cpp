@@ -12,6 +12,7 @@
 #include "cuda/common/device_buffer.h"
 #include "attention_kernel_params.h"
 #include "attention_launch.h"
+#include "wgmma_forward.h"
 
 namespace flashgrad::cuda {
 namespace {
@@ -182,6 +183,10 @@ void attention_forward(const AttentionParams& p, const AttentionProblem& pr, con
     lse_strides(lse, pr.varlen, k.lse_batch_stride, k.lse_head_stride, k.lse_row_stride);
   }
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  // The Hopper wgmma kernel where it applies (it declines, launching nothing, otherwise).
+  if (cuda_attn::launch_forward_wgmma(k, static_cast<int>(pr.head_dim), p.q.dtype == DType::bf16,
+                                      pr.varlen ? pr.total_k : pr.seqlen_k, stream))
+    return;
   pick(pr.head_dim, cuda_attn::launch_forward_hd64, cuda_attn::launch_forward_hd128,
        cuda_attn::launch_forward_hd256)(k, p.q.dtype == DType::bf16, stream);
 }

@@ -1,0 +1,117 @@
+// Host side of the wgmma forward: one TMA tensor map per operand and call, the grid, the launch.
+//
+// Each [B, S, H, D] (padded) or [T, H, D] (varlen, one batch) view becomes a 4-D tensor map
+// (D, heads, rows, batch) -- heads and rows swapped when the rows are the smaller stride -- with a
+// box of 64 columns (128 bytes, the SWIZZLE_128B span) x 1 head x 128 rows x 1 batch. Coordinates
+// past a dimension read as zeros, so the last tile of a padded sequence needs no clipping; varlen
+// tiles past a sequence read the next sequence's tokens, which the kernel masks.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/common/cuda_check.h"
+#include "wgmma_forward.h"
+#include "wgmma_forward_kernel.cuh"
+
+namespace flashgrad::cuda_attn {
+namespace {
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
+EncodeTiled encode_tiled() {
+  static EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// A dimension of extent 1 is never stepped along, so any valid stride describes it.
+int64_t usable_stride(int64_t stride, int64_t extent, int64_t fallback) {
+  return extent == 1 ? fallback : stride;
+}
+
+// The map of one operand; false when TMA cannot describe the view.
+bool make_map(CUtensorMap* map, const void* base, const RowMajorStrides& st, int64_t rows, int64_t heads,
+              int64_t batches, int head_dim, bool bf16, int box_rows, int* rows_inner) {
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
+  const int64_t head_st = usable_stride(st.head, heads, head_dim) * 2;
+  const int64_t row_st = usable_stride(st.row, rows, heads * head_dim) * 2;
+  const int64_t batch_st = usable_stride(st.batch, batches, rows * heads * head_dim) * 2;
+  for (int64_t s : {head_st, row_st, batch_st})
+    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40)) return false;
+  *rows_inner = row_st < head_st ? 1 : 0;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim),
+                              static_cast<cuuint64_t>(*rows_inner ? rows : heads),
+                              static_cast<cuuint64_t>(*rows_inner ? heads : rows), static_cast<cuuint64_t>(batches)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(*rows_inner ? row_st : head_st),
+                                 static_cast<cuuint64_t>(*rows_inner ? head_st : row_st),
+                                 static_cast<cuuint64_t>(batch_st)};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(*rows_inner ? box_rows : 1),
+                             static_cast<cuuint32_t>(*rows_inner ? 1 : box_rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                            const_cast<void*>(base), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+template <typename T, int D>
+void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
+            const WgmmaMapAxes& axes, cudaStream_t stream) {
+  using Cfg = WgmmaForwardConfig<D>;
+  const int mblocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  if (mblocks == 0 || p.num_seqs == 0) return;
+  auto kernel = attention_forward_wgmma_kernel<T, D>;
+  static const bool smem_set = [&] {
+    FLASHGRAD_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    return true;
+  }();
+  (void)smem_set;
+  const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.num_seqs) * mblocks),
+                  static_cast<unsigned>(p.heads_q));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, p, axes, mblocks);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf16, int64_t rows_k,
+                          cudaStream_t stream) {
+  const char* env = std::getenv("FLASHGRAD_ATTN_FORWARD");
+  if (env != nullptr && std::strcmp(env, "legacy") == 0) return false;
+  if (head_dim != 64 && head_dim != 128) return false;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t batches = varlen ? 1 : p.num_seqs;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
+  if (batches == 0 || rows_q == 0 || rows_k == 0) return false;
+  CUtensorMap mq, mk, mv;
+  WgmmaMapAxes axes;
+  if (!make_map(&mq, p.q, p.q_st, rows_q, p.heads_q, batches, head_dim, bf16, 128, &axes.q_rows_inner) ||
+      !make_map(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, 128, &axes.k_rows_inner) ||
+      !make_map(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, 128, &axes.v_rows_inner))
+    return false;
+  if (head_dim == 64)
+    bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, p, axes, stream) : launch<__half, 64>(mq, mk, mv, p, axes, stream);
+  else
+    bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, p, axes, stream)
+         : launch<__half, 128>(mq, mk, mv, p, axes, stream);
+  return true;
+}
+
+}  // namespace flashgrad::cuda_attn

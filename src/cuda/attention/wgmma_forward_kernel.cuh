@@ -1,0 +1,344 @@
+// Softmax attention forward for Hopper: wgmma tensor cores fed by TMA, warp-specialized.
+//
+// One CTA = 128 query rows of one (sequence, query head), 3 warpgroups of 128 threads:
+//   warpgroup 0, the producer: one thread issues TMA loads: the Q tile once, then K and V tiles of
+//     the key blocks the mask does not rule out, into a ring of kStages slots each, gated by
+//     "empty" mbarriers the consumers release and completing on "full" mbarriers (byte counts);
+//   warpgroups 1 and 2, the consumers: each owns 64 query rows. Per key block: S = Q K^T by
+//     wgmma m64n128k16 from shared memory (kBlockN = 128 keys), the mask / softcap on tiles that
+//     need it, online softmax in registers (running max and sum in log2 units, as the mma.sync
+//     kernel), P rounded to 16 bits in registers as the A operand of O += P V (wgmma with A in
+//     registers, V read MN-major through the descriptor), O in fp32 registers.
+// The producer gives registers back (setmaxnreg) so each consumer thread can hold S (64 floats),
+// O (D / 2 floats) and P (32 words).
+//
+// Intra-warpgroup overlap: S(j+1) = Q K(j+1)^T and O += P(j) V(j) are issued together; the
+// softmax of block j+1 runs on the CUDA cores while P(j) V(j) is still on the tensor cores.
+//
+// Key blocks are visited in increasing order, with the same tile classification (skip / full /
+// partial) and per-element rule (MaskView::query_keys) as the mma.sync kernel, at the CTA's
+// 128-row granularity. Rows past the sequence in a tile (TMA reads the next sequence's tokens in
+// varlen, zeros past the tensor end) are masked for keys and never written for queries.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+
+#include "attention_forward_kernel.cuh"
+#include "wgmma_primitives.cuh"
+
+namespace flashgrad::cuda_attn {
+
+// Which tensor-map axis (1 or 2) holds the rows; the other one holds the heads. The host orders
+// them by increasing stride (TMA wants it), so a [B, H, S, D]-strided view swaps them.
+struct WgmmaMapAxes {
+  int q_rows_inner = 1, k_rows_inner = 1, v_rows_inner = 1;
+};
+
+template <int D>
+struct WgmmaForwardConfig {
+  static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kPanels = D / 64;  // 128-byte column panels per tile row
+  static constexpr int kThreads = 384;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kPanelBytesQ = kBlockM * 128;
+  static constexpr int kPanelBytesKV = kBlockN * 128;
+  // Q, K ring, V ring, then the mbarriers; +1024 to align the base to the swizzle atom.
+  static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * (1 + 4 * kStages) + 1024;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 40;
+};
+
+// TMA coordinates of (column d0, row, head, batch) for a map whose rows sit on axis 1 or 2.
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows_inner,
+                                         int d0, int row, int head, int batch) {
+  if (rows_inner)
+    sm90::tma_load_4d(dst, map, bar, d0, row, head, batch);
+  else
+    sm90::tma_load_4d(dst, map, bar, d0, head, row, batch);
+}
+
+// S (scaled, masked, softcapped on general tiles) -> P = exp2(S - max), online-softmax update of
+// this thread's two rows (g and g + 8 of its warp's 16); `rescale` receives the factor O must be
+// multiplied by (done by the caller once the previous P V has left the tensor cores). On the short
+// path (full tile, no softcap, positive scale) S is raw and the scale folds into the exponent, as
+// in the mma.sync kernel.
+template <bool kGeneral>
+__device__ __forceinline__ void wgmma_softmax_block(float (&s)[64], float (&row_max)[2], float (&row_sum)[2],
+                                                    float (&rescale)[2], const AttentionKernelParams& p,
+                                                    const MaskView& mask, int row0, int n0, int t) {
+  const float scale_log2 = p.scale * kLog2e;
+  if constexpr (kGeneral) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int lo, hi, diag;
+      mask.query_keys(row0 + 8 * r, lo, hi, diag);
+      lo -= n0 + 2 * t;  // keys relative to this thread's first column
+      hi -= n0 + 2 * t;
+      diag -= n0 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float x = s[4 * nt + 2 * r + c];
+          if (p.softcap_method != kSoftcapOff) {
+            float unused;
+            x = apply_softcap(p.softcap_method, p.softcap, x * p.scale, unused) * kLog2e;
+          } else {
+            x *= scale_log2;
+          }
+          const int jr = nt * 8 + c;
+          if (!((jr >= lo && jr < hi) || jr == diag)) x = -INFINITY;
+          s[4 * nt + 2 * r + c] = x;
+        }
+      }
+    }
+  }
+  const float mul = kGeneral ? 1.f : scale_log2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    mx = fmaxf(quad_max(mx) * mul, row_max[r]);
+    // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
+    const float base = mx == -INFINITY ? 0.f : mx;
+    rescale[r] = fast_exp2(row_max[r] - base);
+    row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base);
+      s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base);
+      sum += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * rescale[r] + sum;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
+                                   const __grid_constant__ CUtensorMap map_k,
+                                   const __grid_constant__ CUtensorMap map_v,
+                                   const AttentionKernelParams p, const WgmmaMapAxes axes,
+                                   int num_m_blocks) {
+  using Cfg = WgmmaForwardConfig<D>;
+  using Ops = ElementOps<T>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem0 = (smem_address(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = smem0;
+  const uint32_t sK = sQ + Cfg::kQBytes;               // slot s at sK + s * kKVBytes
+  const uint32_t sV = sK + ST * Cfg::kKVBytes;
+  const uint32_t bar_q = smem0 + Cfg::kBarrierOffset;  // 8 bytes per mbarrier
+  const uint32_t bar_k_full = bar_q + 8, bar_v_full = bar_k_full + 8 * ST;
+  const uint32_t bar_k_empty = bar_v_full + 8 * ST, bar_v_empty = bar_k_empty + 8 * ST;
+
+  // Heaviest query blocks (the last ones under a causal mask) are scheduled first.
+  const int seq = blockIdx.x / num_m_blocks;
+  const int mb = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
+  const int h = blockIdx.y;
+  const int hk = h / (p.heads_q / p.heads_k);
+  const SequenceView sv = sequence_view(p, seq);
+  const int m0 = mb * BM;
+  if (m0 >= sv.len_q) return;
+  const MaskView mask = mask_view(p, sv, seq);
+  const int num_nb = (sv.len_k + BN - 1) / BN;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    sm90::mbar_init(bar_q, 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      sm90::mbar_init(bar_k_full + 8 * s, 1);
+      sm90::mbar_init(bar_v_full + 8 * s, 1);
+      sm90::mbar_init(bar_k_empty + 8 * s, 8);  // one arrival per consumer warp
+      sm90::mbar_init(bar_v_empty + 8 * s, 8);
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int warpgroup = tid / 128;
+  if (warpgroup == 0) {
+    // ---- producer ----
+    sm90::regs_decrease<Cfg::kProducerRegs>();
+    if (tid != 0) return;
+    sm90::tma_prefetch_map(&map_q);
+    sm90::tma_prefetch_map(&map_k);
+    sm90::tma_prefetch_map(&map_v);
+    const int qb = static_cast<int>(sv.q_batch), kb = static_cast<int>(sv.k_batch);
+    const int q_row = static_cast<int>(sv.q_row0) + m0, k_row0 = static_cast<int>(sv.k_row0);
+    int cls = kTileEmpty;
+    int nb = next_key_block<BN>(mask, 0, num_nb, m0, m0 + BM, cls);
+    // With no key block to visit the consumers write zeros without waiting for anything, so
+    // nothing is loaded (no copy may still be landing when the CTA exits).
+    if (nb < 0) return;
+    sm90::mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kPanels; ++c)
+      tma_tile(sQ + c * Cfg::kPanelBytesQ, &map_q, bar_q, axes.q_rows_inner, 64 * c, q_row, h, qb);
+    for (int it = 0; nb >= 0; nb = next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, cls), ++it) {
+      const int slot = it % ST;
+      const uint32_t phase = (it / ST) & 1;
+      const int row = k_row0 + nb * BN;
+      sm90::mbar_wait(bar_k_empty + 8 * slot, phase ^ 1);
+      sm90::mbar_arrive_expect_tx(bar_k_full + 8 * slot, Cfg::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kPanels; ++c)
+        tma_tile(sK + slot * Cfg::kKVBytes + c * Cfg::kPanelBytesKV, &map_k, bar_k_full + 8 * slot,
+                 axes.k_rows_inner, 64 * c, row, hk, kb);
+      sm90::mbar_wait(bar_v_empty + 8 * slot, phase ^ 1);
+      sm90::mbar_arrive_expect_tx(bar_v_full + 8 * slot, Cfg::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kPanels; ++c)
+        tma_tile(sV + slot * Cfg::kKVBytes + c * Cfg::kPanelBytesKV, &map_v, bar_v_full + 8 * slot,
+                 axes.v_rows_inner, 64 * c, row, hk, kb);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  sm90::regs_increase<Cfg::kConsumerRegs>();
+  const int cw = warpgroup - 1;  // 64-row half of the tile
+  const int lane = tid & 31, warp_in_wg = (tid / 32) & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int row_in_block = cw * 64 + warp_in_wg * 16 + g;  // this thread's first row; second is +8
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  const bool short_path_ok = p.softcap_method == kSoftcapOff && p.scale > 0.f;
+
+  // S = Q K^T of one slot, issued (not waited for).
+  auto issue_qk = [&](float (&s)[64], int slot) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t a = sQ + (kk / 4) * Cfg::kPanelBytesQ + cw * 64 * 128 + (kk % 4) * 32;
+      const uint32_t b = sK + slot * Cfg::kKVBytes + (kk / 4) * Cfg::kPanelBytesKV + (kk % 4) * 32;
+      sm90::wgmma_ss_n128<T>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+
+  // Pipeline per key block j (P(j) already in registers):
+  //   issue S(j+1) = Q K(j+1)^T; issue O += P(j) V(j);
+  //   wait for S(j+1) (wgmma groups complete in issue order), softmax(j+1) on the CUDA cores while
+  //   P(j) V(j) runs; wait for it, then rescale O by block j+1's max and pack P(j+1).
+  auto softmax = [&](float (&sc)[64], float (&mx)[2], float (&sum)[2], float (&rescale)[2], int tile_cls,
+                     int block) {
+    if (tile_cls == kTileFull && short_path_ok)
+      wgmma_softmax_block<false>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
+    else
+      wgmma_softmax_block<true>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
+  };
+  // P as 16-bit A fragments: 16 keys = two 8-column accumulator chunks.
+  auto pack_p = [](const float (&sc)[64], uint32_t (&a)[BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      a[kk][0] = Ops::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+      a[kk][1] = Ops::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+      a[kk][2] = Ops::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+      a[kk][3] = Ops::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+  };
+  auto pin_words = [](uint32_t (&a)[BN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
+  };
+
+  int cls = kTileEmpty;
+  int nb = next_key_block<BN>(mask, 0, num_nb, m0, m0 + BM, cls);
+  float s[64];
+  uint32_t pa[BN / 16][4];
+  if (nb >= 0) {
+    sm90::mbar_wait(bar_q, 0);
+    sm90::mbar_wait(bar_k_full, 0);
+    issue_qk(s, 0);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(s);
+    if (lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done reading K(slot 0)
+    float rescale[2];
+    softmax(s, row_max, row_sum, rescale, cls, nb);  // O is still zero: no rescale needed
+    pack_p(s, pa);
+  }
+  // O += P(j) V(j) of one slot, issued (not waited for).
+  auto issue_pv = [&](int slot, int it) {
+    sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t b = sV + slot * Cfg::kKVBytes + kk * 16 * 128;
+      sm90::wgmma_rs<T, D>(o, pa[kk], sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), 1);
+    }
+    sm90::wgmma_commit();
+  };
+  int it = 0;
+  int next_cls = kTileEmpty;
+  int next = nb >= 0 ? next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, next_cls) : -1;
+  while (next >= 0) {  // steady state: block `it` has a successor
+    const int slot = it % ST, nslot = (it + 1) % ST;
+    sm90::mbar_wait(bar_k_full + 8 * nslot, ((it + 1) / ST) & 1);
+    issue_qk(s, nslot);
+    issue_pv(slot, it);
+    sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
+    sm90::pin_registers(s);
+    if (lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * nslot);
+    float rescale[2];
+    softmax(s, row_max, row_sum, rescale, next_cls, next);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(o);
+    pin_words(pa);  // the tensor cores read P from these registers until now
+    if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[4 * dt + 0] *= rescale[0];
+      o[4 * dt + 1] *= rescale[0];
+      o[4 * dt + 2] *= rescale[1];
+      o[4 * dt + 3] *= rescale[1];
+    }
+    pack_p(s, pa);
+    nb = next;
+    next = next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, next_cls);
+    ++it;
+  }
+  if (nb >= 0) {  // the last block's P V
+    issue_pv(it % ST, it);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(o);
+    pin_words(pa);
+  }
+
+  // Epilogue: O / l, lse = (m + log2 l) ln 2; a row with l = 0 (nothing allowed) gives 0 and -inf.
+  T* out = static_cast<T*>(p.out) + row_offset(p.out_st, sv.q_batch, sv.q_row0, m0, h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int i = row_in_block + 8 * r;
+    if (m0 + i >= sv.len_q) continue;
+    T* orow = out + static_cast<int64_t>(i) * p.out_st.row;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) = packed;
+    }
+    if (p.lse != nullptr && t == 0) {
+      const float lse = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+      p.lse[sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(h) * p.lse_head_stride +
+            (sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_attn

@@ -1,0 +1,205 @@
+// Hopper (sm_90a) building blocks of the wgmma attention forward, as raw PTX: mbarriers, TMA tile
+// loads (cp.async.bulk.tensor), warpgroup MMA (wgmma.mma_async) with shared-memory descriptors,
+// and register reallocation between warpgroups (setmaxnreg).
+//
+// Shared-memory tiles are what a TMA box with SWIZZLE_128B writes: rows of 64 16-bit elements
+// (128 bytes), the 16-byte chunk c of row r stored at chunk c ^ (r % 8), boxes 1024-byte aligned.
+// A tile of R rows x D columns is D / 64 such boxes ("column panels") of R x 128 bytes, one after
+// the other. wgmma reads the same layout through a descriptor (PTX ISA "Matrix Descriptor Format"):
+//   K-major operand (Q, K: the reduction dim is the contiguous one): start at the panel holding
+//     k, plus 32 bytes per 16-element k step inside the 128-byte row; stride byte offset (SBO) =
+//     1024 = 8 rows x 128 B between groups of 8 rows; leading byte offset unused (1).
+//   MN-major operand (V in P V: the reduction dim, keys, is the row dim): start at key row k0;
+//     SBO = 1024 between groups of 8 keys, LBO = panel bytes between the 64-column panels of N.
+// Accumulator layout of m64nNk16 (fp32), thread (warp w of the warpgroup, g = lane / 4,
+// t = lane % 4): d[4i + 2r + c] = row 16w + g + 8r, column 8i + 2t + c, i.e. the mma.sync m16n8
+// C layout per 8-column chunk; the register A operand has the mma.sync m16n8k16 A layout per warp.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace flashgrad::cuda_attn::sm90 {
+
+// ---- mbarrier ------------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival that also announces `bytes` of TMA traffic the phase must wait for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Blocks until the phase with parity `parity` has completed. A fresh barrier is in phase 0, so
+// waiting on parity 1 returns at once (the producer's first pass over the empty slots).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- TMA -----------------------------------------------------------------------------------------
+// One box of a 4-D tensor map into shared memory; completion is counted on `bar` in bytes.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                            int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- register reallocation -----------------------------------------------------------------------
+template <int N>
+__device__ __forceinline__ void regs_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---- wgmma ---------------------------------------------------------------------------------------
+// Descriptor of a 128-byte-swizzled operand (layout type 1 in bits 62-63); addresses in 16 bytes.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+// Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads / writes across an in-flight wgmma.
+template <int N>
+__device__ __forceinline__ void pin_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define FG_ACC8(d, i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FG_ACC32(d) FG_ACC8(d, 0), FG_ACC8(d, 8), FG_ACC8(d, 16), FG_ACC8(d, 24)
+#define FG_ACC64(d) FG_ACC32(d), FG_ACC8(d, 32), FG_ACC8(d, 40), FG_ACC8(d, 48), FG_ACC8(d, 56)
+#define FG_REGS32                                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FG_REGS64                                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "   \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "   \
+  "%59, %60, %61, %62, %63}"
+
+template <typename T>
+struct WgmmaName;
+template <>
+struct WgmmaName<__nv_bfloat16> {
+  static constexpr bool kBf16 = true;
+};
+template <>
+struct WgmmaName<__half> {
+  static constexpr bool kBf16 = false;
+};
+
+// D[64 x 128] (=|+=) A[64 x 16] B[16 x 128], A and B from shared memory, both K-major.
+// scale_d = 0 overwrites D (first k step), 1 accumulates.
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  if constexpr (WgmmaName<T>::kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FG_REGS64
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : FG_ACC64(d)
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FG_REGS64
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : FG_ACC64(d)
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+}
+
+// D[64 x 128] (=|+=) A[64 x 16] B[16 x 128], A in registers, B MN-major in shared memory (transposed).
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
+                                              int scale_d) {
+  if constexpr (WgmmaName<T>::kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FG_REGS64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : FG_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FG_REGS64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : FG_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+  }
+}
+
+// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A in registers, B MN-major in shared memory.
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
+                                             int scale_d) {
+  if constexpr (WgmmaName<T>::kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : FG_ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : FG_ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+  }
+}
+
+// O += P V for a head dim of D columns (64 or 128).
+template <typename T, int D>
+__device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
+  if constexpr (D == 128)
+    wgmma_rs_n128<T>(d, a, b_desc, scale_d);
+  else
+    wgmma_rs_n64<T>(d, a, b_desc, scale_d);
+}
+
+#undef FG_ACC8
+#undef FG_ACC32
+#undef FG_ACC64
+#undef FG_REGS32
+#undef FG_REGS64
+
+}  // namespace flashgrad::cuda_attn::sm90
