@@ -1,5 +1,6 @@
 // JAX FFI op functions for softmax attention: attributes and named buffers -> the core's params.
-// Buffers (by name): q, k, v, cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds;
+// Buffers (by name): q, k, v, cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds,
+// descale_q, descale_k, descale_v (float32 [N, Hk], with float8_e4m3fn q, k, v);
 // forward outputs out, lse; backward inputs also out, lse, dout, dlse and outputs dq, dk, dv.
 // Attributes: max_seqlen_q, max_seqlen_k, window_left, window_right (int64); softmax_scale (NaN
 // = default), softcap, z_loss_weight (float32); mask, softcap_method (str); deterministic (bool).
@@ -51,6 +52,9 @@ AttentionParams params_of(const Call& c) {
   p.candidate_bounds = c.in["candidate_bounds"];
   p.softcap = c.float_attr("softcap");
   p.softcap_method = parse_softcap_method(str_attr(c, "softcap_method"));
+  p.descale_q = c.in["descale_q"];  // fp8 (e4m3) inputs only
+  p.descale_k = c.in["descale_k"];
+  p.descale_v = c.in["descale_v"];
   p.deterministic = c.bool_attr("deterministic");
   p.exec = c.exec;
   return p;

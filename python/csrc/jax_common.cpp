@@ -21,7 +21,7 @@ DType dtype_of(ffi::DataType t) {
     default: break;
   }
   binding_error("buffer element type " + std::to_string(static_cast<int>(t)) +
-                " is not supported (float32, float16, bfloat16, float64, int32, int64)");
+                " is not supported (float32, float16, bfloat16, float64, float8_e4m3fn, int32, int64)");
 }
 
 // XLA buffers here are dense row-major (the default layout jax.ffi.ffi_call asks for).

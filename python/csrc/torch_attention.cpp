@@ -31,6 +31,7 @@ SoftcapMethod parse_softcap_method(c10::string_view name) {
 struct AttentionTensors {
   at::Tensor q, k, v;
   std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds;
+  std::optional<at::Tensor> descale_q, descale_k, descale_v;  // fp8 inputs only
 };
 
 AttentionParams make_params(const AttentionTensors& t, int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -53,6 +54,9 @@ AttentionParams make_params(const AttentionTensors& t, int64_t max_seqlen_q, int
   p.candidate_bounds = view(t.candidate_bounds);
   p.softcap = static_cast<float>(softcap);
   p.softcap_method = parse_softcap_method(softcap_method);
+  p.descale_q = view(t.descale_q);
+  p.descale_k = view(t.descale_k);
+  p.descale_v = view(t.descale_v);
   p.exec = execution_options(t.q);
   return p;
 }
@@ -84,6 +88,10 @@ std::vector<int64_t> lse_shape(const at::Tensor& q) {
 at::ScalarType lse_dtype(const at::Tensor& q) {
   return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
+// out, and the gradients: q's dtype, bfloat16 for float8_e4m3fn inputs (FlashAttention 3's choice).
+at::ScalarType result_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kFloat8_e4m3fn ? at::kBFloat16 : q.scalar_type();
+}
 
 std::tuple<at::Tensor, at::Tensor> attention_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -92,15 +100,18 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(
     c10::string_view mask, int64_t window_left, int64_t window_right,
     const std::optional<at::Tensor>& prefix_lengths,
     const std::optional<at::Tensor>& candidate_bounds, double softcap,
-    c10::string_view softcap_method, double /*z_loss_weight: backward only*/, bool deterministic) {
+    c10::string_view softcap_method, double /*z_loss_weight: backward only*/, bool deterministic,
+    const std::optional<at::Tensor>& descale_q, const std::optional<at::Tensor>& descale_k,
+    const std::optional<at::Tensor>& descale_v) {
   return translate_errors([&] {
     c10::OptionalDeviceGuard guard(q.device());
     const AttentionTensors t{last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v),
-                             cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds};
+                             cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds,
+                             descale_q, descale_k, descale_v};
     AttentionParams p = make_params(t, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
                                     window_left, window_right, softcap, softcap_method);
     p.deterministic = deterministic;
-    at::Tensor out = at::empty(out_shape(q, v), q.options());
+    at::Tensor out = at::empty(out_shape(q, v), q.options().dtype(result_dtype(q)));
     at::Tensor lse = at::empty(lse_shape(q), q.options().dtype(lse_dtype(q)));
     Workspace ws;
     const at::Tensor scratch = workspace_for(p, Pass::forward, t.q, ws);
@@ -117,11 +128,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     c10::string_view mask, int64_t window_left, int64_t window_right,
     const std::optional<at::Tensor>& prefix_lengths,
     const std::optional<at::Tensor>& candidate_bounds, double softcap,
-    c10::string_view softcap_method, double z_loss_weight, bool deterministic) {
+    c10::string_view softcap_method, double z_loss_weight, bool deterministic,
+    const std::optional<at::Tensor>& descale_q, const std::optional<at::Tensor>& descale_k,
+    const std::optional<at::Tensor>& descale_v) {
   return translate_errors([&] {
     c10::OptionalDeviceGuard guard(q.device());
     const AttentionTensors t{last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v),
-                             cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds};
+                             cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds,
+                             descale_q, descale_k, descale_v};
     AttentionParams p = make_params(t, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
                                     window_left, window_right, softcap, softcap_method);
     p.deterministic = deterministic;
@@ -134,9 +148,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
     in.dout = view(dout_c);
     in.dlse = view(dlse_c);
     in.z_loss_weight = static_cast<float>(z_loss_weight);
-    at::Tensor dq = at::empty(q.sizes(), q.options());
-    at::Tensor dk = at::empty(k.sizes(), k.options());
-    at::Tensor dv = at::empty(v.sizes(), v.options());
+    const at::ScalarType grad_dtype = result_dtype(q);
+    at::Tensor dq = at::empty(q.sizes(), q.options().dtype(grad_dtype));
+    at::Tensor dk = at::empty(k.sizes(), k.options().dtype(grad_dtype));
+    at::Tensor dv = at::empty(v.sizes(), v.options().dtype(grad_dtype));
     Workspace ws;
     const at::Tensor scratch = workspace_for(p, Pass::backward, t.q, ws);
     flashgrad::attention_backward(p, in, view(dq), view(dk), view(dv), ws);

@@ -25,7 +25,7 @@ DType flashgrad_dtype(const at::Tensor& t) {
   // Not a flashgrad dtype at all; the argument's name is only known to the core, so the message
   // names the dtype (the core's own dtype rules name the argument for every supported dtype).
   TORCH_CHECK_VALUE(false, "flashgrad: tensor dtype ", t.scalar_type(),
-                    " is not supported (float32, float16, bfloat16, float64, int32, int64)");
+                    " is not supported (float32, float16, bfloat16, float64, float8_e4m3fn, int32, int64)");
 }
 
 Device flashgrad_device(const at::Tensor& t) {

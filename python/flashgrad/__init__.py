@@ -3,6 +3,7 @@
 PyTorch (drop-in for FlashAttention 2/3 and fla)::
 
     from flashgrad import flash_attn_func, flash_attn_varlen_func
+    from flashgrad import flash_attn_fp8_func, flash_attn_varlen_fp8_func   # e4m3 inside (docs/fp8.md)
     from flashgrad import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     from flashgrad import chunk_kda, fused_recurrent_kda, chunk_delta_rule, fused_recurrent_delta_rule
 
@@ -28,6 +29,8 @@ _TORCH_API = {
     "flash_attn_varlen_func": "flashgrad.attention",
     "flash_attn_qkvpacked_func": "flashgrad.attention",
     "flash_attn_kvpacked_func": "flashgrad.attention",
+    "flash_attn_fp8_func": "flashgrad.fp8_attention",
+    "flash_attn_varlen_fp8_func": "flashgrad.fp8_attention",
     "chunk_gated_delta_rule": "flashgrad.delta_rule",
     "fused_recurrent_gated_delta_rule": "flashgrad.delta_rule",
     "chunk_kda": "flashgrad.delta_rule",

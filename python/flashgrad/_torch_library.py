@@ -31,6 +31,11 @@ def _state_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
+def _result_dtype(q: torch.Tensor) -> torch.dtype:
+    """Attention out and gradients: q's dtype, bfloat16 for float8_e4m3fn inputs."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
 # ---- shape functions ------------------------------------------------------------------------
 # They mirror the allocations in python/csrc/torch_*.cpp (contiguous outputs); inputs the core
 # would reject get the same placeholder shapes as there (the real call then raises).
@@ -40,8 +45,9 @@ def _state_dtype(q: torch.Tensor) -> torch.dtype:
 def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             softmax_scale, mask, window_left, window_right, prefix_lengths,
                             candidate_bounds, softcap, softcap_method, z_loss_weight=0.0,
-                            deterministic=False):
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]) if q.dim() >= 1 and v.dim() >= 1 else (0,))
+                            deterministic=False, descale_q=None, descale_k=None, descale_v=None):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]) if q.dim() >= 1 and v.dim() >= 1 else (0,),
+                      dtype=_result_dtype(q))
     if q.dim() == 4:
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     elif q.dim() == 3:
@@ -53,9 +59,9 @@ def _attention_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 
 @torch.library.register_fake("flashgrad::attention_backward")
 def _attention_backward_fake(dout, dlse, q, k, v, *args):
-    return torch.empty_like(q, memory_format=torch.contiguous_format), \
-        torch.empty_like(k, memory_format=torch.contiguous_format), \
-        torch.empty_like(v, memory_format=torch.contiguous_format)
+    def like(t):
+        return torch.empty_like(t, dtype=_result_dtype(q), memory_format=torch.contiguous_format)
+    return like(q), like(k), like(v)
 
 
 def _num_states(q, cu_seqlens):
@@ -92,16 +98,18 @@ def _delta_rule_backward_fake(dout, dht, saved_r, q, k, v, g, beta, scale, initi
 def _attention_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
      window_left, window_right, prefix_lengths, candidate_bounds, softcap, softcap_method,
-     z_loss_weight, deterministic) = inputs
+     z_loss_weight, deterministic, descale_q, descale_k, descale_v) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds,
+                          descale_q, descale_k, descale_v)
     ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left, window_right,
                    softcap, softcap_method, z_loss_weight, deterministic)
     ctx.set_materialize_grads(False)
 
 
 def _attention_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds = ctx.saved_tensors
+    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, prefix_lengths, candidate_bounds,
+     descale_q, descale_k, descale_v) = ctx.saved_tensors
     (max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left, window_right, softcap,
      softcap_method, z_loss_weight, deterministic) = ctx.options
     if dout is None:  # only lse reached the loss
@@ -109,8 +117,8 @@ def _attention_backward(ctx, dout, dlse):
     dq, dk, dv = ops.attention_backward(
         dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         softmax_scale, mask, window_left, window_right, prefix_lengths, candidate_bounds, softcap,
-        softcap_method, z_loss_weight, deterministic)
-    return (dq, dk, dv) + (None,) * 14
+        softcap_method, z_loss_weight, deterministic, descale_q, descale_k, descale_v)
+    return (dq, dk, dv) + (None,) * 17
 
 
 torch.library.register_autograd("flashgrad::attention_forward", _attention_backward,
