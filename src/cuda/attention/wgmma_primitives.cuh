@@ -42,13 +42,24 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 }
 // Blocks until the phase with parity `parity` has completed. A fresh barrier is in phase 0, so
 // waiting on parity 1 returns at once (the producer's first pass over the empty slots).
+// Watchdog: 2^26 failed tries (each try_wait suspends up to a hardware time limit: seconds in
+// all; a real wait takes microseconds) means a pipeline bug; trapping turns that hang into a
+// launch error the caller sees. Written as one asm loop: a C++ loop around try_wait costs the
+// consumers registers they do not have.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
+      ".reg .u32 tries;\n"
+      "mov.u32 tries, 0;\n"
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
+      "@done bra DONE_%=;\n"
+      "add.u32 tries, tries, 1;\n"
+      "setp.lt.u32 done, tries, 67108864;\n"
+      "@done bra WAIT_%=;\n"
+      "trap;\n"
+      "DONE_%=:\n"
       "}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
