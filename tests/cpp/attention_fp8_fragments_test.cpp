@@ -110,7 +110,13 @@ void check_tile_loads() {
     for (int row0 = 0; row0 + 16 <= kRows; row0 += 8)
       for (int col0 = 0; col0 + 32 <= ROW_BYTES; col0 += 16) {
         int addr[32];
-        for (int l = 0; l < 32; ++l) addr[l] = f8::ldmatrix_lane_byte<ROW_BYTES>(l, rows_then_cols, row0, col0);
+        for (int l = 0; l < 32; ++l) {
+          addr[l] = f8::ldmatrix_lane_byte<ROW_BYTES>(l, rows_then_cols, row0, col0);
+          if (col0 % 32 == 0) {  // the kernels' hoisted form
+            const f8::Fp8LaneOffsets<ROW_BYTES> lo(l, rows_then_cols);
+            ASSERT_EQ(lo.at(row0, col0), addr[l]) << ROW_BYTES << "-byte rows, lane " << l;
+          }
+        }
         for (int phase = 0; phase < 4; ++phase) {
           std::set<int> groups;
           for (int l = 8 * phase; l < 8 * phase + 8; ++l) groups.insert((addr[l] / 16) % 8);

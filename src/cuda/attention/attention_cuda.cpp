@@ -12,6 +12,7 @@
 #include "cuda/common/device_buffer.h"
 #include "attention_kernel_params.h"
 #include "attention_launch.h"
+#include "fp8_attention_host.h"
 #include "wgmma_forward.h"
 
 namespace flashgrad::cuda {
@@ -34,19 +35,20 @@ class DeviceGuard {
 };
 
 // cp.async copies 16-byte row chunks: base pointer 16-byte aligned, row/head/batch strides a
-// multiple of 8 elements (16-bit dtypes).
+// multiple of 16 bytes (8 elements of 16-bit dtypes, 16 of e4m3).
 void require_16_byte_rows(const char* op, const TensorView& t, const char* arg) {
+  const int64_t elems = t.dtype == DType::e4m3 ? 16 : 8;
   bool ok = reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0;
-  for (int d = 0; d + 1 < t.rank; ++d) ok = ok && (t.stride[d] % 8 == 0 || t.shape[d] == 1);
+  for (int d = 0; d + 1 < t.rank; ++d) ok = ok && (t.stride[d] % elems == 0 || t.shape[d] == 1);
   if (!ok)
     throw_unsupported(op, arg,
                       "the CUDA backend needs a 16-byte aligned base pointer and strides that are "
-                      "multiples of 8 elements (got " + t.describe() + ")");
+                      "multiples of " + std::to_string(elems) + " elements (got " + t.describe() + ")");
 }
 
 void check_supported(const char* op, const AttentionParams& p, const AttentionProblem& pr) {
-  if (p.q.dtype != DType::bf16 && p.q.dtype != DType::f16)
-    throw_unsupported(op, "q", std::string("the CUDA attention kernels take bfloat16 or float16, not ") +
+  if (p.q.dtype != DType::bf16 && p.q.dtype != DType::f16 && p.q.dtype != DType::e4m3)
+    throw_unsupported(op, "q", std::string("the CUDA attention kernels take bfloat16, float16 or float8_e4m3fn, not ") +
                                    dtype_name(p.q.dtype));
   if (pr.head_dim != pr.head_dim_v)
     throw_unsupported(op, "v", "the CUDA attention kernels need v's head dim equal to q's (got D = " +
@@ -170,7 +172,7 @@ Launcher pick(int64_t head_dim, Launcher hd64, Launcher hd128, Launcher hd256) {
 }  // namespace
 
 void attention_forward(const AttentionParams& p, const AttentionProblem& pr, const TensorView& out,
-                       const TensorView& lse, Workspace) {
+                       const TensorView& lse, Workspace ws) {
   const char* op = "attention_forward";
   check_supported(op, p, pr);
   require_16_byte_rows(op, out, "out");
@@ -183,6 +185,8 @@ void attention_forward(const AttentionParams& p, const AttentionProblem& pr, con
     lse_strides(lse, pr.varlen, k.lse_batch_stride, k.lse_head_stride, k.lse_row_stride);
   }
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  if (p.q.dtype == DType::e4m3)
+    return fp8_attention_forward(p, pr, k, out.dtype == DType::bf16, ws, stream);
   // The Hopper wgmma kernel where it applies (it declines, launching nothing, otherwise).
   if (cuda_attn::launch_forward_wgmma(k, static_cast<int>(pr.head_dim), p.q.dtype == DType::bf16,
                                       pr.varlen ? pr.total_k : pr.seqlen_k, stream))
@@ -222,6 +226,8 @@ void attention_backward(const AttentionParams& p, const AttentionProblem& pr,
   k.deterministic = p.deterministic;
 
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  if (p.q.dtype == DType::e4m3)
+    return fp8_attention_backward(p, pr, k, in.out.dtype == DType::bf16, ws, stream);
   const BackwardScratch sizes = backward_scratch(p, pr);
   cuda_detail::ScratchBuffer scratch(ws, 2 * sizes.lse_bytes + sizes.dq_bytes, stream);
   k.lse_log2 = scratch.take<float>(sizes.lse_bytes);
@@ -243,6 +249,7 @@ void attention_backward(const AttentionParams& p, const AttentionProblem& pr,
 }
 
 std::size_t attention_workspace_bytes(const AttentionParams& p, const AttentionProblem& pr, Pass pass) {
+  if (p.q.dtype == DType::e4m3) return fp8_attention_workspace_bytes(p, pr, pass);
   if (pass == Pass::forward) return 0;
   const BackwardScratch s = backward_scratch(p, pr);
   return 2 * s.lse_bytes + s.dq_bytes;

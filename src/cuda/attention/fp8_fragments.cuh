@@ -142,4 +142,22 @@ FLASHGRAD_FP8_HD int ldmatrix_lane_byte(int lane, bool rows_then_cols, int row0,
   return swizzled_byte<ROW_BYTES>(row0 + dr + (lane & 7), col0 + dc);
 }
 
+// ldmatrix_lane_byte with the lane-dependent part computed once (as LaneOffsets does for 16-bit
+// tiles). For row0 % 8 == 0 the swizzle of row row0 + x equals that of row x (>= 128-byte rows:
+// (row0 + x) % 8 = x % 8; 64-byte rows: (row0 / 2) % 4 = 0; 32-byte rows: (row0 / 4) % 2 = 0), and
+// for col0 % 32 == 0 the XOR touches only the low 3 bits of the chunk index, i.e. the byte offset
+// within the 128 bytes containing col0. So at(row0, col0) = row0 * ROW_BYTES + (col0 & ~127) +
+// off[(col0 / 32) % 4], off[i] being the lane's offset for (0, 32 i).
+template <int ROW_BYTES>
+struct Fp8LaneOffsets {
+  int off[4];
+  FLASHGRAD_FP8_HD Fp8LaneOffsets(int lane, bool rows_then_cols) {
+    for (int i = 0; i < 4; ++i)
+      off[i] = 32 * i < ROW_BYTES ? ldmatrix_lane_byte<ROW_BYTES>(lane, rows_then_cols, 0, 32 * i) : 0;
+  }
+  FLASHGRAD_FP8_HD int at(int row0, int col0) const {
+    return row0 * ROW_BYTES + (col0 & ~127) + off[(col0 >> 5) & 3];
+  }
+};
+
 }  // namespace flashgrad::cuda_attn::fp8
