@@ -12,6 +12,7 @@ JAX::
     import flashgrad.jax as fgj
     fgj.flash_attention(q, k, v, causal=True)
     fgj.gated_delta_rule(q, k, v, g, beta)
+    fgj.flash_attention_fp8(q, k, v, causal=True)    # e4m3 inside (docs/fp8.md)
 
 Importing this package does not import torch or jax: the PyTorch functions load on first use, and
 ``flashgrad.jax`` is a separate module. See docs/python.md.

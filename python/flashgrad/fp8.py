@@ -4,7 +4,10 @@ The recipe (docs/fp8.md): for sequence (batch row, or packed sequence) n and kv 
 
     amax[n, g]    = max |x| over that sequence's tokens and the heads that read kv head g
                     (for q: the Hq / Hk query heads of the group; for k, v: head g itself)
-    descale[n, g] = amax[n, g] / 448         (1 when amax == 0: an all-zero block stays zero)
+    descale[n, g] = amax[n, g] * (1 / 448)   (1 when amax == 0: an all-zero block stays zero;
+                                              1/448 as a float32 constant, so that every framework
+                                              gets the same bits: XLA turns a division by a
+                                              constant into this multiplication anyway)
     x8            = e4m3(x / descale)        round to nearest even, saturating to +-448
 
 so that x8 * descale recovers x to e4m3's 3 mantissa bits, and the largest entry of each block
@@ -21,6 +24,7 @@ import torch
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # largest finite e4m3fn value: 1.75 * 2^8
+INV_E4M3_MAX = 1.0 / E4M3_MAX  # rounded to float32 where it multiplies a float32 tensor
 
 
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -35,9 +39,9 @@ def round_e4m3(x: torch.Tensor) -> torch.Tensor:
 
 
 def descale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """amax (float32, >= 0) -> descale = amax / 448, 1 where amax == 0."""
+    """amax (float32, >= 0) -> descale = amax * (1/448), 1 where amax == 0."""
     amax = amax.float()
-    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return torch.where(amax > 0, amax * INV_E4M3_MAX, torch.ones_like(amax))
 
 
 def sequence_of_token(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:

@@ -100,13 +100,16 @@ class _Scores:
     allowed: torch.Tensor  # [Sq, Sk]
 
 
-def _scores(q8n, k8n, dsq, dsk, scale, opts, allowed) -> _Scores:
+def _scores(q8n, k8n, dsq, dsk, scale, opts, allowed, scores_bf16=False) -> _Scores:
     """S = (q8 . k8^T) * descale_q * descale_k * scale: an fp8 product accumulated in float32,
-    then one multiplication by the combined factor, as the kernel's epilogue does."""
+    then one multiplication by the combined factor, as the kernel's epilogue does. scores_bf16
+    rounds S to bf16 (a framework's fp8 GEMM with bf16 output; see fp8_attention_reference)."""
     group = q8n.shape[1] // k8n.shape[1]
     k_rep = k8n.float().repeat_interleave(group, dim=1)
     factor = (dsq * dsk * scale).repeat_interleave(group)          # [Hq]
     raw = torch.einsum("qhd,khd->hqk", q8n.float(), k_rep) * factor[:, None, None]
+    if scores_bf16:
+        raw = raw.bfloat16().float()
     capped = _softcap(raw, opts).masked_fill(~allowed, -math.inf)
     return _Scores(raw, capped, allowed)
 
@@ -118,10 +121,15 @@ def _default_scale(opts, head_dim):
 
 
 def fp8_attention_reference(q8, k8, v8, descale_q, descale_k, descale_v, *, emulate_recipe=True,
-                            **options):
+                            scores_bf16=False, **options):
     """The recipe's forward on e4m3 q8 [B, Sq, Hq, D] / [Tq, Hq, D] (k8, v8 likewise; descales
     float32 [N, Hk]). options: AttentionOptions' fields. Returns (out, lse): out bf16 (float32
-    with emulate_recipe=False), lse float32; fully masked rows give out 0 and lse -inf."""
+    with emulate_recipe=False), lse float32; fully masked rows give out 0 and lse -inf.
+
+    lse involves none of the recipe's quantizations (l sums the unquantized p~), so the emulated
+    lse equals the exact one; scores_bf16=True rounds S to bf16 instead, the precision of a
+    framework's fp8 matmul, which the GPU tests use as lse's yardstick (FP8 tensor cores do not
+    accumulate in full float32, docs/fp8.md)."""
     opts = AttentionOptions(**options)
     scale = _default_scale(opts, q8.shape[-1])
     out_dtype = torch.bfloat16 if emulate_recipe else torch.float32
@@ -137,7 +145,7 @@ def fp8_attention_reference(q8, k8, v8, descale_q, descale_k, descale_v, *, emul
             continue
         group = q8n.shape[1] // k8n.shape[1]
         allowed = _allowed(opts, n, sq, sk, q8.device)
-        s = _scores(q8n, k8n, descale_q[n], descale_k[n], scale, opts, allowed).capped
+        s = _scores(q8n, k8n, descale_q[n], descale_k[n], scale, opts, allowed, scores_bf16).capped
         m = s.amax(dim=-1, keepdim=True) if sk > 0 else torch.full_like(s[..., :1], -math.inf)
         m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         p_tilde = torch.exp(s - m_safe)                               # 0 where masked

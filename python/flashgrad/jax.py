@@ -271,3 +271,7 @@ def gated_delta_rule(q, k, v, g, beta=None, *, scale=None, initial_state=None, o
     opts = _DeltaRuleOptions(None if scale is None else float(scale), bool(use_qk_l2norm_in_kernel),
                              algorithm, bool(output_final_state))
     return _delta_rule(opts, q, k, v, g, beta, initial_state, cu_seqlens)
+
+
+# ---- FP8 (e4m3) softmax attention: flashgrad/jax_fp8.py (docs/fp8.md) ---------------------------
+from flashgrad.jax_fp8 import flash_attention_fp8  # noqa: E402,F401  (imports this module's helpers)

@@ -60,7 +60,7 @@ def test_quantize_round_trip_and_scale_per_group(rng):
     # amax over the sequence and the query heads of each kv-head group: heads 3g, 3g+1, 3g+2
     for g in range(hk):
         amax = x[:, :, 3 * g:3 * g + 3].float().abs().amax(dim=(1, 2, 3))
-        torch.testing.assert_close(descale[:, g], amax / E4M3_MAX, rtol=0, atol=0)
+        torch.testing.assert_close(descale[:, g], amax * (1 / E4M3_MAX), rtol=0, atol=0)
         # the largest entry of each group lands on 448
         assert torch.equal(x8[:, :, 3 * g:3 * g + 3].float().abs().amax(dim=(1, 2, 3)),
                            torch.full((b,), E4M3_MAX))
@@ -366,3 +366,190 @@ def test_torch_compile_matches_eager(rng):
 
 def test_exported_by_the_package():
     assert "flash_attn_fp8_func" in dir(flashgrad) and "flash_attn_varlen_fp8_func" in dir(flashgrad)
+
+
+# ---- GPU: the CUDA FP8 kernels against the emulation (docs/attention.md's 2x rule) ----------------
+
+_REFUSAL = {}
+
+
+def _cuda_refusal():
+    """None when the CUDA backend runs e4m3 attention, else its NotImplementedError message
+    (a build or GPU without the FP8 kernels must refuse clearly, never fall back)."""
+    if "message" not in _REFUSAL:
+        x = torch.randn(1, 16, 1, 64, device="cuda", dtype=BF16)
+        try:
+            flash_attn_fp8_func(x, x, x)
+            _REFUSAL["message"] = None
+        except NotImplementedError as error:
+            _REFUSAL["message"] = str(error)
+    return _REFUSAL["message"]
+
+
+@pytest.fixture
+def fp8_cuda():
+    refusal = _cuda_refusal()
+    if refusal is not None:
+        pytest.skip(f"the CUDA backend refuses e4m3 attention (no FP8 kernels in this build): {refusal}")
+    matmul_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False   # the emulation's float32 products stay float32
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+
+
+@pytest.mark.gpu
+def test_gpu_refuses_clearly_or_runs():
+    refusal = _cuda_refusal()
+    if refusal is not None:
+        assert "float8_e4m3fn" in refusal and "argument 'q'" in refusal, refusal
+        print(f"fp8 CUDA kernels absent: {refusal}")
+
+
+def _rel_rms(x, ref):
+    x, ref = x.float(), ref.float()
+    keep = torch.isfinite(ref)
+    return float(((x - ref)[keep] ** 2).mean().sqrt() / (ref[keep] ** 2).mean().sqrt().clamp_min(1e-30))
+
+
+def _within(name, x, x_ref, x_emul, ratio, dtype):
+    """max|X - X_ref32| <= ratio * max|X_emul - X_ref32| + atol; atol = 2 * the rounding of X's
+    dtype at X_ref32's magnitude. Rows without keys (lse -inf) must agree exactly."""
+    x, x_ref, x_emul = x.float(), x_ref.float(), x_emul.float()
+    empty = torch.isneginf(x_ref)
+    assert torch.equal(torch.isneginf(x), empty), f"{name}: fully masked rows differ"
+    x, x_ref, x_emul = (t.masked_fill(empty, 0.0) for t in (x, x_ref, x_emul))
+    assert torch.isfinite(x).all(), f"{name}: non-finite values"
+    atol = 2 * ((x_ref.to(dtype) + 0.3 - 0.3).float() - x_ref).abs().max().item() if dtype != torch.float32 \
+        else 2 * (x_ref + 0.3 - 0.3 - x_ref).abs().max().item()
+    err = (x - x_ref).abs().max().item()
+    limit = ratio * (x_emul - x_ref).abs().max().item() + atol
+    assert err <= limit, f"{name}: max error {err:.3e} > {limit:.3e} (emulation {(x_emul - x_ref).abs().max().item():.3e})"
+
+
+def _check_against_emulation(rng, label, q, k, v, kwargs, varlen=None, device="cuda"):
+    """q, k, v bf16 (CPU); kwargs: flash_attn_fp8_func's options; varlen: (cu_q, cu_k, max_q, max_k)."""
+    q, k, v = (t.to(device).requires_grad_() for t in (q, k, v))
+    moved = {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in kwargs.items()}
+    if varlen is None:
+        out, lse = flash_attn_fp8_func(q, k, v, return_lse=True, **moved)
+        cu_q = cu_k = None
+    else:
+        cu_q, cu_k, max_q, max_k = (t.to(device) if isinstance(t, torch.Tensor) else t for t in varlen)
+        out, lse = flash_attn_varlen_fp8_func(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True, **moved)
+    dout = torch.randn(out.shape, generator=rng).to(BF16).to(device)
+    dlse = torch.randn(lse.shape, generator=rng).to(device)
+    finite = torch.isfinite(lse)
+    loss = (out.float() * dout.float()).sum() + (torch.where(finite, lse, 0.0) * dlse).sum()
+    grads = torch.autograd.grad(loss, (q, k, v))
+
+    # The same quantized inputs (the quantizer is deterministic plain torch).
+    hk = k.shape[-2]
+    q8, dsq = quantize_per_head(q.detach(), hk, cu_q)
+    k8, dsk = quantize_per_head(k.detach(), hk, cu_k)
+    v8, dsv = quantize_per_head(v.detach(), hk, cu_k)
+    opts = {n: t for n, t in moved.items() if n != "deterministic"}
+    opts.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    dlse_used = torch.where(finite, dlse, 0.0)
+    qkv8 = (q8, k8, v8, dsq, dsk, dsv)
+    emul_out, emul_lse = fp8_attention_reference(*qkv8, **opts)
+    emul_grads = fp8_attention_reference_backward(dout, *qkv8, emul_out, emul_lse, dlse_used, **opts)
+    ref_out, ref_lse = fp8_attention_reference(*qkv8, emulate_recipe=False, **opts)
+    ref_grads = fp8_attention_reference_backward(dout, *qkv8, ref_out, ref_lse, dlse_used,
+                                                 emulate_recipe=False, **opts)
+    _, lse_yardstick = fp8_attention_reference(*qkv8, scores_bf16=True, **opts)
+
+    ratio = 3 if kwargs.get("softcap", 0.0) > 0 else 2
+    names = ("out", "lse", "dq", "dk", "dv")
+    kernel = (out, lse, *grads)
+    emulated = (emul_out, lse_yardstick, *emul_grads)
+    exact = (ref_out, ref_lse, *ref_grads)
+    print(f"fp8 rel-rms vs fp32 [{label}] " + "  ".join(
+        f"{n} {_rel_rms(x, r):.2e} (emul {_rel_rms(e, r):.2e})"
+        for n, x, e, r in zip(names, kernel, (emul_out, emul_lse, *emul_grads), exact)))
+    for n, x, e, r in zip(names, kernel, emulated, exact):
+        _within(n, x.detach(), r, e, ratio, torch.float32 if n == "lse" else BF16)
+
+
+@pytest.mark.parametrize("case", ["causal_window", "varlen_softcap"])
+def test_the_gpu_check_passes_the_cpu_backend(rng, case):
+    """The GPU tests' harness on the CPU backend (exact attention of the quantized inputs: its
+    error is the bf16 rounding of the outputs, well inside the rule), so the harness itself runs
+    on every machine."""
+    if case == "causal_window":
+        q, k, v = (randn(rng, 2, s, h, 32) for s, h in ((13, 4), (17, 2), (17, 2)))
+        _check_against_emulation(rng, case, q, k, v, dict(causal=True, window_size=(5, -1)), device="cpu")
+    else:
+        cu = torch.tensor([0, 9, 9, 20], dtype=torch.int32)
+        q, k, v = randn(rng, 20, 2, 32), randn(rng, 20, 1, 32), randn(rng, 20, 1, 32)
+        _check_against_emulation(rng, case, q, k, v, dict(causal=True, softcap=2.0), varlen=(cu, cu, 11, 11),
+                                 device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_fp8_matches_emulation(rng, fp8_cuda, causal, d):
+    b, sq, sk, hq, hk = 2, 77, 129, 4, 2   # odd lengths, Sq != Sk (bottom-right causal), GQA
+    q, k, v = (randn(rng, b, s, h, d) for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+    _check_against_emulation(rng, f"d{d} {'causal' if causal else 'full'}", q, k, v, dict(causal=causal))
+
+
+GPU_FP8_FEATURES = {
+    "softcap_tanh": (dict(causal=True, softcap=2.0), 2, 97, 97),
+    "softcap_soft_sign": (dict(softcap=2.0, softcap_method="soft_sign"), 2, 97, 97),
+    "window": (dict(window_size=(32, 8)), 2, 97, 130),
+    "mqa_causal_sq_gt_sk": (dict(causal=True), 1, 130, 97),
+    "prefix_lm": (dict(prefix_lengths=torch.tensor([20, 50], dtype=torch.int32)), 2, 97, 97),
+    "candidates": (dict(candidate_bounds=torch.tensor([[0, 40, 40, 90], [5, 60, 60, 97]], dtype=torch.int32)), 2, 97, 97),
+    "z_loss_deterministic": (dict(causal=True, z_loss_weight=0.1, deterministic=True), 2, 97, 97),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_FP8_FEATURES)
+def test_gpu_fp8_features(rng, fp8_cuda, case):
+    kwargs, hk, sq, sk = GPU_FP8_FEATURES[case]
+    q, k, v = (randn(rng, 2, s, h, 128) for s, h in ((sq, 4), (sk, hk), (sk, hk)))
+    if "z_loss_weight" in kwargs:
+        opts = dict(kwargs)
+        w = opts.pop("z_loss_weight")
+        # z_loss_weight is the kernel's: the emulation adds w * lse to dLSE itself
+        _check_z_loss(rng, q, k, v, opts, w)
+        return
+    _check_against_emulation(rng, case, q, k, v, kwargs)
+
+
+def _check_z_loss(rng, q, k, v, opts, w):
+    """The backward with z_loss_weight equals the backward with dLSE = w * lse, bitwise in
+    deterministic mode."""
+    q, k, v = (t.cuda().requires_grad_() for t in (q, k, v))
+    opts = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in opts.items()}
+    out, lse = flash_attn_fp8_func(q, k, v, return_lse=True, z_loss_weight=w, **opts)
+    dout = torch.randn(out.shape, generator=rng).to(BF16).cuda()
+    with_weight = torch.autograd.grad((out.float() * dout.float()).sum(), (q, k, v))
+    out2, lse2 = flash_attn_fp8_func(q, k, v, return_lse=True, **opts)
+    with_dlse = torch.autograd.grad((out2.float() * dout.float()).sum() + (w * lse2.detach() * lse2).sum(),
+                                    (q, k, v))
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    for a, b in zip(with_weight, with_dlse):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    again = torch.autograd.grad((out.float() * dout.float()).sum(), (q, k, v))
+    for a, b in zip(with_weight, again):
+        assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_fp8_varlen(rng, fp8_cuda, d):
+    cu_q = torch.tensor([0, 70, 70, 171], dtype=torch.int32)   # an empty sequence in the middle
+    cu_k = torch.tensor([0, 90, 90, 190], dtype=torch.int32)
+    q, k, v = randn(rng, 171, 4, d), randn(rng, 190, 2, d), randn(rng, 190, 2, d)
+    _check_against_emulation(rng, f"varlen d{d}", q, k, v, dict(causal=True), varlen=(cu_q, cu_k, 101, 100))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_fp8_reported_shape(rng, fp8_cuda, d):
+    """docs/fp8.md's shape: B1 H4 S1024 causal; prints the relative RMS errors."""
+    q, k, v = (randn(rng, 1, 1024, 4, d) for _ in range(3))
+    _check_against_emulation(rng, f"B1 H4 S1024 d{d} causal", q, k, v, dict(causal=True))
