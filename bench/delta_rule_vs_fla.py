@@ -100,6 +100,32 @@ def fla_fn(kind, algo):
     return lambda q, k, v, g, beta, h0: f(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True)
 
 
+def render(rows, dev):
+    """The Markdown table of the rows measured so far (written after every row, so a run cut short
+    by a time cap still leaves its table)."""
+    def ms(v):
+        return f"{v:.3f}" if isinstance(v, float) else "n/a"
+
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) else "n/a"
+
+    out = [f"# Gated delta rule, bf16, ms — {dev}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}",
+           "", "| case | B T H K | flashgrad fwd | fla fwd | fla/fg fwd | flashgrad bwd | fla bwd | fla/fg bwd | "
+           "fg tokens/s (fwd+bwd) | fg peak MiB | fla peak MiB | anchor fla fwd/bwd |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tot = (r.get("fg_fwd") or 0) + (r.get("fg_bwd") or 0)
+        tps = f"{r['B'] * r['T'] / (tot / 1e3):.3g}" if tot else "n/a"
+        a = r["anchor"]
+        out.append(f"| {r['case']} | {r['B']} {r['T']} {r['H']} {r['K']} | {ms(r.get('fg_fwd'))} | {ms(r.get('fla_fwd'))} | "
+                   f"{ratio(r.get('fla_fwd'), r.get('fg_fwd'))} | {ms(r.get('fg_bwd'))} | {ms(r.get('fla_bwd'))} | "
+                   f"{ratio(r.get('fla_bwd'), r.get('fg_bwd'))} | {tps} | {ms(r.get('fg_peak'))} | {ms(r.get('fla_peak'))} | "
+                   f"{a if a else 'n/a'} |")
+    errs = [f"- {r['case']} B{r['B']} T{r['T']}: {k} = {v}" for r in rows for k, v in r.items() if k.endswith("_err")]
+    table = "\n".join(out + (["", "Errors:"] + errs if errs else []))
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out"); ap.add_argument("--json"); ap.add_argument("--no-fla", action="store_true")
@@ -123,32 +149,12 @@ def main():
         print(json.dumps(r), flush=True)
         del inputs
         torch.cuda.empty_cache()
-
-    def ms(v):
-        return f"{v:.3f}" if isinstance(v, float) else "n/a"
-
-    def ratio(a, b):
-        return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) else "n/a"
-
-    out = [f"# Gated delta rule, bf16, ms — {dev}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}",
-           "", "| case | B T H K | flashgrad fwd | fla fwd | fla/fg fwd | flashgrad bwd | fla bwd | fla/fg bwd | "
-           "fg tokens/s (fwd+bwd) | fg peak MiB | fla peak MiB | anchor fla fwd/bwd |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        tot = (r.get("fg_fwd") or 0) + (r.get("fg_bwd") or 0)
-        tps = f"{r['B'] * r['T'] / (tot / 1e3):.3g}" if tot else "n/a"
-        a = r["anchor"]
-        out.append(f"| {r['case']} | {r['B']} {r['T']} {r['H']} {r['K']} | {ms(r.get('fg_fwd'))} | {ms(r.get('fla_fwd'))} | "
-                   f"{ratio(r.get('fla_fwd'), r.get('fg_fwd'))} | {ms(r.get('fg_bwd'))} | {ms(r.get('fla_bwd'))} | "
-                   f"{ratio(r.get('fla_bwd'), r.get('fg_bwd'))} | {tps} | {ms(r.get('fg_peak'))} | {ms(r.get('fla_peak'))} | "
-                   f"{a if a else 'n/a'} |")
-    errs = [f"- {r['case']} B{r['B']} T{r['T']}: {k} = {v}" for r in rows for k, v in r.items() if k.endswith("_err")]
-    table = "\n".join(out + (["", "Errors:"] + errs if errs else []))
+        table = render(rows, dev)
+        if args.out:
+            open(args.out, "w").write(table + "\n")
+        if args.json:
+            json.dump(dict(device=dev, rows=rows), open(args.json, "w"), indent=1, default=str)
     print(table)
-    if args.out:
-        open(args.out, "w").write(table + "\n")
-    if args.json:
-        json.dump(dict(device=dev, rows=rows), open(args.json, "w"), indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -691,14 +691,64 @@ TEST(DeltaRuleGpu, StridedViews) {
   }
 }
 
+// algorithm = chunked without a saved r runs the tensor-core chunked path (chunked_path.h) for
+// bf16/f16, K 64/128, V a multiple of 64, GDN and the plain rule; these cases go through it end to
+// end (the public API) with the same bars. With a saved r asked for, the recurrent kernels run.
 TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
   REQUIRE_GPU();
-  Case c;
-  c.name = "chunked gdn bf16";
-  c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
-  c.B = 2, c.T = 200, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
-  c.seed = 600;
-  run_case(c);
+  auto chunked = [](Case c) {
+    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+    c.saved_r = DType::i32;  // no saved r: the chunked path
+    run_case(c);
+  };
+  for (int64_t T : kTs) {
+    Case c;
+    c.name = "chunked gdn bf16 GVA T=" + std::to_string(T);
+    c.B = 2, c.T = T, c.H = 2, c.HV = 4, c.K = 128, c.V = 128;
+    c.gate_div = T == 500 ? 0.1f : (T == 1500 ? 10.f : 1.f);
+    c.seed = 600 + T;
+    chunked(c);
+  }
+  {
+    Case c;
+    c.name = "chunked delta f16 K64 V128 no norm";
+    c.dtype = DType::f16;
+    c.gate = GateKind::none;
+    c.B = 2, c.T = 130, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
+    c.l2norm = false;
+    c.seed = 611;
+    chunked(c);
+  }
+  {
+    Case c;
+    c.name = "chunked gdn f16 K128 V64 strong decay no h0";
+    c.dtype = DType::f16;
+    c.B = 1, c.T = 300, c.H = 1, c.HV = 2, c.K = 128, c.V = 64;
+    c.gate_div = 0.1f;
+    c.h0 = false;
+    c.gate_f32 = false, c.beta_f32 = true;
+    c.seed = 612;
+    chunked(c);
+  }
+  for (GateKind gk : {GateKind::scalar, GateKind::none}) {
+    Case c;
+    c.name = std::string("chunked varlen ") + (gk == GateKind::scalar ? "gdn" : "delta");
+    c.gate = gk;
+    c.B = 1, c.H = 2, c.HV = 4, c.K = 64, c.V = 64;
+    c.seq_lens = {1, 63, 136, 0, 511, 75, 714};
+    c.cu_int64 = gk == GateKind::none;
+    c.gate_div = 0.1f;
+    c.seed = 620 + static_cast<int>(gk);
+    chunked(c);
+  }
+  for (int64_t pad : {8, 3}) {
+    Case c;
+    c.name = "chunked strided pad " + std::to_string(pad);
+    c.B = 2, c.T = 90, c.H = 1, c.HV = 2, c.K = 64, c.V = 64;
+    c.pad = pad;
+    c.seed = 630 + pad;
+    chunked(c);
+  }
 }
 
 // ---- past 2^31 elements ------------------------------------------------------------------------
@@ -757,7 +807,7 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
   DevTensor q(DType::bf16, {1, total, H, K}), k(DType::bf16, {1, total, H, K}), v(DType::bf16, {1, total, HV, V});
   DevTensor g(DType::f32, {1, total, HV}), beta(DType::bf16, {1, total, HV}), h0(DType::f32, {N, HV, K, V});
   DevTensor dout(DType::bf16, {1, total, HV, V}), dht(DType::f32, {N, HV, K, V}), cu(DType::i64, {N + 1});
-  DevTensor o(DType::bf16, {1, total, HV, V}), r(DType::bf16, {1, total, HV, V}), ht(DType::f32, {N, HV, K, V});
+  DevTensor o(DType::bf16, {1, total, HV, V}), r(DType::f32, {1, total, HV, V}), ht(DType::f32, {N, HV, K, V});
   DevTensor dq(DType::bf16, {1, total, H, K}), dk(DType::bf16, {1, total, H, K}), dv(DType::bf16, {1, total, HV, V});
   DevTensor dg(DType::f32, {1, total, HV}), dbeta(DType::bf16, {1, total, HV}), dh0(DType::f32, {N, HV, K, V});
   for (DevTensor* t : {&q, &k, &v, &g, &beta, &h0, &dout, &dht, &cu, &o, &r, &ht, &dq, &dk, &dv, &dg, &dbeta, &dh0})
@@ -765,17 +815,20 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
   fill(q, 1, 0); fill(k, 2, 0); fill(v, 3, 0); fill(g, 4, 1); fill(beta, 5, 2); fill(h0, 6, 0);
   fill(dout, 7, 0); fill(dht, 8, 0);
   CUDA_OK(cudaMemcpy(cu.ptr, cu_h.data(), 8 * cu_h.size(), cudaMemcpyHostToDevice));
+  // Both algorithms: recurrent with a saved r, chunked (tensor-core stages) without one.
+  for (const bool chunked : {false, true}) {
+  SCOPED_TRACE(chunked ? "algorithm chunked" : "algorithm recurrent");
   for (DevTensor* t : {&o, &r, &ht, &dq, &dk, &dv, &dg, &dbeta, &dh0}) t->poison();
 
   flashgrad::DeltaRuleParams p;
   p.q = q.view(); p.k = k.view(); p.v = v.view(); p.g = g.view(); p.beta = beta.view();
   p.initial_state = h0.view(); p.cu_seqlens = cu.view(); p.use_qk_l2norm_in_kernel = true;
-  p.algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
+  p.algorithm = chunked ? flashgrad::DeltaRuleAlgorithm::chunked : flashgrad::DeltaRuleAlgorithm::recurrent;
   flashgrad::DeltaRuleForwardOutputs out;
-  out.o = o.view(); out.final_state = ht.view(); out.saved_r = r.view();
+  out.o = o.view(); out.final_state = ht.view(); out.saved_r = chunked ? TensorView() : r.view();
   ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out));
   flashgrad::DeltaRuleBackwardInputs in;
-  in.dout = dout.view(); in.dht = dht.view(); in.saved_r = r.view();
+  in.dout = dout.view(); in.dht = dht.view(); in.saved_r = chunked ? TensorView() : r.view();
   flashgrad::DeltaRuleGrads gr;
   gr.dq = dq.view(); gr.dk = dk.view(); gr.dv = dv.view(); gr.dg = g.ptr ? dg.view() : TensorView();
   gr.dbeta = dbeta.view(); gr.dh0 = dh0.view();
@@ -785,7 +838,7 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
   for (int64_t n : {int64_t(0), N - 1}) {
     const int64_t bos = cu_h[n], len = lens[n];
     Case c;
-    c.name = "2^31 seq " + std::to_string(n);
+    c.name = std::string(chunked ? "chunked" : "recurrent") + " 2^31 seq " + std::to_string(n);
     c.B = 1, c.H = H, c.HV = HV, c.K = K, c.V = V, c.seq_lens = {len};
     HostData d;
     d.q = download_range(q, bos * H * K, len * H * K);
@@ -811,6 +864,7 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
     expect_close("dg", got(dg, bos * HV, len * HV), R.dg, 0.02, c.name);
     expect_close("dh0", got(dh0, n * HV * K * V, HV * K * V), R.dh0, 0.008, c.name);
   }
+  }  // algorithms
 }
 
 // ---- what the CUDA backend refuses (no GPU needed: refused before any CUDA call) ---------------

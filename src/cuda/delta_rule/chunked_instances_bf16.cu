@@ -1,5 +1,5 @@
 // The chunked stages (forward 1-3, backward B1, B2) for __nv_bfloat16 inputs, K = 64 and 128 (one
-// dtype per file so that the builds run in parallel). Not yet called by delta_rule_cuda.cu (see chunked_stages.h).
+// dtype per file so that the builds run in parallel). Called by chunked_path.cu.
 #include "chunked_launch_impl.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {

@@ -2,9 +2,11 @@
 // by chunked_instances_*.cu. Only K = 64 and K = 128 are instantiated (KMAX = K exactly).
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "chunked_grads.cuh"
+#include "finish_kernels.cuh"
 #include "chunked_output.cuh"
 #include "chunked_prepare.cuh"
 #include "chunked_stages.h"
@@ -144,11 +146,24 @@ void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t s) {
     launch_grads_fixed<T, 128>(a, s);
 }
 
+template <typename T>
+void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaStream_t s) {
+  const int64_t n = batch * a.T * a.HV * a.V;
+  if (n == 0) return;
+  if (!a.dv || !dv.p) throw_invalid_argument("chunked delta rule (dv finish)", "dv", "must be given");
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  // [B, T, HV, V] with inner = V; no per-sequence constant.
+  gate_grad_finish_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, s>>>(dv, a.dv, nullptr, nullptr, 0, batch,
+                                                                          a.T, a.HV, a.V);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
 #define FLASHGRAD_CHUNKED_INSTANTIATE(T)                                  \
   template void launch_chunk_prepare<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_state<T>(const ChunkedArgs&, cudaStream_t);   \
   template void launch_chunk_output<T>(const ChunkedArgs&, cudaStream_t);  \
   template void launch_chunk_state_backward<T>(const ChunkedArgs&, cudaStream_t); \
-  template void launch_chunk_grads<T>(const ChunkedArgs&, cudaStream_t);
+  template void launch_chunk_grads<T>(const ChunkedArgs&, cudaStream_t);           \
+  template void launch_chunk_dv_finish<T>(const ChunkedArgs&, View, int64_t, cudaStream_t);
 
 }  // namespace flashgrad::cuda_detail::delta_rule

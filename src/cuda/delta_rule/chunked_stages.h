@@ -1,8 +1,7 @@
 // Internal interface of the chunked (chunk 64, UT/WY, tensor-core) delta-rule stages.
-// WRITTEN, NOT YET RUN ON A GPU (only on a CPU emulation of their source, chunked_emulation/):
-// nothing in delta_rule_cuda.cu calls these yet; `algorithm = chunked` keeps running the
-// verified recurrent kernels until tests/cpp/delta_rule_chunked_gpu_test.cu passes on the H200
-// (docs/perf/delta_rule.md, "Chunked kernels: written, not yet run on a GPU").
+// Verified stage by stage on the H200 (tests/cpp/delta_rule_chunked_gpu_test.cu, 2026-11-29) and
+// on a CPU emulation of their source (chunked_emulation/); called by chunked_path.cu when
+// `algorithm = chunked` and chunked_stages_support() takes the problem.
 //
 // Notation as src/reference/delta_rule/chunked.h, per (sequence, value head hv) and chunk c of
 // L <= 64 steps (local rows i, j):
@@ -133,6 +132,10 @@ void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t stream);
 // dv_new (B1); dq_acc and dk_acc zeroed.
 template <typename T>
 void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t stream);
+
+// dv: B2's fp32 [rows, HV, V] accumulator rounded into the caller's view `dv` ([B, T, HV, V]).
+template <typename T>
+void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaStream_t stream);
 
 // The three stages in order (the whole chunked forward).
 template <typename T>

@@ -2,12 +2,13 @@
 // kernel arguments, allocate scratch, launch.
 //
 // Algorithms. algorithm = recurrent runs the fused recurrent kernels (recurrent_*.cuh).
-// algorithm = chunked currently runs the SAME fused recurrent kernels: the tensor-core chunked
-// kernels are not written yet (docs/perf/delta_rule.md, "Status"). Both algorithms compute the
-// same function, so results are correct either way; only the speed of a chunked call is that of
-// the recurrent path.
+// algorithm = chunked runs the tensor-core chunked stages (chunked_path.h) where they take the
+// problem (bf16/f16, K 64/128, V a multiple of 64 up to 256, GDN or the plain rule, no saved_r
+// asked of the forward); elsewhere (KDA, float32, other K) the recurrent kernels, which compute
+// the same function.
 //
-// Scratch memory (from the caller's Workspace when large enough, else stream-ordered allocation):
+// Scratch memory of the recurrent path (from the caller's Workspace when large enough, else
+// stream-ordered allocation; the chunked path's is described in chunked_path.cu):
 //   forward:  the device copy of cu_seqlens (int64, N + 1);
 //   backward: that, fp32 accumulators for dq, dk [B, T, H, K], dbeta [B, T, HV], dg (g's size),
 //             the gate constant [N, HV(, K)], and, only when the caller passed no saved_r, an fp32
@@ -21,24 +22,16 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
 #include "flashgrad/status.h"
+#include "chunked_path.h"
 #include "recurrent_launch.cuh"
+#include "views.h"
 
 namespace flashgrad::cuda {
 namespace {
 
 namespace dr = cuda_detail::delta_rule;
 
-dr::View view_of(const TensorView& t) {
-  dr::View v;
-  if (!t.present()) return v;
-  v.p = t.data;
-  v.s0 = t.rank > 0 ? t.stride[0] : 0;
-  v.s1 = t.rank > 1 ? t.stride[1] : 0;
-  v.s2 = t.rank > 2 ? t.stride[2] : 0;
-  v.s3 = t.rank > 3 ? t.stride[3] : 1;
-  v.f32 = t.dtype == DType::f32;
-  return v;
-}
+using dr::view_of;
 
 dr::Gate gate_of(GateKind g) {
   switch (g) {
@@ -161,7 +154,10 @@ void delta_rule_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, co
   check_supported(op, p, pr);
   const DeviceGuard device(p.q.device_index);
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
-  // algorithm == chunked runs the recurrent kernels too (see the header comment).
+  if (dr::chunked_path_takes(p, pr, out.saved_r.present())) {
+    dr::chunked_forward(p, pr, out, ws, stream);
+    return;
+  }
   cuda_detail::ScratchBuffer scratch(ws, cu_bytes(pr), stream);
   dr::RecurrentArgs a = base_args(p, pr);
   a.cu_seqlens = upload_cu_seqlens(scratch, pr, stream);
@@ -181,6 +177,11 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   check_supported(op, p, pr);
   const DeviceGuard device(p.q.device_index);
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
+  // The chunked backward recomputes what it needs from the inputs (a saved r is not used).
+  if (dr::chunked_path_takes(p, pr, false)) {
+    dr::chunked_backward(p, pr, in, grads, ws, stream);
+    return;
+  }
   const BackwardSizes sz = backward_sizes(pr);
   const bool recompute_r = !in.saved_r.present();
   cuda_detail::ScratchBuffer scratch(ws, sz.bytes(pr, recompute_r), stream);
@@ -225,6 +226,11 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
 
 std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, Pass pass) {
   check_supported("delta_rule_workspace_bytes", p, pr);
+  // The forward's answer assumes no saved_r is asked for (with one, the recurrent forward runs
+  // and needs less).
+  if (dr::chunked_path_takes(p, pr, false))
+    return pass == Pass::forward ? dr::chunked_forward_scratch_bytes(pr, p.q.dtype)
+                                 : dr::chunked_backward_scratch_bytes(pr, p.q.dtype);
   if (pass == Pass::forward) return cu_bytes(pr);
   // Upper bound: includes the r buffer needed when the backward gets no saved_r.
   return backward_sizes(pr).bytes(pr, true);

@@ -1,0 +1,174 @@
+// The chunked path (see chunked_path.h): chunk plan, scratch layout, and the stage sequence of
+// the forward (1 prepare, 2 state, 3 output) and of the backward (1, 2 again, B1 state backward,
+// B2 gradients, then the elementwise finish: L2-norm backward of dq/dk and rounding).
+#include "chunked_path.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+#include <vector>
+
+#include "chunked_stages.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
+#include "recurrent_launch.cuh"
+#include "views.h"
+
+namespace flashgrad::cuda_detail::delta_rule {
+namespace {
+
+// Scratch of one call, in the order it is carved off one block (each piece 256-byte aligned).
+// rows = B * T token rows; NC chunks; sizes in bytes.
+struct ChunkedScratch {
+  ChunkPlanHost plan;
+  int64_t rows = 0, num_chunks = 0;
+  ChunkedScratchSizes n{};  // element counts of the forward intermediates
+  std::size_t elem = 2;     // bytes of one w / v_new element (the input dtype)
+
+  ChunkedScratch(const DeltaRuleProblem& pr, DType dtype) {
+    plan = make_chunk_plan(pr.batch, pr.seq_len, pr.cu_seqlens);
+    rows = pr.batch * pr.seq_len;
+    num_chunks = static_cast<int64_t>(plan.chunks.size());
+    n = chunked_scratch_sizes(rows, num_chunks, pr.value_heads, pr.key_dim, pr.value_dim, pr.gate != GateKind::none);
+    elem = dtype_size(dtype);
+  }
+  std::size_t forward_bytes() const {
+    return align_up(sizeof(ChunkInfo) * plan.chunks.size()) + align_up(8 * plan.seq_first_chunk.size()) +
+           align_up(4 * n.G) + align_up(4 * n.A) + align_up(elem * n.w) + align_up(4 * n.u) +
+           align_up(elem * n.v_new) + align_up(4 * n.h);
+  }
+  // Backward adds dh (as h), dv_new, dq/dk accumulators, dv, dbeta, dg (all fp32).
+  std::size_t backward_bytes(const DeltaRuleProblem& pr) const {
+    const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
+                  per_head = rows * pr.value_heads;
+    return forward_bytes() + align_up(4 * n.h) + align_up(4 * vv) + 2 * align_up(4 * qk) + align_up(4 * vv) +
+           align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * per_head) : 0);
+  }
+};
+
+// Uploads the plan and points the forward intermediates into `buf`.
+ChunkedArgs forward_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const ChunkedScratch& cs,
+                         ScratchBuffer& buf, cudaStream_t s) {
+  ChunkedArgs a;
+  a.q = view_of(p.q);
+  a.k = view_of(p.k);
+  a.v = view_of(p.v);
+  a.g = view_of(p.g);
+  a.beta = view_of(p.beta);
+  a.h0 = view_of(p.initial_state);
+  auto* chunks = buf.take<ChunkInfo>(sizeof(ChunkInfo) * cs.plan.chunks.size());
+  auto* first = buf.take<int64_t>(8 * cs.plan.seq_first_chunk.size());
+  // Pageable sources: staged before cudaMemcpyAsync returns, so `cs` may go out of scope after.
+  if (!cs.plan.chunks.empty())
+    FLASHGRAD_CUDA_CHECK(cudaMemcpyAsync(chunks, cs.plan.chunks.data(), sizeof(ChunkInfo) * cs.plan.chunks.size(),
+                                         cudaMemcpyHostToDevice, s));
+  FLASHGRAD_CUDA_CHECK(cudaMemcpyAsync(first, cs.plan.seq_first_chunk.data(), 8 * cs.plan.seq_first_chunk.size(),
+                                       cudaMemcpyHostToDevice, s));
+  a.chunks = chunks;
+  a.seq_first_chunk = first;
+  a.num_chunks = cs.num_chunks;
+  a.num_seqs = pr.num_seqs;
+  a.G = cs.n.G ? buf.take<float>(4 * cs.n.G) : nullptr;
+  a.A = buf.take<float>(4 * cs.n.A);
+  a.w = buf.take<char>(cs.elem * cs.n.w);
+  a.u = buf.take<float>(4 * cs.n.u);
+  a.v_new = buf.take<char>(cs.elem * cs.n.v_new);
+  a.h = buf.take<float>(4 * cs.n.h);
+  a.T = pr.seq_len;
+  a.H = pr.heads;
+  a.HV = pr.value_heads;
+  a.K = pr.key_dim;
+  a.V = pr.value_dim;
+  a.scale = pr.scale;
+  a.l2norm = p.use_qk_l2norm_in_kernel;
+  return a;
+}
+
+template <typename F>
+void by_half_dtype(DType dt, F&& f) {
+  if (dt == DType::bf16)
+    f(__nv_bfloat16{});
+  else
+    f(__half{});
+}
+
+Gate gate_code(GateKind g) { return g == GateKind::scalar ? Gate::scalar : Gate::none; }
+
+}  // namespace
+
+bool chunked_path_takes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, bool wants_saved_r) {
+  if (p.algorithm != DeltaRuleAlgorithm::chunked || wants_saved_r) return false;
+  if (p.exec.precision != Precision::fp32) return false;
+  return chunked_stages_support(p.q.dtype, pr.key_dim, pr.value_dim, pr.gate == GateKind::per_channel).empty();
+}
+
+std::size_t chunked_forward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype) {
+  return ChunkedScratch(pr, dtype).forward_bytes();
+}
+
+std::size_t chunked_backward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype) {
+  return ChunkedScratch(pr, dtype).backward_bytes(pr);
+}
+
+void chunked_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleForwardOutputs& out,
+                     Workspace ws, cudaStream_t stream) {
+  const ChunkedScratch cs(pr, p.q.dtype);
+  ScratchBuffer buf(ws, cs.forward_bytes(), stream);
+  ChunkedArgs a = forward_args(p, pr, cs, buf, stream);
+  a.o = view_of(out.o);
+  a.ht = view_of(out.final_state);
+  by_half_dtype(p.q.dtype, [&](auto tag) { launch_chunked_forward<decltype(tag)>(a, stream); });
+}
+
+void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleBackwardInputs& in,
+                      const DeltaRuleGrads& grads, Workspace ws, cudaStream_t stream) {
+  const ChunkedScratch cs(pr, p.q.dtype);
+  ScratchBuffer buf(ws, cs.backward_bytes(pr), stream);
+  ChunkedArgs a = forward_args(p, pr, cs, buf, stream);
+  const int64_t rows = cs.rows;
+  const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
+                per_head = rows * pr.value_heads;
+  a.dout = view_of(in.dout);
+  a.dht = view_of(in.dht);
+  a.dh0 = view_of(grads.dh0);
+  a.dh = buf.take<float>(4 * cs.n.h);
+  a.dv_new = buf.take<float>(4 * vv);
+  a.dq_acc = buf.take<float>(4 * qk);
+  a.dk_acc = buf.take<float>(4 * qk);
+  a.dv = buf.take<float>(4 * vv);
+  a.dbeta = buf.take<float>(4 * per_head);
+  a.dg = pr.gate != GateKind::none ? buf.take<float>(4 * per_head) : nullptr;
+  // B2 adds each value head's dq, dk into its key head's rows (atomics): start from zero.
+  FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(a.dq_acc, 0, 4 * static_cast<std::size_t>(qk), stream));
+  FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(a.dk_acc, 0, 4 * static_cast<std::size_t>(qk), stream));
+
+  // The finish kernels read the accumulators through the recurrent path's argument struct.
+  RecurrentArgs f;
+  f.q = a.q;
+  f.k = a.k;
+  f.dq_acc = a.dq_acc;
+  f.dk_acc = a.dk_acc;
+  f.dbeta_acc = a.dbeta;
+  f.dg_acc = a.dg;  // complete per step: no per-sequence constant (dg_const stays null)
+  f.T = a.T;
+  f.H = a.H;
+  f.HV = a.HV;
+  f.K = a.K;
+  f.V = a.V;
+  f.l2norm = a.l2norm;
+
+  by_half_dtype(p.q.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    // Stages 1-2 again (o and the final state are not needed: a.o, a.ht stay null).
+    launch_chunk_prepare<T>(a, stream);
+    launch_chunk_state<T>(a, stream);
+    launch_chunk_state_backward<T>(a, stream);
+    launch_chunk_grads<T>(a, stream);
+    launch_finish<T>(f, view_of(grads.dq), view_of(grads.dk), view_of(grads.dbeta), view_of(grads.dg), pr.batch,
+                     pr.num_seqs, gate_code(pr.gate), stream);
+    launch_chunk_dv_finish<T>(a, view_of(grads.dv), pr.batch, stream);
+  });
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
