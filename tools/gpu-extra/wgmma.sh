@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # GPU job of the wgmma forward (tools/gpu-check runs it on the H200 after building build-gpu; cap
-# 150 s): the focused tests (wgmma vs legacy vs CPU reference), a forward timing of the anchors.md
-# rows (new vs legacy kernel, ratio to cuDNN's anchor), then the general attention GPU tests with
-# whatever time is left (they run with the wgmma kernel as the default forward).
+# 150 s), in order of what it tells:
+#   1. AttentionWgmma.*: wgmma vs legacy vs CPU reference (2x rule), the default variant;
+#   2. AttentionWgmmaPingpong.*: the same for FLASHGRAD_ATTN_WGMMA_PINGPONG=1, with its own cap
+#      (a named-barrier hang cannot eat the rest);
+#   3. forward timing of the anchors.md rows: wgmma, wgmma + ping-pong (only if 2 passed), legacy,
+#      ratio to cuDNN's anchor (bench/attention/wgmma_bench.cu, built here against build-gpu's
+#      libflashgrad.a);
+#   4. AttentionGpu* (the general suite, forward now on wgmma) with the time left.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -12,21 +17,31 @@ left() { echo $(( 145 - ($(date +%s) - t0) )); }
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 lib=$(find build-gpu -name libflashgrad.a -type f | head -1)
 status=()
+show() { grep -E "^  case|max\||Failure|Expected|Which is|error|trap|^\[  (PASSED|FAILED|  OK  |  FAILED  |  SKIPPED )" "$1" | tail -${2:-80}; }
 
+pp_ok=0
 if [ -n "$tests" ]; then
-  timeout -k 3 60 "$tests" --gtest_filter='AttentionWgmma*' > "$OUT/extra/wgmma_tests.log" 2>&1
+  timeout -k 3 55 "$tests" --gtest_filter='AttentionWgmma.*' > "$OUT/extra/wgmma_tests.log" 2>&1
   rc=$?
-  grep -E "^  case|max\||Failure|Expected|Which is|^\[  (PASSED|FAILED|  OK  |  FAILED  )" "$OUT/extra/wgmma_tests.log" | tail -120
-  status+=("AttentionWgmma* rc=$rc")
+  show "$OUT/extra/wgmma_tests.log" 110
+  status+=("AttentionWgmma.* rc=$rc")
+  FLASHGRAD_TEST_WGMMA_PINGPONG=1 timeout -k 3 20 "$tests" --gtest_filter='AttentionWgmmaPingpong.*' \
+    > "$OUT/extra/wgmma_pingpong_tests.log" 2>&1
+  rc=$?
+  show "$OUT/extra/wgmma_pingpong_tests.log" 30
+  status+=("AttentionWgmmaPingpong.* rc=$rc")
+  [ $rc = 0 ] && pp_ok=1
 else
   status+=("no flashgrad_gpu_tests binary")
 fi
 
-if [ -n "$lib" ] && [ "$(left)" -gt 30 ]; then
+if [ -n "$lib" ] && [ "$(left)" -gt 25 ]; then
   bin=/tmp/wgmma_bench
   if nvcc -O2 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude bench/attention/wgmma_bench.cu "$lib" \
        -o "$bin" -lpthread > "$OUT/extra/wgmma_bench_build.log" 2>&1; then
-    timeout -k 3 $(( $(left) > 60 ? 60 : $(left) )) "$bin" | tee "$OUT/extra/wgmma_bench.md"
+    flags=(); [ $pp_ok = 1 ] || flags+=(--no-pingpong)
+    cap=$(left); [ "$cap" -gt 45 ] && cap=45
+    timeout -k 3 "$cap" "$bin" "${flags[@]}" | tee "$OUT/extra/wgmma_bench.md"
     status+=("bench rc=${PIPESTATUS[0]}")
   else
     tail -20 "$OUT/extra/wgmma_bench_build.log"

@@ -70,13 +70,13 @@ bool make_map(CUtensorMap* map, const void* base, const RowMajorStrides& st, int
   return r == CUDA_SUCCESS;
 }
 
-template <typename T, int D>
-void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
+template <typename T, int D, bool kPingpong>
+void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
             const WgmmaMapAxes& axes, cudaStream_t stream) {
   using Cfg = WgmmaForwardConfig<D>;
   const int mblocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (mblocks == 0 || p.num_seqs == 0) return;
-  auto kernel = attention_forward_wgmma_kernel<T, D>;
+  auto kernel = attention_forward_wgmma_kernel<T, D, kPingpong>;
   static const bool smem_set = [&] {
     FLASHGRAD_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
@@ -87,6 +87,18 @@ void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
                   static_cast<unsigned>(p.heads_q));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, p, axes, mblocks);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+// FLASHGRAD_ATTN_WGMMA_PINGPONG=1 turns on the consumer warpgroups' turn-taking (read at every call
+// so the bench can time both in one process).
+template <typename T, int D>
+void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
+            const WgmmaMapAxes& axes, cudaStream_t stream) {
+  const char* env = std::getenv("FLASHGRAD_ATTN_WGMMA_PINGPONG");
+  if (env != nullptr && std::strcmp(env, "1") == 0)
+    launch_variant<T, D, true>(mq, mk, mv, p, axes, stream);
+  else
+    launch_variant<T, D, false>(mq, mk, mv, p, axes, stream);
 }
 
 }  // namespace

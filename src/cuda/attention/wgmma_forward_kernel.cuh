@@ -121,7 +121,13 @@ __device__ __forceinline__ void wgmma_softmax_block(float (&s)[64], float (&row_
   }
 }
 
-template <typename T, int D>
+// kPingpong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2),
+// so one's softmax runs while the other's products occupy the tensor cores (FA3's inter-warpgroup
+// schedule). Each warpgroup waits for its turn (bar.sync on its own barrier: its 128 threads plus
+// the other's 128 arrivals) before issuing, and hands the turn over (bar.arrive on the other's)
+// after. Warpgroup 1 goes first: warpgroup 2 arrives on barrier 1 once at the start and skips its
+// hand-over at its last issue point, so every barrier generation is completed exactly.
+template <typename T, int D, bool kPingpong>
 __global__ void __launch_bounds__(384, 1)
     attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                    const __grid_constant__ CUtensorMap map_k,
@@ -207,6 +213,13 @@ __global__ void __launch_bounds__(384, 1)
   // ---- consumers ----
   sm90::regs_increase<Cfg::kConsumerRegs>();
   const int cw = warpgroup - 1;  // 64-row half of the tile
+  auto wait_turn = [&] {
+    if constexpr (kPingpong) sm90::named_barrier_sync(1 + cw, 256);
+  };
+  auto pass_turn = [&](bool last) {
+    if constexpr (kPingpong)
+      if (!(last && cw == 1)) sm90::named_barrier_arrive(2 - cw, 256);
+  };
   const int lane = tid & 31, warp_in_wg = (tid / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
   const int row_in_block = cw * 64 + warp_in_wg * 16 + g;  // this thread's first row; second is +8
@@ -264,7 +277,11 @@ __global__ void __launch_bounds__(384, 1)
   if (nb >= 0) {
     sm90::mbar_wait(bar_q, 0);
     sm90::mbar_wait(bar_k_full, 0);
+    if constexpr (kPingpong)
+      if (cw == 1) sm90::named_barrier_arrive(1, 256);  // warpgroup 1 issues first
+    wait_turn();
     issue_qk(s, 0);
+    pass_turn(false);
     sm90::wgmma_wait<0>();
     sm90::pin_registers(s);
     if (lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done reading K(slot 0)
@@ -272,9 +289,8 @@ __global__ void __launch_bounds__(384, 1)
     softmax(s, row_max, row_sum, rescale, cls, nb);  // O is still zero: no rescale needed
     pack_p(s, pa);
   }
-  // O += P(j) V(j) of one slot, issued (not waited for).
-  auto issue_pv = [&](int slot, int it) {
-    sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+  // O += P(j) V(j) of one slot, issued (not waited for); V(slot) has landed.
+  auto issue_pv = [&](int slot) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
@@ -289,8 +305,11 @@ __global__ void __launch_bounds__(384, 1)
   while (next >= 0) {  // steady state: block `it` has a successor
     const int slot = it % ST, nslot = (it + 1) % ST;
     sm90::mbar_wait(bar_k_full + 8 * nslot, ((it + 1) / ST) & 1);
+    sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+    wait_turn();
     issue_qk(s, nslot);
-    issue_pv(slot, it);
+    issue_pv(slot);
+    pass_turn(false);
     sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
     sm90::pin_registers(s);
     if (lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * nslot);
@@ -313,7 +332,10 @@ __global__ void __launch_bounds__(384, 1)
     ++it;
   }
   if (nb >= 0) {  // the last block's P V
-    issue_pv(it % ST, it);
+    sm90::mbar_wait(bar_v_full + 8 * (it % ST), (it / ST) & 1);
+    wait_turn();
+    issue_pv(it % ST);
+    pass_turn(true);
     sm90::wgmma_wait<0>();
     sm90::pin_registers(o);
     pin_words(pa);

@@ -42,8 +42,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 }
 // Blocks until the phase with parity `parity` has completed. A fresh barrier is in phase 0, so
 // waiting on parity 1 returns at once (the producer's first pass over the empty slots).
-// Watchdog: 2^26 failed tries (each try_wait suspends up to a hardware time limit: seconds in
-// all; a real wait takes microseconds) means a pipeline bug; trapping turns that hang into a
+// Watchdog: 2^24 failed tries (each try_wait may suspend up to a hardware time limit: a second
+// or more in all; a real wait takes microseconds) means a pipeline bug; trapping turns that hang into a
 // launch error the caller sees. Written as one asm loop: a C++ loop around try_wait costs the
 // consumers registers they do not have.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
@@ -56,7 +56,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@done bra DONE_%=;\n"
       "add.u32 tries, tries, 1;\n"
-      "setp.lt.u32 done, tries, 67108864;\n"
+      "setp.lt.u32 done, tries, 16777216;\n"
       "@done bra WAIT_%=;\n"
       "trap;\n"
       "DONE_%=:\n"
@@ -77,6 +77,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
 }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- named barriers (ids 1..15; 0 is __syncthreads) ---------------------------------------------
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- register reallocation -----------------------------------------------------------------------
