@@ -255,3 +255,38 @@ def fp8_attention_reference_backward(dout, q8, k8, v8, descale_q, descale_k, des
         else:
             dq[qrows], dk[krows], dv[krows] = dq_n, dk_n, dv_n
     return dq.to(grad_dtype), dk.to(grad_dtype), dv.to(grad_dtype)
+
+
+class _EmulatedFp8Attention(torch.autograd.Function):
+    """The recipe end to end in plain torch: quantize (flashgrad.fp8), emulated forward, and the
+    emulated backward as this Function's backward (straight-through to the inputs)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, options):
+        from .fp8 import quantize_per_head
+        heads_k = k.shape[-2]
+        cu_q, cu_k = options.get("cu_seqlens_q"), options.get("cu_seqlens_k")
+        q8, dsq = quantize_per_head(q, heads_k, cu_q)
+        k8, dsk = quantize_per_head(k, heads_k, cu_k)
+        v8, dsv = quantize_per_head(v, heads_k, cu_k)
+        out, lse = fp8_attention_reference(q8, k8, v8, dsq, dsk, dsv, **options)
+        ctx.save_for_backward(q8, k8, v8, dsq, dsk, dsv, out, lse)
+        ctx.options = options
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q8, k8, v8, dsq, dsk, dsv, out, lse = ctx.saved_tensors
+        dout = torch.zeros_like(out) if dout is None else dout.to(torch.bfloat16)
+        grads = fp8_attention_reference_backward(dout, q8, k8, v8, dsq, dsk, dsv, out, lse, dlse,
+                                                 **ctx.options)
+        return tuple(g.to(t) for g, t in zip(grads, ctx.dtypes)) + (None,)
+
+
+def fp8_attention_emulated(q, k, v, **options):
+    """(out bf16, lse float32) of the emulated recipe on bf16 q, k, v, differentiable (the
+    emulated backward): a stand-in for flash_attn_fp8_func on machines without the FP8 kernels,
+    e.g. to predict training behaviour (flashgrad.demo.fp8_parity --emulate). options:
+    AttentionOptions' fields."""
+    return _EmulatedFp8Attention.apply(q, k, v, options)

@@ -21,6 +21,17 @@ from flashgrad.fp8 import quantize_per_head as torch_quantize  # noqa: E402
 from flashgrad.jax_fp8 import quantize_per_head as jax_quantize  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu_unless_gpu(request):
+    """Bitwise comparisons with PyTorch on the CPU run on JAX's CPU device even where its default
+    device is a GPU."""
+    if "gpu" in request.keywords:
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.fixture
 def key():
     seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
@@ -93,8 +104,7 @@ def _jax_and_torch(key, kwargs, varlen=False, device="cpu"):
 def test_forward_and_grad_match_pytorch_bitwise(key, case):
     kwargs = {"causal": dict(causal=True), "softcap_window": dict(softcap=2.0, window_size=(3, 2)),
               "varlen": dict(causal=True)}[case]
-    with jax.default_device(jax.devices("cpu")[0]):
-        jx, tx = _jax_and_torch(key, kwargs, varlen=case == "varlen")
+    jx, tx = _jax_and_torch(key, kwargs, varlen=case == "varlen")
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), jx, tx):
         assert a.dtype == (jnp.float32 if name == "lse" else jnp.bfloat16), name
         np.testing.assert_array_equal(as_f32(a), b.detach().float().cpu().numpy(), err_msg=name)
@@ -103,11 +113,10 @@ def test_forward_and_grad_match_pytorch_bitwise(key, case):
 def test_forward_is_the_attention_of_dequantized_inputs(key):
     ks = jax.random.split(key, 3)
     q, k, v = bf16(ks[0], 1, 8, 2, 32), bf16(ks[1], 1, 8, 2, 32), bf16(ks[2], 1, 8, 2, 32)
-    with jax.default_device(jax.devices("cpu")[0]):
-        out = fgj.flash_attention_fp8(q, k, v, causal=True)
-        deq = [(x8.astype(jnp.float32).reshape(1, 8, 2, 1, 32) * d[:, None, :, None, None]).reshape(x.shape)
-               for x, (x8, d) in ((x, jax_quantize(x, 2)) for x in (q, k, v))]
-        ref = fgj.flash_attention(*deq, causal=True)
+    out = fgj.flash_attention_fp8(q, k, v, causal=True)
+    deq = [(x8.astype(jnp.float32).reshape(1, 8, 2, 1, 32) * d[:, None, :, None, None]).reshape(x.shape)
+           for x, (x8, d) in ((x, jax_quantize(x, 2)) for x in (q, k, v))]
+    ref = fgj.flash_attention(*deq, causal=True)
     err = np.abs(as_f32(out) - np.asarray(ref))
     assert (err <= 2.0 ** -8 * np.abs(np.asarray(ref)) + 1e-6).all()
 
