@@ -1,12 +1,15 @@
-// Chunked backward stage B2 ("grads"), one block of 128 threads per (chunk, value head): the
-// per-chunk gradients of src/reference/delta_rule/chunked_backward.cpp (ChunkBackward: state
-// update, output, prediction, WY products, inverse, key products, gates) for GDN and the plain
-// rule, given h_c and v_new (stage 2), dh_{c+1} and dv_new (B1) and A (stage 1).
+// Chunked backward stage B2 ("grads"), one block of 128 threads (4 warps) per (chunk, value
+// head): the per-chunk gradients of src/reference/delta_rule/chunked_backward.cpp (ChunkBackward:
+// state update, output, prediction, WY products, inverse, key products, gates) for GDN and the
+// plain rule, given h_c and v_new (stage 2), dh_{c+1} and dv_new (B1) and A (stage 1).
 //
-// CORRECTNESS-FIRST VERSION: fp32 on CUDA cores, one thread per output element, the [64, V] and
-// [K, V] operands read straight from global memory (L2), q, k, A and the per-chunk matrices in
-// shared memory (210 KiB at K = 128: one block per SM). The tensor-core version is the next step
-// (docs/perf/delta_rule.md has the products in matrix form).
+// Every matrix product runs on the tensor cores in TF32 (chunked_mma_tf32.cuh) with fp32
+// accumulation; operands live in shared memory as fp32. Products that contract over the value
+// dimension V stream [64 x SW] / [K x SW] slices of v_new, dv_new, dout, v, h_c and dh_{c+1}
+// through a staging region; products over K or over the chunk read q, k, dw, A, dA, dP from
+// shared memory. Warp w owns output rows [16 w, 16 w + 16) of every 64-row product and all of its
+// columns, so each output element has one owner thread across all products (the dq, dk, dw
+// updates below need no barrier between products).
 //
 // Notation (one chunk, rows i, j < L, e_i = exp(G_i), Gam_ij = exp(G_i - G_j) for j <= i,
 // gl = G_{L-1}; dG is the gradient of the per-row cumulative gate, summed over K):
@@ -20,10 +23,16 @@
 //   dM = -StrictLower(A^T dA A^T),  dKk = diag(beta) dM:  dbeta += rowsum(dM o Kk),
 //   dk += (dKk o Gam) k + (dKk o Gam)^T k,  dG += rowsum - colsum of dKk o Kk
 //   dG_i -= s_i;  dG_{L-1} += exp(gl) <h, dh_{c+1}> + sum_i s_i;  dg = reverse cumsum of dG
-// Row sums over threads use shared-memory float atomics (their order, and so the last bits of
-// dbeta and dg, may vary between runs; dq and dk are summed over value heads by global atomics).
+// Per-row sums use shared-memory float atomics (their order, and so the last bits of dbeta and
+// dg, may vary between runs; dq and dk are summed over value heads by global atomics).
+//
+// Shared memory (fp32; LDK = K + 4 and LDC = 68 are = 4 mod 32, so the A-fragment reads of 8
+// rows x 4 columns hit 32 different banks): q, k, dq, dk, dw [64][LDK]; region R = A, dA, dP
+// [64][LDC] each (also the staging area of the V slices before A is loaded); G, beta, dG, dbeta
+// [64]. K = 128: 217 KiB (one block per SM).
 #pragma once
 
+#include "chunked_mma_tf32.cuh"
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
 
@@ -31,60 +40,82 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 template <int KMAX>
 struct GradsSmem {
-  static constexpr int C = kChunkSize, LDM = C + 1;
-  static constexpr int kDwFloats = C * (KMAX > LDM ? KMAX : LDM);  // dw [C][KMAX] or tmp [C][LDM]
-  float* q;    // [C][KMAX] normalized q
-  float* k;    // [C][KMAX] normalized k
-  float* dq;   // [C][KMAX]
-  float* dk;   // [C][KMAX]
-  float* dw;   // [C][KMAX] dw, later (aliased) tmp = dA A^T [C][LDM]
+  static constexpr int C = kChunkSize, LDK = KMAX + 4, LDC = C + 4;
+  float* q;    // [C][LDK] normalized q
+  float* k;    // [C][LDK] normalized k
+  float* dq;   // [C][LDK]
+  float* dk;   // [C][LDK]
+  float* dw;   // [C][LDK] dw, later (aliased) tmp = dA A^T [C][LDC]
   float* tmp;
-  float* A;    // [C][LDM]
-  float* dA;   // [C][LDM] dA, later dKk o Gam
-  float* dPG;  // [C][LDM] dP o Gam, later dM
+  float* A;    // [C][LDC]  } region R (3 C LDC floats); before A is loaded it stages the
+  float* dA;   // [C][LDC]  } V slices of the first products
+  float* dPG;  // [C][LDC] dP (raw), then dP o Gam, later dM
   float* G;    // [C]
-  float* beta;  // [C]
-  float* dG;   // [C]
+  float* beta;   // [C]
+  float* dG;     // [C]
   float* dbeta;  // [C]
-  static constexpr int64_t bytes() {
-    return sizeof(float) * (4 * C * KMAX + kDwFloats + 3 * C * LDM + 4 * C);
-  }
+  static constexpr int kRegionFloats = 3 * C * LDC;
+  static constexpr int64_t bytes() { return sizeof(float) * (5 * C * LDK + kRegionFloats + 4 * C); }
   __device__ explicit GradsSmem(unsigned char* raw) {
     q = reinterpret_cast<float*>(raw);
-    k = q + C * KMAX;
-    dq = k + C * KMAX;
-    dk = dq + C * KMAX;
-    dw = dk + C * KMAX;
+    k = q + C * LDK;
+    dq = k + C * LDK;
+    dk = dq + C * LDK;
+    dw = dk + C * LDK;
     tmp = dw;
-    A = dw + kDwFloats;
-    dA = A + C * LDM;
-    dPG = dA + C * LDM;
-    G = dPG + C * LDM;
+    A = dw + C * LDK;
+    dA = A + C * LDC;
+    dPG = dA + C * LDC;
+    G = dPG + C * LDC;
     beta = G + C;
     dG = beta + C;
     dbeta = dG + C;
   }
 };
 
+// Slice widths (value columns per staging step) and their leading dimensions.
+constexpr int kGradSliceW = 32, kGradSliceLd = 36;  // passes over V with [K x SW] operands
+constexpr int kGradNarrowW = 16, kGradNarrowLd = 20;  // the four-operand pass (dP, du)
+constexpr int kGradUbLd = 40;  // dUb's B operand is read down columns: ld = 8 mod 32
+
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs a) {
   using S = GradsSmem<KMAX>;
-  constexpr int C = kChunkSize, LDM = S::LDM;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDC = S::LDC;
+  constexpr int NK = KMAX / 8, NC = C / 8;  // accumulator tiles of a 64 x K / 64 x 64 product
+  constexpr int SW = kGradSliceW, SL = kGradSliceLd, NW = kGradNarrowW, NL = kGradNarrowLd;
+  static_assert(C * SL + KMAX * SL <= S::kRegionFloats, "pass X staging must fit region R");
+  static_assert(2 * C * SL + KMAX * SL <= S::kRegionFloats, "pass YZ staging must fit region R");
+  static_assert(2 * C * kGradUbLd <= 2 * C * LDC, "pass dUb staging must fit dA + dP");
+  static_assert(4 * C * NL <= 2 * C * LDC, "pass dP staging must fit dA + dP");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
-  const int L = ci.len, tid = threadIdx.x;
+  const int L = ci.len, tid = threadIdx.x, r0 = 16 * (tid / 32);
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, K = a.K;
   const float scale = a.scale;
   const T* vn = static_cast<const T*>(a.v_new);
   const float* dvn = a.dv_new;
   const float* h = a.h + (c * a.HV + hv) * K * V;    // h_c [K][V]
   const float* dhn = a.dh + (c * a.HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
-  auto vn_at = [&](int i, int64_t col) { return to_f<T>(vn[((row0 + i) * a.HV + hv) * V + col]); };
-  auto dvn_at = [&](int i, int64_t col) { return dvn[((row0 + i) * a.HV + hv) * V + col]; };
-  auto do_at = [&](int i, int64_t col) { return load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + i, hv, col)); };
-  auto v_at = [&](int i, int64_t col) { return load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)); };
+  // Chunk row i (zero past L) of the [rows, HV, V] tensors, column col.
+  auto vn_at = [&](int i, int64_t col) { return i < L ? to_f<T>(vn[((row0 + i) * a.HV + hv) * V + col]) : 0.f; };
+  auto dvn_at = [&](int i, int64_t col) { return i < L ? dvn[((row0 + i) * a.HV + hv) * V + col] : 0.f; };
+  auto do_at = [&](int i, int64_t col) {
+    return i < L ? load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + i, hv, col)) : 0.f;
+  };
+  auto v_at = [&](int i, int64_t col) {
+    return i < L ? load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)) : 0.f;
+  };
+  // Stages `width` columns from col0 of a 64-row tensor into dst [64][ld] (coalesced along columns).
+  auto stage_rows = [&](float* dst, int ld, int width, int64_t col0, auto&& at) {
+    for (int e = tid; e < C * width; e += kChunkThreads) dst[(e / width) * ld + e % width] = at(e / width, col0 + e % width);
+  };
+  // Same for a [K][V] fp32 state (rows d < K).
+  auto stage_state = [&](float* dst, int ld, int width, int64_t col0, const float* src) {
+    for (int e = tid; e < KMAX * width; e += kChunkThreads) dst[(e / width) * ld + e % width] = src[(e / width) * V + col0 + e % width];
+  };
 
   // S0: inputs of the chunk; zeroed accumulators.
   if (tid < C) {
@@ -94,139 +125,222 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     sm.dG[tid] = 0.f;
     sm.dbeta[tid] = 0.f;
   }
-  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * KMAX + d] = x; });
-  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
-  for (int e = tid; e < C * KMAX; e += kChunkThreads) sm.dq[e] = sm.dk[e] = 0.f;
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    sm.A[i * LDM + j] = i < L ? a.A[((row0 + i) * a.HV + hv) * C + j] : 0.f;
-  }
+  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * LDK + d] = x; });
+  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * LDK + d] = x; });
+  for (int e = tid; e < C * KMAX; e += kChunkThreads) sm.dq[(e / KMAX) * LDK + e % KMAX] = sm.dk[(e / KMAX) * LDK + e % KMAX] = 0.f;
   __syncthreads();
   const float gl = sm.G[L - 1];
 
-  // S1: state update (X), output through h (dq, dG), prediction (dw); dG_last's <h, dh_{c+1}>.
+  // S1a: X = v_new dh_{c+1}^T over V slices -> dk, s_i (into dG_i and dG_{L-1}).
   {
-    float last = 0.f;  // this thread's share of dG_{L-1}
-    for (int e = tid; e < L * KMAX; e += kChunkThreads) {
-      const int i = e / KMAX, d = e % KMAX;
-      float X = 0.f, Y = 0.f, Z = 0.f;
-      for (int64_t col = 0; col < V; ++col) {
-        const float hd = h[d * V + col];
-        X += vn_at(i, col) * dhn[d * V + col];
-        Y += do_at(i, col) * hd;
-        Z += dvn_at(i, col) * hd;
-      }
-      const float kd = expf(gl - sm.G[i]);  // i <= L - 1
-      sm.dk[i * KMAX + d] += X * kd;
-      const float s = X * kd * sm.k[i * KMAX + d];
-      const float qg = scale * expf(sm.G[i]) * Y;
-      sm.dq[i * KMAX + d] += qg;
-      sm.dw[i * KMAX + d] = -Z;
-      atomicAdd(&sm.dG[i], qg * sm.q[i * KMAX + d] - s);
-      last += s;
+    float* vs = sm.A;              // [C][SL] v_new slice
+    float* hs = sm.A + C * SL;     // [KMAX][SL] dh_{c+1} slice
+    float acc[NK][4];
+    mma::zero_acc(acc);
+    for (int64_t col0 = 0; col0 < V; col0 += SW) {
+      __syncthreads();
+      stage_rows(vs, SL, SW, col0, vn_at);
+      stage_state(hs, SL, SW, col0, dhn);
+      __syncthreads();
+      mma::warp_gemm_tf32(acc, r0, 0, SW / 8, [&](int r, int kk) { return vs[r * SL + kk]; },
+                          [&](int kk, int n) { return hs[n * SL + kk]; });
     }
+    float last = 0.f;
+    mma::for_each_acc(acc, r0, [&](int i, int d, float X) {
+      const float kd = expf(gl - sm.G[i]);
+      sm.dk[i * LDK + d] += X * kd;
+      const float s = i < L ? X * kd * sm.k[i * LDK + d] : 0.f;
+      atomicAdd(&sm.dG[i], -s);
+      last += s;
+    });
+    // <h_c, dh_{c+1}> (the state gradient's share of dG_{L-1}), read straight from global memory.
     const float el = expf(gl);
     for (int64_t e = tid; e < K * V; e += kChunkThreads) last += el * h[e] * dhn[e];
     atomicAdd(&sm.dG[L - 1], last);
   }
-  __syncthreads();
 
-  // S2: dP o Gam (j <= i) and its gate terms; dA (j <= i).
+  // S1b: Y = do h_c^T and Z = dv_new h_c^T over V slices -> dq, dG; dw = -Z.
+  {
+    float* ds = sm.A;                 // [C][SL] dout slice
+    float* us = sm.A + C * SL;        // [C][SL] dv_new slice
+    float* hs = sm.A + 2 * C * SL;    // [KMAX][SL] h_c slice
+    float accY[NK][4], accZ[NK][4];
+    mma::zero_acc(accY);
+    mma::zero_acc(accZ);
+    for (int64_t col0 = 0; col0 < V; col0 += SW) {
+      __syncthreads();
+      stage_rows(ds, SL, SW, col0, do_at);
+      stage_rows(us, SL, SW, col0, dvn_at);
+      stage_state(hs, SL, SW, col0, h);
+      __syncthreads();
+      auto h_b = [&](int kk, int n) { return hs[n * SL + kk]; };
+      mma::warp_gemm_tf32(accY, r0, 0, SW / 8, [&](int r, int kk) { return ds[r * SL + kk]; }, h_b);
+      mma::warp_gemm_tf32(accZ, r0, 0, SW / 8, [&](int r, int kk) { return us[r * SL + kk]; }, h_b);
+    }
+    mma::for_each_acc(accY, r0, [&](int i, int d, float Y) {
+      const float qg = scale * expf(sm.G[i]) * Y;
+      sm.dq[i * LDK + d] += qg;
+      atomicAdd(&sm.dG[i], qg * sm.q[i * LDK + d]);
+    });
+    mma::for_each_acc(accZ, r0, [&](int i, int d, float Z) { sm.dw[i * LDK + d] = -Z; });
+  }
+  __syncthreads();  // region R free again; dw complete
+
+  // A (lower triangular, rows past L zero) into its slot.
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
-    float dpg = 0.f, da = 0.f;
-    if (i < L && j <= i) {
-      float dP = 0.f, du_ub = 0.f;
-      for (int64_t col = 0; col < V; ++col) {
-        const float dvi = dvn_at(i, col);
-        dP += do_at(i, col) * vn_at(j, col);
-        du_ub += dvi * v_at(j, col);
+    sm.A[i * LDC + j] = (i < L && j <= i) ? a.A[((row0 + i) * a.HV + hv) * C + j] : 0.f;
+  }
+
+  // S4a: dUb = A^T dv_new over V slices -> dv = diag(beta) dUb, dbeta += rowsum(v o dUb).
+  {
+    float* us = sm.dA;                 // [C][kGradUbLd] dv_new slice
+    float* vs = sm.dA + C * kGradUbLd;  // [C][kGradUbLd] v slice
+    constexpr int NS = SW / 8;
+    for (int64_t col0 = 0; col0 < V; col0 += SW) {
+      __syncthreads();
+      stage_rows(us, kGradUbLd, SW, col0, dvn_at);
+      stage_rows(vs, kGradUbLd, SW, col0, v_at);
+      __syncthreads();
+      float acc[NS][4];
+      mma::zero_acc(acc);
+      mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
+                          [&](int kk, int n) { return us[kk * kGradUbLd + n]; });
+      float rs[2] = {0.f, 0.f};  // this thread's rows r0 + grp and r0 + grp + 8
+      mma::for_each_acc(acc, r0, [&](int j, int n, float dub) {
+        if (j < L) a.dv[((row0 + j) * a.HV + hv) * V + col0 + n] = sm.beta[j] * dub;
+        rs[(j - r0) / 8] += vs[j * kGradUbLd + n] * dub;
+      });
+      atomicAdd(&sm.dbeta[r0 + mma::grp()], rs[0]);
+      atomicAdd(&sm.dbeta[r0 + mma::grp() + 8], rs[1]);
+    }
+  }
+
+  // S2a: dP = do v_new^T and du = dv_new v^T (j <= i parts used) over narrow V slices.
+  {
+    float* ds = sm.dA;               // [C][NL] each: dout, v_new, dv_new, v slices
+    float* vns = ds + C * NL;
+    float* us = vns + C * NL;
+    float* vs = us + C * NL;
+    float accP[NC][4], accU[NC][4];
+    mma::zero_acc(accP);
+    mma::zero_acc(accU);
+    for (int64_t col0 = 0; col0 < V; col0 += NW) {
+      __syncthreads();
+      stage_rows(ds, NL, NW, col0, do_at);
+      stage_rows(vns, NL, NW, col0, vn_at);
+      stage_rows(us, NL, NW, col0, dvn_at);
+      stage_rows(vs, NL, NW, col0, v_at);
+      __syncthreads();
+      mma::warp_gemm_tf32(accP, r0, 0, NW / 8, [&](int r, int kk) { return ds[r * NL + kk]; },
+                          [&](int kk, int n) { return vns[n * NL + kk]; });
+      mma::warp_gemm_tf32(accU, r0, 0, NW / 8, [&](int r, int kk) { return us[r * NL + kk]; },
+                          [&](int kk, int n) { return vs[n * NL + kk]; });
+    }
+    __syncthreads();  // the slices (in dA, dP) are dead: store the raw products there
+    mma::for_each_acc(accP, r0, [&](int i, int j, float x) { sm.dPG[i * LDC + j] = x; });
+    mma::for_each_acc(accU, r0, [&](int i, int j, float x) { sm.dA[i * LDC + j] = x; });
+  }
+
+  // S2b: qk = q k^T and dw k^T over K; with dP, du (same owner thread) -> dP o Gam, dA, gate terms.
+  {
+    float accQK[NC][4], accWK[NC][4];
+    mma::zero_acc(accQK);
+    mma::zero_acc(accWK);
+    auto k_b = [&](int kk, int n) { return sm.k[n * LDK + kk]; };
+    mma::warp_gemm_tf32(accQK, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.q[r * LDK + kk]; }, k_b);
+    mma::warp_gemm_tf32(accWK, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.dw[r * LDK + kk]; }, k_b);
+#pragma unroll
+    for (int nt = 0; nt < NC; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r0 + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+        float dpg = 0.f, da = 0.f;
+        if (i < L && j <= i) {
+          const float dP = scale * sm.dPG[i * LDC + j];
+          const float gam = expf(sm.G[i] - sm.G[j]), wj = sm.beta[j] * expf(sm.G[j]);
+          dpg = dP * gam;
+          const float dPP = dpg * accQK[nt][e];  // dP_ij P_ij
+          atomicAdd(&sm.dG[i], dPP);
+          atomicAdd(&sm.dG[j], -dPP);
+          da = sm.beta[j] * sm.dA[i * LDC + j] + wj * accWK[nt][e];
+        }
+        sm.dPG[i * LDC + j] = dpg;
+        sm.dA[i * LDC + j] = da;
       }
-      dP *= scale;
-      const float gam = expf(sm.G[i] - sm.G[j]), wj = sm.beta[j] * expf(sm.G[j]);
-      float qk = 0.f, dw_wb = 0.f;
-      for (int d = 0; d < KMAX; ++d) {
-        qk += sm.q[i * KMAX + d] * sm.k[j * KMAX + d];
-        dw_wb += sm.dw[i * KMAX + d] * sm.k[j * KMAX + d];
+  }
+  __syncthreads();
+
+  // S3: dq += (dP o Gam) k;  dk += (dP o Gam)^T q;  dWb = A^T dw -> dk, dbeta, dG.
+  {
+    float acc[NK][4];
+    mma::zero_acc(acc);
+    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dPG[r * LDC + kk]; },
+                        [&](int kk, int n) { return sm.k[kk * LDK + n]; });
+    mma::for_each_acc(acc, r0, [&](int r, int d, float x) { sm.dq[r * LDK + d] += x; });
+    mma::zero_acc(acc);
+    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dPG[kk * LDC + r]; },
+                        [&](int kk, int n) { return sm.q[kk * LDK + n]; });
+    mma::for_each_acc(acc, r0, [&](int r, int d, float x) { sm.dk[r * LDK + d] += x; });
+    mma::zero_acc(acc);
+    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
+                        [&](int kk, int n) { return sm.dw[kk * LDK + n]; });
+    float rs[2] = {0.f, 0.f};
+    mma::for_each_acc(acc, r0, [&](int r, int d, float dwb) {
+      const float er = expf(sm.G[r]);
+      sm.dk[r * LDK + d] += sm.beta[r] * er * dwb;
+      rs[(r - r0) / 8] += er * sm.k[r * LDK + d] * dwb;  // (e k o dWb)_rd
+    });
+    for (int half = 0; half < 2; ++half) {
+      const int r = r0 + mma::grp() + 8 * half;
+      atomicAdd(&sm.dbeta[r], rs[half]);
+      atomicAdd(&sm.dG[r], sm.beta[r] * rs[half]);
+    }
+  }
+  __syncthreads();  // dw and dP o Gam are dead
+
+  // S5: tmp = dA A^T (where dw was), then dM = -StrictLower(A^T tmp) (where dP o Gam was).
+  {
+    float acc[NC][4];
+    mma::zero_acc(acc);
+    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dA[r * LDC + kk]; },
+                        [&](int kk, int n) { return sm.A[n * LDC + kk]; });
+    mma::for_each_acc(acc, r0, [&](int i, int m, float x) { sm.tmp[i * LDC + m] = x; });
+    __syncthreads();
+    mma::zero_acc(acc);
+    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
+                        [&](int kk, int n) { return sm.tmp[kk * LDC + n]; });
+    mma::for_each_acc(acc, r0, [&](int i, int j, float x) { sm.dPG[i * LDC + j] = (i < L && j < i) ? -x : 0.f; });
+  }
+  __syncthreads();  // dA is dead
+
+  // S6: key products Kk = (k k^T) o Gam: dKk o Gam (where dA was) and the dbeta, dG terms.
+  {
+    float acc[NC][4];
+    mma::zero_acc(acc);
+    auto k_b = [&](int kk, int n) { return sm.k[n * LDK + kk]; };
+    mma::warp_gemm_tf32(acc, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.k[r * LDK + kk]; }, k_b);
+    mma::for_each_acc(acc, r0, [&](int i, int j, float kk) {
+      float out = 0.f;
+      if (i < L && j < i) {
+        const float gam = expf(sm.G[i] - sm.G[j]), Kk = kk * gam, dM = sm.dPG[i * LDC + j];
+        const float dKk = sm.beta[i] * dM;
+        atomicAdd(&sm.dbeta[i], dM * Kk);
+        atomicAdd(&sm.dG[i], dKk * Kk);
+        atomicAdd(&sm.dG[j], -dKk * Kk);
+        out = dKk * gam;
       }
-      dpg = dP * gam;
-      const float dPP = dpg * qk;  // dP_ij P_ij
-      atomicAdd(&sm.dG[i], dPP);
-      atomicAdd(&sm.dG[j], -dPP);
-      da = sm.beta[j] * du_ub + wj * dw_wb;
-    }
-    sm.dPG[i * LDM + j] = dpg;
-    sm.dA[i * LDM + j] = da;
+      sm.dA[i * LDC + j] = out;
+    });
   }
   __syncthreads();
-
-  // S3: dq += (dP o Gam) k, dk += (dP o Gam)^T q;  S4: dUb, dWb and what they feed.
-  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
-    const int r = e / KMAX, d = e % KMAX;
-    float aq = 0.f, ak = 0.f, dwb = 0.f;
-    for (int j = 0; j <= r; ++j) aq += sm.dPG[r * LDM + j] * sm.k[j * KMAX + d];
-    for (int i = r; i < L; ++i) {
-      ak += sm.dPG[i * LDM + r] * sm.q[i * KMAX + d];
-      dwb += sm.A[i * LDM + r] * sm.dw[i * KMAX + d];
-    }
-    const float er = expf(sm.G[r]);
-    sm.dq[r * KMAX + d] += aq;
-    sm.dk[r * KMAX + d] += ak + sm.beta[r] * er * dwb;
-    const float t = er * sm.k[r * KMAX + d] * dwb;  // (e k o dWb)_rd
-    atomicAdd(&sm.dbeta[r], t);
-    atomicAdd(&sm.dG[r], sm.beta[r] * t);
-  }
-  for (int64_t e = tid; e < L * V; e += kChunkThreads) {
-    const int j = static_cast<int>(e / V);
-    const int64_t col = e % V;
-    float dub = 0.f;
-    for (int i = j; i < L; ++i) dub += sm.A[i * LDM + j] * dvn_at(i, col);
-    a.dv[((row0 + j) * a.HV + hv) * V + col] = sm.beta[j] * dub;
-    atomicAdd(&sm.dbeta[j], v_at(j, col) * dub);
-  }
-  __syncthreads();
-
-  // S5: dM = -StrictLower(A^T dA A^T): tmp = dA A^T (where dw was), then dM (where dP o Gam was).
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, m = e % C;
-    float s = 0.f;
-    if (i < L && m < L)
-      for (int j = 0; j <= (i < m ? i : m); ++j) s += sm.dA[i * LDM + j] * sm.A[m * LDM + j];
-    sm.tmp[i * LDM + m] = s;
-  }
-  __syncthreads();
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    float s = 0.f;
-    if (i < L && j < i)
-      for (int m = i; m < L; ++m) s += sm.A[m * LDM + i] * sm.tmp[m * LDM + j];
-    sm.dPG[i * LDM + j] = -s;  // dM
-  }
-  __syncthreads();
-
-  // S6: key products: dKk o Gam (where dA was) and the dbeta, dG terms.
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    float out = 0.f;
-    if (i < L && j < i) {
-      float kk = 0.f;
-      for (int d = 0; d < KMAX; ++d) kk += sm.k[i * KMAX + d] * sm.k[j * KMAX + d];
-      const float gam = expf(sm.G[i] - sm.G[j]), Kk = kk * gam, dM = sm.dPG[i * LDM + j];
-      const float dKk = sm.beta[i] * dM;
-      atomicAdd(&sm.dbeta[i], dM * Kk);
-      atomicAdd(&sm.dG[i], dKk * Kk);
-      atomicAdd(&sm.dG[j], -dKk * Kk);
-      out = dKk * gam;
-    }
-    sm.dA[i * LDM + j] = out;
-  }
-  __syncthreads();
-  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
-    const int r = e / KMAX, d = e % KMAX;
-    float s = 0.f;
-    for (int j = 0; j < r; ++j) s += sm.dA[r * LDM + j] * sm.k[j * KMAX + d];
-    for (int i = r + 1; i < L; ++i) s += sm.dA[i * LDM + r] * sm.k[i * KMAX + d];
-    sm.dk[r * KMAX + d] += s;
+  {  // dk += (dKk o Gam) k + (dKk o Gam)^T k
+    float acc[NK][4];
+    mma::zero_acc(acc);
+    auto k_b = [&](int kk, int n) { return sm.k[kk * LDK + n]; };
+    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dA[r * LDC + kk]; }, k_b);
+    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dA[kk * LDC + r]; }, k_b);
+    mma::for_each_acc(acc, r0, [&](int r, int d, float x) { sm.dk[r * LDK + d] += x; });
   }
   __syncthreads();
 
@@ -242,8 +356,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
   for (int e = tid; e < L * KMAX; e += kChunkThreads) {
     const int r = e / KMAX, d = e % KMAX;
     const int64_t at = ((row0 + r) * a.H + head) * K + d;
-    atomicAdd(&a.dq_acc[at], sm.dq[r * KMAX + d]);
-    atomicAdd(&a.dk_acc[at], sm.dk[r * KMAX + d]);
+    atomicAdd(&a.dq_acc[at], sm.dq[r * LDK + d]);
+    atomicAdd(&a.dk_acc[at], sm.dk[r * LDK + d]);
   }
 }
 

@@ -85,6 +85,31 @@ void emulated_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
   }
   __syncwarp();
 }
+// TF32 (chunked_mma_tf32.cuh): cvt.rna keeps 10 mantissa bits, rounding half away from zero.
+inline uint32_t emulated_to_tf32(float x) {
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  return u;
+}
+inline void emulated_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  std::memcpy(g_warp[w].a[l], a, 16); std::memcpy(g_warp[w].b[l], b, 8);
+  __syncwarp();
+  float A[16][8], B[8][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L >> 2, t = L & 3; const uint32_t* aa = g_warp[w].a[L]; const uint32_t* bb = g_warp[w].b[L];
+    A[g][t] = __uint_as_float(aa[0]); A[g + 8][t] = __uint_as_float(aa[1]);
+    A[g][t + 4] = __uint_as_float(aa[2]); A[g + 8][t + 4] = __uint_as_float(aa[3]);
+    B[t][g] = __uint_as_float(bb[0]); B[t + 4][g] = __uint_as_float(bb[1]);
+  }
+  const int g = l >> 2, t = l & 3;
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);
+    float s = 0; for (int k = 0; k < 8; ++k) s += A[r][k] * B[k][c];
+    d[e] += s;
+  }
+  __syncwarp();
+}
 }  // namespace mma
 }  // namespace flashgrad::cuda_detail::delta_rule
 
