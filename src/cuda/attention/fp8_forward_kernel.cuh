@@ -150,22 +150,36 @@ __device__ __forceinline__ void fp8_forward_key_block(
   cp_async_commit();
 
   // O += P8 vt8: accumulator tiles 4kk..4kk+3 (32 keys) form one A fragment; vt rows are dims.
+  // Two-level accumulation: the e4m3 tensor cores keep only 13 mantissa bits of the accumulator
+  // they are given (SageAttention2 measured it on Ada / Hopper; the low 10 bits of C are dropped),
+  // so O, summed over every key block of the row, would drift by up to 2^-13 of itself per block.
+  // This block's BN keys are summed from zero by the tensor cores and added to O in fp32.
   auto pack = [](float x0, float x1, float x2, float x3) { return pack_e4m3x4(x0, x1, x2, x3); };
+  constexpr int KS = BN / 32;
+  uint32_t a[KS][MT][4];
 #pragma unroll
-  for (int kk = 0; kk < BN / 32; ++kk) {
-    uint32_t a[MT][4];
+  for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       p_to_a_fragment(acc_s[mt][4 * kk], acc_s[mt][4 * kk + 1], acc_s[mt][4 * kk + 2], acc_s[mt][4 * kk + 3],
-                      a[mt], pack);
+                      a[kk][mt], pack);
 #pragma unroll
-    for (int dp = 0; dp < DT / 2; ++dp) {
-      uint32_t b[4];
-      load_b8<BN>(b, uVt, vt_lo, dp * 16, kk * 32);
+  for (int dp = 0; dp < DT / 2; ++dp) {
+    uint32_t b[KS][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_e4m3(st.acc_o[mt][2 * dp], a[mt], b[0], b[1]);
-        mma_e4m3(st.acc_o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+    for (int kk = 0; kk < KS; ++kk) load_b8<BN>(b[kk], uVt, vt_lo, dp * 16, kk * 32);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float part[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        mma_e4m3(part[0], a[kk][mt], b[kk][0], b[kk][1]);
+        mma_e4m3(part[1], a[kk][mt], b[kk][2], b[kk][3]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        st.acc_o[mt][2 * dp][e] += part[0][e];
+        st.acc_o[mt][2 * dp + 1][e] += part[1][e];
       }
     }
   }
