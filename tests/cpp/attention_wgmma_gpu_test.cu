@@ -1,6 +1,6 @@
 // The Hopper (wgmma + TMA) attention forward against the mma.sync forward and the CPU reference.
 //
-// attention_forward on CUDA picks the wgmma kernel for head dims 64 / 128 when TMA can describe the
+// attention_forward on CUDA picks the wgmma kernel for head dims 64 / 128 / 256 when TMA can describe the
 // views, and the mma.sync kernel when FLASHGRAD_ATTN_FORWARD=legacy; each case runs both, on the
 // same inputs, and holds each to the 2x rule of docs/attention.md ("Numerics"):
 //   max|X - X_ref32| <= r * max|X_lowp - X_ref32| + atol,   X in {out, lse}, r = 2 (3 with softcap),
@@ -392,20 +392,20 @@ Case named(std::string name, Case c) {
 
 TEST(AttentionWgmma, HeadDimsDtypesManyKeyBlocks) {
   REQUIRE_GPU();
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (DType dt : {DType::bf16, DType::f16}) {
       Case c;
       c.d = d;
       c.dtype = dt;
       c.sq = 520;  // 5 query blocks, 5 key blocks: the 2-slot K / V ring wraps twice
       c.sk = 520;
-      check(named("none d" + std::to_string(d) + " " + dtype_name(dt) + " S=520", c));
+      check(named("none d" + std::to_string(d) + " " + dtype_name(dt) + " S=520", c));  // d256: 9 key blocks of 64
     }
 }
 
 TEST(AttentionWgmma, CausalOddLengths) {
   REQUIRE_GPU();
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (auto [sq, sk] : {std::pair{600, 600}, std::pair{250, 700}, std::pair{700, 250}, std::pair{1, 129}}) {
       Case c;
       c.d = d;
@@ -451,7 +451,7 @@ TEST(AttentionWgmma, GqaAndSoftcap) {
 
 TEST(AttentionWgmma, VarlenWithEmptySequences) {
   REQUIRE_GPU();
-  for (int d : {64, 128}) {
+  for (int d : {64, 128, 256}) {
     Case c;
     c.d = d;
     c.lens_q = {0, 300, 129, 0, 400, 7};

@@ -107,19 +107,23 @@ bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf1
                           cudaStream_t stream) {
   const char* env = std::getenv("FLASHGRAD_ATTN_FORWARD");
   if (env != nullptr && std::strcmp(env, "legacy") == 0) return false;
-  if (head_dim != 64 && head_dim != 128) return false;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t batches = varlen ? 1 : p.num_seqs;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
   if (batches == 0 || rows_q == 0 || rows_k == 0) return false;
   CUtensorMap mq, mk, mv;
   WgmmaMapAxes axes;
+  const int key_rows = head_dim == 256 ? WgmmaForwardConfig<256>::kBlockN : WgmmaForwardConfig<128>::kBlockN;
   if (!make_map(&mq, p.q, p.q_st, rows_q, p.heads_q, batches, head_dim, bf16, 128, &axes.q_rows_inner) ||
-      !make_map(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, 128, &axes.k_rows_inner) ||
-      !make_map(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, 128, &axes.v_rows_inner))
+      !make_map(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, key_rows, &axes.k_rows_inner) ||
+      !make_map(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, key_rows, &axes.v_rows_inner))
     return false;
   if (head_dim == 64)
     bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, p, axes, stream) : launch<__half, 64>(mq, mk, mv, p, axes, stream);
+  else if (head_dim == 256)  // one variant: FA3 too keeps the turn-taking for D <= 128
+    bf16 ? launch_variant<__nv_bfloat16, 256, false>(mq, mk, mv, p, axes, stream)
+         : launch_variant<__half, 256, false>(mq, mk, mv, p, axes, stream);
   else
     bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, p, axes, stream)
          : launch<__half, 128>(mq, mk, mv, p, axes, stream);

@@ -12,7 +12,7 @@
 namespace flashgrad::cuda_attn {
 
 // Launches the wgmma forward and returns true, or returns false (launching nothing) when it does
-// not apply: head dim other than 64 / 128, a view TMA cannot describe (strides or base not 16-byte
+// not apply: head dim other than 64 / 128 / 256, a view TMA cannot describe (strides or base not 16-byte
 // aligned, a stride past 2^40 bytes), or FLASHGRAD_ATTN_FORWARD=legacy in the environment (read at
 // every call, so one process can time both kernels). rows_k: the k / v tensors' token extent
 // (Sk padded, Tk varlen), which the tensor maps need and AttentionKernelParams does not carry.

@@ -5,12 +5,12 @@
 //     the key blocks the mask does not rule out, into a ring of kStages slots each, gated by
 //     "empty" mbarriers the consumers release and completing on "full" mbarriers (byte counts);
 //   warpgroups 1 and 2, the consumers: each owns 64 query rows. Per key block: S = Q K^T by
-//     wgmma m64n128k16 from shared memory (kBlockN = 128 keys), the mask / softcap on tiles that
+//     wgmma m64nBNk16 from shared memory (kBlockN = 128 keys; 64 at D = 256), the mask / softcap on tiles that
 //     need it, online softmax in registers (running max and sum in log2 units, as the mma.sync
 //     kernel), P rounded to 16 bits in registers as the A operand of O += P V (wgmma with A in
 //     registers, V read MN-major through the descriptor), O in fp32 registers.
-// The producer gives registers back (setmaxnreg) so each consumer thread can hold S (64 floats),
-// O (D / 2 floats) and P (32 words).
+// The producer gives registers back (setmaxnreg) so each consumer thread can hold S (BN / 2
+// floats), O (D / 2 floats) and P (BN / 4 words).
 //
 // Intra-warpgroup overlap: S(j+1) = Q K(j+1)^T and O += P(j) V(j) are issued together; the
 // softmax of block j+1 runs on the CUDA cores while P(j) V(j) is still on the tensor cores.
@@ -39,7 +39,8 @@ struct WgmmaMapAxes {
 template <int D>
 struct WgmmaForwardConfig {
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
-  static constexpr int kBlockN = 128;
+  // Keys per block: 128, or 64 at D = 256, where O alone takes 128 fp32 registers per thread.
+  static constexpr int kBlockN = D == 256 ? 64 : 128;
   static constexpr int kStages = 2;
   static constexpr int kPanels = D / 64;  // 128-byte column panels per tile row
   static constexpr int kThreads = 384;
@@ -68,8 +69,8 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, u
 // multiplied by (done by the caller once the previous P V has left the tensor cores). On the short
 // path (full tile, no softcap, positive scale) S is raw and the scale folds into the exponent, as
 // in the mma.sync kernel.
-template <bool kGeneral>
-__device__ __forceinline__ void wgmma_softmax_block(float (&s)[64], float (&row_max)[2], float (&row_sum)[2],
+template <bool kGeneral, int BN>
+__device__ __forceinline__ void wgmma_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                     float (&rescale)[2], const AttentionKernelParams& p,
                                                     const MaskView& mask, int row0, int n0, int t) {
   const float scale_log2 = p.scale * kLog2e;
@@ -82,7 +83,7 @@ __device__ __forceinline__ void wgmma_softmax_block(float (&s)[64], float (&row_
       hi -= n0 + 2 * t;
       diag -= n0 + 2 * t;
 #pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
+      for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           float x = s[4 * nt + 2 * r + c];
@@ -104,7 +105,7 @@ __device__ __forceinline__ void wgmma_softmax_block(float (&s)[64], float (&row_
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
     mx = fmaxf(quad_max(mx) * mul, row_max[r]);
     // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
     const float base = mx == -INFINITY ? 0.f : mx;
@@ -112,7 +113,7 @@ __device__ __forceinline__ void wgmma_softmax_block(float (&s)[64], float (&row_
     row_max[r] = mx;
     float sum = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
+    for (int nt = 0; nt < BN / 8; ++nt) {
       s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base);
       s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base);
       sum += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
@@ -231,13 +232,13 @@ __global__ void __launch_bounds__(384, 1)
   const bool short_path_ok = p.softcap_method == kSoftcapOff && p.scale > 0.f;
 
   // S = Q K^T of one slot, issued (not waited for).
-  auto issue_qk = [&](float (&s)[64], int slot) {
+  auto issue_qk = [&](float (&s)[BN / 2], int slot) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t a = sQ + (kk / 4) * Cfg::kPanelBytesQ + cw * 64 * 128 + (kk % 4) * 32;
       const uint32_t b = sK + slot * Cfg::kKVBytes + (kk / 4) * Cfg::kPanelBytesKV + (kk % 4) * 32;
-      sm90::wgmma_ss_n128<T>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+      sm90::wgmma_ss<T, BN>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
     }
     sm90::wgmma_commit();
   };
@@ -246,15 +247,15 @@ __global__ void __launch_bounds__(384, 1)
   //   issue S(j+1) = Q K(j+1)^T; issue O += P(j) V(j);
   //   wait for S(j+1) (wgmma groups complete in issue order), softmax(j+1) on the CUDA cores while
   //   P(j) V(j) runs; wait for it, then rescale O by block j+1's max and pack P(j+1).
-  auto softmax = [&](float (&sc)[64], float (&mx)[2], float (&sum)[2], float (&rescale)[2], int tile_cls,
+  auto softmax = [&](float (&sc)[BN / 2], float (&mx)[2], float (&sum)[2], float (&rescale)[2], int tile_cls,
                      int block) {
     if (tile_cls == kTileFull && short_path_ok)
-      wgmma_softmax_block<false>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
+      wgmma_softmax_block<false, BN>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
     else
-      wgmma_softmax_block<true>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
+      wgmma_softmax_block<true, BN>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
   };
   // P as 16-bit A fragments: 16 keys = two 8-column accumulator chunks.
-  auto pack_p = [](const float (&sc)[64], uint32_t (&a)[BN / 16][4]) {
+  auto pack_p = [](const float (&sc)[BN / 2], uint32_t (&a)[BN / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       a[kk][0] = Ops::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(384, 1)
 
   int cls = kTileEmpty;
   int nb = next_key_block<BN>(mask, 0, num_nb, m0, m0 + BM, cls);
-  float s[64];
+  float s[BN / 2];
   uint32_t pa[BN / 16][4];
   if (nb >= 0) {
     sm90::mbar_wait(bar_q, 0);

@@ -132,6 +132,19 @@ __device__ __forceinline__ void pin_registers(float (&d)[N]) {
   "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "   \
   "%59, %60, %61, %62, %63}"
 
+#define FG_REGS128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, " \
+  "%109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
+  "%124, %125, %126, %127}"
+#define FG_ACC128(d)                                                                              \
+  FG_ACC64(d), FG_ACC8(d, 64), FG_ACC8(d, 72), FG_ACC8(d, 80), FG_ACC8(d, 88), FG_ACC8(d, 96),     \
+      FG_ACC8(d, 104), FG_ACC8(d, 112), FG_ACC8(d, 120)
+
 template <typename T>
 struct WgmmaName;
 template <>
@@ -161,6 +174,56 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t a_desc, u
         ", %64, %65, p, 1, 1, 0, 0;\n}\n"
         : FG_ACC64(d)
         : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+}
+
+// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A and B from shared memory, both K-major.
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  if constexpr (WgmmaName<T>::kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : FG_ACC32(d)
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : FG_ACC32(d)
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+}
+
+// S = Q K^T for a key block of BN (64 or 128) keys.
+template <typename T, int BN>
+__device__ __forceinline__ void wgmma_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  if constexpr (BN == 128)
+    wgmma_ss_n128<T>(d, a_desc, b_desc, scale_d);
+  else
+    wgmma_ss_n64<T>(d, a_desc, b_desc, scale_d);
+}
+
+// D[64 x 256] (=|+=) A[64 x 16] B[16 x 256], A in registers, B MN-major in shared memory.
+template <typename T>
+__device__ __forceinline__ void wgmma_rs_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t b_desc,
+                                              int scale_d) {
+  if constexpr (WgmmaName<T>::kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FG_REGS128
+        ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : FG_ACC128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " FG_REGS128
+        ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : FG_ACC128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
   }
 }
 
@@ -206,10 +269,12 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)
   }
 }
 
-// O += P V for a head dim of D columns (64 or 128).
+// O += P V for a head dim of D columns (64, 128 or 256).
 template <typename T, int D>
 __device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
-  if constexpr (D == 128)
+  if constexpr (D == 256)
+    wgmma_rs_n256<T>(d, a, b_desc, scale_d);
+  else if constexpr (D == 128)
     wgmma_rs_n128<T>(d, a, b_desc, scale_d);
   else
     wgmma_rs_n64<T>(d, a, b_desc, scale_d);
@@ -220,5 +285,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[
 #undef FG_ACC64
 #undef FG_REGS32
 #undef FG_REGS64
+#undef FG_REGS128
+#undef FG_ACC128
 
 }  // namespace flashgrad::cuda_attn::sm90
