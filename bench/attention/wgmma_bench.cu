@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows = {
       {2, 16, 8192, 128, true, 560}, {2, 16, 8192, 128, false, 621}, {8, 16, 2048, 128, true, 486},
       {8, 16, 2048, 128, false, 637}, {4, 16, 4096, 64, true, 398},  {4, 16, 4096, 64, false, 451},
+      {2, 16, 8192, 256, true, 605},  {2, 16, 8192, 256, false, 649},
   };
   if (quick) rows.resize(2);
   cudaDeviceProp prop;
