@@ -1,0 +1,103 @@
+// Host emulation of the CUDA features the chunked delta-rule stages use (threadIdx / blockIdx,
+// __syncthreads, __syncwarp, shuffles, shared float atomics and mma.sync m16n8k16), shared by
+// the emulation harnesses of this folder (harness.cc: GDN and the plain rule; kda_harness.cc:
+// KDA). harness.cc's file comment says how the emulation works and what it cannot check.
+// Include it before any kernel source (it defines the names the kernels use).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct EmuDim { unsigned x = 0, y = 0, z = 0; };
+thread_local EmuDim emu_tid, emu_bid;
+#define threadIdx emu_tid
+#define blockIdx emu_bid
+std::barrier<>* g_block_bar;
+std::barrier<>* g_warp_bar[4];
+struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[4];
+inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+#define __launch_bounds__(...)
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_bar[emu_tid.x / 32]->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float x, int o) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  g_warp[w].f[l] = x; __syncwarp();
+  const float y = g_warp[w].f[l ^ o]; __syncwarp();
+  return y;
+}
+inline float __shfl_up_sync(unsigned, float x, unsigned o) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  g_warp[w].f[l] = x; __syncwarp();
+  const float y = l >= (int)o ? g_warp[w].f[l - o] : x; __syncwarp();
+  return y;
+}
+namespace flashgrad::cuda_detail::delta_rule {
+alignas(16) unsigned char smem_raw[262144];
+namespace mma {
+template <typename T> float half_of(uint32_t r, int hi) {
+  const uint16_t h = hi ? (r >> 16) : (r & 0xffff);
+  T x; std::memcpy(&x, &h, 2);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x); else return __half2float(x);
+}
+template <typename T>
+void emulated_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  std::memcpy(g_warp[w].a[l], a, 16); std::memcpy(g_warp[w].b[l], b, 8);
+  __syncwarp();
+  float A[16][16], B[16][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L >> 2, t = L & 3; const uint32_t* aa = g_warp[w].a[L]; const uint32_t* bb = g_warp[w].b[L];
+    for (int hi = 0; hi < 2; ++hi) {
+      A[g][2*t+hi] = half_of<T>(aa[0], hi); A[g+8][2*t+hi] = half_of<T>(aa[1], hi);
+      A[g][2*t+8+hi] = half_of<T>(aa[2], hi); A[g+8][2*t+8+hi] = half_of<T>(aa[3], hi);
+      B[2*t+hi][g] = half_of<T>(bb[0], hi); B[2*t+8+hi][g] = half_of<T>(bb[1], hi);
+    }
+  }
+  const int g = l >> 2, t = l & 3;
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);
+    float s = 0; for (int k = 0; k < 16; ++k) s += A[r][k] * B[k][c];
+    d[e] += s;
+  }
+  __syncwarp();
+}
+// TF32 (chunked_mma_tf32.cuh): cvt.rna keeps 10 mantissa bits, rounding half away from zero.
+inline uint32_t emulated_to_tf32(float x) {
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  return u;
+}
+inline void emulated_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  std::memcpy(g_warp[w].a[l], a, 16); std::memcpy(g_warp[w].b[l], b, 8);
+  __syncwarp();
+  float A[16][8], B[8][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L >> 2, t = L & 3; const uint32_t* aa = g_warp[w].a[L]; const uint32_t* bb = g_warp[w].b[L];
+    A[g][t] = __uint_as_float(aa[0]); A[g + 8][t] = __uint_as_float(aa[1]);
+    A[g][t + 4] = __uint_as_float(aa[2]); A[g + 8][t + 4] = __uint_as_float(aa[3]);
+    B[t][g] = __uint_as_float(bb[0]); B[t + 4][g] = __uint_as_float(bb[1]);
+  }
+  const int g = l >> 2, t = l & 3;
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + (e >> 1) * 8, c = 2 * t + (e & 1);
+    float s = 0; for (int k = 0; k < 8; ++k) s += A[r][k] * B[k][c];
+    d[e] += s;
+  }
+  __syncwarp();
+}
+}  // namespace mma
+}  // namespace flashgrad::cuda_detail::delta_rule

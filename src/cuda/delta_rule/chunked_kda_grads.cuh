@@ -1,0 +1,226 @@
+// KDA chunked backward stage B2 ("grads"), one block of 128 threads per (chunk, value head): the
+// per-chunk gradients of src/reference/delta_rule/chunked_backward.cpp (ChunkBackward) with
+// per-channel gates, given h_c, v_new (stage 2), dh_{c+1}, dv_new (B1), A and G (stage 1).
+//
+// CORRECTNESS-FIRST VERSION: fp32 on CUDA cores; every (row r, channel d) element of dq, dk, dG
+// and dw is owned by one thread in every phase (e = tid + 128 m, r = e / K, d = e % K), so those
+// accumulators need no atomics. [64, V] and [K, V] operands are read from global memory (L2).
+// Shared memory at K = 128: q, k, G, dk, dG, dw (6 x 32 KiB) + A and one 64 x 64 matrix: 225 KiB.
+//
+// Notation (one chunk, rows i, j, r < L, channel d, Gam_ijd = exp(G_id - G_jd) for j <= i,
+// gl_d = G_{L-1,d}, e_rd = exp(G_rd); dG is dL/dG, per channel):
+//   A. dP_ij = scale do_i . v_new_j (j <= i)
+//   B. X_rd = v_new_r . dh_{c+1}[d], Y_rd = do_r . h_c[d], Z_rd = dv_new_r . h_c[d]
+//      aq_rd = sum_{j<=r} dP_rj k_jd Gam_rjd,   ak_rd = sum_{i>=r} dP_ir q_id Gam_ird
+//      dq = scale Y e + aq;  dk = X exp(gl - G) + ak;  dw = -Z
+//      dG = q o dq - s - k o ak,  s_rd = X_rd k_rd exp(gl_d - G_rd);  dG_{L-1,d} += sum_r s_rd
+//      + exp(gl_d) <h_c[d], dh_{c+1}[d]> (added in G)
+//   C. dA_ij = beta_j (dv_new_i . v_j) + dw_i . (beta_j e_j o k_j)   (j <= i)
+//   D. dWb = A^T dw:  dk += beta e dWb,  dbeta += rowsum(e k dWb),  dG += beta e k dWb
+//      dUb = A^T dv_new:  dv = beta dUb,  dbeta += v . dUb
+//   E. dM = -StrictLower(A^T dA A^T)
+//   F. bm_rd = sum_{j<r} dM_rj k_jd Gam_rjd,  ck_rd = sum_{i>r} beta_i dM_ir k_id Gam_ird
+//      dk += beta bm + ck,  dG += k o (beta bm - ck),  dbeta += rowsum(k o bm)
+//   G. dg = reverse cumsum of dG over the chunk's rows (per channel)
+// Every exponent is a difference G_id - G_jd with i >= j (<= 0). dbeta uses shared float
+// atomics (its last bits may vary between runs); dq, dk are added over value heads by global
+// atomics.
+#pragma once
+
+#include "chunked_kda_decay.cuh"
+#include "chunked_stages.h"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <int KMAX>
+struct KdaGradsSmem {
+  static constexpr int C = kChunkSize, LDM = C + 1;
+  float *q, *k, *G, *dk, *dG, *dw;  // [C][KMAX] each; q's space later holds Wb, then tmp = dA A^T [C][C]
+  float* A;                         // [C][LDM]
+  float* mat;                       // [C][LDM] dP, then dA, then dM
+  float *beta, *dbeta;              // [C]
+  float* sl;                        // [KMAX] dG_{L-1} terms
+  static constexpr int64_t bytes() { return sizeof(float) * (6 * C * KMAX + 2 * C * LDM + 2 * C + KMAX); }
+  __device__ explicit KdaGradsSmem(unsigned char* raw) {
+    q = reinterpret_cast<float*>(raw);
+    k = q + C * KMAX;
+    G = k + C * KMAX;
+    dk = G + C * KMAX;
+    dG = dk + C * KMAX;
+    dw = dG + C * KMAX;
+    A = dw + C * KMAX;
+    mat = A + C * LDM;
+    beta = mat + C * LDM;
+    dbeta = beta + C;
+    sl = dbeta + C;
+  }
+};
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a) {
+  using S = KdaGradsSmem<KMAX>;
+  constexpr int C = kChunkSize, LDM = S::LDM;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = threadIdx.x;
+  const int64_t row0 = chunk_row0(ci, a.T), V = a.V, K = a.K;
+  const float scale = a.scale;
+  const T* vn = static_cast<const T*>(a.v_new);
+  const float* h = a.h + (c * a.HV + hv) * K * V;    // h_c [K][V]
+  const float* dhn = a.dh + (c * a.HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
+  auto vn_at = [&](int i, int64_t col) { return to_f<T>(vn[((row0 + i) * a.HV + hv) * V + col]); };
+  auto dvn_at = [&](int i, int64_t col) { return a.dv_new[((row0 + i) * a.HV + hv) * V + col]; };
+  auto do_at = [&](int i, int64_t col) { return load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + i, hv, col)); };
+  auto v_at = [&](int i, int64_t col) { return load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)); };
+  auto gam = [&](int i, int j, int d) { return expf(sm.G[i * KMAX + d] - sm.G[j * KMAX + d]); };  // i >= j
+
+  // Inputs of the chunk; zeroed accumulators.
+  if (tid < C) {
+    sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+    sm.dbeta[tid] = 0.f;
+  }
+  if (tid < KMAX) sm.sl[tid] = 0.f;
+  kda_read_gate<KMAX>(a.G, ci, row0, hv, a.HV, sm.G, KMAX);
+  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * KMAX + d] = x; });
+  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, j = e % C;
+    sm.A[i * LDM + j] = i < L ? a.A[((row0 + i) * a.HV + hv) * C + j] : 0.f;
+  }
+  // A. dP (j <= i < L).
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, j = e % C;
+    float s = 0.f;
+    if (i < L && j <= i)
+      for (int64_t col = 0; col < V; ++col) s += do_at(i, col) * vn_at(j, col);
+    sm.mat[i * LDM + j] = scale * s;
+  }
+  __syncthreads();
+
+  // B. Products with h_c and dh_{c+1}; the output's decayed terms.
+  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX;
+    float dq = 0.f, dk = 0.f, dG = 0.f, dw = 0.f;
+    if (r < L) {
+      float X = 0.f, Y = 0.f, Z = 0.f;
+      for (int64_t col = 0; col < V; ++col) {
+        const float hd = h[d * V + col];
+        X += vn_at(r, col) * dhn[d * V + col];
+        Y += do_at(r, col) * hd;
+        Z += dvn_at(r, col) * hd;
+      }
+      float aq = 0.f, ak = 0.f;
+      for (int j = 0; j <= r; ++j) aq += sm.mat[r * LDM + j] * sm.k[j * KMAX + d] * gam(r, j, d);
+      for (int i = r; i < L; ++i) ak += sm.mat[i * LDM + r] * sm.q[i * KMAX + d] * gam(i, r, d);
+      const float kdx = expf(sm.G[(L - 1) * KMAX + d] - sm.G[r * KMAX + d]);  // r <= L - 1
+      const float s = X * kdx * sm.k[r * KMAX + d];
+      dq = scale * Y * expf(sm.G[r * KMAX + d]) + aq;
+      dk = X * kdx + ak;
+      dG = sm.q[r * KMAX + d] * dq - s - sm.k[r * KMAX + d] * ak;
+      dw = -Z;
+      atomicAdd(&sm.sl[d], s);
+      atomicAdd(&a.dq_acc[((row0 + r) * a.H + head) * K + d], dq);
+    }
+    sm.dk[r * KMAX + d] = dk;
+    sm.dG[r * KMAX + d] = dG;
+    sm.dw[r * KMAX + d] = dw;
+  }
+  // exp(gl_d) <h_c[d], dh_{c+1}[d]>: warps over consecutive columns of one channel (V % 32 == 0).
+  for (int64_t e = tid; e < K * V; e += kChunkThreads) {
+    float x = h[e] * dhn[e];
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    const int d = static_cast<int>(e / V);
+    if ((tid & 31) == 0) atomicAdd(&sm.sl[d], expf(sm.G[(L - 1) * KMAX + d]) * x);
+  }
+  __syncthreads();
+
+  // C. Wb = beta e o k where q was (q is done); then dA (where dP was).
+  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX;
+    sm.q[e] = sm.beta[r] * expf(sm.G[r * KMAX + d]) * sm.k[e];
+  }
+  __syncthreads();
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, j = e % C;
+    float s = 0.f;
+    if (i < L && j <= i) {
+      float dv_v = 0.f;
+      for (int64_t col = 0; col < V; ++col) dv_v += dvn_at(i, col) * v_at(j, col);
+      s = sm.beta[j] * dv_v;
+      for (int d = 0; d < KMAX; ++d) s += sm.dw[i * KMAX + d] * sm.q[j * KMAX + d];
+    }
+    sm.mat[i * LDM + j] = s;
+  }
+  __syncthreads();
+
+  // D. dWb = A^T dw and what it feeds; dUb = A^T dv_new -> dv, dbeta.
+  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX;
+    float dwb = 0.f;
+    for (int i = r; i < L; ++i) dwb += sm.A[i * LDM + r] * sm.dw[i * KMAX + d];
+    const float t = expf(sm.G[r * KMAX + d]) * sm.k[r * KMAX + d] * dwb;  // (e k o dWb)_rd
+    sm.dk[e] += sm.beta[r] * expf(sm.G[r * KMAX + d]) * dwb;
+    sm.dG[e] += sm.beta[r] * t;
+    atomicAdd(&sm.dbeta[r], t);
+  }
+  for (int64_t e = tid; e < L * V; e += kChunkThreads) {
+    const int j = static_cast<int>(e / V);
+    const int64_t col = e % V;
+    float dub = 0.f;
+    for (int i = j; i < L; ++i) dub += sm.A[i * LDM + j] * dvn_at(i, col);
+    a.dv[((row0 + j) * a.HV + hv) * V + col] = sm.beta[j] * dub;
+    atomicAdd(&sm.dbeta[j], v_at(j, col) * dub);
+  }
+  __syncthreads();
+
+  // E. tmp = dA A^T (where q / Wb was, [C][C]), then dM = -A^T tmp, strictly lower (where dA was).
+  float* tmp = sm.q;  // C * C <= C * KMAX
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, m = e % C;
+    float s = 0.f;
+    if (i < L && m < L)
+      for (int j = 0; j <= (i < m ? i : m); ++j) s += sm.mat[i * LDM + j] * sm.A[m * LDM + j];
+    tmp[i * C + m] = s;
+  }
+  __syncthreads();
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, j = e % C;
+    float s = 0.f;
+    if (i < L && j < i)
+      for (int m = i; m < L; ++m) s += sm.A[m * LDM + i] * tmp[m * C + j];
+    sm.mat[i * LDM + j] = -s;
+  }
+  __syncthreads();
+
+  // F. Key products.
+  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX;
+    float bm = 0.f, ck = 0.f;
+    for (int j = 0; j < r; ++j) bm += sm.mat[r * LDM + j] * sm.k[j * KMAX + d] * gam(r, j, d);
+    for (int i = r + 1; i < L; ++i) ck += sm.beta[i] * sm.mat[i * LDM + r] * sm.k[i * KMAX + d] * gam(i, r, d);
+    const float kr = sm.k[e];
+    sm.dk[e] += sm.beta[r] * bm + ck;
+    sm.dG[e] += kr * (sm.beta[r] * bm - ck);
+    atomicAdd(&sm.dbeta[r], kr * bm);
+  }
+  __syncthreads();
+
+  // G. Outputs: dg = reverse cumsum of dG (one thread per channel), dbeta, dk.
+  if (tid < KMAX) {
+    float acc = sm.sl[tid];
+    for (int i = L - 1; i >= 0; --i) {
+      acc += sm.dG[i * KMAX + tid];
+      a.dg[((row0 + i) * a.HV + hv) * K + tid] = acc;
+    }
+  }
+  if (tid < L) a.dbeta[(row0 + tid) * a.HV + hv] = sm.dbeta[tid];
+  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX;
+    atomicAdd(&a.dk_acc[((row0 + r) * a.H + head) * K + d], sm.dk[e]);
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

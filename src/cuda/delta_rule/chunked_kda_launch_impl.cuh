@@ -1,0 +1,111 @@
+// Host launchers of the KDA chunked stages (declared in chunked_kda.h); included once per dtype by
+// chunked_kda_instances_*.cu. K = 64 and K = 128 are instantiated (KMAX = K exactly).
+#pragma once
+
+#include <string>
+
+#include "chunked_kda.h"
+#include "chunked_kda_grads.cuh"
+#include "chunked_kda_output.cuh"
+#include "chunked_kda_prepare.cuh"
+#include "chunked_kda_state.cuh"
+#include "chunked_kda_state_backward.cuh"
+#include "chunked_launch_impl.cuh"  // set_smem, dtype_of
+#include "cuda/common/cuda_check.h"
+#include "flashgrad/status.h"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Refuses what the KDA stages do not take, naming the argument.
+inline void check_kda_args(const char* stage, DType dtype, const ChunkedArgs& a) {
+  const std::string why = kda_stages_support(dtype, a.K, a.V);
+  if (!why.empty()) throw_unsupported(stage, "q", why);
+  if (!a.g.p) throw_invalid_argument(stage, "g", "the KDA stages need the per-channel gate [B, T, HV, K]");
+  if (!a.G || !a.w || !a.u || !a.v_new || !a.h || !a.chunks || !a.seq_first_chunk)
+    throw_invalid_argument(stage, "scratch", "G, w, u, v_new, h and the chunk plan must be allocated");
+  if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)
+    throw_unsupported(stage, "v", "too many value heads, chunks or sequences for one launch");
+}
+
+// One kernel instantiation with its shared-memory layout `Smem` and grid.
+template <typename Smem, typename Kernel>
+void launch_kda_kernel(Kernel kernel, dim3 grid, const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t smem_bytes = Smem::bytes();
+  static_assert(smem_bytes <= 227 * 1024, "sm_90 allows 227 KiB of shared memory per block");
+  set_smem(kernel, smem_bytes);
+  kernel<<<grid, kChunkThreads, smem_bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+inline dim3 kda_chunk_grid(const ChunkedArgs& a, int64_t slices = 1) {
+  return dim3(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV), static_cast<unsigned>(slices));
+}
+inline dim3 kda_seq_grid(const ChunkedArgs& a) {
+  return dim3(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / kStateCols));
+}
+
+template <typename T>
+void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
+  check_kda_args("chunked KDA (prepare)", dtype_of<T>(), a);
+  if (a.num_chunks == 0 || a.HV == 0) return;
+  if (a.K == 64)
+    launch_kda_kernel<KdaPrepareSmem<T, 64>>(kda_prepare_kernel<T, 64>, kda_chunk_grid(a), a, s);
+  else
+    launch_kda_kernel<KdaPrepareSmem<T, 128>>(kda_prepare_kernel<T, 128>, kda_chunk_grid(a), a, s);
+}
+
+template <typename T>
+void launch_kda_state(const ChunkedArgs& a, cudaStream_t s) {
+  check_kda_args("chunked KDA (state)", dtype_of<T>(), a);
+  if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write ht = h0
+  if (a.K == 64)
+    launch_kda_kernel<KdaStateSmem<T, 64>>(kda_state_kernel<T, 64>, kda_seq_grid(a), a, s);
+  else
+    launch_kda_kernel<KdaStateSmem<T, 128>>(kda_state_kernel<T, 128>, kda_seq_grid(a), a, s);
+}
+
+template <typename T>
+void launch_kda_output(const ChunkedArgs& a, cudaStream_t s) {
+  check_kda_args("chunked KDA (output)", dtype_of<T>(), a);
+  if (a.num_chunks == 0 || a.HV == 0) return;
+  const dim3 grid = kda_chunk_grid(a, a.V / kOutputCols);
+  if (a.K == 64)
+    launch_kda_kernel<KdaOutputSmem<T, 64>>(kda_output_kernel<T, 64>, grid, a, s);
+  else
+    launch_kda_kernel<KdaOutputSmem<T, 128>>(kda_output_kernel<T, 128>, grid, a, s);
+}
+
+template <typename T>
+void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
+  const char* stage = "chunked KDA (state backward)";
+  check_kda_args(stage, dtype_of<T>(), a);
+  if (!a.dout.p || !a.dh || !a.dv_new) throw_invalid_argument(stage, "scratch", "dout, dh and dv_new must be given");
+  if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write dh0 = dht
+  if (a.K == 64)
+    launch_kda_kernel<KdaStateBackwardSmem<T, 64>>(kda_state_backward_kernel<T, 64>, kda_seq_grid(a), a, s);
+  else
+    launch_kda_kernel<KdaStateBackwardSmem<T, 128>>(kda_state_backward_kernel<T, 128>, kda_seq_grid(a), a,
+                      s);
+}
+
+template <typename T>
+void launch_kda_grads(const ChunkedArgs& a, cudaStream_t s) {
+  const char* stage = "chunked KDA (grads)";
+  check_kda_args(stage, dtype_of<T>(), a);
+  if (!a.dout.p || !a.dh || !a.dv_new || !a.A || !a.dq_acc || !a.dk_acc || !a.dv || !a.dbeta || !a.dg)
+    throw_invalid_argument(stage, "scratch", "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and dg must be given");
+  if (a.num_chunks == 0 || a.HV == 0) return;
+  if (a.K == 64)
+    launch_kda_kernel<KdaGradsSmem<64>>(kda_grads_kernel<T, 64>, kda_chunk_grid(a), a, s);
+  else
+    launch_kda_kernel<KdaGradsSmem<128>>(kda_grads_kernel<T, 128>, kda_chunk_grid(a), a, s);
+}
+
+#define FLASHGRAD_CHUNKED_KDA_INSTANTIATE(T)                                    \
+  template void launch_kda_prepare<T>(const ChunkedArgs&, cudaStream_t);        \
+  template void launch_kda_state<T>(const ChunkedArgs&, cudaStream_t);          \
+  template void launch_kda_output<T>(const ChunkedArgs&, cudaStream_t);         \
+  template void launch_kda_state_backward<T>(const ChunkedArgs&, cudaStream_t); \
+  template void launch_kda_grads<T>(const ChunkedArgs&, cudaStream_t);
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,130 @@
+// KDA chunked stage 1 ("prepare"), one block of 128 threads (4 warps) per (chunk, value head):
+//   G = per-channel cumsum(g),  M_ij = beta_i sum_d k_id k_jd exp(G_id - G_jd) (i > j),
+//   A = (I + M)^{-1},  w = A (beta exp(G) o k),  u = A (beta v).
+// Writes G [rows, HV, K], A, w, u (layouts: chunked_kda.h).
+//
+// M comes from the fp32 sub-chunk product (chunked_kda_decay.cuh); the inverse is the GDN
+// stage's blocked one (chunked_prepare.cuh). w and u are tensor-core products with hi + lo
+// operand splits (three mmas per product, as chunked_prepare.cuh), warp wp owning rows
+// [16 wp, 16 wp + 16).
+#pragma once
+
+#include "chunked_kda_decay.cuh"
+#include "chunked_kda_mma.cuh"
+#include "chunked_prepare.cuh"  // invert_unit_lower64
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Region `work` holds the decayed product's scratch, then A (hi, lo) and the beta v piece.
+// K = 128: 170 KiB (one block per SM).
+template <typename T, int KMAX>
+struct KdaPrepareSmem {
+  static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1, LDU = 64 + 8;
+  static constexpr int64_t kWorkBytes =
+      kda_decay_stage_bytes<KMAX>() > 4 * C * LDA * static_cast<int64_t>(sizeof(T))
+          ? kda_decay_stage_bytes<KMAX>()
+          : 4 * C * LDA * static_cast<int64_t>(sizeof(T));  // a_hi, a_lo, ub, ub_lo (LDU == LDA)
+  float* G;     // [C][LDG] cumulative gate
+  float* kf;    // [C][LDG] k (normalized), fp32
+  float* M;     // [C][LDM]
+  float* A;     // [C][LDM]
+  float* tmp;   // [16][48] (the inverse's scratch)
+  float* beta;  // [C]
+  T *wb, *wb_lo;  // [C][LDK] beta exp(G) o k
+  float* stage;   // region `work`: [C][KMAX + 1]
+  T *a_hi, *a_lo, *ub, *ub_lo;  // region `work`: [C][LDA] each
+  static constexpr int64_t bytes() {
+    return sizeof(float) * (2 * C * LDG + 2 * C * LDM + 16 * 48 + C) + sizeof(T) * 2 * C * LDK + kWorkBytes;
+  }
+  __device__ explicit KdaPrepareSmem(unsigned char* raw) {
+    stage = reinterpret_cast<float*>(raw);  // kWorkBytes: a multiple of 16
+    a_hi = reinterpret_cast<T*>(raw);
+    a_lo = a_hi + C * LDA;
+    ub = a_lo + C * LDA;
+    ub_lo = ub + C * LDA;
+    G = reinterpret_cast<float*>(raw + kWorkBytes);
+    kf = G + C * LDG;
+    M = kf + C * LDG;
+    A = M + C * LDM;
+    tmp = A + C * LDM;
+    beta = tmp + 16 * 48;
+    wb = reinterpret_cast<T*>(beta + C);
+    wb_lo = wb + C * LDK;
+  }
+};
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs a) {
+  using S = KdaPrepareSmem<T, KMAX>;
+  constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const ChunkInfo ci = a.chunks[blockIdx.x];
+  const int64_t hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
+  const int64_t row0 = chunk_row0(ci, a.T);
+
+  if (tid < C) sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+  kda_load_cumulative_gate<T, KMAX>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
+
+  // k (normalized, fp32) and beta exp(G) o k as hi + lo (exp(G) <= 1).
+  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
+    sm.kf[r * LDG + d] = x;
+    store_split<T>(sm.beta[r] * expf(sm.G[r * LDG + d]) * x, &sm.wb[r * LDK + d], &sm.wb_lo[r * LDK + d]);
+  });
+  __syncthreads();
+
+  // M = diag(beta) StrictLower(decayed k k^T); rows past L are zero.
+  auto kx = [&](int r, int d) { return sm.kf[r * LDG + d]; };
+  kda_decayed_lower<KMAX>(kx, kx, sm.G, LDG, false, sm.M, LDM, sm.stage);
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, j = e % C;
+    sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
+  }
+  __syncthreads();
+  invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
+
+  // A to the intermediates (rows < L) and as hi + lo (in `work`: the product's scratch is free).
+  for (int e = tid; e < C * C; e += kChunkThreads) {
+    const int i = e / C, j = e % C;
+    const float x = sm.A[i * LDM + j];
+    if (a.A && i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = x;
+    store_split<T>(x, &sm.a_hi[i * LDA + j], &sm.a_lo[i * LDA + j]);
+  }
+  __syncthreads();
+
+  // w = A wb (A lower triangular: column blocks kb <= wp only).
+  {
+    constexpr int NT = KMAX / 8;
+    float acc[NT][4] = {};
+    kda_mma::lower_times_split<T, NT>(sm.a_hi, sm.a_lo, LDA, sm.wb, sm.wb_lo, LDK, 0, acc);
+    T* w = static_cast<T*>(a.w);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * wp + mma::acc_row(e), d = 8 * nt + mma::acc_col(e);
+        if (i < L) w[((row0 + i) * a.HV + hv) * a.K + d] = from_f<T>(acc[nt][e]);
+      }
+  }
+
+  // u = A (beta v), 64 value columns at a time.
+  for (int c0 = 0; c0 < a.V; c0 += 64) {
+    __syncthreads();  // the previous piece's readers are done
+    for_each_value_row<T>(a.v, ci, hv, c0, 64, [&](int r, int col, float x) {
+      store_split<T>(sm.beta[r] * x, &sm.ub[r * LDU + col], &sm.ub_lo[r * LDU + col]);
+    });
+    __syncthreads();
+    float acc[8][4] = {};
+    kda_mma::lower_times_split<T, 8>(sm.a_hi, sm.a_lo, LDA, sm.ub, sm.ub_lo, LDU, 0, acc);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * wp + mma::acc_row(e), col = c0 + 8 * nt + mma::acc_col(e);
+        if (i < L) a.u[((row0 + i) * a.HV + hv) * a.V + col] = acc[nt][e];
+      }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,162 @@
+// KDA chunked stage 2 ("state"), one block of 128 threads per (sequence, value head, slice of 32
+// value columns), over the sequence's chunks in order:
+//   store h_c;  v_new = u - w h_c;
+//   h_{c+1} = diag(exp(G_{L-1})) h_c + (k o exp(G_{L-1} - G))^T v_new     (per key channel d)
+// Layout and accuracy as the GDN stage (chunked_state.cuh): the K x 32 state slice lives in mma
+// accumulators, warp wp owning state rows [16 (wp + 4 mt), +16); operands split hi + lo. The only
+// differences are the per-row decay of the state and the per-channel exponent of kd.
+#pragma once
+
+#include "chunked_kda_mma.cuh"
+#include "chunked_state.cuh"  // kStateCols
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <typename T, int KMAX>
+struct KdaStateSmem {
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDH = kStateCols + 8;
+  T *hs, *hs_lo;  // [KMAX][LDH] h_c split
+  T* ws;          // [C][LDK] w rows of the chunk
+  T *kd, *kd_lo;  // [C][LDK] k o exp(G_{L-1} - G), split
+  T *vn, *vn_lo;  // [C][LDH] v_new split
+  float* Gl;      // [KMAX] G_{L-1} per channel
+  static constexpr int64_t bytes() {
+    return sizeof(T) * (2 * KMAX * LDH + 3 * C * LDK + 2 * C * LDH) + sizeof(float) * KMAX;
+  }
+  __device__ explicit KdaStateSmem(unsigned char* raw) {
+    hs = reinterpret_cast<T*>(raw);
+    hs_lo = hs + KMAX * LDH;
+    ws = hs_lo + KMAX * LDH;
+    kd = ws + C * LDK;
+    kd_lo = kd + C * LDK;
+    vn = kd_lo + C * LDK;
+    vn_lo = vn + C * LDH;
+    Gl = reinterpret_cast<float*>(vn_lo + C * LDH);
+  }
+};
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a) {
+  using S = KdaStateSmem<T, KMAX>;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH, MT = KMAX / 64, NT = kStateCols / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kStateCols;
+  const int tid = threadIdx.x, wp = tid / 32;
+  auto state_row = [&](int mt, int e) { return 16 * (wp + 4 * mt) + mma::acc_row(e); };
+  auto state_col = [&](int nt, int e) { return 8 * nt + mma::acc_col(e); };
+
+  float h[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        h[mt][nt][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, state_row(mt, e),
+                                                                         col0 + state_col(nt, e))]
+                              : 0.f;
+
+  const T* w = static_cast<const T*>(a.w);
+  T* v_new = static_cast<T*>(a.v_new);
+  for (int64_t c = a.seq_first_chunk[n]; c < a.seq_first_chunk[n + 1]; ++c) {
+    const ChunkInfo ci = a.chunks[c];
+    const int L = ci.len;
+    const int64_t row0 = chunk_row0(ci, a.T);
+    auto G_at = [&](int r, int d) { return a.G[((row0 + r) * a.HV + hv) * a.K + d]; };
+
+    float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = state_row(mt, e), col = state_col(nt, e);
+          hc[d * a.V + col0 + col] = h[mt][nt][e];
+          store_split<T>(h[mt][nt][e], &sm.hs[d * LDH + col], &sm.hs_lo[d * LDH + col]);
+        }
+    if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
+    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+      const int r = e / KMAX, d = e % KMAX;
+      sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
+    }
+    __syncthreads();
+    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
+      // exp(G_{L-1, d} - G_rd) with r <= L - 1: <= 1 (rows past L are zero).
+      const float y = r < L ? x * expf(sm.Gl[d] - G_at(r, d)) : 0.f;
+      store_split<T>(y, &sm.kd[r * LDK + d], &sm.kd_lo[r * LDK + d]);
+    });
+
+    // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T).
+    {
+      float p[NT][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < KMAX; kk += 16) {
+        uint32_t af[4];
+        mma::frag_a(sm.ws, LDK, 16 * wp, kk, af);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t bf[2];
+          mma::frag_b(sm.hs, LDH, kk, 8 * nt, bf);
+          mma::mma16816<T>(p[nt], af, bf);
+          mma::frag_b(sm.hs_lo, LDH, kk, 8 * nt, bf);
+          mma::mma16816<T>(p[nt], af, bf);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
+          float val = 0.f;
+          if (i < L) {
+            const int64_t at = ((row0 + i) * a.HV + hv) * a.V + col0 + col;
+            val = a.u[at] - p[nt][e];
+            v_new[at] = from_f<T>(val);
+          }
+          store_split<T>(val, &sm.vn[i * LDH + col], &sm.vn_lo[i * LDH + col]);
+        }
+    }
+    __syncthreads();
+
+    // h_{c+1} = diag(exp(G_{L-1})) h_c + kd^T v_new.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h[mt][nt][e] *= expf(sm.Gl[state_row(mt, e)]);
+#pragma unroll
+      for (int kk = 0; kk < C; kk += 16) {
+        uint32_t ah[4], al[4];
+        mma::frag_a_trans(sm.kd, LDK, 16 * (wp + 4 * mt), kk, ah);
+        mma::frag_a_trans(sm.kd_lo, LDK, 16 * (wp + 4 * mt), kk, al);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t bh[2], bl[2];
+          mma::frag_b(sm.vn, LDH, kk, 8 * nt, bh);
+          mma::frag_b(sm.vn_lo, LDH, kk, 8 * nt, bl);
+          mma::mma16816<T>(h[mt][nt], ah, bh);
+          mma::mma16816<T>(h[mt][nt], al, bh);
+          mma::mma16816<T>(h[mt][nt], ah, bl);
+        }
+      }
+    }
+    __syncthreads();  // shared memory is refilled by the next chunk
+  }
+
+  if (a.ht.p) {
+    float* ht = static_cast<float*>(a.ht.p);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          ht[off4(a.ht, n, hv, state_row(mt, e), col0 + state_col(nt, e))] = h[mt][nt][e];
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

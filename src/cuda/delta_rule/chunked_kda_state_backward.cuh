@@ -1,0 +1,207 @@
+// KDA chunked backward stage B1 ("state backward"), one block of 128 threads per (sequence,
+// value head, slice of 32 value columns), over the sequence's chunks in reverse. With dh =
+// dL/dh_{c+1} (dht for the last chunk), per key channel d:
+//   dv_new = (k o exp(G_last - G)) dh + scale P^T do,  P = Lower_incl(sum_d q_id k_jd exp(G_id - G_jd))
+//   dh_c   = diag(exp(G_last)) dh + scale (q o exp(G))^T do - w^T dv_new
+// Writes dh per chunk, dv_new (fp32) and dh0; needs G and w (stage 1).
+//
+// As the GDN stage (chunked_state_backward.cuh): dh lives in mma accumulators, operands split
+// hi + lo; P is the fp32 sub-chunk product (chunked_kda_decay.cuh). q and k are kept split in
+// shared memory, read as hi + lo by the product, then transformed in place into
+// scale q o exp(G) and k o exp(G_last - G).
+#pragma once
+
+#include "chunked_kda_decay.cuh"
+#include "chunked_kda_mma.cuh"
+#include "chunked_state.cuh"  // kStateCols
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Region `work`: the decayed product's scratch, then scale P (hi, lo) and -dv_new (hi, lo).
+// K = 128: 191 KiB (one block per SM).
+template <typename T, int KMAX>
+struct KdaStateBackwardSmem {
+  static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDH = kStateCols + 8, LDP = C + 8,
+                       LDM = C + 1;
+  static constexpr int64_t kSecond = static_cast<int64_t>(sizeof(T)) * (2 * C * LDP + 2 * C * LDH);
+  static constexpr int64_t kWorkBytes =
+      kda_decay_stage_bytes<KMAX>() > kSecond ? kda_decay_stage_bytes<KMAX>() : ((kSecond + 15) / 16) * 16;
+  T *qs, *qs_lo;    // [C][LDK] q, then scale q o exp(G)
+  T *ks, *ks_lo;    // [C][LDK] k, then k o exp(G_last - G)
+  T* ws;            // [C][LDK] w
+  T* dos;           // [C][LDH] do slice
+  T *dhs, *dhs_lo;  // [KMAX][LDH] dh
+  float* G;         // [C][LDG]
+  float* Pf;        // [C][LDM]
+  float* stage;     // region `work`
+  T *Ps, *Ps_lo;    // [C][LDP] region `work`
+  T *nd, *nd_lo;    // [C][LDH] region `work`
+  static constexpr int64_t bytes() {
+    return kWorkBytes + sizeof(float) * (C * LDG + C * LDM) +
+           sizeof(T) * (5 * C * LDK + C * LDH + 2 * KMAX * LDH);
+  }
+  __device__ explicit KdaStateBackwardSmem(unsigned char* raw) {
+    stage = reinterpret_cast<float*>(raw);
+    Ps = reinterpret_cast<T*>(raw);
+    Ps_lo = Ps + C * LDP;
+    nd = Ps_lo + C * LDP;
+    nd_lo = nd + C * LDH;
+    G = reinterpret_cast<float*>(raw + kWorkBytes);
+    Pf = G + C * LDG;
+    qs = reinterpret_cast<T*>(Pf + C * LDM);
+    qs_lo = qs + C * LDK;
+    ks = qs_lo + C * LDK;
+    ks_lo = ks + C * LDK;
+    ws = ks_lo + C * LDK;
+    dos = ws + C * LDK;
+    dhs = dos + C * LDH;
+    dhs_lo = dhs + KMAX * LDH;
+  }
+};
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(ChunkedArgs a) {
+  using S = KdaStateBackwardSmem<T, KMAX>;
+  constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDH = S::LDH, LDP = S::LDP, LDM = S::LDM,
+                MT = KMAX / 64, NT = kStateCols / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kStateCols;
+  const int tid = threadIdx.x, wp = tid / 32;
+  auto state_row = [&](int mt, int e) { return 16 * (wp + 4 * mt) + mma::acc_row(e); };
+  auto state_col = [&](int nt, int e) { return 8 * nt + mma::acc_col(e); };
+
+  float dh[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dh[mt][nt][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, state_row(mt, e),
+                                                                           col0 + state_col(nt, e))]
+                                : 0.f;
+
+  const T* w = static_cast<const T*>(a.w);
+  for (int64_t c = a.seq_first_chunk[n + 1] - 1; c >= a.seq_first_chunk[n]; --c) {
+    const ChunkInfo ci = a.chunks[c];
+    const int L = ci.len;
+    const int64_t row0 = chunk_row0(ci, a.T);
+
+    float* dhc = a.dh + (c * a.HV + hv) * a.K * a.V;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int d = state_row(mt, e), col = state_col(nt, e);
+          dhc[d * a.V + col0 + col] = dh[mt][nt][e];
+          store_split<T>(dh[mt][nt][e], &sm.dhs[d * LDH + col], &sm.dhs_lo[d * LDH + col]);
+        }
+    kda_read_gate<KMAX>(a.G, ci, row0, hv, a.HV, sm.G, LDG);
+    for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
+      store_split<T>(x, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+    });
+    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
+      store_split<T>(x, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
+    });
+    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+      const int r = e / KMAX, d = e % KMAX;
+      sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
+    }
+    for_each_value_row<T>(a.dout, ci, hv, col0, kStateCols,
+                          [&](int r, int col, float x) { sm.dos[r * LDH + col] = from_f<T>(x); });
+    __syncthreads();
+
+    auto qx = [&](int r, int d) { return to_f<T>(sm.qs[r * LDK + d]) + to_f<T>(sm.qs_lo[r * LDK + d]); };
+    auto kx = [&](int r, int d) { return to_f<T>(sm.ks[r * LDK + d]) + to_f<T>(sm.ks_lo[r * LDK + d]); };
+    kda_decayed_lower<KMAX>(qx, kx, sm.G, LDG, true, sm.Pf, LDM, sm.stage);
+
+    // scale P split (rows past L zero); in place q -> scale q o exp(G), k -> k o exp(G_last - G).
+    const float* Gl = sm.G + (L - 1) * LDG;
+    for (int e = tid; e < C * C; e += kChunkThreads) {
+      const int i = e / C, j = e % C;
+      store_split<T>(i < L ? a.scale * sm.Pf[i * LDM + j] : 0.f, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
+    }
+    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+      const int r = e / KMAX, d = e % KMAX, at = r * LDK + d;
+      const float qv = qx(r, d), kv = kx(r, d), g = sm.G[r * LDG + d];
+      store_split<T>(r < L ? a.scale * expf(g) * qv : 0.f, &sm.qs[at], &sm.qs_lo[at]);
+      store_split<T>(r < L ? kv * expf(Gl[d] - g) : 0.f, &sm.ks[at], &sm.ks_lo[at]);
+    }
+    __syncthreads();
+
+    // dv_new = kd dh + (scale P)^T do: warp wp, rows [16 wp, +16), the slice's 32 columns.
+    {
+      float acc[NT][4] = {};
+      kda_mma::rows_times_split<T, NT>(sm.ks, sm.ks_lo, LDK, sm.dhs, sm.dhs_lo, LDH, 0, KMAX, acc);
+      // (P^T)[j][i] = P[i][j] is nonzero for i >= j only: row blocks kb >= wp.
+      for (int kb = wp; kb < 4; ++kb) {
+        uint32_t ph[4], pl[4];
+        mma::frag_a_trans(sm.Ps, LDP, 16 * wp, 16 * kb, ph);
+        mma::frag_a_trans(sm.Ps_lo, LDP, 16 * wp, 16 * kb, pl);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t bf[2];
+          mma::frag_b(sm.dos, LDH, 16 * kb, 8 * nt, bf);
+          mma::mma16816<T>(acc[nt], ph, bf);
+          mma::mma16816<T>(acc[nt], pl, bf);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
+          const float val = i < L ? acc[nt][e] : 0.f;
+          if (i < L) a.dv_new[((row0 + i) * a.HV + hv) * a.V + col0 + col] = val;
+          store_split<T>(-val, &sm.nd[i * LDH + col], &sm.nd_lo[i * LDH + col]);
+        }
+    }
+    __syncthreads();
+
+    // dh_c = diag(exp(G_last)) dh + (scale q o exp(G))^T do + w^T (-dv_new).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= expf(Gl[state_row(mt, e)]);
+#pragma unroll
+      for (int kk = 0; kk < C; kk += 16) {
+        const int m0 = 16 * (wp + 4 * mt);
+        uint32_t qh[4], ql[4], wf[4];
+        mma::frag_a_trans(sm.qs, LDK, m0, kk, qh);
+        mma::frag_a_trans(sm.qs_lo, LDK, m0, kk, ql);
+        mma::frag_a_trans(sm.ws, LDK, m0, kk, wf);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t bf[2], nh[2], nl[2];
+          mma::frag_b(sm.dos, LDH, kk, 8 * nt, bf);
+          mma::frag_b(sm.nd, LDH, kk, 8 * nt, nh);
+          mma::frag_b(sm.nd_lo, LDH, kk, 8 * nt, nl);
+          mma::mma16816<T>(dh[mt][nt], qh, bf);
+          mma::mma16816<T>(dh[mt][nt], ql, bf);
+          mma::mma16816<T>(dh[mt][nt], wf, nh);
+          mma::mma16816<T>(dh[mt][nt], wf, nl);
+        }
+      }
+    }
+    __syncthreads();  // shared memory is refilled by the previous chunk
+  }
+
+  if (a.dh0.p) {
+    float* dh0 = static_cast<float*>(a.dh0.p);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dh0[off4(a.dh0, n, hv, state_row(mt, e), col0 + state_col(nt, e))] = dh[mt][nt][e];
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
