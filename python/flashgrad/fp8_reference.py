@@ -185,10 +185,17 @@ def dout_descale(dout: torch.Tensor, opts: AttentionOptions) -> torch.Tensor:
 
 
 def fp8_attention_reference_backward(dout, q8, k8, v8, descale_q, descale_k, descale_v, out, lse,
-                                     dlse=None, *, z_loss_weight=0.0, emulate_recipe=True, **options):
+                                     dlse=None, *, z_loss_weight=0.0, emulate_recipe=True,
+                                     ablation=None, **options):
     """The recipe's backward (docs/fp8.md): gradients with respect to the dequantized q, k, v,
     bf16 (float32 with emulate_recipe=False). dout: out's shape (bf16); out, lse: the forward's
-    results; dlse: lse's gradient or None; z_loss_weight adds w * lse to dlse."""
+    results; dlse: lse's gradient or None; z_loss_weight adds w * lse to dlse.
+
+    ablation (for docs/fp8.md's design study only, not the recipe): "ds_e4m3" feeds dS to the dq
+    and dk products as e4m3 with one scale per query row (amax / 448); "p_e4m3" feeds P to the
+    dv product as e4m3(p * 448); "dp_bf16" computes dP = dO . v8^T from the bf16 dO (no dO8)."""
+    if ablation not in (None, "ds_e4m3", "p_e4m3", "dp_bf16"):
+        raise ValueError(f"fp8_attention_reference_backward: argument 'ablation': unknown {ablation!r}")
     opts = AttentionOptions(**options)
     scale = _default_scale(opts, q8.shape[-1])
     grad_dtype = torch.bfloat16 if emulate_recipe else torch.float32
@@ -222,7 +229,7 @@ def fp8_attention_reference_backward(dout, q8, k8, v8, descale_q, descale_k, des
         dsq = descale_q[n].repeat_interleave(group)[:, None, None]
         dsk = descale_k[n].repeat_interleave(group)[:, None, None]
         dsv = descale_v[n].repeat_interleave(group)[:, None, None]
-        if emulate_recipe:
+        if emulate_recipe and ablation != "dp_bf16":
             # dP = (dO8 . v8^T) * descale_dO * descale_v, dO8 = e4m3(dO / descale_dO)
             d_do = ds_do[n][:, None, None]                                 # [Hq, 1, 1]
             do8 = round_e4m3(do_n.transpose(0, 1) / d_do)                  # [Hq, Sq, Dv]
@@ -237,6 +244,11 @@ def fp8_attention_reference_backward(dout, q8, k8, v8, descale_q, descale_k, des
             # bf16 products: p and dS rounded to bf16; q8, k8 are exact in bf16
             p_op = p.bfloat16().float()
             ds_op = ds.bfloat16().float()
+            if ablation == "p_e4m3":
+                p_op = round_e4m3(p * E4M3_MAX) / E4M3_MAX
+            if ablation == "ds_e4m3":
+                row_descale = descale_from_amax(ds.abs().amax(dim=-1, keepdim=True))
+                ds_op = round_e4m3(ds / row_descale) * row_descale
             q_op, k_op = q8n.float(), k8n.float().repeat_interleave(group, dim=1)
             dq_factor, dk_factor = scale * dsk, scale * dsq
         else:
