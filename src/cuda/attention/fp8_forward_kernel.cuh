@@ -22,15 +22,16 @@
 namespace flashgrad::cuda_attn::fp8 {
 
 // 4 warps; each owns kMTiles x 16 query rows (two tiles up to D = 128, one at D = 256 where the
-// 16 x 256 fp32 output accumulator takes 128 registers). Keys per step: a multiple of 32 (the k of
-// the P V product) dividing kVtPadKeys.
+// 16 x 256 fp32 output accumulator takes 128 registers). 32 keys per step (one k of the P V
+// product): with 64, ptxas spills 170 to 760 bytes at every head dim; with 32, 0 / 44 / 40 bytes at
+// D = 64 / 128 / 256.
 template <int D>
 struct Fp8ForwardConfig {
   static constexpr int kMTiles = D > 128 ? 1 : 2;
   static constexpr int kWarps = 4;
   static constexpr int kRowsPerWarp = 16 * kMTiles;
   static constexpr int kBlockM = kRowsPerWarp * kWarps;
-  static constexpr int kBlockN = (kMTiles == 2 && D >= 128) ? 32 : 64;
+  static constexpr int kBlockN = 32;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * D;  // q8, k8 [rows][D], vt8 [D][BN]
   static_assert(kBlockN % 32 == 0 && kVtPadKeys % kBlockN == 0, "key block vs the vt padding");
