@@ -1,13 +1,14 @@
 // Forward attention timing, Hopper wgmma kernel against the mma.sync ("legacy") kernel, in one
-// process: each row runs through the public attention_forward three times: wgmma, wgmma with
-// FLASHGRAD_ATTN_WGMMA_PINGPONG=1, and FLASHGRAD_ATTN_FORWARD=legacy (both read at every call).
-// Prints TFLOP/s, the ratio new / legacy, the
-// ratio to the cuDNN anchor of docs anchors.md (measured separately on this H200 with torch SDPA,
-// not in this run) and max|new - legacy| over out as a sanity check at full size.
+// process: each row runs through the public attention_forward as wgmma (default), wgmma with
+// FLASHGRAD_ATTN_WGMMA_PINGPONG=1 ("pp"), with FLASHGRAD_ATTN_WGMMA_PERSISTENT=1 ("pers"), with
+// both, and with FLASHGRAD_ATTN_FORWARD=legacy (all read at every call). Prints TFLOP/s, the ratio
+// default / legacy, the best variant's ratio to the cuDNN anchor of docs anchors.md (measured
+// separately on this H200 with torch SDPA, not in this run) and max|default - legacy| over out as a
+// sanity check at full size.
 //
 // FLOPs: 4 * B * H * S * S * D, halved when causal (Sq == Sk), as anchors.md counts them.
 // Timing: CUDA events around each call, 3 warm-up calls, median of 10.
-// usage: wgmma_bench [--quick] [--no-pingpong]   (--quick: the hd128 S8192 rows only)
+// usage: wgmma_bench [--quick] [--no-variants]   (--quick: the hd128 S8192 rows only)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -96,10 +97,10 @@ float bf16_bits_to_float(uint16_t b) {
 
 int main(int argc, char** argv) {
   using namespace flashgrad;
-  bool quick = false, pingpong = true;
+  bool quick = false, variants = true;
   for (int i = 1; i < argc; ++i) {
     quick = quick || std::strcmp(argv[i], "--quick") == 0;
-    pingpong = pingpong && std::strcmp(argv[i], "--no-pingpong") != 0;
+    variants = variants && std::strcmp(argv[i], "--no-variants") != 0;
   }
   std::vector<Row> rows = {
       {2, 16, 8192, 128, true, 560}, {2, 16, 8192, 128, false, 621}, {8, 16, 2048, 128, true, 486},
@@ -110,8 +111,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("wgmma forward bench on %s, bf16\n", prop.name);
-  std::printf("| B H S D | causal | wgmma TFLOP/s | wgmma+pingpong | legacy | wgmma/legacy | best/cuDNN anchor | max|new-legacy| |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf("| B H S D | causal | wgmma TFLOP/s | +pp | +pers | +pp+pers | legacy | wgmma/legacy | best/cuDNN anchor | max|new-legacy| |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     const int64_t n = int64_t{r.b} * r.s * r.h * r.d;
     __nv_bfloat16 *q, *k, *v, *o;
@@ -139,12 +140,16 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> o_new(n), o_old(n);
     CK(cudaMemcpy(o_new.data(), o, n * 2, cudaMemcpyDeviceToHost));
-    double ms_pp = INFINITY;
-    if (pingpong) {
-      setenv("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1", 1);
-      ms_pp = median_ms(call);
+    // Variants: {pingpong, persistent}.
+    double ms_var[3] = {INFINITY, INFINITY, INFINITY};
+    const int flags[3][2] = {{1, 0}, {0, 1}, {1, 1}};
+    for (int vi = 0; vi < 3 && variants; ++vi) {
+      if (flags[vi][0]) setenv("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1", 1);
+      if (flags[vi][1]) setenv("FLASHGRAD_ATTN_WGMMA_PERSISTENT", "1", 1);
+      ms_var[vi] = median_ms(call);
       CK(cudaDeviceSynchronize());
       unsetenv("FLASHGRAD_ATTN_WGMMA_PINGPONG");
+      unsetenv("FLASHGRAD_ATTN_WGMMA_PERSISTENT");
     }
     setenv("FLASHGRAD_ATTN_FORWARD", "legacy", 1);
     const double ms_old = median_ms(call);
@@ -156,10 +161,12 @@ int main(int argc, char** argv) {
       const double d = std::fabs(double(bf16_bits_to_float(o_new[i])) - bf16_bits_to_float(o_old[i]));
       if (!(d <= diff)) diff = std::isnan(d) ? INFINITY : d;
     }
-    const double tf_new = flops / ms_new * 1e-9, tf_old = flops / ms_old * 1e-9, tf_pp = flops / ms_pp * 1e-9;
-    std::printf("| %d %d %d %d | %s | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.1e |\n", r.b, r.h, r.s, r.d,
-                r.causal ? "yes" : "no", tf_new, tf_pp, tf_old, tf_new / tf_old,
-                std::max(tf_new, tf_pp) / r.cudnn_fwd, diff);
+    const double tf_new = flops / ms_new * 1e-9, tf_old = flops / ms_old * 1e-9;
+    double tf_var[3], best = tf_new;
+    for (int vi = 0; vi < 3; ++vi) best = std::max(best, tf_var[vi] = flops / ms_var[vi] * 1e-9);
+    std::printf("| %d %d %d %d | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.2fx | %.2fx | %.1e |\n", r.b, r.h, r.s,
+                r.d, r.causal ? "yes" : "no", tf_new, tf_var[0], tf_var[1], tf_var[2], tf_old, tf_new / tf_old,
+                best / r.cudnn_fwd, diff);
     std::fflush(stdout);
     CK(cudaFree(q));
     CK(cudaFree(k));

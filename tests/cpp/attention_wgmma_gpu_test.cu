@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/host_dtype.h"
@@ -172,10 +173,11 @@ Outputs run_lowp(const Problem& p, const Case& c) {
   Outputs r;
   r.out.assign(p.q.size(), 0.f);
   r.lse.assign(int64_t{c.hq} * p.tokens_q, -INFINITY);  // [B, Hq, S] or [Hq, T]: Hq x all query tokens
-  for (int s = 0; s < p.n; ++s) {
-    const int lq = q_len(p, c, s), lk = k_len(p, c, s);
-    for (int h = 0; h < c.hq; ++h) {
-      const int kh = h / group;
+  // One thread per query head (they write disjoint rows of out and lse).
+  auto head = [&](int h) {
+    const int kh = h / group;
+    for (int s = 0; s < p.n; ++s) {
+      const int lq = q_len(p, c, s), lk = k_len(p, c, s);
       std::vector<float> sc(lk), pr(lk);
       for (int i = 0; i < lq; ++i) {
         const float* qi = &p.q[((q_begin(p, c, s) + i) * c.hq + h) * D];
@@ -204,7 +206,10 @@ Outputs run_lowp(const Problem& p, const Case& c) {
         }
       }
     }
-  }
+  };
+  std::vector<std::thread> pool;
+  for (int h = 0; h < c.hq; ++h) pool.emplace_back(head, h);
+  for (std::thread& th : pool) th.join();
   return r;
 }
 
@@ -483,46 +488,79 @@ TEST(AttentionWgmma, StridedViews) {
   check(named("[B,H,S,D] storage d64", c));
 }
 
-// The consumer warpgroups' turn-taking variant (FLASHGRAD_ATTN_WGMMA_PINGPONG=1): cases like the
-// ones above, in a separate suite so a hang there (named-barrier counts) cannot hide the rest.
-struct PingpongOn {
-  PingpongOn() { setenv("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1", 1); }
-  ~PingpongOn() { unsetenv("FLASHGRAD_ATTN_WGMMA_PINGPONG"); }
+// The variants behind environment switches, not yet run on a GPU when written:
+//   FLASHGRAD_ATTN_WGMMA_PINGPONG=1    consumer warpgroups take turns issuing GEMMs (named barriers);
+//   FLASHGRAD_ATTN_WGMMA_PERSISTENT=N  at most N CTAs walk the tiles (N = 3 here: every CTA runs
+//                                      several tiles, so the rings and Q barrier continue across
+//                                      tiles, including tiles with nothing to do).
+// A wrong barrier count would hang the test binary (named barriers have no watchdog), so this suite
+// runs only where asked (tools/gpu-extra/wgmma.sh sets FLASHGRAD_TEST_WGMMA_VARIANTS=1 under its
+// own time cap).
+struct EnvSet {
+  const char* name;
+  EnvSet(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~EnvSet() { unsetenv(name); }
 };
 
-TEST(AttentionWgmmaPingpong, Cases) {
-  REQUIRE_GPU();
-  // Not yet run on a GPU: a wrong barrier count would hang the whole test binary, so this runs
-  // only where asked (tools/gpu-extra/wgmma.sh, with its own time cap).
-  if (std::getenv("FLASHGRAD_TEST_WGMMA_PINGPONG") == nullptr)
-    GTEST_SKIP() << "set FLASHGRAD_TEST_WGMMA_PINGPONG=1 to run the ping-pong variant";
-  PingpongOn on;
+void check_variant_cases() {
   Case c;
-  c.sq = c.sk = 700;
-  check(named("pingpong none d128 S=700", c));
+  c.sq = c.sk = 520;
+  check(named("none d128 S=520", c));
   c.d = 64;
   c.dtype = DType::f16;
   c.mask = MaskKind::causal;
-  c.sq = 901;
-  c.sk = 300;
+  c.sq = 700;
+  c.sk = 250;
   c.batch = 1;
-  check(named("pingpong causal d64 f16 Sq=901 Sk=300", c));
+  check(named("causal d64 f16 Sq=700 Sk=250", c));
   c.d = 128;
   c.dtype = DType::bf16;
-  c.lens_q = {0, 300, 129, 0, 513, 7};
-  c.lens_k = {5, 300, 0, 0, 700, 260};
-  check(named("pingpong varlen causal d128", c));
+  c.lens_q = {0, 300, 129, 0, 400, 7};
+  c.lens_k = {5, 300, 0, 0, 520, 260};
+  check(named("varlen causal d128", c));
   c.lens_q.clear();
   c.lens_k.clear();
   c.mask = MaskKind::sliding_window;
   c.wl = 200;
   c.wr = 50;
-  c.sq = 650;
-  c.sk = 700;
+  c.sq = 520;
+  c.sk = 560;
   c.hq = 8;
   c.hk = 2;
   c.softcap = 20.f;
-  check(named("pingpong window GQA softcap", c));
+  check(named("window GQA softcap", c));
+  c.d = 256;
+  c.mask = MaskKind::causal;
+  c.softcap = 0.f;
+  c.hq = 2;
+  c.hk = 1;
+  check(named("causal d256 MQA", c));
+}
+
+#define REQUIRE_VARIANTS_ASKED()                                                        \
+  if (std::getenv("FLASHGRAD_TEST_WGMMA_VARIANTS") == nullptr)                          \
+  GTEST_SKIP() << "set FLASHGRAD_TEST_WGMMA_VARIANTS=1 to run the environment-switched variants"
+
+TEST(AttentionWgmmaVariants, Persistent) {
+  REQUIRE_GPU();
+  REQUIRE_VARIANTS_ASKED();
+  EnvSet persistent("FLASHGRAD_ATTN_WGMMA_PERSISTENT", "3");
+  check_variant_cases();
+}
+
+TEST(AttentionWgmmaVariants, Pingpong) {
+  REQUIRE_GPU();
+  REQUIRE_VARIANTS_ASKED();
+  EnvSet pingpong("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1");
+  check_variant_cases();
+}
+
+TEST(AttentionWgmmaVariants, PingpongPersistent) {
+  REQUIRE_GPU();
+  REQUIRE_VARIANTS_ASKED();
+  EnvSet pingpong("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1");
+  EnvSet persistent("FLASHGRAD_ATTN_WGMMA_PERSISTENT", "3");
+  check_variant_cases();
 }
 
 }  // namespace

@@ -2,10 +2,10 @@
 # GPU job of the wgmma forward (tools/gpu-check runs it on the H200 after building build-gpu; cap
 # 150 s), in order of what it tells:
 #   1. AttentionWgmma.*: wgmma vs legacy vs CPU reference (2x rule), the default variant;
-#   2. AttentionWgmmaPingpong.*: the same for FLASHGRAD_ATTN_WGMMA_PINGPONG=1, with its own cap
-#      (a named-barrier hang cannot eat the rest);
-#   3. forward timing of the anchors.md rows: wgmma, wgmma + ping-pong (only if 2 passed), legacy,
-#      ratio to cuDNN's anchor (bench/attention/wgmma_bench.cu, built here against build-gpu's
+#   2. AttentionWgmmaVariants.*: the same for the ping-pong and persistent variants (environment
+#      switches), with its own cap (a named-barrier hang cannot eat the rest);
+#   3. forward timing of the anchors.md rows: wgmma, its variants (only if 2 passed), legacy, ratio
+#      to cuDNN's anchor (bench/attention/wgmma_bench.cu, built here against build-gpu's
 #      libflashgrad.a);
 #   4. AttentionGpu* (the general suite, forward now on wgmma) with the time left.
 set -uo pipefail
@@ -21,15 +21,15 @@ show() { grep -E "^  case|max\||Failure|Expected|Which is|error|trap|^\[  (PASSE
 
 pp_ok=0
 if [ -n "$tests" ]; then
-  timeout -k 3 55 "$tests" --gtest_filter='AttentionWgmma.*' > "$OUT/extra/wgmma_tests.log" 2>&1
+  timeout -k 3 50 "$tests" --gtest_filter='AttentionWgmma.*' > "$OUT/extra/wgmma_tests.log" 2>&1
   rc=$?
   show "$OUT/extra/wgmma_tests.log" 110
   status+=("AttentionWgmma.* rc=$rc")
-  FLASHGRAD_TEST_WGMMA_PINGPONG=1 timeout -k 3 20 "$tests" --gtest_filter='AttentionWgmmaPingpong.*' \
-    > "$OUT/extra/wgmma_pingpong_tests.log" 2>&1
+  FLASHGRAD_TEST_WGMMA_VARIANTS=1 timeout -k 3 30 "$tests" --gtest_filter='AttentionWgmmaVariants.*' \
+    > "$OUT/extra/wgmma_variants_tests.log" 2>&1
   rc=$?
-  show "$OUT/extra/wgmma_pingpong_tests.log" 30
-  status+=("AttentionWgmmaPingpong.* rc=$rc")
+  show "$OUT/extra/wgmma_variants_tests.log" 60
+  status+=("AttentionWgmmaVariants.* rc=$rc")
   [ $rc = 0 ] && pp_ok=1
 else
   status+=("no flashgrad_gpu_tests binary")
@@ -39,7 +39,7 @@ if [ -n "$lib" ] && [ "$(left)" -gt 25 ]; then
   bin=/tmp/wgmma_bench
   if nvcc -O2 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude bench/attention/wgmma_bench.cu "$lib" \
        -o "$bin" -lpthread > "$OUT/extra/wgmma_bench_build.log" 2>&1; then
-    flags=(); [ $pp_ok = 1 ] || flags+=(--no-pingpong)
+    flags=(); [ $pp_ok = 1 ] || flags+=(--no-variants)
     cap=$(left); [ "$cap" -gt 45 ] && cap=45
     timeout -k 3 "$cap" "$bin" "${flags[@]}" | tee "$OUT/extra/wgmma_bench.md"
     status+=("bench rc=${PIPESTATUS[0]}")

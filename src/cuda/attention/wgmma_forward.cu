@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -70,9 +71,28 @@ bool make_map(CUtensorMap* map, const void* base, const RowMajorStrides& st, int
   return r == CUDA_SUCCESS;
 }
 
+// Multiprocessors of the current device (cached per device).
+int sm_count() {
+  static int counts[64] = {};
+  int dev = 0;
+  FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 64) dev = 63;
+  if (counts[dev] == 0) FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev));
+  return counts[dev];
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, value) == 0;
+}
+
+// One CTA per tile, or (FLASHGRAD_ATTN_WGMMA_PERSISTENT=1, or more tiles than a grid holds) one
+// CTA per SM walking the tiles, which overlaps each tile's Q and first K / V loads with the
+// previous tile's last P V and epilogue. FLASHGRAD_ATTN_WGMMA_PERSISTENT=N >= 2 caps the grid at N
+// CTAs (tests use it to give every CTA several tiles on small problems).
 template <typename T, int D, bool kPingpong>
-void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
-            const WgmmaMapAxes& axes, cudaStream_t stream) {
+void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+                    const AttentionKernelParams& p, const WgmmaMapAxes& axes, cudaStream_t stream) {
   using Cfg = WgmmaForwardConfig<D>;
   const int mblocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (mblocks == 0 || p.num_seqs == 0) return;
@@ -83,9 +103,16 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
     return true;
   }();
   (void)smem_set;
-  const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.num_seqs) * mblocks),
-                  static_cast<unsigned>(p.heads_q));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, p, axes, mblocks);
+  const int64_t tiles = static_cast<int64_t>(p.num_seqs) * mblocks * p.heads_q;
+  int64_t ctas = tiles;
+  const char* persistent = std::getenv("FLASHGRAD_ATTN_WGMMA_PERSISTENT");
+  const int64_t cap = persistent == nullptr ? 0 : std::atoll(persistent);
+  if (cap >= 2)
+    ctas = std::min<int64_t>(tiles, cap);
+  else if (cap == 1 || tiles > 0x7fffffff)
+    ctas = std::min<int64_t>(tiles, sm_count());
+  kernel<<<dim3(static_cast<unsigned>(ctas)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, p, axes,
+                                                                                      mblocks, tiles);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -94,8 +121,7 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
 template <typename T, int D>
 void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
             const WgmmaMapAxes& axes, cudaStream_t stream) {
-  const char* env = std::getenv("FLASHGRAD_ATTN_WGMMA_PINGPONG");
-  if (env != nullptr && std::strcmp(env, "1") == 0)
+  if (env_is("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1"))
     launch_variant<T, D, true>(mq, mk, mv, p, axes, stream);
   else
     launch_variant<T, D, false>(mq, mk, mv, p, axes, stream);

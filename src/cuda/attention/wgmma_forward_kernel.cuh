@@ -50,7 +50,7 @@ struct WgmmaForwardConfig {
   static constexpr int kPanelBytesKV = kBlockN * 128;
   // Q, K ring, V ring, then the mbarriers; +1024 to align the base to the swizzle atom.
   static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * (1 + 4 * kStages) + 1024;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * (2 + 4 * kStages) + 1024;
   static constexpr int kConsumerRegs = 232;
   static constexpr int kProducerRegs = 40;
 };
@@ -122,50 +122,76 @@ __device__ __forceinline__ void wgmma_softmax_block(float (&s)[BN / 2], float (&
   }
 }
 
+// One query tile of the CTA's work list: which (sequence, row block, head), and what the mask says.
+struct WgmmaTile {
+  int seq, m0, h, hk;
+  SequenceView sv;
+  MaskView mask;
+  int num_nb;
+  bool live;  // m0 < len_q (varlen row blocks past a short sequence do nothing)
+};
+
+// Tile t of the flattened grid: t = head * (num_seqs * num_m_blocks) + seq * num_m_blocks + r,
+// row block mb = num_m_blocks - 1 - r (heaviest first under a causal mask). Consecutive tiles share
+// the head, so the CTAs running at one time read the same K / V out of L2.
+template <int BM, int BN>
+__device__ __forceinline__ WgmmaTile wgmma_tile(const AttentionKernelParams& p, int num_m_blocks, int64_t t) {
+  WgmmaTile w;
+  const int64_t per_head = static_cast<int64_t>(p.num_seqs) * num_m_blocks;
+  w.h = static_cast<int>(t / per_head);
+  const int64_t x = t % per_head;
+  w.seq = static_cast<int>(x / num_m_blocks);
+  w.m0 = (num_m_blocks - 1 - static_cast<int>(x % num_m_blocks)) * BM;
+  w.hk = w.h / (p.heads_q / p.heads_k);
+  w.sv = sequence_view(p, w.seq);
+  w.live = w.m0 < w.sv.len_q;
+  w.mask = mask_view(p, w.sv, w.seq);
+  w.num_nb = (w.sv.len_k + BN - 1) / BN;
+  return w;
+}
+
+// The CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (one tile per CTA when the grid
+// covers them all; a persistent grid of one CTA per SM otherwise). Producer and consumers make the
+// same decisions per tile (live, key blocks), and count K / V blocks and Q loads across tiles, so
+// the rings' slots and mbarrier phases continue from one tile to the next: the producer loads the
+// next tile's Q as soon as both consumer warpgroups have issued their last Q K^T ("q empty"), and
+// its first K / V while they finish P V and the epilogue.
+//
 // kPingpong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2),
 // so one's softmax runs while the other's products occupy the tensor cores (FA3's inter-warpgroup
 // schedule). Each warpgroup waits for its turn (bar.sync on its own barrier: its 128 threads plus
 // the other's 128 arrivals) before issuing, and hands the turn over (bar.arrive on the other's)
-// after. Warpgroup 1 goes first: warpgroup 2 arrives on barrier 1 once at the start and skips its
-// hand-over at its last issue point, so every barrier generation is completed exactly.
+// after. Per tile, warpgroup 1 goes first: warpgroup 2 arrives on barrier 1 once at the tile's
+// start and skips its hand-over at its last issue point, so every barrier generation completes.
 template <typename T, int D, bool kPingpong>
 __global__ void __launch_bounds__(384, 1)
     attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                    const __grid_constant__ CUtensorMap map_k,
                                    const __grid_constant__ CUtensorMap map_v,
                                    const AttentionKernelParams p, const WgmmaMapAxes axes,
-                                   int num_m_blocks) {
+                                   int num_m_blocks, int64_t num_tiles) {
   using Cfg = WgmmaForwardConfig<D>;
   using Ops = ElementOps<T>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem0 = (smem_address(smem_raw) + 1023u) & ~1023u;
   const uint32_t sQ = smem0;
-  const uint32_t sK = sQ + Cfg::kQBytes;               // slot s at sK + s * kKVBytes
+  const uint32_t sK = sQ + Cfg::kQBytes;  // slot s at sK + s * kKVBytes
   const uint32_t sV = sK + ST * Cfg::kKVBytes;
-  const uint32_t bar_q = smem0 + Cfg::kBarrierOffset;  // 8 bytes per mbarrier
-  const uint32_t bar_k_full = bar_q + 8, bar_v_full = bar_k_full + 8 * ST;
+  const uint32_t bar_q_full = smem0 + Cfg::kBarrierOffset;  // 8 bytes per mbarrier
+  const uint32_t bar_q_empty = bar_q_full + 8;
+  const uint32_t bar_k_full = bar_q_empty + 8, bar_v_full = bar_k_full + 8 * ST;
   const uint32_t bar_k_empty = bar_v_full + 8 * ST, bar_v_empty = bar_k_empty + 8 * ST;
-
-  // Heaviest query blocks (the last ones under a causal mask) are scheduled first.
-  const int seq = blockIdx.x / num_m_blocks;
-  const int mb = num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks);
-  const int h = blockIdx.y;
-  const int hk = h / (p.heads_q / p.heads_k);
-  const SequenceView sv = sequence_view(p, seq);
-  const int m0 = mb * BM;
-  if (m0 >= sv.len_q) return;
-  const MaskView mask = mask_view(p, sv, seq);
-  const int num_nb = (sv.len_k + BN - 1) / BN;
 
   const int tid = threadIdx.x;
   if (tid == 0) {
-    sm90::mbar_init(bar_q, 1);
+    sm90::mbar_init(bar_q_full, 1);
+    sm90::mbar_init(bar_q_empty, 8);  // one arrival per consumer warp
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
       sm90::mbar_init(bar_k_full + 8 * s, 1);
       sm90::mbar_init(bar_v_full + 8 * s, 1);
-      sm90::mbar_init(bar_k_empty + 8 * s, 8);  // one arrival per consumer warp
+      sm90::mbar_init(bar_k_empty + 8 * s, 8);
       sm90::mbar_init(bar_v_empty + 8 * s, 8);
     }
     sm90::mbar_init_fence();
@@ -180,33 +206,41 @@ __global__ void __launch_bounds__(384, 1)
     sm90::tma_prefetch_map(&map_q);
     sm90::tma_prefetch_map(&map_k);
     sm90::tma_prefetch_map(&map_v);
-    const int qb = static_cast<int>(sv.q_batch), kb = static_cast<int>(sv.k_batch);
-    const int q_row = static_cast<int>(sv.q_row0) + m0, k_row0 = static_cast<int>(sv.k_row0);
-    int cls = kTileEmpty;
-    int nb = next_key_block<BN>(mask, 0, num_nb, m0, m0 + BM, cls);
-    // With no key block to visit the consumers write zeros without waiting for anything, so
-    // nothing is loaded (no copy may still be landing when the CTA exits).
-    if (nb < 0) return;
-    sm90::mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
-#pragma unroll
-    for (int c = 0; c < Cfg::kPanels; ++c)
-      tma_tile(sQ + c * Cfg::kPanelBytesQ, &map_q, bar_q, axes.q_rows_inner, 64 * c, q_row, h, qb);
-    for (int it = 0; nb >= 0; nb = next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, cls), ++it) {
-      const int slot = it % ST;
-      const uint32_t phase = (it / ST) & 1;
-      const int row = k_row0 + nb * BN;
-      sm90::mbar_wait(bar_k_empty + 8 * slot, phase ^ 1);
-      sm90::mbar_arrive_expect_tx(bar_k_full + 8 * slot, Cfg::kKVBytes);
+    int it = 0;      // K / V blocks loaded so far (ring position)
+    int q_loads = 0;  // Q tiles loaded so far
+    for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const WgmmaTile w = wgmma_tile<BM, BN>(p, num_m_blocks, t);
+      if (!w.live) continue;
+      int cls = kTileEmpty;
+      int nb = next_key_block<BN>(w.mask, 0, w.num_nb, w.m0, w.m0 + BM, cls);
+      // With no key block to visit the consumers write zeros without waiting for anything, so
+      // nothing is loaded (no copy may still be landing when the CTA exits).
+      if (nb < 0) continue;
+      const int qb = static_cast<int>(w.sv.q_batch), kb = static_cast<int>(w.sv.k_batch);
+      const int q_row = static_cast<int>(w.sv.q_row0) + w.m0, k_row0 = static_cast<int>(w.sv.k_row0);
+      sm90::mbar_wait(bar_q_empty, (q_loads & 1) ^ 1);
+      sm90::mbar_arrive_expect_tx(bar_q_full, Cfg::kQBytes);
 #pragma unroll
       for (int c = 0; c < Cfg::kPanels; ++c)
-        tma_tile(sK + slot * Cfg::kKVBytes + c * Cfg::kPanelBytesKV, &map_k, bar_k_full + 8 * slot,
-                 axes.k_rows_inner, 64 * c, row, hk, kb);
-      sm90::mbar_wait(bar_v_empty + 8 * slot, phase ^ 1);
-      sm90::mbar_arrive_expect_tx(bar_v_full + 8 * slot, Cfg::kKVBytes);
+        tma_tile(sQ + c * Cfg::kPanelBytesQ, &map_q, bar_q_full, axes.q_rows_inner, 64 * c, q_row, w.h, qb);
+      ++q_loads;
+      for (; nb >= 0; nb = next_key_block<BN>(w.mask, nb + 1, w.num_nb, w.m0, w.m0 + BM, cls), ++it) {
+        const int slot = it % ST;
+        const uint32_t phase = (it / ST) & 1;
+        const int row = k_row0 + nb * BN;
+        sm90::mbar_wait(bar_k_empty + 8 * slot, phase ^ 1);
+        sm90::mbar_arrive_expect_tx(bar_k_full + 8 * slot, Cfg::kKVBytes);
 #pragma unroll
-      for (int c = 0; c < Cfg::kPanels; ++c)
-        tma_tile(sV + slot * Cfg::kKVBytes + c * Cfg::kPanelBytesKV, &map_v, bar_v_full + 8 * slot,
-                 axes.v_rows_inner, 64 * c, row, hk, kb);
+        for (int c = 0; c < Cfg::kPanels; ++c)
+          tma_tile(sK + slot * Cfg::kKVBytes + c * Cfg::kPanelBytesKV, &map_k, bar_k_full + 8 * slot,
+                   axes.k_rows_inner, 64 * c, row, w.hk, kb);
+        sm90::mbar_wait(bar_v_empty + 8 * slot, phase ^ 1);
+        sm90::mbar_arrive_expect_tx(bar_v_full + 8 * slot, Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kPanels; ++c)
+          tma_tile(sV + slot * Cfg::kKVBytes + c * Cfg::kPanelBytesKV, &map_v, bar_v_full + 8 * slot,
+                   axes.v_rows_inner, 64 * c, row, w.hk, kb);
+      }
     }
     return;
   }
@@ -214,45 +248,15 @@ __global__ void __launch_bounds__(384, 1)
   // ---- consumers ----
   sm90::regs_increase<Cfg::kConsumerRegs>();
   const int cw = warpgroup - 1;  // 64-row half of the tile
+  const int lane = tid & 31, warp_in_wg = (tid / 32) & 3;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int row_in_block = cw * 64 + warp_in_wg * 16 + g;  // this thread's first row; second is +8
   auto wait_turn = [&] {
     if constexpr (kPingpong) sm90::named_barrier_sync(1 + cw, 256);
   };
   auto pass_turn = [&](bool last) {
     if constexpr (kPingpong)
       if (!(last && cw == 1)) sm90::named_barrier_arrive(2 - cw, 256);
-  };
-  const int lane = tid & 31, warp_in_wg = (tid / 32) & 3;
-  const int g = lane >> 2, t = lane & 3;
-  const int row_in_block = cw * 64 + warp_in_wg * 16 + g;  // this thread's first row; second is +8
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-  const bool short_path_ok = p.softcap_method == kSoftcapOff && p.scale > 0.f;
-
-  // S = Q K^T of one slot, issued (not waited for).
-  auto issue_qk = [&](float (&s)[BN / 2], int slot) {
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a = sQ + (kk / 4) * Cfg::kPanelBytesQ + cw * 64 * 128 + (kk % 4) * 32;
-      const uint32_t b = sK + slot * Cfg::kKVBytes + (kk / 4) * Cfg::kPanelBytesKV + (kk % 4) * 32;
-      sm90::wgmma_ss<T, BN>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
-    }
-    sm90::wgmma_commit();
-  };
-
-  // Pipeline per key block j (P(j) already in registers):
-  //   issue S(j+1) = Q K(j+1)^T; issue O += P(j) V(j);
-  //   wait for S(j+1) (wgmma groups complete in issue order), softmax(j+1) on the CUDA cores while
-  //   P(j) V(j) runs; wait for it, then rescale O by block j+1's max and pack P(j+1).
-  auto softmax = [&](float (&sc)[BN / 2], float (&mx)[2], float (&sum)[2], float (&rescale)[2], int tile_cls,
-                     int block) {
-    if (tile_cls == kTileFull && short_path_ok)
-      wgmma_softmax_block<false, BN>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
-    else
-      wgmma_softmax_block<true, BN>(sc, mx, sum, rescale, p, mask, m0 + row_in_block, block * BN, t);
   };
   // P as 16-bit A fragments: 16 keys = two 8-column accumulator chunks.
   auto pack_p = [](const float (&sc)[BN / 2], uint32_t (&a)[BN / 16][4]) {
@@ -270,96 +274,136 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[kk][i])::"memory");
   };
+  const bool short_path_ok = p.softcap_method == kSoftcapOff && p.scale > 0.f;
 
-  int cls = kTileEmpty;
-  int nb = next_key_block<BN>(mask, 0, num_nb, m0, m0 + BM, cls);
-  float s[BN / 2];
-  uint32_t pa[BN / 16][4];
-  if (nb >= 0) {
-    sm90::mbar_wait(bar_q, 0);
-    sm90::mbar_wait(bar_k_full, 0);
-    if constexpr (kPingpong)
-      if (cw == 1) sm90::named_barrier_arrive(1, 256);  // warpgroup 1 issues first
-    wait_turn();
-    issue_qk(s, 0);
-    pass_turn(false);
-    sm90::wgmma_wait<0>();
-    sm90::pin_registers(s);
-    if (lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done reading K(slot 0)
-    float rescale[2];
-    softmax(s, row_max, row_sum, rescale, cls, nb);  // O is still zero: no rescale needed
-    pack_p(s, pa);
-  }
-  // O += P(j) V(j) of one slot, issued (not waited for); V(slot) has landed.
-  auto issue_pv = [&](int slot) {
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t b = sV + slot * Cfg::kKVBytes + kk * 16 * 128;
-      sm90::wgmma_rs<T, D>(o, pa[kk], sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), 1);
-    }
-    sm90::wgmma_commit();
-  };
-  int it = 0;
-  int next_cls = kTileEmpty;
-  int next = nb >= 0 ? next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, next_cls) : -1;
-  while (next >= 0) {  // steady state: block `it` has a successor
-    const int slot = it % ST, nslot = (it + 1) % ST;
-    sm90::mbar_wait(bar_k_full + 8 * nslot, ((it + 1) / ST) & 1);
-    sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
-    wait_turn();
-    issue_qk(s, nslot);
-    issue_pv(slot);
-    pass_turn(false);
-    sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
-    sm90::pin_registers(s);
-    if (lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * nslot);
-    float rescale[2];
-    softmax(s, row_max, row_sum, rescale, next_cls, next);
-    sm90::wgmma_wait<0>();
-    sm90::pin_registers(o);
-    pin_words(pa);  // the tensor cores read P from these registers until now
-    if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o[4 * dt + 0] *= rescale[0];
-      o[4 * dt + 1] *= rescale[0];
-      o[4 * dt + 2] *= rescale[1];
-      o[4 * dt + 3] *= rescale[1];
-    }
-    pack_p(s, pa);
-    nb = next;
-    next = next_key_block<BN>(mask, nb + 1, num_nb, m0, m0 + BM, next_cls);
-    ++it;
-  }
-  if (nb >= 0) {  // the last block's P V
-    sm90::mbar_wait(bar_v_full + 8 * (it % ST), (it / ST) & 1);
-    wait_turn();
-    issue_pv(it % ST);
-    pass_turn(true);
-    sm90::wgmma_wait<0>();
-    sm90::pin_registers(o);
-    pin_words(pa);
-  }
+  int it = 0;       // K / V blocks consumed so far (ring position), as the producer counts them
+  int q_loads = 0;  // Q tiles consumed so far
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const WgmmaTile w = wgmma_tile<BM, BN>(p, num_m_blocks, tile);
+    if (!w.live) continue;
+    const int m0 = w.m0;
 
-  // Epilogue: O / l, lse = (m + log2 l) ln 2; a row with l = 0 (nothing allowed) gives 0 and -inf.
-  T* out = static_cast<T*>(p.out) + row_offset(p.out_st, sv.q_batch, sv.q_row0, m0, h);
+    float o[D / 2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(row_sum[r]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int i = row_in_block + 8 * r;
-    if (m0 + i >= sv.len_q) continue;
-    T* orow = out + static_cast<int64_t>(i) * p.out_st.row;
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+    // S = Q K^T of one slot, issued (not waited for).
+    auto issue_qk = [&](float (&s)[BN / 2], int slot) {
+      sm90::wgmma_fence();
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
-      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t) = packed;
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t a = sQ + (kk / 4) * Cfg::kPanelBytesQ + cw * 64 * 128 + (kk % 4) * 32;
+        const uint32_t b = sK + slot * Cfg::kKVBytes + (kk / 4) * Cfg::kPanelBytesKV + (kk % 4) * 32;
+        sm90::wgmma_ss<T, BN>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+      }
+      sm90::wgmma_commit();
+    };
+    auto softmax = [&](float (&sc)[BN / 2], float (&rescale)[2], int tile_cls, int block) {
+      if (tile_cls == kTileFull && short_path_ok)
+        wgmma_softmax_block<false, BN>(sc, row_max, row_sum, rescale, p, w.mask, m0 + row_in_block, block * BN, t4);
+      else
+        wgmma_softmax_block<true, BN>(sc, row_max, row_sum, rescale, p, w.mask, m0 + row_in_block, block * BN, t4);
+    };
+
+    // Pipeline per key block j (P(j) already in registers):
+    //   issue S(j+1) = Q K(j+1)^T; issue O += P(j) V(j);
+    //   wait for S(j+1) (wgmma groups complete in issue order), softmax(j+1) on the CUDA cores while
+    //   P(j) V(j) runs; wait for it, then rescale O by block j+1's max and pack P(j+1).
+    int cls = kTileEmpty;
+    int nb = next_key_block<BN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
+    float s[BN / 2];
+    uint32_t pa[BN / 16][4];
+    // O += P(j) V(j) of one slot, issued (not waited for); V(slot) has landed.
+    auto issue_pv = [&](int slot) {
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint32_t b = sV + slot * Cfg::kKVBytes + kk * 16 * 128;
+        sm90::wgmma_rs<T, D>(o, pa[kk], sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), 1);
+      }
+      sm90::wgmma_commit();
+    };
+    if (nb >= 0) {
+      sm90::mbar_wait(bar_q_full, q_loads & 1);
+      sm90::mbar_wait(bar_k_full + 8 * (it % ST), (it / ST) & 1);
+      if constexpr (kPingpong)
+        if (cw == 1) sm90::named_barrier_arrive(1, 256);  // warpgroup 1 issues first
+      wait_turn();
+      issue_qk(s, it % ST);
+      pass_turn(false);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(s);
+      if (lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * (it % ST));  // this warp is done with K
+      float rescale[2];
+      softmax(s, rescale, cls, nb);  // O is still zero: no rescale needed
+      pack_p(s, pa);
+
+      int next_cls = kTileEmpty;
+      int next = next_key_block<BN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, next_cls);
+      while (next >= 0) {  // steady state: block `it` has a successor
+        const int slot = it % ST, nslot = (it + 1) % ST;
+        sm90::mbar_wait(bar_k_full + 8 * nslot, ((it + 1) / ST) & 1);
+        sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+        wait_turn();
+        issue_qk(s, nslot);
+        issue_pv(slot);
+        pass_turn(false);
+        sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
+        sm90::pin_registers(s);
+        if (lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * nslot);
+        softmax(s, rescale, next_cls, next);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(o);
+        pin_words(pa);  // the tensor cores read P from these registers until now
+        if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o[4 * dt + 0] *= rescale[0];
+          o[4 * dt + 1] *= rescale[0];
+          o[4 * dt + 2] *= rescale[1];
+          o[4 * dt + 3] *= rescale[1];
+        }
+        pack_p(s, pa);
+        nb = next;
+        next = next_key_block<BN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, next_cls);
+        ++it;
+      }
+      // Every Q K^T of this tile is done: the producer may load the next tile's Q.
+      if (lane == 0) sm90::mbar_arrive(bar_q_empty);
+      ++q_loads;
+      // The last block's P V.
+      const int slot = it % ST;
+      sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+      wait_turn();
+      issue_pv(slot);
+      pass_turn(true);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(o);
+      pin_words(pa);
+      if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+      ++it;
     }
-    if (p.lse != nullptr && t == 0) {
-      const float lse = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
-      p.lse[sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(h) * p.lse_head_stride +
-            (sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
+
+    // Epilogue: O / l, lse = (m + log2 l) ln 2; a row with l = 0 (nothing allowed) gives 0 and -inf.
+    T* out = static_cast<T*>(p.out) + row_offset(p.out_st, w.sv.q_batch, w.sv.q_row0, m0, w.h);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = quad_sum(row_sum[r]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int i = row_in_block + 8 * r;
+      if (m0 + i >= w.sv.len_q) continue;
+      T* orow = out + static_cast<int64_t>(i) * p.out_st.row;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t4) = packed;
+      }
+      if (p.lse != nullptr && t4 == 0) {
+        const float lse = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+        p.lse[w.sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(w.h) * p.lse_head_stride +
+              (w.sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
+      }
     }
   }
 }
