@@ -2,7 +2,7 @@
 //
 // One CTA = 128 query rows of one (sequence, query head), 3 warpgroups of 128 threads:
 //   warpgroup 0, the producer: one thread issues TMA loads: the Q tile once, then K and V tiles of
-//     the key blocks the mask does not rule out, into a ring of kStages slots each, gated by
+//     the key blocks the mask does not rule out, into a ring of kStages (2-4) slots each, gated by
 //     "empty" mbarriers the consumers release and completing on "full" mbarriers (byte counts);
 //   warpgroups 1 and 2, the consumers: each owns 64 query rows. Per key block: S = Q K^T by
 //     wgmma m64nBNk16 from shared memory (kBlockN = 128 keys; 64 at D = 256), the mask / softcap on tiles that
@@ -41,7 +41,10 @@ struct WgmmaForwardConfig {
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
   // Keys per block: 128, or 64 at D = 256, where O alone takes 128 fp32 registers per thread.
   static constexpr int kBlockN = D == 256 ? 64 : 128;
-  static constexpr int kStages = 2;
+  // K / V ring depth: as deep as 227 KB of shared memory allows (one CTA per SM either way), so
+  // the producer runs further ahead of the consumers: 4 at D = 64 (144 KB), 3 at D = 128
+  // (225 KB), 2 at D = 256 (192 KB).
+  static constexpr int kStages = D == 64 ? 4 : D == 128 ? 3 : 2;
   static constexpr int kPanels = D / 64;  // 128-byte column panels per tile row
   static constexpr int kThreads = 384;
   static constexpr int kQBytes = kBlockM * D * 2;
@@ -51,6 +54,7 @@ struct WgmmaForwardConfig {
   // Q, K ring, V ring, then the mbarriers; +1024 to align the base to the swizzle atom.
   static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * (2 + 4 * kStages) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
   static constexpr int kConsumerRegs = 232;
   static constexpr int kProducerRegs = 40;
 };
