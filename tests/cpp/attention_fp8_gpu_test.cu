@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -16,6 +18,8 @@
 #include <vector>
 
 #include "attention_fp8_recipe.h"
+#include "cuda/attention/fp8_fragments.cuh"
+#include "cuda/attention/fp8_tiles.cuh"
 #include "flashgrad/attention.h"
 #include "flashgrad/status.h"
 #include "gpu_test_util.h"
@@ -280,6 +284,167 @@ TEST(AttentionFp8Gpu, Fp16Outputs) {
   c.mask = MaskKind::causal;
   c.sq = c.sk = 150;
   check_case(named("fp16 out and gradients", c));
+}
+
+// ---- the building blocks on the hardware -----------------------------------------------------------
+// If the attention cases fail, these say whether the e4m3 mma fragment layout, the cvt packing, or
+// the swizzled ldmatrix + key permutation path is at fault (the CPU test checks the same index
+// math against emulated PTX; these run the real instructions).
+namespace f8 = cuda_attn::fp8;
+
+// One m16n8k32: A [16][32] and B [32][8] (row-major, e4m3 codes) into fragments by ownership, C0
+// [16][8]; C = A B + C0. Also packs cvt_in (4 floats per word) with pack_e4m3x4.
+__global__ void mma_and_cvt_probe(const uint8_t* A, const uint8_t* B, const float* C0, float* C, const float* cvt_in,
+                                  uint32_t* cvt_out, int cvt_words) {
+  const int lane = threadIdx.x;
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  for (int r = 0; r < 4; ++r)
+    for (int x = 0; x < 4; ++x) {
+      int row, col;
+      f8::a_element(lane, r, x, row, col);
+      a[r] |= uint32_t{A[row * 32 + col]} << (8 * x);
+    }
+  for (int r = 0; r < 2; ++r)
+    for (int x = 0; x < 4; ++x) {
+      int k, n;
+      f8::b_element(lane, r, x, k, n);
+      b[r] |= uint32_t{B[k * 8 + n]} << (8 * x);
+    }
+  float c[4];
+  for (int e = 0; e < 4; ++e) {
+    int row, col;
+    f8::c_element(lane, e, row, col);
+    c[e] = C0[row * 8 + col];
+  }
+  f8::mma_e4m3(c, a, b[0], b[1]);
+  for (int e = 0; e < 4; ++e) {
+    int row, col;
+    f8::c_element(lane, e, row, col);
+    C[row * 8 + col] = c[e];
+  }
+  for (int w = lane; w < cvt_words; w += 32)
+    cvt_out[w] = f8::pack_e4m3x4(cvt_in[4 * w], cvt_in[4 * w + 1], cvt_in[4 * w + 2], cvt_in[4 * w + 3]);
+}
+
+// The forward's P V step for 16 rows x 32 keys x 16 dims: P [16][32] floats as accumulator tiles,
+// packed by p_to_a_fragment; vt [16 dims][32 positions] e4m3 (keys permuted as the transpose
+// pre-pass stores them) copied into a swizzled shared tile by cp.async and read by ldmatrix.
+__global__ void pv_probe(const float* P, const uint8_t* vt, float* O) {
+  __shared__ __align__(128) uint8_t tile[16 * 32];
+  const int lane = threadIdx.x;
+  f8::load_tile8_async<16, 32, 32>(tile, vt, 32, 16, lane);
+  cuda_attn::cp_async_commit();
+  cuda_attn::cp_async_wait<0>();
+  __syncwarp();
+  float s[4][4];
+  for (int nt = 0; nt < 4; ++nt)
+    for (int e = 0; e < 4; ++e) {
+      int row, col;
+      f8::c_element(lane, e, row, col);
+      s[nt][e] = P[row * 32 + 8 * nt + col];
+    }
+  uint32_t a[4];
+  auto pack = [](float x0, float x1, float x2, float x3) { return f8::pack_e4m3x4(x0, x1, x2, x3); };
+  f8::p_to_a_fragment(s[0], s[1], s[2], s[3], a, pack);
+  const f8::Fp8LaneOffsets<32> lo(lane, false);
+  uint32_t b[4];
+  f8::load_b8<32>(b, cuda_attn::smem_address(tile), lo, 0, 0);
+  float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  f8::mma_e4m3(c[0], a, b[0], b[1]);
+  f8::mma_e4m3(c[1], a, b[2], b[3]);
+  for (int nt = 0; nt < 2; ++nt)
+    for (int e = 0; e < 4; ++e) {
+      int row, col;
+      f8::c_element(lane, e, row, col);
+      O[row * 16 + 8 * nt + col] = c[nt][e];
+    }
+}
+
+TEST(AttentionFp8Gpu, MmaFragmentsAndCvtOnTheHardware) {
+  REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  // Small integers: every product and sum is exact however the tensor cores align them.
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<uint8_t> A(16 * 32), B(32 * 8);
+  std::vector<float> C0(16 * 8), Af(A.size()), Bf(B.size());
+  for (size_t i = 0; i < A.size(); ++i) Af[i] = host::e4m3_to_float(A[i] = host::float_to_e4m3(float(small(rng))));
+  for (size_t i = 0; i < B.size(); ++i) Bf[i] = host::e4m3_to_float(B[i] = host::float_to_e4m3(float(small(rng))));
+  for (auto& x : C0) x = float(small(rng) * 8);
+  // cvt: values around every e4m3 binade, ties, saturation, zero.
+  std::vector<float> cvt_in;
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  for (int i = 0; i < 4096; ++i) cvt_in.push_back(std::ldexp(uni(rng), static_cast<int>(rng() % 24) - 12));
+  for (float x : {0.f, 448.f, 464.f, 500.f, -1e6f, 1.0625f, 1.1875f, std::ldexp(1.f, -10), std::ldexp(3.f, -11)})
+    cvt_in.push_back(x);
+  while (cvt_in.size() % 4) cvt_in.push_back(0.f);
+  const int words = static_cast<int>(cvt_in.size() / 4);
+  DeviceArray<uint8_t> dA(A.size()), dB(B.size());
+  DeviceArray<float> dC0(C0.size()), dC(C0.size()), din(cvt_in.size());
+  DeviceArray<uint32_t> dout(words);
+  dA.upload(A);
+  dB.upload(B);
+  dC0.upload(C0);
+  din.upload(cvt_in);
+  mma_and_cvt_probe<<<1, 32>>>(dA.ptr, dB.ptr, dC0.ptr, dC.ptr, din.ptr, dout.ptr, words);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> C = dC.download();
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 8; ++n) {
+      double want = C0[r * 8 + n];
+      for (int k = 0; k < 32; ++k) want += double(Af[r * 32 + k]) * Bf[k * 8 + n];
+      ASSERT_EQ(C[r * 8 + n], float(want)) << "mma.m16n8k32 e4m3: C[" << r << "][" << n << "]";
+    }
+  // Informational: how many mantissa bits of C survive an mma with A = B = 0 (SageAttention2
+  // reports 13 on Ada / Hopper; the kernels add each key block's P8 V to O in fp32 because of it).
+  {
+    std::vector<uint8_t> zeros(A.size(), 0), zeros_b(B.size(), 0);
+    std::vector<float> c_in(16 * 8);
+    for (int i = 0; i < 16 * 8; ++i) c_in[i] = 1.f + std::ldexp(1.f, -1 - (i % 23));
+    dA.upload(zeros);
+    dB.upload(zeros_b);
+    dC0.upload(c_in);
+    mma_and_cvt_probe<<<1, 32>>>(dA.ptr, dB.ptr, dC0.ptr, dC.ptr, din.ptr, dout.ptr, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> kept = dC.download();
+    int bits = 23;
+    for (int i = 0; i < 23; ++i)
+      if (kept[i] != c_in[i]) bits = std::min(bits, i);
+    std::printf("  e4m3 mma.sync keeps %d mantissa bits of the accumulator input C\n", bits);
+  }
+  const std::vector<uint32_t> packed = dout.download();
+  for (int w = 0; w < words; ++w)
+    for (int b = 0; b < 4; ++b)
+      ASSERT_EQ((packed[w] >> (8 * b)) & 0xff, host::float_to_e4m3(cvt_in[4 * w + b]))
+          << "cvt.rn.satfinite.e4m3x2 of " << cvt_in[4 * w + b] << " (byte " << b << ")";
+}
+
+TEST(AttentionFp8Gpu, PermutedPTimesTransposedVOnTheHardware) {
+  REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<float> P(16 * 32), V(32 * 16);
+  std::vector<uint8_t> vt(16 * 32);
+  // P8 = e4m3(448 P) with P = k / 448 for small integers k: exact sums on any accumulator.
+  for (auto& x : P) x = float(static_cast<int>(uni(rng) * 16)) / 448.f;
+  for (int j = 0; j < 32; ++j)
+    for (int d = 0; d < 16; ++d) {
+      V[j * 16 + d] = float(small(rng));
+      vt[d * 32 + 16 * (j / 16) + f8::position_of_key(j % 16)] = host::float_to_e4m3(V[j * 16 + d]);
+    }
+  DeviceArray<float> dP(P.size()), dO(16 * 16);
+  DeviceArray<uint8_t> dvt(vt.size());
+  dP.upload(P);
+  dvt.upload(vt);
+  pv_probe<<<1, 32>>>(dP.ptr, dvt.ptr, dO.ptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> O = dO.download();
+  for (int r = 0; r < 16; ++r)
+    for (int d = 0; d < 16; ++d) {
+      double want = 0;
+      for (int j = 0; j < 32; ++j) want += double(e4m3_round(P[r * 32 + j] * 448.f)) * V[j * 16 + d];
+      ASSERT_EQ(O[r * 16 + d], float(want)) << "P8 V: row " << r << " dim " << d;
+    }
 }
 
 TEST(AttentionFp8Gpu, DeterministicIsRefusedByName) {
