@@ -1,6 +1,7 @@
 // Softmax attention forward for Hopper: wgmma tensor cores fed by TMA, warp-specialized.
 //
-// One CTA = 128 query rows of one (sequence, query head), 3 warpgroups of 128 threads:
+// One tile = 128 query rows of one (sequence, query head); a CTA of 3 warpgroups (128 threads each)
+// runs one tile, or several (see the tile list below):
 //   warpgroup 0, the producer: one thread issues TMA loads: the Q tile once, then K and V tiles of
 //     the key blocks the mask does not rule out, into a ring of kStages (2-4) slots each, gated by
 //     "empty" mbarriers the consumers release and completing on "full" mbarriers (byte counts);
@@ -105,24 +106,29 @@ __device__ __forceinline__ void wgmma_softmax_block(float (&s)[BN / 2], float (&
     }
   }
   const float mul = kGeneral ? 1.f : scale_log2;
+  // Max and sum over a row's BN / 4 elements in this thread as 4 interleaved partial chains: with
+  // only two consumer warps per scheduler, one dependent chain of BN / 8 steps would stall on
+  // latency.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
+    float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    for (int nt = 0; nt < BN / 8; ++nt)
+      part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
     mx = fmaxf(quad_max(mx) * mul, row_max[r]);
     // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
     const float base = mx == -INFINITY ? 0.f : mx;
     rescale[r] = fast_exp2(row_max[r] - base);
     row_max[r] = mx;
-    float sum = 0.f;
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
       s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base);
       s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base);
-      sum += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+      sum[nt % 4] += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
     }
-    row_sum[r] = row_sum[r] * rescale[r] + sum;
+    row_sum[r] = row_sum[r] * rescale[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
   }
 }
 
