@@ -71,13 +71,23 @@ def test_quick_demo_on_the_gpu(tmp_path):
     _assert_trained_and_checked(run, log, tmp_path / "demo", tolerance=5e-2)
 
 
+def _cuda_refuses_fp8(flashgrad) -> bool:
+    """True when this build's CUDA kernels refuse e4m3 inputs (NotImplementedError)."""
+    x = torch.zeros(1, 16, 1, 64, device="cuda", dtype=torch.bfloat16)
+    try:
+        flashgrad.flash_attn_fp8_func(x, x, x)
+    except NotImplementedError:
+        return True
+    return False
+
+
 @pytest.mark.gpu
 def test_fp8_demo_runs_or_says_fp8_is_missing(tmp_path):
     import flashgrad
     command = [sys.executable, "-m", "flashgrad.demo", "--quick", "--device", "cuda", "--fp8",
                "--out", str(tmp_path)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if "flash_attn_fp8_func" in dir(flashgrad):
+    if "flash_attn_fp8_func" in dir(flashgrad) and not _cuda_refuses_fp8(flashgrad):
         assert run.returncode == 0, f"demo failed:\n{run.stdout}\n{run.stderr}"
         log = json.loads((tmp_path / "log.json").read_text())
         assert log["kernels"] == "flashgrad-fp8" and log["gradient_check"]["passed"]

@@ -567,3 +567,17 @@ def test_training_parity_script_runs_on_the_cpu(tmp_path):
     assert (tmp_path / "fp8_parity.csv").read_text().splitlines()[0] == "step,loss_bf16,loss_fp8"
     assert len((tmp_path / "fp8_parity.csv").read_text().splitlines()) == 4
     assert math.isfinite(summary["fp8_final_train_loss"]) and math.isfinite(summary["bf16_held_out_loss"])
+
+
+def test_demo_turns_a_kernel_refusal_into_its_message():
+    """python -m flashgrad.demo --fp8 on a CUDA build without FP8 kernels: the op's
+    NotImplementedError becomes the demo's 'not available' message (exit status 2)."""
+    from flashgrad.demo.kernels import KernelsUnavailable, _require_fp8_kernels
+
+    def refusing(q, k, v, **kwargs):
+        raise NotImplementedError("flashgrad: attention_forward: argument 'q': no e4m3 here")
+
+    with pytest.raises(KernelsUnavailable, match="fp8 attention is not available in this build of flashgrad "
+                                                 r"\(its CUDA backend refuses e4m3 inputs: .*no e4m3 here"):
+        _require_fp8_kernels(refusing, torch.device("cpu"))
+    _require_fp8_kernels(flash_attn_fp8_func, torch.device("cpu"))   # the CPU backend takes e4m3

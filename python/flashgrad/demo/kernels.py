@@ -57,6 +57,17 @@ def _require(module, name: str, what: str | None = None):
     return op
 
 
+def _require_fp8_kernels(attention_op, device: torch.device) -> None:
+    """A CUDA build whose kernels do not take e4m3 refuses with NotImplementedError (never a
+    silent bf16 fallback); the demo turns that into its 'not available' message."""
+    x = torch.zeros(1, 16, 1, 64, device=device, dtype=torch.bfloat16)
+    try:
+        attention_op(x, x, x, causal=True)
+    except NotImplementedError as error:
+        raise KernelsUnavailable(f"fp8 attention is not available in this build of flashgrad "
+                                 f"(its CUDA backend refuses e4m3 inputs: {error})") from error
+
+
 def flashgrad_kernels(device: torch.device, *, fp8: bool = False) -> Kernels:
     """flashgrad's ops. fp8 swaps the attention for flash_attn_fp8_func (GPU only)."""
     if fp8 and device.type != "cuda":
@@ -76,6 +87,7 @@ def flashgrad_kernels(device: torch.device, *, fp8: bool = False) -> Kernels:
 
     if fp8:
         attention_op = _require(flashgrad, "flash_attn_fp8_func", what="fp8 attention")
+        _require_fp8_kernels(attention_op, device)
         compute_dtype = torch.bfloat16
     else:
         attention_op = _require(flashgrad, "flash_attn_func")
