@@ -5,7 +5,7 @@
 // dispatched by the public API; these tests call their launchers directly.
 //
 // Bars (relative RMS, rms(gpu - ref) / rms(ref), over every (sequence, value head) of a case):
-//   stage 1: G (per channel) <= 1e-5, StrictLower(A), w, u <= 5e-3
+//   stage 1: G (per channel) <= 1e-5, StrictLower(A), P (packed in A's upper triangle), w, u <= 5e-3
 //   stage 2: h (entry states after the first) <= 5e-3, v_new, final state <= 5e-3; the first
 //            chunk's entry state equals the initial state exactly
 //   stage 3: o <= 5e-3
@@ -365,7 +365,7 @@ void run_case(const Case& c) {
                             dqd = dq_acc.download(), dkd = dk_acc.download(), dvd = dvb.download(),
                             dbd = dbb.download(), dgd = dgb.download();
 
-  Pairs pG, pA, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
+  Pairs pG, pA, pP, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
   std::vector<double> rdq(rows * H * K, 0.0), rdk(rows * H * K, 0.0);  // reference, summed over groups
   double h_entry_mismatch = 0;
   for (int64_t n = 0; n < N; ++n) {
@@ -404,6 +404,13 @@ void run_case(const Case& c) {
           pdg.add(dgd[(row * HV + j) * K + d], bt.dg[t * K + d]);
         }
         for (int64_t jj = 0; jj < i; ++jj) pA.add(Ad[(row * HV + j) * 64 + jj], f.A[(ci * 64 + i) * 64 + jj]);
+        for (int64_t jj = 0; jj <= i; ++jj) {  // P_{i,jj}, packed at row jj, column i (chunked_kda.h)
+          const int64_t tj = ci * 64 + jj;
+          double p = 0;
+          for (int64_t d = 0; d < K; ++d)
+            p += hi.q[t * K + d] * hi.k[tj * K + d] * std::exp(f.G[t * K + d] - f.G[tj * K + d]);
+          pP.add(Ad[((row0 + tj) * HV + j) * 64 + i], p);
+        }
         for (int64_t e = 0; e < V; ++e) {
           const int64_t at = (row * HV + j) * V + e;
           pu.add(ud[at], f.u[t * V + e]);
@@ -418,6 +425,7 @@ void run_case(const Case& c) {
   }
   expect_close("G", pG, 1e-5, c.name);
   expect_close("A (strict)", pA, 5e-3, c.name);
+  expect_close("P (packed)", pP, 5e-3, c.name);
   expect_close("w", pw, 5e-3, c.name);
   expect_close("u", pu, 5e-3, c.name);
   expect_close("h (c >= 1)", ph, 5e-3, c.name);

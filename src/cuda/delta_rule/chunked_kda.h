@@ -12,7 +12,7 @@
 //   o     = scale [(q o exp(G)) h_c + Lower_incl(sum_d q_id k_jd exp(G_id - G_jd)) v_new]
 //
 // The decayed key products (M, and P = the o formula's lower matrix) are not one matrix product;
-// chunked_kda_decay.cuh forms them in fp32 from 16-row sub-chunks: diagonal 16 x 16 blocks one
+// stage 1 forms both (chunked_kda_decay.cuh) in fp32 from 16-row sub-chunks: diagonal 16 x 16 blocks one
 // term at a time, off-diagonal blocks (rows in sub-chunk I > column sub-chunk J) through the
 // reference row r = 16 I, exp(G_id - G_jd) = exp(G_id - G_rd) exp(G_rd - G_jd), both factors
 // <= 1 (j < r <= i and g <= 0), so a strong decay underflows to 0 and never overflows.
@@ -21,7 +21,12 @@
 //
 // Intermediates (layouts as chunked_stages.h, row = b * T + t):
 //   G     float [rows, HV, K]        cumulative per-channel log decay inside each chunk
-//   A, w, u, v_new, h, dh, dv_new    as chunked_stages.h
+//   A     float [rows, HV, 64]       row i of the chunk: A_ij for j < i (A's unit diagonal and zero
+//                                    upper triangle are implicit) and P_ji for j >= i, i.e. P^T
+//                                    packed into the upper triangle (P_ji = 0 for j >= L). Stage 1
+//                                    writes P once; stage 3 and B1 read it (B1 runs over a
+//                                    sequence's chunks one after another: no recomputation there).
+//   w, u, v_new, h, dh, dv_new       as chunked_stages.h
 //   dg    float [rows, HV, K]        (B2) per-channel gate gradient
 //   dq_acc, dk_acc, dv, dbeta        as chunked_stages.h
 // kda_scratch_sizes() gives the element counts (G is K times GDN's).
@@ -55,7 +60,7 @@ template <typename T>
 void launch_kda_state(const ChunkedArgs& a, cudaStream_t stream);
 template <typename T>
 void launch_kda_output(const ChunkedArgs& a, cudaStream_t stream);
-// B1: needs G, w (stage 1); writes dh per chunk, dv_new, dh0.
+// B1: needs G, A (P), w (stage 1); writes dh per chunk, dv_new, dh0.
 template <typename T>
 void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t stream);
 // B2: needs A, G (stage 1), h, v_new (stage 2), dh, dv_new (B1); dq_acc, dk_acc zeroed.

@@ -87,7 +87,9 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
-    sm.A[i * LDM + j] = i < L ? a.A[((row0 + i) * a.HV + hv) * C + j] : 0.f;
+    // Stage 1 packs P^T into A's upper triangle (chunked_kda.h): keep the strict lower part.
+    const float x = j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f);
+    sm.A[i * LDM + j] = i < L ? x : 0.f;
   }
   // A. dP (j <= i < L).
   for (int e = tid; e < C * C; e += kChunkThreads) {

@@ -21,8 +21,8 @@ inline void check_kda_args(const char* stage, DType dtype, const ChunkedArgs& a)
   const std::string why = kda_stages_support(dtype, a.K, a.V);
   if (!why.empty()) throw_unsupported(stage, "q", why);
   if (!a.g.p) throw_invalid_argument(stage, "g", "the KDA stages need the per-channel gate [B, T, HV, K]");
-  if (!a.G || !a.w || !a.u || !a.v_new || !a.h || !a.chunks || !a.seq_first_chunk)
-    throw_invalid_argument(stage, "scratch", "G, w, u, v_new, h and the chunk plan must be allocated");
+  if (!a.G || !a.A || !a.w || !a.u || !a.v_new || !a.h || !a.chunks || !a.seq_first_chunk)
+    throw_invalid_argument(stage, "scratch", "G, A (it carries P), w, u, v_new, h and the chunk plan must be allocated");
   if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)
     throw_unsupported(stage, "v", "too many value heads, chunks or sequences for one launch");
 }

@@ -1,57 +1,46 @@
 // KDA chunked stage 3 ("output"), one block of 128 threads per (chunk, value head, slice of 64
 // value columns):
-//   P = Lower_incl(sum_d q_id k_jd exp(G_id - G_jd)),  o = scale [(q o exp(G)) h_c + P v_new].
-// P is the fp32 sub-chunk product of chunked_kda_decay.cuh; the two products with h_c and v_new
-// run on tensor cores (q o exp(G), h_c and P split hi + lo; v_new is stored in T). Warp wp owns
-// output rows [16 wp, 16 wp + 16).
+//   o = scale [(q o exp(G)) h_c + P v_new],  P = Lower_incl(sum_d q_id k_jd exp(G_id - G_jd)).
+// P comes from stage 1 (packed in A's upper triangle, chunked_kda.h); both products run on tensor
+// cores with q o exp(G), h_c and P split hi + lo (v_new is stored in T). Warp wp owns output rows
+// [16 wp, 16 wp + 16).
 #pragma once
 
-#include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Region `work`: the decayed product's scratch, then h_c (hi, lo), P (hi, lo) and the v_new
-// slice. K = 128: 180 KiB (one block per SM).
+// P_ij (j <= i) of chunk rows i, j < L from the A intermediate of stage 1: row j, column i.
+__device__ __forceinline__ float kda_packed_P(const float* A, int64_t row0, int64_t hv, int64_t HV, int i, int j) {
+  return A[((row0 + j) * HV + hv) * kChunkSize + i];
+}
+
+// K = V = 128: 89 KiB (two blocks per SM).
 template <typename T, int KMAX>
 struct KdaOutputSmem {
-  static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDV = kOutputCols + 8, LDP = C + 8,
-                       LDM = C + 1;
-  static constexpr int64_t kSecond = static_cast<int64_t>(sizeof(T)) * (2 * KMAX * LDV + 2 * C * LDP + C * LDV);
-  static constexpr int64_t kWorkBytes =
-      kda_decay_stage_bytes<KMAX>() > kSecond ? kda_decay_stage_bytes<KMAX>() : ((kSecond + 15) / 16) * 16;
-  T *qs, *qs_lo;  // [C][LDK] q, then (in place) q o exp(G)
-  T *ks, *ks_lo;  // [C][LDK] k
-  float* G;       // [C][LDG]
-  float* Pf;      // [C][LDM] P in fp32
-  float* stage;   // region `work`
-  T *hs, *hs_lo;  // [KMAX][LDV] region `work`
-  T *P, *P_lo;    // [C][LDP]    region `work`
-  T* vn;          // [C][LDV]    region `work`
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDV = kOutputCols + 8, LDP = C + 8;
+  T *qs, *qs_lo;  // [C][LDK] q o exp(G)
+  T *hs, *hs_lo;  // [KMAX][LDV] h_c slice
+  T *P, *P_lo;    // [C][LDP]
+  T* vn;          // [C][LDV] v_new slice
   static constexpr int64_t bytes() {
-    return kWorkBytes + sizeof(float) * (C * LDG + C * LDM) + sizeof(T) * 4 * C * LDK;
+    return sizeof(T) * (2 * C * LDK + 2 * KMAX * LDV + 2 * C * LDP + C * LDV);
   }
   __device__ explicit KdaOutputSmem(unsigned char* raw) {
-    stage = reinterpret_cast<float*>(raw);
-    hs = reinterpret_cast<T*>(raw);
+    qs = reinterpret_cast<T*>(raw);
+    qs_lo = qs + C * LDK;
+    hs = qs_lo + C * LDK;
     hs_lo = hs + KMAX * LDV;
     P = hs_lo + KMAX * LDV;
     P_lo = P + C * LDP;
     vn = P_lo + C * LDP;
-    G = reinterpret_cast<float*>(raw + kWorkBytes);
-    Pf = G + C * LDG;
-    qs = reinterpret_cast<T*>(Pf + C * LDM);
-    qs_lo = qs + C * LDK;
-    ks = qs_lo + C * LDK;
-    ks_lo = ks + C * LDK;
   }
 };
 
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a) {
   using S = KdaOutputSmem<T, KMAX>;
-  constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDV = S::LDV, LDP = S::LDP, LDM = S::LDM,
-                NT = kOutputCols / 8;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDV = S::LDV, LDP = S::LDP, NT = kOutputCols / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
@@ -60,25 +49,11 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);
 
-  kda_read_gate<KMAX>(a.G, ci, row0, hv, a.HV, sm.G, LDG);
   for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
-    store_split<T>(x, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+    // exp(G_rd) <= 1; rows past L are zero.
+    const float y = r < ci.len ? x * expf(a.G[((row0 + r) * a.HV + hv) * a.K + d]) : 0.f;
+    store_split<T>(y, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
   });
-  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
-    store_split<T>(x, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
-  });
-  __syncthreads();
-
-  // P (fp32) from q, k as hi + lo (their sum carries 16 (bf16) or 22 (fp16) bits).
-  auto qx = [&](int r, int d) { return to_f<T>(sm.qs[r * LDK + d]) + to_f<T>(sm.qs_lo[r * LDK + d]); };
-  auto kx = [&](int r, int d) { return to_f<T>(sm.ks[r * LDK + d]) + to_f<T>(sm.ks_lo[r * LDK + d]); };
-  kda_decayed_lower<KMAX>(qx, kx, sm.G, LDG, true, sm.Pf, LDM, sm.stage);
-
-  // In place q -> q o exp(G) (each element by the thread that reads it); h_c, P, v_new into `work`.
-  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
-    const int r = e / KMAX, d = e % KMAX, at = r * LDK + d;
-    store_split<T>(qx(r, d) * expf(sm.G[r * LDG + d]), &sm.qs[at], &sm.qs_lo[at]);
-  }
   const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
   for (int e = tid; e < KMAX * kOutputCols; e += kChunkThreads) {
     const int d = e / kOutputCols, col = e % kOutputCols;
@@ -86,7 +61,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   }
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
-    store_split<T>(i < L ? sm.Pf[i * LDM + j] : 0.f, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+    const float p = i < L && j <= i ? kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
+    store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
   }
   const T* v_new = static_cast<const T*>(a.v_new);
   for (int e = tid; e < C * kOutputCols; e += kChunkThreads) {

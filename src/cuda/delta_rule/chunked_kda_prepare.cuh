@@ -1,9 +1,12 @@
 // KDA chunked stage 1 ("prepare"), one block of 128 threads (4 warps) per (chunk, value head):
 //   G = per-channel cumsum(g),  M_ij = beta_i sum_d k_id k_jd exp(G_id - G_jd) (i > j),
-//   A = (I + M)^{-1},  w = A (beta exp(G) o k),  u = A (beta v).
-// Writes G [rows, HV, K], A, w, u (layouts: chunked_kda.h).
+//   A = (I + M)^{-1},  w = A (beta exp(G) o k),  u = A (beta v),
+//   P_ij = sum_d q_id k_jd exp(G_id - G_jd) (j <= i; the output's decayed q k^T).
+// Writes G [rows, HV, K], A with P^T packed into its upper triangle, w, u (layouts: chunked_kda.h).
+// P is formed once here so that stage 3 and B1 (which runs over a sequence's chunks one after
+// another) read it instead of recomputing it.
 //
-// M comes from the fp32 sub-chunk product (chunked_kda_decay.cuh); the inverse is the GDN
+// M and P come from the fp32 sub-chunk product (chunked_kda_decay.cuh); the inverse is the GDN
 // stage's blocked one (chunked_prepare.cuh). w and u are tensor-core products with hi + lo
 // operand splits (three mmas per product, as chunked_prepare.cuh), warp wp owning rows
 // [16 wp, 16 wp + 16).
@@ -15,8 +18,8 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Region `work` holds the decayed product's scratch, then A (hi, lo) and the beta v piece.
-// K = 128: 170 KiB (one block per SM).
+// Region `work` holds the decayed products' scratch, then A (hi, lo) and the beta v piece; M
+// holds P once the inverse is done. K = 128: 202 KiB (one block per SM).
 template <typename T, int KMAX>
 struct KdaPrepareSmem {
   static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1, LDU = 64 + 8;
@@ -26,7 +29,8 @@ struct KdaPrepareSmem {
           : 4 * C * LDA * static_cast<int64_t>(sizeof(T));  // a_hi, a_lo, ub, ub_lo (LDU == LDA)
   float* G;     // [C][LDG] cumulative gate
   float* kf;    // [C][LDG] k (normalized), fp32
-  float* M;     // [C][LDM]
+  float* qf;    // [C][LDG] q (normalized), fp32
+  float* M;     // [C][LDM] M, then P
   float* A;     // [C][LDM]
   float* tmp;   // [16][48] (the inverse's scratch)
   float* beta;  // [C]
@@ -34,7 +38,7 @@ struct KdaPrepareSmem {
   float* stage;   // region `work`: [C][KMAX + 1]
   T *a_hi, *a_lo, *ub, *ub_lo;  // region `work`: [C][LDA] each
   static constexpr int64_t bytes() {
-    return sizeof(float) * (2 * C * LDG + 2 * C * LDM + 16 * 48 + C) + sizeof(T) * 2 * C * LDK + kWorkBytes;
+    return sizeof(float) * (3 * C * LDG + 2 * C * LDM + 16 * 48 + C) + sizeof(T) * 2 * C * LDK + kWorkBytes;
   }
   __device__ explicit KdaPrepareSmem(unsigned char* raw) {
     stage = reinterpret_cast<float*>(raw);  // kWorkBytes: a multiple of 16
@@ -44,7 +48,8 @@ struct KdaPrepareSmem {
     ub_lo = ub + C * LDA;
     G = reinterpret_cast<float*>(raw + kWorkBytes);
     kf = G + C * LDG;
-    M = kf + C * LDG;
+    qf = kf + C * LDG;
+    M = qf + C * LDG;
     A = M + C * LDM;
     tmp = A + C * LDM;
     beta = tmp + 16 * 48;
@@ -72,6 +77,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
     sm.kf[r * LDG + d] = x;
     store_split<T>(sm.beta[r] * expf(sm.G[r * LDG + d]) * x, &sm.wb[r * LDK + d], &sm.wb_lo[r * LDK + d]);
   });
+  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.qf[r * LDG + d] = x; });
   __syncthreads();
 
   // M = diag(beta) StrictLower(decayed k k^T); rows past L are zero.
@@ -84,11 +90,16 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   __syncthreads();
   invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
 
-  // A to the intermediates (rows < L) and as hi + lo (in `work`: the product's scratch is free).
+  // P where M was (the inverse ended with a barrier); rows past L are zero (q is).
+  auto qx = [&](int r, int d) { return sm.qf[r * LDG + d]; };
+  kda_decayed_lower<KMAX>(qx, kx, sm.G, LDG, true, sm.M, LDM, sm.stage);
+
+  // Row i < L of the intermediate: A_ij for j < i, P_ji for j >= i (chunked_kda.h); A as hi + lo
+  // in `work` (the products' scratch is free).
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     const float x = sm.A[i * LDM + j];
-    if (a.A && i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = x;
+    if (i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = j < i ? x : sm.M[j * LDM + i];
     store_split<T>(x, &sm.a_hi[i * LDA + j], &sm.a_lo[i * LDA + j]);
   }
   __syncthreads();

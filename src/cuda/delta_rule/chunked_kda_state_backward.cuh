@@ -6,49 +6,32 @@
 // Writes dh per chunk, dv_new (fp32) and dh0; needs G and w (stage 1).
 //
 // As the GDN stage (chunked_state_backward.cuh): dh lives in mma accumulators, operands split
-// hi + lo; P is the fp32 sub-chunk product (chunked_kda_decay.cuh). q and k are kept split in
-// shared memory, read as hi + lo by the product, then transformed in place into
-// scale q o exp(G) and k o exp(G_last - G).
+// hi + lo. P comes from stage 1 (packed in A's upper triangle, chunked_kda.h).
 #pragma once
 
-#include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
-#include "chunked_state.cuh"  // kStateCols
+#include "chunked_kda_output.cuh"  // kda_packed_P
+#include "chunked_state.cuh"       // kStateCols
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Region `work`: the decayed product's scratch, then scale P (hi, lo) and -dv_new (hi, lo).
-// K = 128: 191 KiB (one block per SM).
+// K = 128: 135 KiB (one block per SM).
 template <typename T, int KMAX>
 struct KdaStateBackwardSmem {
-  static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDH = kStateCols + 8, LDP = C + 8,
-                       LDM = C + 1;
-  static constexpr int64_t kSecond = static_cast<int64_t>(sizeof(T)) * (2 * C * LDP + 2 * C * LDH);
-  static constexpr int64_t kWorkBytes =
-      kda_decay_stage_bytes<KMAX>() > kSecond ? kda_decay_stage_bytes<KMAX>() : ((kSecond + 15) / 16) * 16;
-  T *qs, *qs_lo;    // [C][LDK] q, then scale q o exp(G)
-  T *ks, *ks_lo;    // [C][LDK] k, then k o exp(G_last - G)
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDH = kStateCols + 8, LDP = C + 8;
+  T *qs, *qs_lo;    // [C][LDK] scale q o exp(G)
+  T *ks, *ks_lo;    // [C][LDK] k o exp(G_last - G)
   T* ws;            // [C][LDK] w
   T* dos;           // [C][LDH] do slice
   T *dhs, *dhs_lo;  // [KMAX][LDH] dh
-  float* G;         // [C][LDG]
-  float* Pf;        // [C][LDM]
-  float* stage;     // region `work`
-  T *Ps, *Ps_lo;    // [C][LDP] region `work`
-  T *nd, *nd_lo;    // [C][LDH] region `work`
+  T *Ps, *Ps_lo;    // [C][LDP] scale P
+  T *nd, *nd_lo;    // [C][LDH] -dv_new
+  float* Gl;        // [KMAX] G_{L-1} per channel
   static constexpr int64_t bytes() {
-    return kWorkBytes + sizeof(float) * (C * LDG + C * LDM) +
-           sizeof(T) * (5 * C * LDK + C * LDH + 2 * KMAX * LDH);
+    return sizeof(T) * (5 * C * LDK + C * LDH + 2 * KMAX * LDH + 2 * C * LDP + 2 * C * LDH) + sizeof(float) * KMAX;
   }
   __device__ explicit KdaStateBackwardSmem(unsigned char* raw) {
-    stage = reinterpret_cast<float*>(raw);
-    Ps = reinterpret_cast<T*>(raw);
-    Ps_lo = Ps + C * LDP;
-    nd = Ps_lo + C * LDP;
-    nd_lo = nd + C * LDH;
-    G = reinterpret_cast<float*>(raw + kWorkBytes);
-    Pf = G + C * LDG;
-    qs = reinterpret_cast<T*>(Pf + C * LDM);
+    qs = reinterpret_cast<T*>(raw);
     qs_lo = qs + C * LDK;
     ks = qs_lo + C * LDK;
     ks_lo = ks + C * LDK;
@@ -56,14 +39,18 @@ struct KdaStateBackwardSmem {
     dos = ws + C * LDK;
     dhs = dos + C * LDH;
     dhs_lo = dhs + KMAX * LDH;
+    Ps = dhs_lo + KMAX * LDH;
+    Ps_lo = Ps + C * LDP;
+    nd = Ps_lo + C * LDP;
+    nd_lo = nd + C * LDH;
+    Gl = reinterpret_cast<float*>(nd_lo + C * LDH);
   }
 };
 
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(ChunkedArgs a) {
   using S = KdaStateBackwardSmem<T, KMAX>;
-  constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDH = S::LDH, LDP = S::LDP, LDM = S::LDM,
-                MT = KMAX / 64, NT = kStateCols / 8;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH, LDP = S::LDP, MT = KMAX / 64, NT = kStateCols / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
@@ -100,37 +87,27 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
           dhc[d * a.V + col0 + col] = dh[mt][nt][e];
           store_split<T>(dh[mt][nt][e], &sm.dhs[d * LDH + col], &sm.dhs_lo[d * LDH + col]);
         }
-    kda_read_gate<KMAX>(a.G, ci, row0, hv, a.HV, sm.G, LDG);
-    for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
-      store_split<T>(x, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
-    });
-    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
-      store_split<T>(x, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
-    });
+    auto G_at = [&](int r, int d) { return a.G[((row0 + r) * a.HV + hv) * a.K + d]; };
+    if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
     for (int e = tid; e < C * KMAX; e += kChunkThreads) {
       const int r = e / KMAX, d = e % KMAX;
       sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
     }
     for_each_value_row<T>(a.dout, ci, hv, col0, kStateCols,
                           [&](int r, int col, float x) { sm.dos[r * LDH + col] = from_f<T>(x); });
-    __syncthreads();
-
-    auto qx = [&](int r, int d) { return to_f<T>(sm.qs[r * LDK + d]) + to_f<T>(sm.qs_lo[r * LDK + d]); };
-    auto kx = [&](int r, int d) { return to_f<T>(sm.ks[r * LDK + d]) + to_f<T>(sm.ks_lo[r * LDK + d]); };
-    kda_decayed_lower<KMAX>(qx, kx, sm.G, LDG, true, sm.Pf, LDM, sm.stage);
-
-    // scale P split (rows past L zero); in place q -> scale q o exp(G), k -> k o exp(G_last - G).
-    const float* Gl = sm.G + (L - 1) * LDG;
     for (int e = tid; e < C * C; e += kChunkThreads) {
       const int i = e / C, j = e % C;
-      store_split<T>(i < L ? a.scale * sm.Pf[i * LDM + j] : 0.f, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
+      const float p = i < L && j <= i ? a.scale * kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
+      store_split<T>(p, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
     }
-    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
-      const int r = e / KMAX, d = e % KMAX, at = r * LDK + d;
-      const float qv = qx(r, d), kv = kx(r, d), g = sm.G[r * LDG + d];
-      store_split<T>(r < L ? a.scale * expf(g) * qv : 0.f, &sm.qs[at], &sm.qs_lo[at]);
-      store_split<T>(r < L ? kv * expf(Gl[d] - g) : 0.f, &sm.ks[at], &sm.ks_lo[at]);
-    }
+    __syncthreads();
+    // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
+    for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
+      store_split<T>(r < L ? a.scale * expf(G_at(r, d)) * x : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+    });
+    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
+      store_split<T>(r < L ? x * expf(sm.Gl[d] - G_at(r, d)) : 0.f, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
+    });
     __syncthreads();
 
     // dv_new = kd dh + (scale P)^T do: warp wp, rows [16 wp, +16), the slice's 32 columns.
@@ -168,7 +145,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= expf(Gl[state_row(mt, e)]);
+        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= expf(sm.Gl[state_row(mt, e)]);
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
         const int m0 = 16 * (wp + 4 * mt);

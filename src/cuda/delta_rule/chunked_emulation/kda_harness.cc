@@ -221,7 +221,7 @@ int run(const Case& c) {
   launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); });
 
   // Stage by stage against the CPU chunked reference (float64) per (sequence, value head).
-  Pairs pG, pA, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
+  Pairs pG, pA, pP, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
   double h0mis = 0;
   std::vector<double> rdq(rows * H * K, 0.0), rdk(rows * H * K, 0.0);
   for (int64_t n = 0; n < N; ++n) {
@@ -278,6 +278,13 @@ int run(const Case& c) {
           pdg.add(bdg.at((row * HV + j) * K + d), bt.dg[t * K + d]);
         }
         for (int64_t jj = 0; jj < i; ++jj) pA.add(A.at((row * HV + j) * 64 + jj), f.A[(ci * 64 + i) * 64 + jj]);
+        for (int64_t jj = 0; jj <= i; ++jj) {  // P_{i,jj}, packed at row jj, column i
+          const int64_t tj = ci * 64 + jj;
+          double p = 0;
+          for (int64_t d = 0; d < K; ++d)
+            p += hi.q[t * K + d] * hi.k[tj * K + d] * std::exp(f.G[t * K + d] - f.G[tj * K + d]);
+          pP.add(A.at(((row0 + tj) * HV + j) * 64 + i), p);
+        }
         for (int64_t e = 0; e < V; ++e) {
           const int64_t at = (row * HV + j) * V + e;
           pu.add(u.at(at), f.u[t * V + e]), pvn.add(vn.at(at), f.v_new[t * V + e]), po.add(bo.at(at), f.o[t * V + e]);
@@ -295,8 +302,8 @@ int run(const Case& c) {
         pdq.add(bdq.at(at), rdq[at]), pdk.add(bdk.at(at), rdk[at]);
       }
   }
-  std::printf("%-36s G %.2e A %.2e w %.2e u %.2e h %.2e v_new %.2e ht %.2e o %.2e\n", c.name, pG.rel(), pA.rel(),
-              pw.rel(), pu.rel(), ph.rel(), pvn.rel(), pht.rel(), po.rel());
+  std::printf("%-36s G %.2e A %.2e P %.2e w %.2e u %.2e h %.2e v_new %.2e ht %.2e o %.2e\n", c.name, pG.rel(), pA.rel(),
+              pP.rel(), pw.rel(), pu.rel(), ph.rel(), pvn.rel(), pht.rel(), po.rel());
   std::printf("%-36s B1: dh %.2e dv_new %.2e dh0 %.2e  B2: dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e\n", "",
               pdh.rel(), pdvn.rel(), pdh0.rel(), pdq.rel(), pdk.rel(), pdv.rel(), pdb.rel(), pdg.rel());
 
@@ -320,7 +327,7 @@ int run(const Case& c) {
   auto bar = [&](const char* what, const Pairs& p, double b) {  // !(x <= b) also catches NaN
     if (p.n && !(p.rel() <= b)) std::printf("  FAIL %s: %.3e > %g\n", what, p.rel(), b), ++fails;
   };
-  bar("G", pG, 1e-5), bar("A", pA, 5e-3), bar("w", pw, 5e-3), bar("u", pu, 5e-3), bar("h", ph, 5e-3);
+  bar("G", pG, 1e-5), bar("A", pA, 5e-3), bar("P", pP, 5e-3), bar("w", pw, 5e-3), bar("u", pu, 5e-3), bar("h", ph, 5e-3);
   bar("v_new", pvn, 5e-3), bar("final h", pht, 5e-3), bar("o", po, 5e-3);
   bar("dh", pdh, 8e-3), bar("dv_new", pdvn, 8e-3), bar("dh0", pdh0, 8e-3);
   bar("dq", pdq, 8e-3), bar("dk", pdk, 8e-3), bar("dv", pdv, 8e-3), bar("dbeta", pdb, 2e-2), bar("dg", pdg, 2e-2);
