@@ -69,15 +69,22 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, u
     sm90::tma_load_4d(dst, map, bar, d0, head, row, batch);
 }
 
-// S (scaled, masked, softcapped on general tiles) -> P = exp2(S - max), online-softmax update of
+// How a key block's scores are prepared: the full-tile short path (raw S, scale folded into the
+// exponent), masked (scale, then -inf outside the per-row key range), or masked and softcapped.
+// Three paths so that the common diagonal tile does not carry the softcap code (tanh, divisions:
+// ~80 instructions per element) through the instruction cache.
+enum WgmmaScoreMode : int { kScoresFull = 0, kScoresMasked = 1, kScoresSoftcap = 2 };
+
+// S (scaled, masked, softcapped as the mode says) -> P = exp2(S - max), online-softmax update of
 // this thread's two rows (g and g + 8 of its warp's 16); `rescale` receives the factor O must be
 // multiplied by (done by the caller once the previous P V has left the tensor cores). On the short
 // path (full tile, no softcap, positive scale) S is raw and the scale folds into the exponent, as
 // in the mma.sync kernel.
-template <bool kGeneral, int BN>
+template <int kMode, int BN>
 __device__ __forceinline__ void wgmma_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                     float (&rescale)[2], const AttentionKernelParams& p,
                                                     const MaskView& mask, int row0, int n0, int t) {
+  constexpr bool kGeneral = kMode != kScoresFull;
   const float scale_log2 = p.scale * kLog2e;
   if constexpr (kGeneral) {
 #pragma unroll
@@ -92,7 +99,7 @@ __device__ __forceinline__ void wgmma_softmax_block(float (&s)[BN / 2], float (&
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           float x = s[4 * nt + 2 * r + c];
-          if (p.softcap_method != kSoftcapOff) {
+          if constexpr (kMode == kScoresSoftcap) {
             float unused;
             x = apply_softcap(p.softcap_method, p.softcap, x * p.scale, unused) * kLog2e;
           } else {
@@ -310,10 +317,13 @@ __global__ void __launch_bounds__(384, 1)
       sm90::wgmma_commit();
     };
     auto softmax = [&](float (&sc)[BN / 2], float (&rescale)[2], int tile_cls, int block) {
+      const int row0 = m0 + row_in_block, n0 = block * BN;
       if (tile_cls == kTileFull && short_path_ok)
-        wgmma_softmax_block<false, BN>(sc, row_max, row_sum, rescale, p, w.mask, m0 + row_in_block, block * BN, t4);
+        wgmma_softmax_block<kScoresFull, BN>(sc, row_max, row_sum, rescale, p, w.mask, row0, n0, t4);
+      else if (p.softcap_method == kSoftcapOff)
+        wgmma_softmax_block<kScoresMasked, BN>(sc, row_max, row_sum, rescale, p, w.mask, row0, n0, t4);
       else
-        wgmma_softmax_block<true, BN>(sc, row_max, row_sum, rescale, p, w.mask, m0 + row_in_block, block * BN, t4);
+        wgmma_softmax_block<kScoresSoftcap, BN>(sc, row_max, row_sum, rescale, p, w.mask, row0, n0, t4);
     };
 
     // Pipeline per key block j (P(j) already in registers):
