@@ -97,12 +97,8 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   const int mblocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (mblocks == 0 || p.num_seqs == 0) return;
   auto kernel = attention_forward_wgmma_kernel<T, D, kPingpong>;
-  static const bool smem_set = [&] {
-    FLASHGRAD_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    return true;
-  }();
-  (void)smem_set;
+  // Every call, as the mma.sync launchers do: the attribute is per device.
+  FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const int64_t tiles = static_cast<int64_t>(p.num_seqs) * mblocks * p.heads_q;
   int64_t ctas = tiles;
   const char* persistent = std::getenv("FLASHGRAD_ATTN_WGMMA_PERSISTENT");
