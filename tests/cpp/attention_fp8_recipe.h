@@ -48,7 +48,8 @@ struct Fp8Config {
   bool with_dlse = false;
   float z_loss = 0.f;
   DType out_dtype = DType::bf16;
-  float input_std = 1.f;  // q, k, v ~ N(0, input_std^2) before quantization
+  float input_std = 1.f;
+  bool deterministic = false;  // backward: the kernels' deterministic dq  // q, k, v ~ N(0, input_std^2) before quantization
 };
 
 struct Fp8Outputs {

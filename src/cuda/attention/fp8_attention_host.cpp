@@ -1,10 +1,12 @@
 // FP8 (e4m3) attention on the CUDA backend: workspace layout and launch order (docs/fp8.md).
 //   forward:  transpose_v (vt) -> forward kernel
 //   backward: zero dq_accum and amax -> pre-pass (Delta/shift/lse_log2, amax, q16; then dO8; k16)
-//             -> main kernel (dk, dv, dq_accum) -> dq = scale dq_accum (the 16-bit dq convert)
+//             -> main kernel (dk, dv, dq_accum) -> dq = scale dq_accum (the 16-bit dq convert);
+//             deterministic: the main kernel skips dq and the dq kernel writes it (no dq_accum)
 // Workspace, each piece 256-byte aligned, in this order:
 //   forward:  vt     uint8 [Hk, D, vt_cols]             (fp8_fragments.cuh: vt_columns)
-//   backward: lse_log2, delta_shift float [Hq, total_q]; dq_accum float [total_q, Hq, D];
+//   backward: lse_log2, delta_shift float [Hq, total_q]; dq_accum float [total_q, Hq, D] (none
+//             when deterministic);
 //             dout_amax float [N, Hq]; dout8 uint8 [total_q, Hq, D]; q16 [total_q, Hq, D] and
 //             k16 [total_k, Hk, D] in the output dtype.
 #include "fp8_attention_host.h"
@@ -14,7 +16,6 @@
 #include "attention_launch.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
-#include "flashgrad/status.h"
 #include "fp8_fragments.cuh"
 #include "fp8_launch.h"
 
@@ -34,11 +35,11 @@ struct BackwardSizes {
   std::size_t total() const { return 2 * lse + dq_accum + amax + dout8 + q16 + k16; }
 };
 
-BackwardSizes backward_sizes(const AttentionProblem& pr) {
+BackwardSizes backward_sizes(const AttentionParams& p, const AttentionProblem& pr) {
   const auto q_elems = static_cast<std::size_t>(pr.total_q * pr.heads_q * pr.head_dim);
   BackwardSizes s;
   s.lse = align_up(static_cast<std::size_t>(pr.heads_q * pr.total_q) * sizeof(float));
-  s.dq_accum = align_up(q_elems * sizeof(float));
+  s.dq_accum = p.deterministic ? 0 : align_up(q_elems * sizeof(float));
   s.amax = align_up(static_cast<std::size_t>(pr.num_seqs * pr.heads_q) * sizeof(float));
   s.dout8 = align_up(q_elems);
   s.q16 = align_up(q_elems * 2);
@@ -86,16 +87,12 @@ void fp8_attention_forward(const AttentionParams& p, const AttentionProblem& pr,
 void fp8_attention_backward(const AttentionParams& p, const AttentionProblem& pr,
                             const cuda_attn::AttentionKernelParams& k, bool out_bf16, Workspace ws,
                             cudaStream_t stream) {
-  if (p.deterministic)
-    throw_unsupported("attention_backward", "deterministic",
-                      "the CUDA float8_e4m3fn backward accumulates dq with fp32 atomics and has no "
-                      "deterministic mode yet; use deterministic = false");
   Fp8KernelParams f;
   f.base = k;
   f.out_bf16 = out_bf16;
   set_descales(f, p);
   f.total_k = pr.total_k;
-  const BackwardSizes s = backward_sizes(pr);
+  const BackwardSizes s = backward_sizes(p, pr);
   cuda_detail::ScratchBuffer scratch(ws, s.total(), stream);
   f.base.lse_log2 = scratch.take<float>(s.lse);
   f.base.delta_shift = scratch.take<float>(s.lse);
@@ -104,17 +101,21 @@ void fp8_attention_backward(const AttentionParams& p, const AttentionProblem& pr
   f.dout8 = scratch.take<uint8_t>(s.dout8);
   f.q16 = scratch.take<void>(s.q16);
   f.k16 = scratch.take<void>(s.k16);
-  // dq_accum and dout_amax are adjacent: one memset zeroes both.
+  // dq_accum (empty when deterministic) and dout_amax are adjacent: one memset zeroes both.
   FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(f.base.dq_accum, 0, s.dq_accum + s.amax, stream));
   const int hd = static_cast<int>(pr.head_dim);
   cuda_attn::launch_fp8_backward_prepass(f, hd, stream);
   pick(pr.head_dim, cuda_attn::launch_fp8_backward_main_hd64, cuda_attn::launch_fp8_backward_main_hd128,
        cuda_attn::launch_fp8_backward_main_hd256)(f, stream);
-  cuda_attn::launch_dq_convert(f.base, hd, out_bf16, stream);
+  if (p.deterministic)
+    pick(pr.head_dim, cuda_attn::launch_fp8_backward_dq_hd64, cuda_attn::launch_fp8_backward_dq_hd128,
+         cuda_attn::launch_fp8_backward_dq_hd256)(f, stream);
+  else
+    cuda_attn::launch_dq_convert(f.base, hd, out_bf16, stream);
 }
 
-std::size_t fp8_attention_workspace_bytes(const AttentionParams&, const AttentionProblem& pr, Pass pass) {
-  return pass == Pass::forward ? vt_bytes(pr) : backward_sizes(pr).total();
+std::size_t fp8_attention_workspace_bytes(const AttentionParams& p, const AttentionProblem& pr, Pass pass) {
+  return pass == Pass::forward ? vt_bytes(pr) : backward_sizes(p, pr).total();
 }
 
 }  // namespace flashgrad::cuda

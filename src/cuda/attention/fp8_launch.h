@@ -1,5 +1,5 @@
 // Host-side launchers of the FP8 (e4m3) attention kernels. One translation unit per head dim
-// (fp8_attention_hd*.cu: forward and backward main kernels) plus fp8_prepass.cu (the transposed V
+// (fp8_attention_hd*.cu: forward, backward main and deterministic dq kernels) plus fp8_prepass.cu (the transposed V
 // copy and the backward's pre-pass).
 #pragma once
 
@@ -24,5 +24,10 @@ void launch_fp8_forward_hd256(const Fp8KernelParams& p, cudaStream_t stream);
 void launch_fp8_backward_main_hd64(const Fp8KernelParams& p, cudaStream_t stream);
 void launch_fp8_backward_main_hd128(const Fp8KernelParams& p, cudaStream_t stream);
 void launch_fp8_backward_main_hd256(const Fp8KernelParams& p, cudaStream_t stream);
+
+// Deterministic dq (p.base.deterministic; writes p.base.dq directly).
+void launch_fp8_backward_dq_hd64(const Fp8KernelParams& p, cudaStream_t stream);
+void launch_fp8_backward_dq_hd128(const Fp8KernelParams& p, cudaStream_t stream);
+void launch_fp8_backward_dq_hd256(const Fp8KernelParams& p, cudaStream_t stream);
 
 }  // namespace flashgrad::cuda_attn

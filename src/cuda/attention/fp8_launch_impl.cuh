@@ -4,6 +4,7 @@
 
 #include "attention_launch_impl.cuh"
 #include "fp8_backward_kernel.cuh"
+#include "fp8_dq_kernel.cuh"
 #include "fp8_forward_kernel.cuh"
 #include "fp8_launch.h"
 
@@ -33,9 +34,21 @@ void launch_backward_main(const Fp8KernelParams& p, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
+template <typename T, int D>
+void launch_backward_dq(const Fp8KernelParams& p, cudaStream_t stream) {
+  using Cfg = Fp8DqConfig<D>;
+  const int mblocks = (p.base.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  if (mblocks == 0 || p.base.num_seqs == 0) return;
+  auto kernel = fp8_attention_dq_kernel<T, D>;
+  allow_large_smem(kernel, Cfg::kSmemBytes);
+  kernel<<<attention_grid(p.base.num_seqs, mblocks, p.base.heads_q), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      p, mblocks);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace flashgrad::cuda_attn::fp8
 
-// Defines launch_fp8_forward_hd<D> and launch_fp8_backward_main_hd<D>.
+// Defines launch_fp8_forward_hd<D>, launch_fp8_backward_main_hd<D> and launch_fp8_backward_dq_hd<D>.
 #define FLASHGRAD_FP8_ATTENTION_LAUNCHERS(D)                                                    \
   namespace flashgrad::cuda_attn {                                                              \
   void launch_fp8_forward_hd##D(const Fp8KernelParams& p, cudaStream_t s) {                     \
@@ -44,5 +57,9 @@ void launch_backward_main(const Fp8KernelParams& p, cudaStream_t stream) {
   void launch_fp8_backward_main_hd##D(const Fp8KernelParams& p, cudaStream_t s) {               \
     p.out_bf16 ? fp8::launch_backward_main<__nv_bfloat16, D>(p, s)                              \
                : fp8::launch_backward_main<__half, D>(p, s);                                    \
+  }                                                                                             \
+  void launch_fp8_backward_dq_hd##D(const Fp8KernelParams& p, cudaStream_t s) {                 \
+    p.out_bf16 ? fp8::launch_backward_dq<__nv_bfloat16, D>(p, s)                                \
+               : fp8::launch_backward_dq<__half, D>(p, s);                                      \
   }                                                                                             \
   }

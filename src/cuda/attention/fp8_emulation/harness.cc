@@ -226,6 +226,7 @@ inline uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
 }  // namespace flashgrad::cuda_attn::fp8
 
 #include "fp8_backward_kernel.cuh"
+#include "fp8_dq_kernel.cuh"
 #include "fp8_forward_kernel.cuh"
 #include "fp8_prepass_kernels.cuh"
 
@@ -364,6 +365,7 @@ Fp8Outputs run_emulated(Fp8Case& c) {
     p.dlse_row_stride = p.lse_row_stride;
   }
   p.z_loss_weight = cfg.z_loss;
+  p.deterministic = cfg.deterministic;
   std::vector<float> lse_log2(int64_t{cfg.hq} * c.tq, NAN), shift(lse_log2.size(), NAN),
       dq_accum(c.q8.size(), 0.f), amax(int64_t{c.n} * cfg.hq, 0.f);
   std::vector<uint8_t> dout8(c.q8.size(), 0xff);
@@ -394,12 +396,21 @@ Fp8Outputs run_emulated(Fp8Case& c) {
            [&] { fp8::fp8_attention_backward_kernel<__nv_bfloat16, D>(f, nblocks); });
   else
     launch(c.n * nblocks, cfg.hk, BCfg::kThreads, [&] { fp8::fp8_attention_backward_kernel<__half, D>(f, nblocks); });
-  // dq = scale * dq_accum, rounded (what launch_dq_convert does).
   Fp8Outputs r;
   r.out = decode16(odt, out);
   r.lse = lse;
-  r.dq.resize(dq_accum.size());
-  for (size_t i = 0; i < dq_accum.size(); ++i) r.dq[i] = fp8_test::round_out(odt, dq_accum[i] * p.scale);
+  if (cfg.deterministic) {
+    using QCfg = fp8::Fp8DqConfig<D>;
+    const int qblocks = (c.max_q + QCfg::kBlockM - 1) / QCfg::kBlockM;
+    if (bf16)
+      launch(c.n * qblocks, cfg.hq, QCfg::kThreads, [&] { fp8::fp8_attention_dq_kernel<__nv_bfloat16, D>(f, qblocks); });
+    else
+      launch(c.n * qblocks, cfg.hq, QCfg::kThreads, [&] { fp8::fp8_attention_dq_kernel<__half, D>(f, qblocks); });
+    r.dq = decode16(odt, dq);
+  } else {  // dq = scale * dq_accum, rounded (what launch_dq_convert does)
+    r.dq.resize(dq_accum.size());
+    for (size_t i = 0; i < dq_accum.size(); ++i) r.dq[i] = fp8_test::round_out(odt, dq_accum[i] * p.scale);
+  }
   r.dk = decode16(odt, dk);
   r.dv = decode16(odt, dv);
   return r;
@@ -486,6 +497,18 @@ int main(int argc, char** argv) {
     c.z_loss = 0.5f;
     c.out_dtype = DType::f16;
     add("causal Sq>Sk softcap tanh dlse z-loss fp16 out d128", c);
+  }
+  for (int d : {64, 256}) {
+    Fp8Config c;
+    c.d = d;
+    c.lens_q = {37, 0, 80, 5};
+    c.lens_k = {53, 0, 80, 0};
+    c.hq = 4;
+    c.hk = 2;
+    c.mask = MaskKind::causal;
+    c.deterministic = true;
+    c.softcap = d == 256 ? 5.f : 0.f;
+    add("deterministic varlen causal d" + std::to_string(d) + (d == 256 ? " softcap" : ""), c);
   }
   {
     Fp8Config c;
