@@ -2,20 +2,23 @@
 // per-chunk gradients of src/reference/delta_rule/chunked_backward.cpp (ChunkBackward) with
 // per-channel gates, given h_c, v_new (stage 2), dh_{c+1}, dv_new (B1), A and G (stage 1).
 //
-// CORRECTNESS-FIRST VERSION: fp32 on CUDA cores; every (row r, channel d) element of dq, dk, dG
-// and dw is owned by one thread in every phase (e = tid + 128 m, r = e / K, d = e % K), so those
-// accumulators need no atomics. [64, V] and [K, V] operands are read from global memory (L2).
+// The contractions over V (dP, X, Y, Z, dA below) and over K (dw Wb^T) run on tensor cores
+// (kda_mma::contract_rows, operands split hi + lo unless exact in T) through a staging area that
+// is A's shared array until A is needed (phase D). The per-channel decayed sums (aq, ak, bm, ck)
+// and the rest are fp32 on CUDA cores, one exp per term (the correctness-first part). Every
+// (row r, channel d) element of dk, dG and dw is owned by one thread in the elementwise phases
+// (e = tid + 128 m, r = e / K, d = e % K), so those accumulators need no atomics.
 // Shared memory at K = 128: q, k, G, dk, dG, dw (6 x 32 KiB) + A and one 64 x 64 matrix: 225 KiB.
 //
 // Notation (one chunk, rows i, j, r < L, channel d, Gam_ijd = exp(G_id - G_jd) for j <= i,
 // gl_d = G_{L-1,d}, e_rd = exp(G_rd); dG is dL/dG, per channel):
 //   A. dP_ij = scale do_i . v_new_j (j <= i)
-//   B. X_rd = v_new_r . dh_{c+1}[d], Y_rd = do_r . h_c[d], Z_rd = dv_new_r . h_c[d]
+//   B. X = v_new dh_{c+1}^T, Y = do h_c^T, Z = dv_new h_c^T  (64 x K each; dh_{c+1}, h_c are K x V)
 //      aq_rd = sum_{j<=r} dP_rj k_jd Gam_rjd,   ak_rd = sum_{i>=r} dP_ir q_id Gam_ird
 //      dq = scale Y e + aq;  dk = X exp(gl - G) + ak;  dw = -Z
 //      dG = q o dq - s - k o ak,  s_rd = X_rd k_rd exp(gl_d - G_rd);  dG_{L-1,d} += sum_r s_rd
 //      + exp(gl_d) <h_c[d], dh_{c+1}[d]> (added in G)
-//   C. dA_ij = beta_j (dv_new_i . v_j) + dw_i . (beta_j e_j o k_j)   (j <= i)
+//   C. dA = Lower_incl(dv_new (beta v)^T + dw Wb^T),  Wb = beta e o k
 //   D. dWb = A^T dw:  dk += beta e dWb,  dbeta += rowsum(e k dWb),  dG += beta e k dWb
 //      dUb = A^T dv_new:  dv = beta dUb,  dbeta += v . dUb
 //   E. dM = -StrictLower(A^T dA A^T)
@@ -28,6 +31,7 @@
 #pragma once
 
 #include "chunked_kda_decay.cuh"
+#include "chunked_kda_mma.cuh"
 #include "chunked_stages.h"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -55,6 +59,17 @@ struct KdaGradsSmem {
     sl = dbeta + C;
   }
 };
+
+// Hands each element of a warp's 16 x 64 accumulator block (rows 16 wp.., columns n0 + 8 nt..) to
+// put(row, column, value).
+template <typename Put>
+__device__ __forceinline__ void store_acc64(const float (&acc)[8][4], int n0, Put&& put) {
+  const int wp = threadIdx.x / 32;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) put(16 * wp + mma::acc_row(e), n0 + 8 * nt + mma::acc_col(e), acc[nt][e]);
+}
 
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a) {
@@ -85,34 +100,47 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   kda_read_gate<KMAX>(a.G, ci, row0, hv, a.HV, sm.G, KMAX);
   for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * KMAX + d] = x; });
   for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    // Stage 1 packs P^T into A's upper triangle (chunked_kda.h): keep the strict lower part.
-    const float x = j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f);
-    sm.A[i * LDM + j] = i < L ? x : 0.f;
+  __syncthreads();
+
+  // A. dP = scale Lower_incl(do v_new^T); B. X, Y, Z by halves of 64 channels (into dk, dG, dw).
+  // Staging: A's array (A itself is loaded in phase D).
+  static_assert(kda_mma::contract_stage_bytes<T, 8>() <= sizeof(float) * C * LDM, "staging fits in A's array");
+  T* stage = reinterpret_cast<T*>(sm.A);
+  auto do_rows = [&](int r, int64_t col) { return r < L ? do_at(r, col) : 0.f; };
+  auto vn_rows = [&](int r, int64_t col) { return r < L ? vn_at(r, col) : 0.f; };
+  auto dvn_rows = [&](int r, int64_t col) { return r < L ? dvn_at(r, col) : 0.f; };
+  {
+    float acc[8][4] = {};
+    kda_mma::contract_rows<T, 8, false, false>(do_rows, vn_rows, V, stage, acc);
+    store_acc64(acc, 0, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? scale * x : 0.f; });
   }
-  // A. dP (j <= i < L).
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    float s = 0.f;
-    if (i < L && j <= i)
-      for (int64_t col = 0; col < V; ++col) s += do_at(i, col) * vn_at(j, col);
-    sm.mat[i * LDM + j] = scale * s;
+  for (int n0 = 0; n0 < KMAX; n0 += 64) {
+    auto h_rows = [&](int n, int64_t col) { return h[(n0 + n) * V + col]; };
+    auto dhn_rows = [&](int n, int64_t col) { return dhn[(n0 + n) * V + col]; };
+    {
+      float x[8][4] = {};
+      kda_mma::contract_rows<T, 8, false, true>(vn_rows, dhn_rows, V, stage, x);
+      store_acc64(x, n0, [&](int r, int d, float v) { sm.dk[r * KMAX + d] = v; });
+    }
+    {
+      float y[8][4] = {};
+      kda_mma::contract_rows<T, 8, false, true>(do_rows, h_rows, V, stage, y);
+      store_acc64(y, n0, [&](int r, int d, float v) { sm.dG[r * KMAX + d] = v; });
+    }
+    {
+      float z[8][4] = {};
+      kda_mma::contract_rows<T, 8, true, true>(dvn_rows, h_rows, V, stage, z);
+      store_acc64(z, n0, [&](int r, int d, float v) { sm.dw[r * KMAX + d] = v; });
+    }
   }
   __syncthreads();
 
-  // B. Products with h_c and dh_{c+1}; the output's decayed terms.
+  // B (cont.). The output's decayed terms and the elementwise part.
   for (int e = tid; e < C * KMAX; e += kChunkThreads) {
     const int r = e / KMAX, d = e % KMAX;
     float dq = 0.f, dk = 0.f, dG = 0.f, dw = 0.f;
     if (r < L) {
-      float X = 0.f, Y = 0.f, Z = 0.f;
-      for (int64_t col = 0; col < V; ++col) {
-        const float hd = h[d * V + col];
-        X += vn_at(r, col) * dhn[d * V + col];
-        Y += do_at(r, col) * hd;
-        Z += dvn_at(r, col) * hd;
-      }
+      const float X = sm.dk[e], Y = sm.dG[e], Z = sm.dw[e];
       float aq = 0.f, ak = 0.f;
       for (int j = 0; j <= r; ++j) aq += sm.mat[r * LDM + j] * sm.k[j * KMAX + d] * gam(r, j, d);
       for (int i = r; i < L; ++i) ak += sm.mat[i * LDM + r] * sm.q[i * KMAX + d] * gam(i, r, d);
@@ -145,16 +173,21 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     sm.q[e] = sm.beta[r] * expf(sm.G[r * KMAX + d]) * sm.k[e];
   }
   __syncthreads();
+  {
+    float acc[8][4] = {};
+    auto bv_rows = [&](int j, int64_t col) { return j < L ? sm.beta[j] * v_at(j, col) : 0.f; };
+    auto dw_rows = [&](int r, int64_t d) { return sm.dw[r * KMAX + d]; };
+    auto wb_rows = [&](int j, int64_t d) { return sm.q[j * KMAX + d]; };
+    kda_mma::contract_rows<T, 8, true, true>(dvn_rows, bv_rows, V, stage, acc);
+    kda_mma::contract_rows<T, 8, true, true>(dw_rows, wb_rows, KMAX, stage, acc);
+    store_acc64(acc, 0, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? x : 0.f; });
+  }
+  // A from stage 1 (the staging area is free). Stage 1 packs P^T into A's upper triangle
+  // (chunked_kda.h): keep the strict lower part, with the unit diagonal.
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
-    float s = 0.f;
-    if (i < L && j <= i) {
-      float dv_v = 0.f;
-      for (int64_t col = 0; col < V; ++col) dv_v += dvn_at(i, col) * v_at(j, col);
-      s = sm.beta[j] * dv_v;
-      for (int d = 0; d < KMAX; ++d) s += sm.dw[i * KMAX + d] * sm.q[j * KMAX + d];
-    }
-    sm.mat[i * LDM + j] = s;
+    const float x = j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f);
+    sm.A[i * LDM + j] = i < L ? x : 0.f;
   }
   __syncthreads();
 

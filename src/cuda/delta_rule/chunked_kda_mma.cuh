@@ -59,3 +59,63 @@ __device__ __forceinline__ void lower_times_split(const T* Lh, const T* Ll, int 
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
+
+namespace flashgrad::cuda_detail::delta_rule::kda_mma {
+
+// Bytes of `stage` that contract_rows needs for NB = 8 NT rows of Y.
+template <typename T, int NT>
+constexpr int64_t contract_stage_bytes() {
+  return static_cast<int64_t>(sizeof(T)) * 2 * (kChunkSize + 8 * NT) * 24;
+}
+
+// acc[nt] += sum_{c < ncols} x(16 wp + row, c) y(8 nt + n, c): the product X Y^T of a 64 x ncols X
+// and an (8 NT) x ncols Y given by loaders (float values; rows of X past the chunk must read 0),
+// on tensor cores 16 columns at a time through `stage` (shared memory, contract_stage_bytes).
+// XSPLIT / YSPLIT: split the operand hi + lo (values exact in T need no lo part). ncols is a
+// multiple of 16. Every thread of the block calls it; it begins and ends with a barrier.
+template <typename T, int NT, bool XSPLIT, bool YSPLIT, typename XF, typename YF>
+__device__ __forceinline__ void contract_rows(XF&& x, YF&& y, int64_t ncols, T* stage, float (&acc)[NT][4]) {
+  constexpr int C = kChunkSize, NB = 8 * NT, LD = 24;  // LD: 8 fragment rows hit distinct banks
+  T* xh = stage;
+  T* xl = xh + C * LD;
+  T* yh = xl + C * LD;
+  T* yl = yh + NB * LD;
+  const int tid = threadIdx.x, wp = tid / 32;
+  for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
+    __syncthreads();  // the previous piece's readers are done
+    for (int e = tid; e < C * 16; e += kChunkThreads) {
+      const int r = e / 16, c = e % 16;
+      const float v = x(r, c0 + c);
+      if (XSPLIT)
+        store_split<T>(v, &xh[r * LD + c], &xl[r * LD + c]);
+      else
+        xh[r * LD + c] = from_f<T>(v);
+    }
+    for (int e = tid; e < NB * 16; e += kChunkThreads) {
+      const int n = e / 16, c = e % 16;
+      const float v = y(n, c0 + c);
+      if (YSPLIT)
+        store_split<T>(v, &yh[n * LD + c], &yl[n * LD + c]);
+      else
+        yh[n * LD + c] = from_f<T>(v);
+    }
+    __syncthreads();
+    uint32_t ah[4], al[4];
+    mma::frag_a(xh, LD, 16 * wp, 0, ah);
+    if (XSPLIT) mma::frag_a(xl, LD, 16 * wp, 0, al);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t bh[2], bl[2];
+      mma::frag_b_trans(yh, LD, 0, 8 * nt, bh);
+      mma::mma16816<T>(acc[nt], ah, bh);
+      if (XSPLIT) mma::mma16816<T>(acc[nt], al, bh);
+      if (YSPLIT) {
+        mma::frag_b_trans(yl, LD, 0, 8 * nt, bl);
+        mma::mma16816<T>(acc[nt], ah, bl);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
