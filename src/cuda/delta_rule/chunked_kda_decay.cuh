@@ -106,3 +106,81 @@ __device__ __forceinline__ void kda_decayed_lower(XF&& x, YF&& y, const float* G
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Per-channel decayed sums of the backward (block-wide, fp32), for r < 64, d < KMAX:
+//   rows:  out_rd = sum_{j <= r} W_rj y_jd exp(G_rd - G_jd)      (j < r unless `inclusive`)
+//   cols:  out_rd = sum_{i >= r} W_ir x_id exp(G_id - G_rd)      (i > r unless `inclusive`)
+// W is [64][ldw] in shared memory (zero in rows past L), G [64][KMAX] (rows past L hold G_{L-1}),
+// x, y return fp32 values (0 past L). Both write `out` [64][KMAX] (every element), use `stage`
+// (16 * KMAX floats) and end with a barrier; the caller has one between writing the inputs and
+// the call. Element (r, d) is written only by thread (r * KMAX + d) % 128 in both helpers.
+//
+// Inside a 16-row sub-chunk one exp per term. Across sub-chunks, through the first row b = 16 I
+// of the later sub-chunk I (j < b <= r, resp. r < b <= i), so both factors are <= 1:
+//   rows: exp(G_rd - G_jd) = exp(G_rd - G_bd) exp(G_bd - G_jd)
+//   cols: exp(G_id - G_rd) = exp(G_id - G_bd) exp(G_bd - G_rd)
+// with the factor of the summed index folded into the staged operand.
+template <int KMAX, typename YF>
+__device__ __forceinline__ void kda_decayed_rows(const float* W, int ldw, YF&& y, const float* G, bool inclusive,
+                                                 float* out, float* stage) {
+  const int tid = threadIdx.x;
+  for (int e = tid; e < kChunkSize * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX, end = inclusive ? r : r - 1;
+    const float gr = G[r * KMAX + d];
+    float s = 0.f;
+    for (int j = r & ~15; j <= end; ++j) s += W[r * ldw + j] * y(j, d) * expf(gr - G[j * KMAX + d]);
+    out[e] = s;
+  }
+  for (int J = 0; J < 3; ++J)
+    for (int I = J + 1; I < 4; ++I) {
+      const int b = 16 * I;
+      __syncthreads();  // the previous pair's readers of `stage` are done
+      for (int e = tid; e < 16 * KMAX; e += kChunkThreads) {
+        const int jj = e / KMAX, d = e % KMAX, j = 16 * J + jj;
+        stage[e] = y(j, d) * expf(G[b * KMAX + d] - G[j * KMAX + d]);
+      }
+      __syncthreads();
+      for (int e = tid; e < 16 * KMAX; e += kChunkThreads) {
+        const int r = b + e / KMAX, d = e % KMAX;
+        float s = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) s += W[r * ldw + 16 * J + jj] * stage[jj * KMAX + d];
+        out[r * KMAX + d] += s * expf(G[r * KMAX + d] - G[b * KMAX + d]);
+      }
+    }
+  __syncthreads();
+}
+
+template <int KMAX, typename XF>
+__device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x, const float* G, bool inclusive,
+                                                 float* out, float* stage) {
+  const int tid = threadIdx.x;
+  for (int e = tid; e < kChunkSize * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX, end = (r & ~15) + 16;
+    const float gr = G[r * KMAX + d];
+    float s = 0.f;
+    for (int i = inclusive ? r : r + 1; i < end; ++i) s += W[i * ldw + r] * x(i, d) * expf(G[i * KMAX + d] - gr);
+    out[e] = s;
+  }
+  for (int I = 1; I < 4; ++I) {
+    const int b = 16 * I;
+    __syncthreads();
+    for (int e = tid; e < 16 * KMAX; e += kChunkThreads) {
+      const int i = b + e / KMAX, d = e % KMAX;
+      stage[e] = x(i, d) * expf(G[i * KMAX + d] - G[b * KMAX + d]);
+    }
+    __syncthreads();
+    for (int e = tid; e < b * KMAX; e += kChunkThreads) {  // rows r < b
+      const int r = e / KMAX, d = e % KMAX;
+      float s = 0.f;
+#pragma unroll
+      for (int ii = 0; ii < 16; ++ii) s += W[(b + ii) * ldw + r] * stage[ii * KMAX + d];
+      out[e] += s * expf(G[b * KMAX + d] - G[r * KMAX + d]);
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

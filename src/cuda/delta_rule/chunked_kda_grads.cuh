@@ -4,8 +4,9 @@
 //
 // The contractions over V (dP, X, Y, Z, dA below) and over K (dw Wb^T) run on tensor cores
 // (kda_mma::contract_rows, operands split hi + lo unless exact in T) through a staging area that
-// is A's shared array until A is needed (phase D). The per-channel decayed sums (aq, ak, bm, ck)
-// and the rest are fp32 on CUDA cores, one exp per term (the correctness-first part). Every
+// is A's shared array until A is needed (phase D). The per-channel decayed sums (aq, ak, bm, ck:
+// chunked_kda_decay.cuh's kda_decayed_rows / cols, 16-row sub-chunks, one exp per term only inside
+// a sub-chunk) and the rest are fp32 on CUDA cores. Every
 // (row r, channel d) element of dk, dG and dw is owned by one thread in the elementwise phases
 // (e = tid + 128 m, r = e / K, d = e % K), so those accumulators need no atomics.
 // Shared memory at K = 128: q, k, G, dk, dG, dw (6 x 32 KiB) + A and one 64 x 64 matrix: 225 KiB.
@@ -32,6 +33,8 @@
 
 #include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
+
+#include <type_traits>
 #include "chunked_stages.h"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -89,7 +92,6 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   auto dvn_at = [&](int i, int64_t col) { return a.dv_new[((row0 + i) * a.HV + hv) * V + col]; };
   auto do_at = [&](int i, int64_t col) { return load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + i, hv, col)); };
   auto v_at = [&](int i, int64_t col) { return load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)); };
-  auto gam = [&](int i, int j, int d) { return expf(sm.G[i * KMAX + d] - sm.G[j * KMAX + d]); };  // i >= j
 
   // Inputs of the chunk; zeroed accumulators.
   if (tid < C) {
@@ -102,8 +104,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
   __syncthreads();
 
-  // A. dP = scale Lower_incl(do v_new^T); B. X, Y, Z by halves of 64 channels (into dk, dG, dw).
-  // Staging: A's array (A itself is loaded in phase D).
+  // A. dP = scale Lower_incl(do v_new^T). Staging of the products and of the decayed sums: A's
+  // array (A itself is loaded at the end of phase C).
   static_assert(kda_mma::contract_stage_bytes<T, 8>() <= sizeof(float) * C * LDM, "staging fits in A's array");
   T* stage = reinterpret_cast<T*>(sm.A);
   auto do_rows = [&](int r, int64_t col) { return r < L ? do_at(r, col) : 0.f; };
@@ -114,48 +116,55 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     kda_mma::contract_rows<T, 8, false, false>(do_rows, vn_rows, V, stage, acc);
     store_acc64(acc, 0, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? scale * x : 0.f; });
   }
-  for (int n0 = 0; n0 < KMAX; n0 += 64) {
-    auto h_rows = [&](int n, int64_t col) { return h[(n0 + n) * V + col]; };
-    auto dhn_rows = [&](int n, int64_t col) { return dhn[(n0 + n) * V + col]; };
-    {
-      float x[8][4] = {};
-      kda_mma::contract_rows<T, 8, false, true>(vn_rows, dhn_rows, V, stage, x);
-      store_acc64(x, n0, [&](int r, int d, float v) { sm.dk[r * KMAX + d] = v; });
-    }
-    {
-      float y[8][4] = {};
-      kda_mma::contract_rows<T, 8, false, true>(do_rows, h_rows, V, stage, y);
-      store_acc64(y, n0, [&](int r, int d, float v) { sm.dG[r * KMAX + d] = v; });
-    }
-    {
-      float z[8][4] = {};
-      kda_mma::contract_rows<T, 8, true, true>(dvn_rows, h_rows, V, stage, z);
-      store_acc64(z, n0, [&](int r, int d, float v) { sm.dw[r * KMAX + d] = v; });
-    }
-  }
   __syncthreads();
+  auto qx = [&](int r, int d) { return sm.q[r * KMAX + d]; };
+  auto kx = [&](int r, int d) { return sm.k[r * KMAX + d]; };
+  float* stagef = sm.A;  // 16 * KMAX floats for the decayed sums
+  auto h_rows = [&](int n, int64_t col) { return h[n * V + col]; };
+  auto dhn_rows = [&](int n, int64_t col) { return dhn[n * V + col]; };
+  // Y = do h^T by halves of 64 channels into `out`, times `sign`.
+  auto contract_into = [&](auto&& xr, auto&& yr, auto split_x, float sign, float* out) {
+    for (int n0 = 0; n0 < KMAX; n0 += 64) {
+      float acc[8][4] = {};
+      auto y0 = [&](int n, int64_t col) { return yr(n0 + n, col); };
+      kda_mma::contract_rows<T, 8, decltype(split_x)::value, true>(xr, y0, V, stage, acc);
+      store_acc64(acc, n0, [&](int r, int d, float v) { out[r * KMAX + d] = sign * v; });
+    }
+    __syncthreads();
+  };
+  using exact = std::false_type;
+  using split = std::true_type;
 
-  // B (cont.). The output's decayed terms and the elementwise part.
+  // B1. aq (into dw's array), Y = do h^T (into dG's); dq = scale e o Y + aq, dG = q o dq.
+  kda_decayed_rows<KMAX>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
+  contract_into(do_rows, h_rows, exact{}, 1.f, sm.dG);
   for (int e = tid; e < C * KMAX; e += kChunkThreads) {
     const int r = e / KMAX, d = e % KMAX;
-    float dq = 0.f, dk = 0.f, dG = 0.f, dw = 0.f;
+    float dG = 0.f;
     if (r < L) {
-      const float X = sm.dk[e], Y = sm.dG[e], Z = sm.dw[e];
-      float aq = 0.f, ak = 0.f;
-      for (int j = 0; j <= r; ++j) aq += sm.mat[r * LDM + j] * sm.k[j * KMAX + d] * gam(r, j, d);
-      for (int i = r; i < L; ++i) ak += sm.mat[i * LDM + r] * sm.q[i * KMAX + d] * gam(i, r, d);
-      const float kdx = expf(sm.G[(L - 1) * KMAX + d] - sm.G[r * KMAX + d]);  // r <= L - 1
-      const float s = X * kdx * sm.k[r * KMAX + d];
-      dq = scale * Y * expf(sm.G[r * KMAX + d]) + aq;
-      dk = X * kdx + ak;
-      dG = sm.q[r * KMAX + d] * dq - s - sm.k[r * KMAX + d] * ak;
-      dw = -Z;
-      atomicAdd(&sm.sl[d], s);
+      const float dq = scale * sm.dG[e] * expf(sm.G[e]) + sm.dw[e];
+      dG = sm.q[e] * dq;
       atomicAdd(&a.dq_acc[((row0 + r) * a.H + head) * K + d], dq);
     }
-    sm.dk[r * KMAX + d] = dk;
-    sm.dG[r * KMAX + d] = dG;
-    sm.dw[r * KMAX + d] = dw;
+    sm.dG[e] = dG;
+  }
+  __syncthreads();
+  // B2. ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
+  //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
+  kda_decayed_cols<KMAX>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
+  contract_into(vn_rows, dhn_rows, exact{}, 1.f, sm.dk);
+  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+    const int r = e / KMAX, d = e % KMAX;
+    float dk = 0.f;
+    if (r < L) {
+      const float X = sm.dk[e], ak = sm.dw[e];
+      const float kdx = expf(sm.G[(L - 1) * KMAX + d] - sm.G[e]);  // r <= L - 1
+      const float s = X * kdx * sm.k[e];
+      dk = X * kdx + ak;
+      sm.dG[e] -= s + sm.k[e] * ak;
+      atomicAdd(&sm.sl[d], s);
+    }
+    sm.dk[e] = dk;
   }
   // exp(gl_d) <h_c[d], dh_{c+1}[d]>: warps over consecutive columns of one channel (V % 32 == 0).
   for (int64_t e = tid; e < K * V; e += kChunkThreads) {
@@ -165,7 +174,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     const int d = static_cast<int>(e / V);
     if ((tid & 31) == 0) atomicAdd(&sm.sl[d], expf(sm.G[(L - 1) * KMAX + d]) * x);
   }
-  __syncthreads();
+  // B3. dw = -dv_new h^T (contract_into begins with a barrier: ak's readers are done).
+  contract_into(dvn_rows, h_rows, split{}, -1.f, sm.dw);
 
   // C. Wb = beta e o k where q was (q is done); then dA (where dP was).
   for (int e = tid; e < C * KMAX; e += kChunkThreads) {
@@ -230,13 +240,13 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   }
   __syncthreads();
 
-  // F. Key products.
+  // F. Key products: bm (into q's array, free since E), ck (into dw's); dk, dG, dbeta.
+  kda_decayed_rows<KMAX>(sm.mat, LDM, kx, sm.G, false, sm.q, stagef);
+  auto beta_k = [&](int i, int d) { return sm.beta[i] * sm.k[i * KMAX + d]; };
+  kda_decayed_cols<KMAX>(sm.mat, LDM, beta_k, sm.G, false, sm.dw, stagef);
   for (int e = tid; e < L * KMAX; e += kChunkThreads) {
-    const int r = e / KMAX, d = e % KMAX;
-    float bm = 0.f, ck = 0.f;
-    for (int j = 0; j < r; ++j) bm += sm.mat[r * LDM + j] * sm.k[j * KMAX + d] * gam(r, j, d);
-    for (int i = r + 1; i < L; ++i) ck += sm.beta[i] * sm.mat[i * LDM + r] * sm.k[i * KMAX + d] * gam(i, r, d);
-    const float kr = sm.k[e];
+    const int r = e / KMAX;
+    const float bm = sm.q[e], ck = sm.dw[e], kr = sm.k[e];
     sm.dk[e] += sm.beta[r] * bm + ck;
     sm.dG[e] += kr * (sm.beta[r] * bm - ck);
     atomicAdd(&sm.dbeta[r], kr * bm);
