@@ -9,7 +9,7 @@ echo "== fp8k: AttentionFp8* GPU tests"
 if [ -n "$tests" ]; then
   timeout 75 "$tests" --gtest_filter='AttentionFp8*' > /tmp/fp8k_tests.log 2>&1
   echo "rc $?"
-  grep -E "^\s+case |rel RMS|Failure|Expected|Which is|error|^\[  (PASSED|FAILED|  OK|  FAILED) " /tmp/fp8k_tests.log | head -150
+  grep -E "^\s+case |rel RMS|mantissa|Failure|Expected|Which is|error|^\[  (PASSED|FAILED|  OK|  FAILED) " /tmp/fp8k_tests.log | head -200
 else
   echo "no flashgrad_gpu_tests binary under build-gpu"
 fi
