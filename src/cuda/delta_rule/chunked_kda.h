@@ -12,10 +12,11 @@
 //   o     = scale [(q o exp(G)) h_c + Lower_incl(sum_d q_id k_jd exp(G_id - G_jd)) v_new]
 //
 // The decayed key products (M, and P = the o formula's lower matrix) are not one matrix product;
-// stage 1 forms both (chunked_kda_decay.cuh) in fp32 from 16-row sub-chunks: diagonal 16 x 16 blocks one
-// term at a time, off-diagonal blocks (rows in sub-chunk I > column sub-chunk J) through the
-// reference row r = 16 I, exp(G_id - G_jd) = exp(G_id - G_rd) exp(G_rd - G_jd), both factors
-// <= 1 (j < r <= i and g <= 0), so a strong decay underflows to 0 and never overflows.
+// stage 1 forms both (chunked_kda_decay.cuh) from 16-row sub-chunks: diagonal 16 x 16 blocks one
+// term at a time in fp32; off-diagonal blocks (rows in sub-chunk I > column sub-chunk J) through
+// the reference row r = 16 I, exp(G_id - G_jd) = exp(G_id - G_rd) exp(G_rd - G_jd), both factors
+// <= 1 (j < r <= i and g <= 0), as one tensor-core product of pre-scaled tiles. A strong decay
+// underflows to 0 and never overflows.
 // Everything else (w, u, w h, kd^T v_new, (q o exp(G)) h, P v_new, and the backward's B1
 // products) runs on tensor cores (mma.sync, hi + lo operand splits as the GDN stages).
 //

@@ -1,12 +1,14 @@
 // Per-channel decay helpers of the KDA chunked stages (chunked_kda.h), block-wide (128 threads):
-// the per-channel cumulative gate of a chunk, and the decayed lower-triangular product
+// the per-channel cumulative gate of a chunk; the decayed lower-triangular product of stage 1
 //   out_ij = sum_d x_id y_jd exp(G_id - G_jd)   (j < i, or j <= i when `inclusive`; 0 above)
-// in fp32, for 64 x 64 chunks.
+// for 64 x 64 chunks (diagonal 16 x 16 blocks in fp32, the rest on tensor cores); and the
+// backward's per-channel decayed sums (kda_decayed_rows / cols, fp32).
 //
 // Rows past the chunk's length L must read x = y = 0 and hold G_i = G_{L-1} (the cumulative sum of
 // zero gates), so every exponent formed below stays <= 0 and 0 * exp(...) is never 0 * inf.
 #pragma once
 
+#include "chunked_kda_mma.cuh"
 #include "chunked_rows.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -50,27 +52,32 @@ __device__ __forceinline__ void kda_read_gate(const float* G_in, const ChunkInfo
   }
 }
 
-// Scratch the product needs: [64][KMAX + 1] floats.
-template <int KMAX>
+// Shared scratch the product needs: 16 + 48 rows of KMAX + 8 elements of T, hi and lo.
+template <typename T, int KMAX>
 constexpr int64_t kda_decay_stage_bytes() {
-  return static_cast<int64_t>(sizeof(float)) * kChunkSize * (KMAX + 1);
+  return static_cast<int64_t>(sizeof(T)) * 2 * (16 + 48) * (KMAX + 8);
 }
 
 // out[i * ldo + j] for all i, j < 64 (see the file comment); x(i, d), y(j, d) return fp32 values,
-// G is [64][ldg] in shared memory, `stage` [64][KMAX + 1] floats of shared scratch. The caller
+// G is [64][ldg] in shared memory, `stage` kda_decay_stage_bytes of shared scratch. The caller
 // has a barrier between writing x, y, G and the call; the call ends with one.
 //
-// Diagonal 16 x 16 blocks: one exp per term (exp(G_id - G_jd), j <= i). Off-diagonal blocks of
-// row sub-chunk I (rows [16 I, 16 I + 16), columns j < 16 I): with r = 16 I,
-//   stage[a]      = x_{r + a} o exp(G_{r + a} - G_r)     (a < 16; exponent <= 0)
-//   stage[16 + j] = y_j o exp(G_r - G_j)                  (j < r;  exponent <= 0)
-//   out_{r + a, j} = stage[a] . stage[16 + j]
-// Stage rows are padded to KMAX + 1 floats so that threads with consecutive j hit distinct banks.
-template <int KMAX, typename XF, typename YF>
+// Diagonal 16 x 16 blocks: fp32, one exp per term (exp(G_id - G_jd), j <= i). Off-diagonal blocks
+// of row sub-chunk I (rows [16 I, 16 I + 16), columns j < 16 I), with r = 16 I:
+//   xs[a] = x_{r + a} o exp(G_{r + a} - G_r)     (a < 16; exponent <= 0)
+//   ys[j] = y_j o exp(G_r - G_j)                  (j < r;  exponent <= 0)
+//   out_{r + a, j} = xs[a] . ys[j]
+// on tensor cores (xs, ys split hi + lo in T, three mmas per tile: close to fp32); warp w takes
+// the 8-column tiles nt = w, w + 4 of the sub-chunk's 2 I tiles.
+template <typename T, int KMAX, typename XF, typename YF>
 __device__ __forceinline__ void kda_decayed_lower(XF&& x, YF&& y, const float* G, int ldg, bool inclusive,
-                                                  float* out, int ldo, float* stage) {
-  constexpr int C = kChunkSize, LDS = KMAX + 1;
-  const int tid = threadIdx.x;
+                                                  float* out, int ldo, T* stage) {
+  constexpr int C = kChunkSize, LDS = KMAX + 8;
+  T* xh = stage;
+  T* xl = xh + 16 * LDS;
+  T* yh = xl + 16 * LDS;
+  T* yl = yh + 48 * LDS;
+  const int tid = threadIdx.x, wp = tid / 32;
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     if (j / 16 != i / 16) {
@@ -83,23 +90,23 @@ __device__ __forceinline__ void kda_decayed_lower(XF&& x, YF&& y, const float* G
     out[i * ldo + j] = s;
   }
   for (int I = 1; I < 4; ++I) {
-    const int r0 = 16 * I, nj = 16 * I;
+    const int r0 = 16 * I;
     __syncthreads();  // the previous sub-chunk's readers of `stage` are done
-    for (int e = tid; e < (16 + nj) * KMAX; e += kChunkThreads) {
+    for (int e = tid; e < (16 + r0) * KMAX; e += kChunkThreads) {
       const int a = e / KMAX, d = e % KMAX;
       const float gr = G[r0 * ldg + d];
-      stage[a * LDS + d] = a < 16 ? x(r0 + a, d) * expf(G[(r0 + a) * ldg + d] - gr)
-                                  : y(a - 16, d) * expf(gr - G[(a - 16) * ldg + d]);
+      if (a < 16)
+        store_split<T>(x(r0 + a, d) * expf(G[(r0 + a) * ldg + d] - gr), &xh[a * LDS + d], &xl[a * LDS + d]);
+      else
+        store_split<T>(y(a - 16, d) * expf(gr - G[(a - 16) * ldg + d]), &yh[(a - 16) * LDS + d],
+                       &yl[(a - 16) * LDS + d]);
     }
     __syncthreads();
-    for (int e = tid; e < 16 * nj; e += kChunkThreads) {
-      const int a = e / nj, j = e % nj;
-      const float* xs = stage + a * LDS;
-      const float* ys = stage + (16 + j) * LDS;
-      float s = 0.f;
-#pragma unroll 8
-      for (int d = 0; d < KMAX; ++d) s += xs[d] * ys[d];
-      out[(r0 + a) * ldo + j] = s;
+    for (int nt = wp; nt < 2 * I; nt += 4) {
+      float acc[1][4] = {};
+      kda_mma::rows_times_rows_split<T>(xh, xl, yh, yl, LDS, 8 * nt, KMAX, acc[0]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[(r0 + mma::acc_row(e)) * ldo + 8 * nt + mma::acc_col(e)] = acc[0][e];
     }
   }
   __syncthreads();

@@ -33,6 +33,23 @@ __device__ __forceinline__ void rows_times_split(const T* Xh, const T* Xl, int l
   }
 }
 
+// acc += Xs[0..16, :kdim] Ys[n0..n0 + 8, :kdim]^T for one 16 x 8 tile (Xs, Ys row-major with ld,
+// both split); the calling warp's rows are Xs's 16 rows whatever its index.
+template <typename T>
+__device__ __forceinline__ void rows_times_rows_split(const T* Xh, const T* Xl, const T* Yh, const T* Yl, int ld,
+                                                      int n0, int kdim, float (&acc)[4]) {
+  for (int kk = 0; kk < kdim; kk += 16) {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+    mma::frag_a(Xh, ld, 0, kk, ah);
+    mma::frag_a(Xl, ld, 0, kk, al);
+    mma::frag_b_trans(Yh, ld, kk, n0, bh);
+    mma::frag_b_trans(Yl, ld, kk, n0, bl);
+    mma::mma16816<T>(acc, ah, bh);
+    mma::mma16816<T>(acc, al, bh);
+    mma::mma16816<T>(acc, ah, bl);
+  }
+}
+
 // acc += Lw[16 wp.., :] Y[:, col0 + 8 nt..] for a 64 x 64 lower-triangular Lw (row-major, split):
 // column blocks kb <= wp only. Y split (Yl non-null) or exact in T (Yl null: two mmas).
 template <typename T, int NT>

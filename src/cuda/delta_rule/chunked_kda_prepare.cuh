@@ -24,8 +24,8 @@ template <typename T, int KMAX>
 struct KdaPrepareSmem {
   static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1, LDU = 64 + 8;
   static constexpr int64_t kWorkBytes =
-      kda_decay_stage_bytes<KMAX>() > 4 * C * LDA * static_cast<int64_t>(sizeof(T))
-          ? kda_decay_stage_bytes<KMAX>()
+      kda_decay_stage_bytes<T, KMAX>() > 4 * C * LDA * static_cast<int64_t>(sizeof(T))
+          ? kda_decay_stage_bytes<T, KMAX>()
           : 4 * C * LDA * static_cast<int64_t>(sizeof(T));  // a_hi, a_lo, ub, ub_lo (LDU == LDA)
   float* G;     // [C][LDG] cumulative gate
   float* kf;    // [C][LDG] k (normalized), fp32
@@ -35,13 +35,13 @@ struct KdaPrepareSmem {
   float* tmp;   // [16][48] (the inverse's scratch)
   float* beta;  // [C]
   T *wb, *wb_lo;  // [C][LDK] beta exp(G) o k
-  float* stage;   // region `work`: [C][KMAX + 1]
+  T* stage;       // region `work`: the decayed products' staging (chunked_kda_decay.cuh)
   T *a_hi, *a_lo, *ub, *ub_lo;  // region `work`: [C][LDA] each
   static constexpr int64_t bytes() {
     return sizeof(float) * (3 * C * LDG + 2 * C * LDM + 16 * 48 + C) + sizeof(T) * 2 * C * LDK + kWorkBytes;
   }
   __device__ explicit KdaPrepareSmem(unsigned char* raw) {
-    stage = reinterpret_cast<float*>(raw);  // kWorkBytes: a multiple of 16
+    stage = reinterpret_cast<T*>(raw);  // kWorkBytes: a multiple of 16
     a_hi = reinterpret_cast<T*>(raw);
     a_lo = a_hi + C * LDA;
     ub = a_lo + C * LDA;
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
 
   // M = diag(beta) StrictLower(decayed k k^T); rows past L are zero.
   auto kx = [&](int r, int d) { return sm.kf[r * LDG + d]; };
-  kda_decayed_lower<KMAX>(kx, kx, sm.G, LDG, false, sm.M, LDM, sm.stage);
+  kda_decayed_lower<T, KMAX>(kx, kx, sm.G, LDG, false, sm.M, LDM, sm.stage);
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
 
   // P where M was (the inverse ended with a barrier); rows past L are zero (q is).
   auto qx = [&](int r, int d) { return sm.qf[r * LDG + d]; };
-  kda_decayed_lower<KMAX>(qx, kx, sm.G, LDG, true, sm.M, LDM, sm.stage);
+  kda_decayed_lower<T, KMAX>(qx, kx, sm.G, LDG, true, sm.M, LDM, sm.stage);
 
   // Row i < L of the intermediate: A_ij for j < i, P_ji for j >= i (chunked_kda.h); A as hi + lo
   // in `work` (the products' scratch is free).
