@@ -109,12 +109,17 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     return i < L ? load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)) : 0.f;
   };
   // Stages `width` columns from col0 of a 64-row tensor into dst [64][ld] (coalesced along columns).
+  // (batched_copy: several loads in flight per thread, chunked_rows.cuh says why.)
   auto stage_rows = [&](float* dst, int ld, int width, int64_t col0, auto&& at) {
-    for (int e = tid; e < C * width; e += kChunkThreads) dst[(e / width) * ld + e % width] = at(e / width, col0 + e % width);
+    batched_copy(
+        C * width, [&](int e) { return at(e / width, col0 + e % width); },
+        [&](int e, float x) { dst[(e / width) * ld + e % width] = x; });
   };
   // Same for a [K][V] fp32 state (rows d < K).
   auto stage_state = [&](float* dst, int ld, int width, int64_t col0, const float* src) {
-    for (int e = tid; e < KMAX * width; e += kChunkThreads) dst[(e / width) * ld + e % width] = src[(e / width) * V + col0 + e % width];
+    batched_copy(
+        KMAX * width, [&](int e) { return src[(e / width) * V + col0 + e % width]; },
+        [&](int e, float x) { dst[(e / width) * ld + e % width] = x; });
   };
 
   // S0: inputs of the chunk; zeroed accumulators.
@@ -154,8 +159,18 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       last += s;
     });
     // <h_c, dh_{c+1}> (the state gradient's share of dG_{L-1}), read straight from global memory.
+    // Eight independent partial sums, so that eight pairs of loads are in flight per thread.
     const float el = expf(gl);
-    for (int64_t e = tid; e < K * V; e += kChunkThreads) last += el * h[e] * dhn[e];
+    float part[8] = {};
+    for (int64_t e0 = tid; e0 < K * V; e0 += 8 * kChunkThreads) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int64_t e = e0 + i * kChunkThreads;
+        if (e < K * V) part[i] += h[e] * dhn[e];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) last += el * part[i];
     atomicAdd(&sm.dG[L - 1], last);
   }
 
@@ -187,10 +202,13 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
   __syncthreads();  // region R free again; dw complete
 
   // A (lower triangular, rows past L zero) into its slot.
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    sm.A[i * LDC + j] = (i < L && j <= i) ? a.A[((row0 + i) * a.HV + hv) * C + j] : 0.f;
-  }
+  batched_copy(
+      C * C,
+      [&](int e) {
+        const int i = e / C, j = e % C;
+        return (i < L && j <= i) ? a.A[((row0 + i) * a.HV + hv) * C + j] : 0.f;
+      },
+      [&](int e, float x) { sm.A[(e / C) * LDC + e % C] = x; });
 
   // S4a: dUb = A^T dv_new over V slices -> dv = diag(beta) dUb, dbeta += rowsum(v o dUb).
   {
