@@ -692,7 +692,7 @@ TEST(DeltaRuleGpu, StridedViews) {
 }
 
 // algorithm = chunked without a saved r runs the tensor-core chunked path (chunked_path.h) for
-// bf16/f16, K 64/128, V a multiple of 64, GDN and the plain rule; these cases go through it end to
+// bf16/f16, K 64/128, V a multiple of 64, GDN, KDA and the plain rule; these cases go through it end to
 // end (the public API) with the same bars. With a saved r asked for, the recurrent kernels run.
 TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
   REQUIRE_GPU();
@@ -739,6 +739,27 @@ TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
     c.cu_int64 = gk == GateKind::none;
     c.gate_div = 0.1f;
     c.seed = 620 + static_cast<int>(gk);
+    chunked(c);
+  }
+  for (int64_t T : {1, 63, 64, 75, 500}) {  // KDA: the per-channel chunked stages (chunked_kda.h)
+    Case c;
+    c.name = "chunked kda bf16 GVA T=" + std::to_string(T);
+    c.gate = GateKind::per_channel;
+    c.B = 2, c.T = T, c.H = 1, c.HV = 2, c.K = 128, c.V = 64;
+    c.gate_div = T == 75 ? 0.1f : 1.f;
+    c.gate_f32 = T % 2 == 1;
+    c.seed = 640 + T;
+    chunked(c);
+  }
+  {
+    Case c;
+    c.name = "chunked kda f16 varlen K64 V128";
+    c.dtype = DType::f16;
+    c.gate = GateKind::per_channel;
+    c.B = 1, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
+    c.seq_lens = {75, 0, 130, 1};
+    c.gate_div = 0.1f;
+    c.seed = 650;
     chunked(c);
   }
   for (int64_t pad : {8, 3}) {

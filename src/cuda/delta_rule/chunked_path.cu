@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chunked_kda.h"
 #include "chunked_stages.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
@@ -25,12 +26,16 @@ struct ChunkedScratch {
   int64_t rows = 0, num_chunks = 0;
   ChunkedScratchSizes n{};  // element counts of the forward intermediates
   std::size_t elem = 2;     // bytes of one w / v_new element (the input dtype)
+  bool kda = false;         // per-channel gate: the KDA stages (G and dg carry a K axis)
 
   ChunkedScratch(const DeltaRuleProblem& pr, DType dtype) {
     plan = make_chunk_plan(pr.batch, pr.seq_len, pr.cu_seqlens);
     rows = pr.batch * pr.seq_len;
     num_chunks = static_cast<int64_t>(plan.chunks.size());
-    n = chunked_scratch_sizes(rows, num_chunks, pr.value_heads, pr.key_dim, pr.value_dim, pr.gate != GateKind::none);
+    kda = pr.gate == GateKind::per_channel;
+    n = kda ? kda_scratch_sizes(rows, num_chunks, pr.value_heads, pr.key_dim, pr.value_dim)
+            : chunked_scratch_sizes(rows, num_chunks, pr.value_heads, pr.key_dim, pr.value_dim,
+                                    pr.gate != GateKind::none);
     elem = dtype_size(dtype);
   }
   std::size_t forward_bytes() const {
@@ -43,7 +48,11 @@ struct ChunkedScratch {
     const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
                   per_head = rows * pr.value_heads;
     return forward_bytes() + align_up(4 * n.h) + align_up(4 * vv) + 2 * align_up(4 * qk) + align_up(4 * vv) +
-           align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * per_head) : 0);
+           align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * dg_elems(pr)) : 0);
+  }
+  // dg accumulator: one per (row, value head), times K for per-channel gates.
+  int64_t dg_elems(const DeltaRuleProblem& pr) const {
+    return rows * pr.value_heads * (kda ? pr.key_dim : 1);
   }
 };
 
@@ -93,14 +102,17 @@ void by_half_dtype(DType dt, F&& f) {
     f(__half{});
 }
 
-Gate gate_code(GateKind g) { return g == GateKind::scalar ? Gate::scalar : Gate::none; }
+Gate gate_code(GateKind g) {
+  return g == GateKind::scalar ? Gate::scalar : (g == GateKind::per_channel ? Gate::per_channel : Gate::none);
+}
 
 }  // namespace
 
 bool chunked_path_takes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, bool wants_saved_r) {
   if (p.algorithm != DeltaRuleAlgorithm::chunked || wants_saved_r) return false;
   if (p.exec.precision != Precision::fp32) return false;
-  return chunked_stages_support(p.q.dtype, pr.key_dim, pr.value_dim, pr.gate == GateKind::per_channel).empty();
+  if (pr.gate == GateKind::per_channel) return kda_stages_support(p.q.dtype, pr.key_dim, pr.value_dim).empty();
+  return chunked_stages_support(p.q.dtype, pr.key_dim, pr.value_dim, false).empty();
 }
 
 std::size_t chunked_forward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype) {
@@ -118,7 +130,12 @@ void chunked_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const
   ChunkedArgs a = forward_args(p, pr, cs, buf, stream);
   a.o = view_of(out.o);
   a.ht = view_of(out.final_state);
-  by_half_dtype(p.q.dtype, [&](auto tag) { launch_chunked_forward<decltype(tag)>(a, stream); });
+  by_half_dtype(p.q.dtype, [&](auto tag) {
+    if (cs.kda)
+      launch_kda_forward<decltype(tag)>(a, stream);
+    else
+      launch_chunked_forward<decltype(tag)>(a, stream);
+  });
 }
 
 void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleBackwardInputs& in,
@@ -138,7 +155,7 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
   a.dk_acc = buf.take<float>(4 * qk);
   a.dv = buf.take<float>(4 * vv);
   a.dbeta = buf.take<float>(4 * per_head);
-  a.dg = pr.gate != GateKind::none ? buf.take<float>(4 * per_head) : nullptr;
+  a.dg = pr.gate != GateKind::none ? buf.take<float>(4 * cs.dg_elems(pr)) : nullptr;
   // B2 adds each value head's dq, dk into its key head's rows (atomics): start from zero.
   FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(a.dq_acc, 0, 4 * static_cast<std::size_t>(qk), stream));
   FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(a.dk_acc, 0, 4 * static_cast<std::size_t>(qk), stream));
@@ -161,10 +178,17 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
   by_half_dtype(p.q.dtype, [&](auto tag) {
     using T = decltype(tag);
     // Stages 1-2 again (o and the final state are not needed: a.o, a.ht stay null).
-    launch_chunk_prepare<T>(a, stream);
-    launch_chunk_state<T>(a, stream);
-    launch_chunk_state_backward<T>(a, stream);
-    launch_chunk_grads<T>(a, stream);
+    if (cs.kda) {
+      launch_kda_prepare<T>(a, stream);
+      launch_kda_state<T>(a, stream);
+      launch_kda_state_backward<T>(a, stream);
+      launch_kda_grads<T>(a, stream);
+    } else {
+      launch_chunk_prepare<T>(a, stream);
+      launch_chunk_state<T>(a, stream);
+      launch_chunk_state_backward<T>(a, stream);
+      launch_chunk_grads<T>(a, stream);
+    }
     launch_finish<T>(f, view_of(grads.dq), view_of(grads.dk), view_of(grads.dbeta), view_of(grads.dg), pr.batch,
                      pr.num_seqs, gate_code(pr.gate), stream);
     launch_chunk_dv_finish<T>(a, view_of(grads.dv), pr.batch, stream);

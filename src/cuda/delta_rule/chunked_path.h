@@ -1,8 +1,9 @@
 // The chunked (chunk 64, UT/WY, tensor-core) path behind flashgrad::cuda::delta_rule_forward /
 // delta_rule_backward when `algorithm = chunked` and the stages take the problem
-// (chunked_stages_support: bf16/f16, K in {64, 128}, V a multiple of 64 up to 256, no per-channel
-// gate). Everything else (KDA, other K, float32, fp64, a forward asked for saved_r) runs the fused
-// recurrent kernels, which compute the same function.
+// (bf16/f16, K in {64, 128}, V a multiple of 64 up to 256): GDN and the plain rule through
+// chunked_stages.h, KDA (per-channel gates) through chunked_kda.h. Everything else (other K,
+// float32, fp64, a forward asked for saved_r) runs the fused recurrent kernels, which compute the
+// same function.
 //
 // Memory: the forward keeps nothing for the backward (no per-step or per-chunk state survives the
 // call); the backward recomputes stages 1-2 (G, A, w, u, v_new and the chunk-entry states h) and

@@ -3,9 +3,9 @@
 //
 // Algorithms. algorithm = recurrent runs the fused recurrent kernels (recurrent_*.cuh).
 // algorithm = chunked runs the tensor-core chunked stages (chunked_path.h) where they take the
-// problem (bf16/f16, K 64/128, V a multiple of 64 up to 256, GDN or the plain rule, no saved_r
-// asked of the forward); elsewhere (KDA, float32, other K) the recurrent kernels, which compute
-// the same function.
+// problem (bf16/f16, K 64/128, V a multiple of 64 up to 256, GDN, KDA or the plain rule, no
+// saved_r asked of the forward); elsewhere (float32, other K) the recurrent kernels, which
+// compute the same function.
 //
 // Scratch memory of the recurrent path (from the caller's Workspace when large enough, else
 // stream-ordered allocation; the chunked path's is described in chunked_path.cu):
