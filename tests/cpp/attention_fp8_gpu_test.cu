@@ -63,10 +63,13 @@ std::vector<float> decode16(DType dt, const std::vector<uint16_t>& x) {
 struct DeviceCase {
   DeviceArray<uint8_t> q, k, v;
   DeviceArray<float> dsq, dsk, dsv, dlse;
-  DeviceArray<int32_t> cu_q, cu_k;
+  DeviceArray<int32_t> cu_q, cu_k, prefix, bounds;
   explicit DeviceCase(const Fp8Case& c)
       : q(c.q8.size()), k(c.k8.size()), v(c.v8.size()), dsq(c.dsq.size()), dsk(c.dsk.size()),
-        dsv(c.dsv.size()), dlse(c.dlse.size()), cu_q(c.cu_q.size()), cu_k(c.cu_k.size()) {
+        dsv(c.dsv.size()), dlse(c.dlse.size()), cu_q(c.cu_q.size()), cu_k(c.cu_k.size()),
+        prefix(c.cfg.prefix.size()), bounds(c.cfg.bounds.size()) {
+    prefix.upload(c.cfg.prefix);
+    bounds.upload(c.cfg.bounds);
     q.upload(c.q8);
     k.upload(c.k8);
     v.upload(c.v8);
@@ -91,6 +94,9 @@ struct DeviceCase {
       p.max_seqlen_q = c.max_q;
       p.max_seqlen_k = c.max_k;
     }
+    if (c.cfg.mask == MaskKind::prefix_lm) p.prefix_lengths = host_view(prefix.ptr, DType::i32, {c.n}, Device::cuda);
+    if (c.cfg.mask == MaskKind::candidate_isolation)
+      p.candidate_bounds = host_view(bounds.ptr, DType::i32, {c.n, 4}, Device::cuda);
     return p;
   }
 };
@@ -219,6 +225,24 @@ TEST(AttentionFp8Gpu, SlidingWindow) {
     c.d = d;
     check_case(named("window 40,8 d" + std::to_string(d), c));
   }
+}
+
+TEST(AttentionFp8Gpu, PrefixLmAndCandidateIsolation) {
+  REQUIRE_GPU();
+  Fp8Config c;
+  c.batch = 3;
+  c.sq = c.sk = 140;
+  c.mask = MaskKind::prefix_lm;
+  c.prefix = {0, 70, 140};
+  check_case(named("prefix_lm d128", c));
+  c.mask = MaskKind::candidate_isolation;
+  c.prefix.clear();
+  c.sq = c.sk = 200;
+  c.d = 64;
+  c.bounds = {0, 120, 120, 200,   // history then candidates
+              10, 60, 150, 190,   // gaps: rows outside both see nothing
+              0, 0, 0, 200};      // no history: candidates see only themselves
+  check_case(named("candidate_isolation d64", c));
 }
 
 TEST(AttentionFp8Gpu, Softcap) {

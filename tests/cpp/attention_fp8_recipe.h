@@ -11,7 +11,8 @@
 //                  final max; l = sum p~ (unquantized); out = sum e4m3(448 p~) v8 descale_v / (448 l),
 //                  rounded to the output dtype; lse = m + log l. Backward: p = exp(s - lse);
 //                  dO8 = e4m3(dO / descale_do), descale_do = amax(|dO| of the (sequence, head)) / 448;
-//                  dP = (dO8 . v8) descale_do descale_v; Delta = rowsum(dO * out); dS = p (dP - Delta
+//                  dP = (dO8 . v8) descale_do descale_v; Delta = rowsum(dO8 * out) descale_do (the
+//                  dequantized dO8, the dO dP sees, not the 16-bit dO); dS = p (dP - Delta
 //                  + dLSE) softcap'; dV = sum r(p) dO; dK = scale descale_q sum r(dS) q8;
 //                  dQ = scale descale_k sum r(dS) k8, r = rounding to the output dtype (bf16 or fp16,
 //                  the dtype of the 16-bit products); each result rounded once to the output dtype.
@@ -43,6 +44,8 @@ struct Fp8Config {
   std::vector<int> lens_q, lens_k;    // varlen when non-empty
   MaskKind mask = MaskKind::none;
   int64_t wl = -1, wr = -1;
+  std::vector<int32_t> prefix;  // prefix_lm: one per sequence
+  std::vector<int32_t> bounds;  // candidate_isolation: h0, h1, c0, c1 per sequence
   float softcap = 0.f;
   SoftcapMethod method = SoftcapMethod::tanh;
   bool with_dlse = false;
@@ -209,6 +212,10 @@ inline Fp8Outputs reference32(Fp8Case& c) {
     p.cu_seqlens_q = host_view(c.cu_q.data(), DType::i32, {c.n + 1});
     p.cu_seqlens_k = host_view(c.cu_k.data(), DType::i32, {c.n + 1});
   }
+  if (cfg.mask == MaskKind::prefix_lm)
+    p.prefix_lengths = host_view(c.cfg.prefix.data(), DType::i32, {c.n});
+  if (cfg.mask == MaskKind::candidate_isolation)
+    p.candidate_bounds = host_view(c.cfg.bounds.data(), DType::i32, {c.n, 4});
   Fp8Outputs r;
   r.out.resize(c.qf.size());
   r.lse.resize(c.lse_count());
@@ -243,6 +250,8 @@ inline Fp8Outputs recipe(Fp8Case& c) {
   pr.seqlen_k = cfg.sk;
   for (int32_t x : c.cu_q) pr.cu_seqlens_q.push_back(x);
   for (int32_t x : c.cu_k) pr.cu_seqlens_k.push_back(x);
+  for (int32_t x : cfg.prefix) pr.prefix_lengths.push_back(x);
+  for (int32_t x : cfg.bounds) pr.candidate_bounds.push_back(x);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   Fp8Outputs r;
   r.out.assign(c.qf.size(), 0.f);
@@ -310,9 +319,10 @@ inline Fp8Outputs recipe(Fp8Case& c) {
         const float* doi = &c.dout[qe];
         float delta = 0.f;
         for (int d = 0; d < D; ++d) {
-          delta += doi[d] * oi[d];
           do8[d] = e4m3_round(doi[d] / dsdo);
+          delta += do8[d] * oi[d];
         }
+        delta *= dsdo;  // Delta from the dO that dP sees (fp8_prepass_kernels.cuh says why)
         float dl = cfg.z_loss * lse;
         if (cfg.with_dlse) dl += c.dlse[c.lse_at(s, h, i)];
         for (int64_t j = 0; j < lk; ++j) {

@@ -2,11 +2,11 @@
 //  - transpose_v: vt, the copy of v8 with keys contiguous that the forward's P V product reads as
 //    its K-major B operand (ldmatrix cannot transpose 8-bit data), keys permuted inside each group
 //    of 16 to match P's A fragment (fp8_fragments.cuh). One CTA per (64 keys of a sequence, kv head).
-//  - backward pre-pass 1, one warp per (query row, head): Delta = rowsum(dO * O) in fp32 folded into
-//    shift = Delta - dLSE - z lse and lse in log2 units (as attention_backward_prepass.cu), the
-//    row's amax(|dO|) merged into the (sequence, head) amax with an integer atomicMax (the bits of
-//    non-negative floats order as integers), and q16, the row of q in 16 bits.
-//  - backward pre-pass 2: dO8 = e4m3(dO / descale_do) once the amaxes are complete.
+//  - backward pre-pass 1, one warp per (query row, head): the row's amax(|dO|) merged into the
+//    (sequence, head) amax with an integer atomicMax (the bits of non-negative floats order as
+//    integers), and q16, the row of q in 16 bits.
+//  - backward pre-pass 2: dO8 = e4m3(dO / descale_do) once the amaxes are complete, and Delta =
+//    rowsum(deq(dO8) * O) folded into shift = Delta - dLSE - z lse, lse in log2 units.
 //  - k16: the rows of k in 16 bits.
 #pragma once
 
@@ -93,6 +93,8 @@ __global__ void transpose_v_kernel(const Fp8KernelParams fp, int key_blocks) {
   }
 }
 
+// Pass 1, one warp per (row, head): the row's amax(|dO|) merged into its (sequence, head) amax, and
+// q16 (the row of q in 16 bits).
 template <typename T>
 __global__ void fp8_prepass_rows_kernel(const Fp8KernelParams fp, int head_dim) {
   const AttentionKernelParams& p = fp.base;
@@ -103,40 +105,30 @@ __global__ void fp8_prepass_rows_kernel(const Fp8KernelParams fp, int head_dim) 
   const int h = static_cast<int>(warp_id % p.heads_q);
   int64_t b, row;
   split_row(p, r, b, row);
-  const T* o = static_cast<const T*>(p.out) + b * p.out_st.batch + row * p.out_st.row + h * p.out_st.head;
   const T* d = static_cast<const T*>(p.dout) + b * p.dout_st.batch + row * p.dout_st.row + h * p.dout_st.head;
   const uint8_t* q = static_cast<const uint8_t*>(p.q) + b * p.q_st.batch + row * p.q_st.row + h * p.q_st.head;
   T* q16 = static_cast<T*>(fp.q16) + (r * p.heads_q + h) * head_dim;
-  float sum = 0.f, amax = 0.f;
+  float amax = 0.f;
   for (int c = lane * 2; c < head_dim; c += 64) {
-    const float d0 = ElementOps<T>::to_float(d[c]), d1 = ElementOps<T>::to_float(d[c + 1]);
-    sum += ElementOps<T>::to_float(o[c]) * d0 + ElementOps<T>::to_float(o[c + 1]) * d1;
-    amax = fmaxf(amax, fmaxf(fabsf(d0), fabsf(d1)));
+    amax = fmaxf(amax, fmaxf(fabsf(ElementOps<T>::to_float(d[c])), fabsf(ElementOps<T>::to_float(d[c + 1]))));
     *reinterpret_cast<uint32_t*>(q16 + c) = ElementOps<T>::pack(e4m3_value(q[c]), e4m3_value(q[c + 1]));
   }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  }
-  if (lane != 0) return;
-  const int seq = sequence_of_row(p, r);
-  if (amax > 0.f)
-    atomicMax(reinterpret_cast<int*>(fp.dout_amax + static_cast<int64_t>(seq) * p.heads_q + h), __float_as_int(amax));
-  const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row * p.lse_row_stride];
-  const int64_t out_idx = static_cast<int64_t>(h) * p.total_q + r;
-  if (lse == -INFINITY) {
-    p.lse_log2[out_idx] = INFINITY;
-    p.delta_shift[out_idx] = 0.f;
-    return;
-  }
-  float dlse = p.z_loss_weight * lse;
-  if (p.dlse != nullptr) dlse += p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + row * p.dlse_row_stride];
-  p.lse_log2[out_idx] = lse * kLog2eF;
-  p.delta_shift[out_idx] = sum - dlse;
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  if (lane == 0 && amax > 0.f)
+    atomicMax(reinterpret_cast<int*>(fp.dout_amax + static_cast<int64_t>(sequence_of_row(p, r)) * p.heads_q + h),
+              __float_as_int(amax));
 }
 
-// dO8 = e4m3(dO / descale_do), round-to-nearest-even, saturating; one warp per (row, head).
+// Pass 2, one warp per (row, head), once the amaxes are complete: dO8 = e4m3(dO / descale_do)
+// (round-to-nearest-even, saturating), and Delta = rowsum(deq(dO8) * O) in fp32 with
+// deq(dO8) = dO8 descale_do, the dO that the dP product sees. With Delta from the same dO as dP,
+// sum_j dS_ij = sum_j P_ij (dP_ij - Delta_i) stays 0 as for exact softmax gradients; Delta from the
+// 16-bit dO leaves P_ij (quantization error of dO . v_j) in every dS_ij, which dominates dq and dk
+// where attention is peaked (host recipe, rel RMS against fp32: dq 7.5% -> 3.1% at q, k std 2.5;
+// 13.8% -> 2.9% under candidate isolation, whose single-key rows have zero true gradient).
+// Then shift = Delta - dLSE - z lse and lse in log2 units, as attention_backward_prepass.cu; fully
+// masked rows (lse = -inf) get lse_log2 = +inf and shift = 0.
 template <typename T>
 __global__ void fp8_quantize_dout_kernel(const Fp8KernelParams fp, int head_dim) {
   const AttentionKernelParams& p = fp.base;
@@ -147,14 +139,35 @@ __global__ void fp8_quantize_dout_kernel(const Fp8KernelParams fp, int head_dim)
   const int h = static_cast<int>(warp_id % p.heads_q);
   int64_t b, row;
   split_row(p, r, b, row);
+  const T* o = static_cast<const T*>(p.out) + b * p.out_st.batch + row * p.out_st.row + h * p.out_st.head;
   const T* d = static_cast<const T*>(p.dout) + b * p.dout_st.batch + row * p.dout_st.row + h * p.dout_st.head;
   const float ds = descale_from_amax(fp.dout_amax[static_cast<int64_t>(sequence_of_row(p, r)) * p.heads_q + h]);
-  uint8_t* out = fp.dout8 + (r * p.heads_q + h) * head_dim;
+  uint8_t* out8 = fp.dout8 + (r * p.heads_q + h) * head_dim;
+  float sum = 0.f;  // sum dO8 * O; Delta = sum * descale_do
   for (int c = lane * 4; c < head_dim; c += 128) {
-    const float x0 = ElementOps<T>::to_float(d[c]) / ds, x1 = ElementOps<T>::to_float(d[c + 1]) / ds;
-    const float x2 = ElementOps<T>::to_float(d[c + 2]) / ds, x3 = ElementOps<T>::to_float(d[c + 3]) / ds;
-    *reinterpret_cast<uint32_t*>(out + c) = pack_e4m3x4(x0, x1, x2, x3);
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = ElementOps<T>::to_float(d[c + e]) / ds;
+    const uint32_t packed = pack_e4m3x4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<uint32_t*>(out8 + c) = packed;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sum += e4m3_value(static_cast<uint8_t>(packed >> (8 * e))) * ElementOps<T>::to_float(o[c + e]);
   }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane != 0) return;
+  const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row * p.lse_row_stride];
+  const int64_t out_idx = static_cast<int64_t>(h) * p.total_q + r;
+  if (lse == -INFINITY) {
+    p.lse_log2[out_idx] = INFINITY;
+    p.delta_shift[out_idx] = 0.f;
+    return;
+  }
+  float dlse = p.z_loss_weight * lse;
+  if (p.dlse != nullptr) dlse += p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + row * p.dlse_row_stride];
+  p.lse_log2[out_idx] = lse * kLog2eF;
+  p.delta_shift[out_idx] = sum * ds - dlse;
 }
 
 // k16 [total_k, Hk, D]: one warp per (key row, kv head).

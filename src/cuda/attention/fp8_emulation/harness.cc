@@ -313,7 +313,15 @@ Fp8Outputs run_emulated(Fp8Case& c) {
   p.heads_q = cfg.hq;
   p.heads_k = cfg.hk;
   p.scale = 1.f / std::sqrt(static_cast<float>(D));
-  p.mask = cfg.mask == MaskKind::causal ? kMaskCausal : cfg.mask == MaskKind::sliding_window ? kMaskWindow : kMaskNone;
+  switch (cfg.mask) {
+    case MaskKind::none: p.mask = kMaskNone; break;
+    case MaskKind::causal: p.mask = kMaskCausal; break;
+    case MaskKind::sliding_window: p.mask = kMaskWindow; break;
+    case MaskKind::prefix_lm: p.mask = kMaskPrefix; break;
+    case MaskKind::candidate_isolation: p.mask = kMaskCandidate; break;
+  }
+  if (cfg.mask == MaskKind::prefix_lm) p.prefix_lengths = cfg.prefix.data();
+  if (cfg.mask == MaskKind::candidate_isolation) p.candidate_bounds = cfg.bounds.data();
   if (cfg.mask == MaskKind::sliding_window) {
     p.window_left = cfg.wl;
     p.window_right = cfg.wr;
@@ -497,6 +505,20 @@ int main(int argc, char** argv) {
     c.z_loss = 0.5f;
     c.out_dtype = DType::f16;
     add("causal Sq>Sk softcap tanh dlse z-loss fp16 out d128", c);
+  }
+  {
+    Fp8Config c;
+    c.d = 128;
+    c.batch = 3;
+    c.sq = c.sk = 100;
+    c.mask = MaskKind::prefix_lm;
+    c.prefix = {0, 40, 100};
+    add("prefix_lm d128", c);
+    c.d = 64;
+    c.mask = MaskKind::candidate_isolation;
+    c.prefix.clear();
+    c.bounds = {0, 60, 60, 100, 10, 40, 70, 95, 0, 0, 0, 100};
+    add("candidate_isolation d64", c);
   }
   for (int d : {64, 256}) {
     Fp8Config c;
