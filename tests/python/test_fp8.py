@@ -345,7 +345,7 @@ def test_opcheck_e4m3_forward_and_backward(rng):
 
 def test_torch_compile_matches_eager(rng):
     """fullgraph: the quantizer is plain torch, the autograd Function and the ops trace through;
-    the compiled call quantizes to the same bits, so the results are identical."""
+    the compiled call quantizes to the same bits, so the results agree to summation order."""
     torch._dynamo.reset()
 
     def loss_fn(q, k, v, w):
@@ -359,9 +359,11 @@ def test_torch_compile_matches_eager(rng):
     compiled = torch.compile(loss_fn, fullgraph=True)
     loss = compiled(q, k, v, w)
     grads = torch.autograd.grad(loss, (q, k, v))
-    torch.testing.assert_close(loss, eager, rtol=1e-6, atol=0)
+    # The ops run on the same quantized bits; what may differ is the compiled graph's summation
+    # order in the loss and in dLSE (1 ulp of fp32), which can move a bf16 gradient by one step.
+    torch.testing.assert_close(loss, eager, rtol=1e-4, atol=0)
     for g, e in zip(grads, eager_grads):
-        torch.testing.assert_close(g, e, rtol=0, atol=0)
+        torch.testing.assert_close(g, e, rtol=2 ** -7, atol=2 ** -7 * e.abs().max().item())
 
 
 def test_exported_by_the_package():
@@ -501,7 +503,7 @@ GPU_FP8_FEATURES = {
     "mqa_causal_sq_gt_sk": (dict(causal=True), 1, 130, 97),
     "prefix_lm": (dict(prefix_lengths=torch.tensor([20, 50], dtype=torch.int32)), 2, 97, 97),
     "candidates": (dict(candidate_bounds=torch.tensor([[0, 40, 40, 90], [5, 60, 60, 97]], dtype=torch.int32)), 2, 97, 97),
-    "z_loss_deterministic": (dict(causal=True, z_loss_weight=0.1, deterministic=True), 2, 97, 97),
+    "z_loss": (dict(causal=True, z_loss_weight=0.1), 2, 97, 97),
 }
 
 
@@ -520,8 +522,8 @@ def test_gpu_fp8_features(rng, fp8_cuda, case):
 
 
 def _check_z_loss(rng, q, k, v, opts, w):
-    """The backward with z_loss_weight equals the backward with dLSE = w * lse, bitwise in
-    deterministic mode."""
+    """The backward with z_loss_weight equals the backward with dLSE = w * lse: dk, dv bitwise
+    (each has one owner per key block), dq to its fp32 atomic accumulation order."""
     q, k, v = (t.cuda().requires_grad_() for t in (q, k, v))
     opts = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in opts.items()}
     out, lse = flash_attn_fp8_func(q, k, v, return_lse=True, z_loss_weight=w, **opts)
@@ -531,11 +533,21 @@ def _check_z_loss(rng, q, k, v, opts, w):
     with_dlse = torch.autograd.grad((out2.float() * dout.float()).sum() + (w * lse2.detach() * lse2).sum(),
                                     (q, k, v))
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
-    for a, b in zip(with_weight, with_dlse):
+    torch.testing.assert_close(with_weight[0], with_dlse[0], rtol=2 ** -7, atol=1e-3 * with_dlse[0].abs().max().item())
+    for a, b in zip(with_weight[1:], with_dlse[1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    again = torch.autograd.grad((out.float() * dout.float()).sum(), (q, k, v))
-    for a, b in zip(with_weight, again):
-        assert torch.equal(a, b), "deterministic backward differs between runs"
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_deterministic_backward_is_bitwise_reproducible(rng, fp8_cuda):
+    q, k, v = (randn(rng, 2, 300, h, 128).cuda().requires_grad_() for h in (8, 2, 2))
+    out = flash_attn_fp8_func(q, k, v, causal=True, deterministic=True)
+    dout = torch.randn(out.shape, generator=rng).to(BF16).cuda()
+    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    for _ in range(3):
+        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name}: the deterministic backward differs between runs"
 
 
 @pytest.mark.gpu
