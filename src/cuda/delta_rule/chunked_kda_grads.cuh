@@ -196,8 +196,9 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   // (chunked_kda.h): keep the strict lower part, with the unit diagonal.
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
-    const float x = j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f);
-    sm.A[i * LDM + j] = i < L ? x : 0.f;
+    float x = 0.f;  // rows past L are not read (the last chunk's may lie past the array)
+    if (i < L) x = j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f);
+    sm.A[i * LDM + j] = x;
   }
   __syncthreads();
 
