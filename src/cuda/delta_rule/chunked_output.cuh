@@ -133,13 +133,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
       store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
     }
   const T* v_new = static_cast<const T*>(a.v_new);
-  batched_copy(
-      C * kOutputCols,
-      [&](int e) {
-        const int r = e / kOutputCols, col = e % kOutputCols;
-        return r < L ? to_f<T>(v_new[((row0 + r) * a.HV + hv) * a.V + col0 + col]) : 0.f;
-      },
-      [&](int e, float x) { sm.vn[(e / kOutputCols) * LDV + e % kOutputCols] = from_f<T>(x); });
+  for (int e = tid; e < C * kOutputCols; e += kChunkThreads) {
+    const int r = e / kOutputCols, col = e % kOutputCols;
+    sm.vn[r * LDV + col] = r < L ? v_new[((row0 + r) * a.HV + hv) * a.V + col0 + col] : from_f<T>(0.f);
+  }
   __syncthreads();
 
   // o += P v_new (P is lower triangular: column blocks kb <= wp only); o = scale * o.

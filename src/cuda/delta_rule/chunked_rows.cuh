@@ -13,8 +13,9 @@ constexpr int kChunkThreads = 128;
 // For e = threadIdx.x + 128 i < count: store(e, load(e)). Loads kBatch values into registers before
 // storing any of them. Why: the stores go to shared memory through generic pointers, which the
 // compiler cannot prove distinct from the global loads, so a plain loop keeps load -> store order
-// and exposes one global-memory latency (~0.5 - 1 us) per element per thread; with 4 warps per SM
-// nothing hides it (measured on the H200: the chunked stages spent most of their time there).
+// and exposes one global-memory latency per element per thread. Measured on the H200 (B8 T4096
+// H16 K=V=128): B2 (the only user now) 24.2 -> 22.8 ms; the same change in stages 2 and B1
+// (their w loads) made them slower (3.8 -> 6.4 ms, 12.8 -> 18.3 ms) and was reverted.
 template <int kBatch = 8, typename Load, typename Store>
 __device__ __forceinline__ void batched_copy(int count, Load&& load, Store&& store) {
   for (int base = threadIdx.x; base < count; base += kBatch * kChunkThreads) {
@@ -66,13 +67,11 @@ __device__ __forceinline__ void for_each_key_row(const View& x, const ChunkInfo&
 template <typename T, typename Emit>
 __device__ __forceinline__ void for_each_value_row(const View& x, const ChunkInfo& ci, int64_t hv, int64_t col0,
                                                    int width, Emit&& emit) {
-  batched_copy(
-      kChunkSize * width,
-      [&](int e) {
-        const int r = e / width, col = e % width;
-        return r < ci.len ? load_elem<T>(x, off4(x, ci.b, ci.t0 + r, hv, col0 + col)) : 0.f;
-      },
-      [&](int e, float val) { emit(e / width, e % width, val); });
+  for (int e = threadIdx.x; e < kChunkSize * width; e += kChunkThreads) {
+    const int r = e / width, col = e % width;
+    const float val = r < ci.len ? load_elem<T>(x, off4(x, ci.b, ci.t0 + r, hv, col0 + col)) : 0.f;
+    emit(r, col, val);
+  }
 }
 
 // Token row (the intermediates' first index) of local row 0 of a chunk.

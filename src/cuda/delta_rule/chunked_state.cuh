@@ -91,10 +91,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
           sm.hs_lo[d * LDH + col] = from_f<T>(h[mt][nt][e] - to_f<T>(hi));
         }
     if (tid < C) sm.G[tid] = (a.G && tid < L) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
-    batched_copy(
-        C * KMAX,
-        [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
-        [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });
+    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+      const int r = e / KMAX, d = e % KMAX;
+      sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
+    }
     __syncthreads();
     const float G_last = sm.G[L - 1];
     for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {

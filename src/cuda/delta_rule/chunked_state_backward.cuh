@@ -100,10 +100,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_backward_kernel(Chu
     for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
       store_split<T>(x, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
     });
-    batched_copy(
-        C * KMAX,
-        [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
-        [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });
+    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+      const int r = e / KMAX, d = e % KMAX;
+      sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
+    }
     for_each_value_row<T>(a.dout, ci, hv, col0, kStateCols,
                           [&](int r, int col, float x) { sm.dos[r * LDH + col] = from_f<T>(x); });
     __syncthreads();
