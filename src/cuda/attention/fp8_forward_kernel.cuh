@@ -42,7 +42,7 @@ struct Fp8ForwardState {
   static constexpr int MT = Fp8ForwardConfig<D>::kMTiles;
   float acc_o[MT][D / 8][4];
   float row_max[MT][2];  // log2 units
-  float row_sum[MT][2];  // this thread's partial sums of p~
+  float row_sum[MT][2];  // this thread's partial sums of 448 p~
 };
 
 // One key block: S = q8 k8^T, softmax update, O += P8 vt8; prefetches the next K block in between.
@@ -112,7 +112,8 @@ __device__ __forceinline__ void fp8_forward_key_block(
   }
 
   // Online softmax of rows g (e = 0, 1) and g + 8 (e = 2, 3); the short path folds the scale into
-  // the exponent: p~ = 2^(S qk_scale log2e - m).
+  // the exponent: p~ = 2^(S qk_scale log2e - m). The registers keep 448 p~ = 2^(.. - m + log2 448)
+  // (what P8 rounds, without a multiply per element); l and O then carry the same factor 448.
   const float mul = kGeneral ? 1.f : qk_scale * kLog2e;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -125,12 +126,13 @@ __device__ __forceinline__ void fp8_forward_key_block(
       mx = fmaxf(quad_max(mx) * mul, st.row_max[mt][r]);
       const float base = mx == -INFINITY ? 0.f : mx;  // nothing allowed yet: exp2(-inf - 0) = 0
       const float rescale = fast_exp2(st.row_max[mt][r] - base);
+      const float base448 = base - kLog2E4m3Max;
       st.row_max[mt][r] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        acc_s[mt][nt][2 * r] = fast_exp2(acc_s[mt][nt][2 * r] * mul - base);
-        acc_s[mt][nt][2 * r + 1] = fast_exp2(acc_s[mt][nt][2 * r + 1] * mul - base);
+        acc_s[mt][nt][2 * r] = fast_exp2(acc_s[mt][nt][2 * r] * mul - base448);
+        acc_s[mt][nt][2 * r + 1] = fast_exp2(acc_s[mt][nt][2 * r + 1] * mul - base448);
         sum += acc_s[mt][nt][2 * r] + acc_s[mt][nt][2 * r + 1];
       }
       st.row_sum[mt][r] = st.row_sum[mt][r] * rescale + sum;
@@ -163,7 +165,7 @@ __device__ __forceinline__ void fp8_forward_key_block(
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       p_to_a_fragment(acc_s[mt][4 * kk], acc_s[mt][4 * kk + 1], acc_s[mt][4 * kk + 2], acc_s[mt][4 * kk + 3],
-                      a[kk][mt], pack);
+                      a[kk][mt], pack, 1.f);  // already 448 p~
 #pragma unroll
   for (int dp = 0; dp < DT / 2; ++dp) {
     uint32_t b[KS][4];
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(Fp8ForwardConfig<D>::kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float l = quad_sum(st.row_sum[mt][r]);
-      const float inv = l > 0.f ? dsv / (kE4m3Max * l) : 0.f;
+      const float inv = l > 0.f ? dsv / l : 0.f;  // l = 448 sum p~, O = sum P8 v8
       const int i = warp * Cfg::kRowsPerWarp + mt * 16 + g + 8 * r;  // row inside the block
       if (m0 + i >= sv.len_q) continue;
       const int64_t row = out_base + static_cast<int64_t>(i) * p.out_st.row;
@@ -280,7 +282,7 @@ __global__ void __launch_bounds__(Fp8ForwardConfig<D>::kThreads)
         *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.out) + row + dt * 8 + 2 * t) = packed;
       }
       if (p.lse != nullptr && t == 0) {
-        const float lse = l > 0.f ? (st.row_max[mt][r] + log2f(l)) * kLn2 : -INFINITY;
+        const float lse = l > 0.f ? (st.row_max[mt][r] + log2f(l) - kLog2E4m3Max) * kLn2 : -INFINITY;
         p.lse[sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(h) * p.lse_head_stride +
               (sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
       }

@@ -28,6 +28,7 @@ namespace flashgrad::cuda_attn::fp8 {
 
 // The largest e4m3 value: P (<= 1) is stored as e4m3(P * 448) so that it uses the format's range.
 constexpr float kE4m3Max = 448.0f;
+constexpr float kLog2E4m3Max = 8.807354922057604f;  // log2(448) = 6 + log2(7)
 
 // ---- m16n8k32 fragment ownership (documentation and the host test) ------------------------------
 // Register r (0..3), byte b of lane `lane` of an A fragment holds A[row][col]:
@@ -73,16 +74,17 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 }
 #endif
 
-// The A fragment of P8 = e4m3(P * 448) for the 32 keys of accumulator tiles s[0..3] (rows g, g + 8
-// of one 16-row tile). PackFn(x0, x1, x2, x3) -> uint32_t packs four floats (device: cvt; the host
-// test: the host e4m3 converter), so kernel and test share this mapping.
+// The A fragment of e4m3(scale * P) for the 32 keys of accumulator tiles s[0..3] (rows g, g + 8 of
+// one 16-row tile). PackFn(x0, x1, x2, x3) -> uint32_t packs four floats (device: cvt; the host
+// test: the host e4m3 converter), so kernel and test share this mapping. P8 = e4m3(448 P): scale =
+// 448, or 1 when the values already are 448 P (the forward folds the factor into its exp2).
 template <typename PackFn>
 FLASHGRAD_FP8_HD void p_to_a_fragment(const float (&s0)[4], const float (&s1)[4], const float (&s2)[4],
-                                      const float (&s3)[4], uint32_t (&a)[4], PackFn pack) {
-  a[0] = pack(s0[0] * kE4m3Max, s0[1] * kE4m3Max, s1[0] * kE4m3Max, s1[1] * kE4m3Max);
-  a[1] = pack(s0[2] * kE4m3Max, s0[3] * kE4m3Max, s1[2] * kE4m3Max, s1[3] * kE4m3Max);
-  a[2] = pack(s2[0] * kE4m3Max, s2[1] * kE4m3Max, s3[0] * kE4m3Max, s3[1] * kE4m3Max);
-  a[3] = pack(s2[2] * kE4m3Max, s2[3] * kE4m3Max, s3[2] * kE4m3Max, s3[3] * kE4m3Max);
+                                      const float (&s3)[4], uint32_t (&a)[4], PackFn pack, float scale = kE4m3Max) {
+  a[0] = pack(s0[0] * scale, s0[1] * scale, s1[0] * scale, s1[1] * scale);
+  a[1] = pack(s0[2] * scale, s0[3] * scale, s1[2] * scale, s1[3] * scale);
+  a[2] = pack(s2[0] * scale, s2[1] * scale, s3[0] * scale, s3[1] * scale);
+  a[3] = pack(s2[2] * scale, s2[3] * scale, s3[2] * scale, s3[3] * scale);
 }
 
 // ---- the transposed V copy ------------------------------------------------------------------------
