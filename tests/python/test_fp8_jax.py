@@ -152,6 +152,10 @@ def test_gpu_matches_pytorch_on_the_gpu(key):
     reason = _gpu_skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    jx, tx = _jax_and_torch(key, dict(causal=True, deterministic=True), device="cuda")
+    jx, tx = _jax_and_torch(key, dict(causal=True), device="cuda")
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), jx, tx):
-        np.testing.assert_array_equal(as_f32(a), b.detach().float().cpu().numpy(), err_msg=name)
+        b = b.detach().float().cpu().numpy()
+        if name == "dq":  # fp32 atomics: the accumulation order may differ between the calls
+            np.testing.assert_allclose(as_f32(a), b, rtol=2 ** -7, atol=1e-3 * np.abs(b).max(), err_msg=name)
+        else:
+            np.testing.assert_array_equal(as_f32(a), b, err_msg=name)
