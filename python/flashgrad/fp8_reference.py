@@ -170,18 +170,23 @@ def fp8_attention_reference(q8, k8, v8, descale_q, descale_k, descale_v, *, emul
     return out, lse
 
 
+def _kernel_descale(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448 (a division, as the CUDA backward's pre-pass computes it), 1 where amax == 0."""
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
 def dout_descale(dout: torch.Tensor, opts: AttentionOptions) -> torch.Tensor:
     """float32 [N, Hq]: amax(|dO| over the sequence's rows of query head h) / 448 (1 if 0): the
     recipe's per-(sequence, query head) scale for the dO . V^T product."""
     if opts.cu_seqlens_q is None:
         amax = dout.abs().amax(dim=(1, 3)).float() if dout.shape[1] > 0 \
             else dout.new_zeros(dout.shape[0], dout.shape[2], dtype=torch.float32)
-        return descale_from_amax(amax)
+        return _kernel_descale(amax)
     cq = opts.cu_seqlens_q.tolist()
     rows = [dout[cq[n]:cq[n + 1]].abs().amax(dim=(0, 2)).float() if cq[n + 1] > cq[n]
             else dout.new_zeros(dout.shape[1], dtype=torch.float32) for n in range(len(cq) - 1)]
     amax = torch.stack(rows) if rows else dout.new_zeros(0, dout.shape[1], dtype=torch.float32)
-    return descale_from_amax(amax)
+    return _kernel_descale(amax)
 
 
 def fp8_attention_reference_backward(dout, q8, k8, v8, descale_q, descale_k, descale_v, out, lse,
