@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   // A. dP = scale Lower_incl(do v_new^T). Staging of the products and of the decayed sums: A's
   // array (A itself is loaded at the end of phase C).
   static_assert(kda_mma::contract_stage_bytes<T, 8>() <= sizeof(float) * C * LDM, "staging fits in A's array");
+  static_assert(kda_mma::contract_stage_bytes<T, 8>() <= sizeof(float) * C * KMAX, "and in q's");
   T* stage = reinterpret_cast<T*>(sm.A);
   auto do_rows = [&](int r, int64_t col) { return r < L ? do_at(r, col) : 0.f; };
   auto vn_rows = [&](int r, int64_t col) { return r < L ? vn_at(r, col) : 0.f; };
@@ -212,13 +213,21 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     sm.dG[e] += sm.beta[r] * t;
     atomicAdd(&sm.dbeta[r], t);
   }
-  for (int64_t e = tid; e < L * V; e += kChunkThreads) {
-    const int j = static_cast<int>(e / V);
-    const int64_t col = e % V;
-    float dub = 0.f;
-    for (int i = j; i < L; ++i) dub += sm.A[i * LDM + j] * dvn_at(i, col);
-    a.dv[((row0 + j) * a.HV + hv) * V + col] = sm.beta[j] * dub;
-    atomicAdd(&sm.dbeta[j], v_at(j, col) * dub);
+  // dUb = A^T dv_new on tensor cores, 64 value columns at a time; staged where q / Wb was (free
+  // since C; E's tmp comes after).
+  {
+    T* stage_q = reinterpret_cast<T*>(sm.q);
+    auto at_rows = [&](int r, int64_t i) { return sm.A[i * LDM + r]; };  // (A^T)_ri = A_ir
+    for (int64_t c0 = 0; c0 < V; c0 += 64) {
+      float acc[8][4] = {};
+      auto dvn_cols = [&](int n, int64_t i) { return i < L ? dvn_at(static_cast<int>(i), c0 + n) : 0.f; };
+      kda_mma::contract_rows<T, 8, true, true>(at_rows, dvn_cols, C, stage_q, acc);
+      store_acc64(acc, 0, [&](int j, int n, float dub) {
+        if (j >= L) return;
+        a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * dub;
+        atomicAdd(&sm.dbeta[j], v_at(j, c0 + n) * dub);
+      });
+    }
   }
   __syncthreads();
 

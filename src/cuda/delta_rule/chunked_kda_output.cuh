@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
     const int d = e / kOutputCols, col = e % kOutputCols;
     store_split<T>(hc[d * a.V + col0 + col], &sm.hs[d * LDV + col], &sm.hs_lo[d * LDV + col]);
   }
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
+  for (int e = tid; e < C * C; e += kChunkThreads) {  // consecutive threads: one stored row j
+    const int j = e / C, i = e % C;
     const float p = i < L && j <= i ? kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
     store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
   }

@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
     }
     for_each_value_row<T>(a.dout, ci, hv, col0, kStateCols,
                           [&](int r, int col, float x) { sm.dos[r * LDH + col] = from_f<T>(x); });
-    for (int e = tid; e < C * C; e += kChunkThreads) {
-      const int i = e / C, j = e % C;
+    for (int e = tid; e < C * C; e += kChunkThreads) {  // consecutive threads: one stored row j
+      const int j = e / C, i = e % C;
       const float p = i < L && j <= i ? a.scale * kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
       store_split<T>(p, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
     }
