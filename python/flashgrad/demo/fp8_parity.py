@@ -230,6 +230,9 @@ def main(argv=None) -> int:
         except NotImplementedError as error:   # e.g. no FP8 kernels in this CUDA build
             print(f"fp8_parity: the {name} run cannot execute: {error}", file=sys.stderr)
             return 2
+        except FloatingPointError as error:
+            print(f"fp8 vs bf16: FAIL: {error}")
+            return 1
         print(f"{name}: {args.steps} steps in {runs[name]['seconds']:.1f} s, final training loss "
               f"(mean of last {min(FINAL_WINDOW, args.steps)}) {runs[name]['final_train_loss']:.4f}, "
               f"held-out {runs[name]['held_out_loss']:.4f}")
