@@ -78,14 +78,20 @@ __device__ __forceinline__ void kda_decayed_lower(XF&& x, YF&& y, const float* G
   T* yh = xl + 16 * LDS;
   T* yl = yh + 48 * LDS;
   const int tid = threadIdx.x, wp = tid / 32;
-  for (int e = tid; e < C * C; e += kChunkThreads) {
+  for (int e = tid; e < C * C; e += kChunkThreads) {  // the upper triangle
     const int i = e / C, j = e % C;
-    if (j / 16 != i / 16) {
-      if (j > i) out[i * ldo + j] = 0.f;  // upper off-diagonal blocks; lower ones come below
-      continue;
-    }
+    if (j > i) out[i * ldo + j] = 0.f;
+  }
+  // Lower triangles (with the diagonal) of the four diagonal blocks: 4 x 136 (i, j) pairs, one per
+  // thread and pass (all lanes busy); pair q of a block is row a, column c = q - a (a + 1) / 2.
+  for (int p = tid; p < 4 * 136; p += kChunkThreads) {
+    const int blk = p / 136, q = p % 136;
+    int a = static_cast<int>((sqrtf(8.f * q + 1.f) - 1.f) * 0.5f);
+    while ((a + 1) * (a + 2) / 2 <= q) ++a;  // float rounding of the root
+    while (a * (a + 1) / 2 > q) --a;
+    const int i = 16 * blk + a, j = 16 * blk + q - a * (a + 1) / 2;
     float s = 0.f;
-    if (j < i || (inclusive && j == i))
+    if (j < i || inclusive)
       for (int d = 0; d < KMAX; ++d) s += x(i, d) * y(j, d) * expf(G[i * ldg + d] - G[j * ldg + d]);
     out[i * ldo + j] = s;
   }
