@@ -61,33 +61,72 @@ std::vector<float> decode16(DType dt, const std::vector<uint16_t>& x) {
 }
 
 struct DeviceCase {
-  DeviceArray<uint8_t> q, k, v;
+  DeviceArray<uint8_t> q, k, v, qkv;
   DeviceArray<float> dsq, dsk, dsv, dlse;
   DeviceArray<int32_t> cu_q, cu_k, prefix, bounds;
   explicit DeviceCase(const Fp8Case& c)
-      : q(c.q8.size()), k(c.k8.size()), v(c.v8.size()), dsq(c.dsq.size()), dsk(c.dsk.size()),
-        dsv(c.dsv.size()), dlse(c.dlse.size()), cu_q(c.cu_q.size()), cu_k(c.cu_k.size()),
-        prefix(c.cfg.prefix.size()), bounds(c.cfg.bounds.size()) {
-    prefix.upload(c.cfg.prefix);
-    bounds.upload(c.cfg.bounds);
-    q.upload(c.q8);
-    k.upload(c.k8);
-    v.upload(c.v8);
-    dsq.upload(c.dsq);
-    dsk.upload(c.dsk);
-    dsv.upload(c.dsv);
+      : q(c.cfg.packed_qkv ? 0 : c.q8.size()), k(c.cfg.packed_qkv ? 0 : c.k8.size()),
+        v(c.cfg.packed_qkv ? 0 : c.v8.size()), qkv(c.cfg.packed_qkv ? c.q8.size() + 2 * c.k8.size() : 0),
+        dsq(c.cfg.packed_qkv ? c.n * (c.cfg.hk + 3) : c.dsq.size()),
+        dsk(c.cfg.packed_qkv ? c.n * (c.cfg.hk + 3) : c.dsk.size()),
+        dsv(c.cfg.packed_qkv ? c.n * (c.cfg.hk + 3) : c.dsv.size()), dlse(c.dlse.size()), cu_q(c.cu_q.size()),
+        cu_k(c.cu_k.size()), prefix(c.cfg.prefix.size()), bounds(c.cfg.bounds.size()) {
+    if (c.cfg.packed_qkv) {
+      // [B, S, Hq + 2 Hk, D]: q heads, then k, then v, per token.
+      const int64_t D = c.cfg.d, hq = c.cfg.hq, hk = c.cfg.hk, tokens = c.tq, row = (hq + 2 * hk) * D;
+      std::vector<uint8_t> all(tokens * row);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::memcpy(&all[t * row], &c.q8[t * hq * D], hq * D);
+        std::memcpy(&all[t * row + hq * D], &c.k8[t * hk * D], hk * D);
+        std::memcpy(&all[t * row + (hq + hk) * D], &c.v8[t * hk * D], hk * D);
+      }
+      qkv.upload(all);
+      // Descales [N, Hk] with a row stride of Hk + 3 (the gaps hold NaN: a wrong index shows).
+      auto padded = [&](const std::vector<float>& x) {
+        std::vector<float> y(static_cast<size_t>(c.n) * (c.cfg.hk + 3), NAN);
+        for (int n = 0; n < c.n; ++n)
+          for (int g = 0; g < c.cfg.hk; ++g) y[n * (c.cfg.hk + 3) + g] = x[n * c.cfg.hk + g];
+        return y;
+      };
+      dsq.upload(padded(c.dsq));
+      dsk.upload(padded(c.dsk));
+      dsv.upload(padded(c.dsv));
+    } else {
+      q.upload(c.q8);
+      k.upload(c.k8);
+      v.upload(c.v8);
+      dsq.upload(c.dsq);
+      dsk.upload(c.dsk);
+      dsv.upload(c.dsv);
+    }
     dlse.upload(c.dlse);
     cu_q.upload(c.cu_q);
     cu_k.upload(c.cu_k);
+    prefix.upload(c.cfg.prefix);
+    bounds.upload(c.cfg.bounds);
   }
   AttentionParams params(const Fp8Case& c) const {
     AttentionParams p = mask_params(c.cfg);
-    p.q = host_view(q.ptr, DType::e4m3, c.q_shape(), Device::cuda);
-    p.k = host_view(k.ptr, DType::e4m3, c.k_shape(), Device::cuda);
-    p.v = host_view(v.ptr, DType::e4m3, c.k_shape(), Device::cuda);
-    p.descale_q = host_view(dsq.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
-    p.descale_k = host_view(dsk.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
-    p.descale_v = host_view(dsv.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
+    if (c.cfg.packed_qkv) {
+      const int64_t D = c.cfg.d, hq = c.cfg.hq, hk = c.cfg.hk, row = (hq + 2 * hk) * D;
+      const std::vector<int64_t> st = {c.cfg.sq * row, row, D, 1};
+      p.q = host_view(qkv.ptr, DType::e4m3, c.q_shape(), Device::cuda);
+      p.k = host_view(qkv.ptr + hq * D, DType::e4m3, c.k_shape(), Device::cuda);
+      p.v = host_view(qkv.ptr + (hq + hk) * D, DType::e4m3, c.k_shape(), Device::cuda);
+      for (TensorView* t : {&p.q, &p.k, &p.v})
+        for (int i = 0; i < 4; ++i) t->stride[i] = st[i];
+      p.descale_q = host_view(dsq.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
+      p.descale_k = host_view(dsk.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
+      p.descale_v = host_view(dsv.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
+      for (TensorView* t : {&p.descale_q, &p.descale_k, &p.descale_v}) t->stride[0] = c.cfg.hk + 3;
+    } else {
+      p.q = host_view(q.ptr, DType::e4m3, c.q_shape(), Device::cuda);
+      p.k = host_view(k.ptr, DType::e4m3, c.k_shape(), Device::cuda);
+      p.v = host_view(v.ptr, DType::e4m3, c.k_shape(), Device::cuda);
+      p.descale_q = host_view(dsq.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
+      p.descale_k = host_view(dsk.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
+      p.descale_v = host_view(dsv.ptr, DType::f32, {c.n, c.cfg.hk}, Device::cuda);
+    }
     if (c.varlen) {
       p.cu_seqlens_q = host_view(cu_q.ptr, DType::i32, {c.n + 1}, Device::cuda);
       p.cu_seqlens_k = host_view(cu_k.ptr, DType::i32, {c.n + 1}, Device::cuda);
@@ -300,6 +339,23 @@ TEST(AttentionFp8Gpu, LseGradientZLossAndFullyMaskedRows) {
   c.sq = 90;
   c.sk = 60;  // rows 0..29 see nothing
   check_case(named("dlse + z_loss, fully masked rows", c));
+}
+
+// Free strides: q, k, v as head slices of one packed buffer (row stride (Hq + 2 Hk) D bytes) and
+// descales with padded rows.
+TEST(AttentionFp8Gpu, PackedQkvAndStridedDescales) {
+  REQUIRE_GPU();
+  for (int d : {64, 256}) {
+    Fp8Config c;
+    c.packed_qkv = true;
+    c.d = d;
+    c.batch = 3;
+    c.hq = 4;
+    c.hk = 2;
+    c.sq = c.sk = 100;
+    c.mask = MaskKind::causal;
+    check_case(named("packed qkv, padded descale rows d" + std::to_string(d), c));
+  }
 }
 
 TEST(AttentionFp8Gpu, Fp16Outputs) {

@@ -52,7 +52,9 @@ struct Fp8Config {
   float z_loss = 0.f;
   DType out_dtype = DType::bf16;
   float input_std = 1.f;
-  bool deterministic = false;  // backward: the kernels' deterministic dq  // q, k, v ~ N(0, input_std^2) before quantization
+  bool deterministic = false;  // backward: the kernels' deterministic dq
+  bool packed_qkv = false;     // GPU test: q, k, v as head slices of one [B, S, Hq + 2 Hk, D] buffer
+                               // (padded, Sq == Sk) and the descales with padded rows  // q, k, v ~ N(0, input_std^2) before quantization
 };
 
 struct Fp8Outputs {
