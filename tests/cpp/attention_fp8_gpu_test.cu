@@ -528,6 +528,35 @@ TEST(AttentionFp8Gpu, PermutedPTimesTransposedVOnTheHardware) {
     }
 }
 
+// e4m3 rows whose strides are not multiples of 16 bytes cannot be copied in 16-byte chunks: refused
+// as unsupported, naming the argument, before anything is written.
+TEST(AttentionFp8Gpu, UnalignedRowsAreRefusedByName) {
+  REQUIRE_GPU();
+  std::mt19937 rng(5);
+  Fp8Config cfg;
+  cfg.d = 64;
+  cfg.sq = cfg.sk = 32;
+  Fp8Case c = make_case(cfg, rng);
+  DeviceCase dev(c);
+  AttentionParams p = dev.params(c);
+  DeviceArray<uint8_t> padded(c.q8.size() * 2);
+  p.k = host_view(padded.ptr, DType::e4m3, c.k_shape(), Device::cuda);
+  p.k.stride[1] = cfg.hk * cfg.d + 8;  // row stride of 136 bytes
+  p.k.stride[0] = p.k.stride[1] * cfg.sk;
+  DeviceArray<uint16_t> out(c.q8.size());
+  DeviceArray<float> lse(c.lse_count());
+  out.poison();
+  try {
+    attention_forward(p, host_view(out.ptr, DType::bf16, c.q_shape(), Device::cuda),
+                      host_view(lse.ptr, DType::f32, c.lse_shape(), Device::cuda));
+    ADD_FAILURE() << "an e4m3 k with 136-byte rows was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
+    EXPECT_EQ(e.argument(), "k") << e.what();
+  }
+  for (uint16_t x : out.download()) ASSERT_EQ(x, 0xffff) << "the refused call wrote out";
+}
+
 // deterministic = true: dq from the dq kernel (fixed order, no atomics); two backward calls give
 // the same bits, and the results pass the same checks.
 TEST(AttentionFp8Gpu, DeterministicIsBitwiseRepeatable) {
