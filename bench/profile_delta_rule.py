@@ -2,6 +2,8 @@
 time of a forward and a backward goes.
 
 usage: python bench/profile_delta_rule.py [--B 8 --T 4096 --H 16 --K 128] [--kind gdn|kda] [--reps 3]
+       [--no-profiler]   (just run the steps: for an outside profiler such as ncu, which cannot share
+                          the GPU's counters with torch.profiler)
 """
 import argparse
 
@@ -16,6 +18,7 @@ def main():
     ap.add_argument("--B", type=int, default=8); ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--H", type=int, default=16); ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--kind", default="gdn"); ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-profiler", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
     dt, dev = torch.bfloat16, "cuda"
@@ -33,6 +36,11 @@ def main():
         torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
 
     step(); torch.cuda.synchronize()
+    if a.no_profiler:
+        for _ in range(a.reps):
+            step()
+        torch.cuda.synchronize()
+        return
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(a.reps):
             step()
