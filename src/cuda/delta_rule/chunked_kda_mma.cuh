@@ -90,33 +90,46 @@ constexpr int64_t contract_stage_bytes() {
 // on tensor cores 16 columns at a time through `stage` (shared memory, contract_stage_bytes).
 // XSPLIT / YSPLIT: split the operand hi + lo (values exact in T need no lo part). ncols is a
 // multiple of 16. Every thread of the block calls it; it begins and ends with a barrier.
+// The next piece's values are loaded into registers before the current piece's mmas, so their
+// (global memory) latency overlaps the mmas and the barrier.
 template <typename T, int NT, bool XSPLIT, bool YSPLIT, typename XF, typename YF>
 __device__ __forceinline__ void contract_rows(XF&& x, YF&& y, int64_t ncols, T* stage, float (&acc)[NT][4]) {
   constexpr int C = kChunkSize, NB = 8 * NT, LD = 24;  // LD: 8 fragment rows hit distinct banks
+  constexpr int XPER = C * 16 / kChunkThreads, YPER = NB * 16 / kChunkThreads;  // values per thread
+  static_assert(C * 16 % kChunkThreads == 0 && NB * 16 % kChunkThreads == 0, "whole passes");
   T* xh = stage;
   T* xl = xh + C * LD;
   T* yh = xl + C * LD;
   T* yl = yh + NB * LD;
   const int tid = threadIdx.x, wp = tid / 32;
+  float xv[XPER], yv[YPER];
+  auto fetch = [&](int64_t c0) {  // element e = tid + 128 m: row e / 16, column c0 + e % 16
+#pragma unroll
+    for (int m = 0; m < XPER; ++m) xv[m] = x((tid + kChunkThreads * m) / 16, c0 + (tid + kChunkThreads * m) % 16);
+#pragma unroll
+    for (int m = 0; m < YPER; ++m) yv[m] = y((tid + kChunkThreads * m) / 16, c0 + (tid + kChunkThreads * m) % 16);
+  };
+  fetch(0);
   for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
     __syncthreads();  // the previous piece's readers are done
-    for (int e = tid; e < C * 16; e += kChunkThreads) {
-      const int r = e / 16, c = e % 16;
-      const float v = x(r, c0 + c);
+#pragma unroll
+    for (int m = 0; m < XPER; ++m) {
+      const int e = tid + kChunkThreads * m, at = (e / 16) * LD + e % 16;
       if (XSPLIT)
-        store_split<T>(v, &xh[r * LD + c], &xl[r * LD + c]);
+        store_split<T>(xv[m], &xh[at], &xl[at]);
       else
-        xh[r * LD + c] = from_f<T>(v);
+        xh[at] = from_f<T>(xv[m]);
     }
-    for (int e = tid; e < NB * 16; e += kChunkThreads) {
-      const int n = e / 16, c = e % 16;
-      const float v = y(n, c0 + c);
+#pragma unroll
+    for (int m = 0; m < YPER; ++m) {
+      const int e = tid + kChunkThreads * m, at = (e / 16) * LD + e % 16;
       if (YSPLIT)
-        store_split<T>(v, &yh[n * LD + c], &yl[n * LD + c]);
+        store_split<T>(yv[m], &yh[at], &yl[at]);
       else
-        yh[n * LD + c] = from_f<T>(v);
+        yh[at] = from_f<T>(yv[m]);
     }
     __syncthreads();
+    if (c0 + 16 < ncols) fetch(c0 + 16);
     uint32_t ah[4], al[4];
     mma::frag_a(xh, LD, 16 * wp, 0, ah);
     if (XSPLIT) mma::frag_a(xl, LD, 16 * wp, 0, al);
