@@ -13,6 +13,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "cuda/common/cuda_check.h"
 #include "wgmma_forward.h"
@@ -81,15 +84,35 @@ int sm_count() {
   return counts[dev];
 }
 
+// The persistent grid's tile counter: one int per (device, stream), allocated on first use and
+// zeroed on the stream before each launch (stream order keeps calls on one stream apart; other
+// streams get their own). Not for the first call of a stream inside CUDA graph capture (cudaMalloc).
+int* tile_counter(cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, int*> counters;
+  int dev = 0;
+  FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
+  int* counter = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    int*& slot = counters[{dev, stream}];
+    if (slot == nullptr) FLASHGRAD_CUDA_CHECK(cudaMalloc(&slot, sizeof(int)));
+    counter = slot;
+  }
+  FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+  return counter;
+}
+
 bool env_is(const char* name, const char* value) {
   const char* env = std::getenv(name);
   return env != nullptr && std::strcmp(env, value) == 0;
 }
 
 // One CTA per tile, or (FLASHGRAD_ATTN_WGMMA_PERSISTENT=1, or more tiles than a grid holds) one
-// CTA per SM walking the tiles, which overlaps each tile's Q and first K / V loads with the
-// previous tile's last P V and epilogue. FLASHGRAD_ATTN_WGMMA_PERSISTENT=N >= 2 caps the grid at N
-// CTAs (tests use it to give every CTA several tiles on small problems).
+// CTA per SM drawing tiles from a counter (heaviest first, dynamically balanced), which overlaps
+// each tile's Q and first K / V loads with the previous tile's last P V and epilogue.
+// FLASHGRAD_ATTN_WGMMA_PERSISTENT=N >= 2 caps the grid at N CTAs (tests use it to give every CTA
+// several tiles on small problems).
 template <typename T, int D, bool kPingpong>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
                     const AttentionKernelParams& p, const WgmmaMapAxes& axes, cudaStream_t stream) {
@@ -107,8 +130,9 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
     ctas = std::min<int64_t>(tiles, cap);
   else if (cap == 1 || tiles > 0x7fffffff)
     ctas = std::min<int64_t>(tiles, sm_count());
+  int* counter = ctas < tiles ? tile_counter(stream) : nullptr;  // fewer CTAs than tiles: schedule
   kernel<<<dim3(static_cast<unsigned>(ctas)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, p, axes,
-                                                                                      mblocks, tiles);
+                                                                                      mblocks, tiles, counter);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 

@@ -54,7 +54,10 @@ struct WgmmaForwardConfig {
   static constexpr int kPanelBytesKV = kBlockN * 128;
   // Q, K ring, V ring, then the mbarriers; +1024 to align the base to the swizzle atom.
   static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * (2 + 4 * kStages) + 1024;
+  // mbarriers: Q full / empty, K and V full / empty per slot, tile-index full / empty x 2; then the
+  // two tile-index slots (dynamic scheduling).
+  static constexpr int kTileSlotOffset = kBarrierOffset + 8 * (2 + 4 * kStages + 4);
+  static constexpr int kSmemBytes = kTileSlotOffset + 2 * 8 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
   static constexpr int kConsumerRegs = 232;
   static constexpr int kProducerRegs = 40;
@@ -167,12 +170,16 @@ __device__ __forceinline__ WgmmaTile wgmma_tile(const AttentionKernelParams& p, 
   return w;
 }
 
-// The CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (one tile per CTA when the grid
-// covers them all; a persistent grid of one CTA per SM otherwise). Producer and consumers make the
-// same decisions per tile (live, key blocks), and count K / V blocks and Q loads across tiles, so
-// the rings' slots and mbarrier phases continue from one tile to the next: the producer loads the
-// next tile's Q as soon as both consumer warpgroups have issued their last Q K^T ("q empty"), and
-// its first K / V while they finish P V and the epilogue.
+// Without a tile counter each CTA runs tile blockIdx.x (the grid covers all tiles). With one (a
+// persistent grid of about one CTA per SM), the CTA starts at tile blockIdx.x and then takes
+// gridDim.x + atomicAdd(counter, 1) until past the end: dynamic scheduling, so causal tiles of
+// unequal length balance across SMs. The producer thread draws the next index once it has issued
+// the current tile's loads and hands it to the consumers through a 2-slot shared-memory ring
+// (tile full / empty mbarriers). Producer and consumers then make the same decisions per tile
+// (live, key blocks) and count K / V blocks and Q loads across tiles, so the rings' slots and
+// mbarrier phases continue from one tile to the next: the producer loads the next tile's Q as soon
+// as both consumer warpgroups have issued their last Q K^T ("q empty"), and its first K / V while
+// they finish P V and the epilogue.
 //
 // kPingpong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2),
 // so one's softmax runs while the other's products occupy the tensor cores (FA3's inter-warpgroup
@@ -186,7 +193,7 @@ __global__ void __launch_bounds__(384, 1)
                                    const __grid_constant__ CUtensorMap map_k,
                                    const __grid_constant__ CUtensorMap map_v,
                                    const AttentionKernelParams p, const WgmmaMapAxes axes,
-                                   int num_m_blocks, int64_t num_tiles) {
+                                   int num_m_blocks, int64_t num_tiles, int* tile_counter) {
   using Cfg = WgmmaForwardConfig<D>;
   using Ops = ElementOps<T>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
@@ -199,11 +206,18 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bar_q_empty = bar_q_full + 8;
   const uint32_t bar_k_full = bar_q_empty + 8, bar_v_full = bar_k_full + 8 * ST;
   const uint32_t bar_k_empty = bar_v_full + 8 * ST, bar_v_empty = bar_k_empty + 8 * ST;
+  const uint32_t bar_tile_full = bar_v_empty + 8 * ST, bar_tile_empty = bar_tile_full + 16;  // x 2 each
+  int64_t* tile_slots = reinterpret_cast<int64_t*>(smem_raw + (smem0 - smem_address(smem_raw)) +
+                                                   Cfg::kTileSlotOffset);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
     sm90::mbar_init(bar_q_full, 1);
     sm90::mbar_init(bar_q_empty, 8);  // one arrival per consumer warp
+    for (int s = 0; s < 2; ++s) {
+      sm90::mbar_init(bar_tile_full + 8 * s, 1);
+      sm90::mbar_init(bar_tile_empty + 8 * s, 8);
+    }
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
       sm90::mbar_init(bar_k_full + 8 * s, 1);
@@ -225,7 +239,15 @@ __global__ void __launch_bounds__(384, 1)
     sm90::tma_prefetch_map(&map_v);
     int it = 0;      // K / V blocks loaded so far (ring position)
     int q_loads = 0;  // Q tiles loaded so far
-    for (int64_t t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    int64_t t = blockIdx.x;
+    for (int k = 0;; ++k) {
+      if (k > 0) t = tile_counter != nullptr ? atomicAdd(tile_counter, 1) + int64_t{gridDim.x} : num_tiles;
+      if (tile_counter != nullptr) {  // hand the tile index to the consumers (2-slot ring)
+        sm90::mbar_wait(bar_tile_empty + 8 * (k & 1), ((k >> 1) & 1) ^ 1);
+        tile_slots[k & 1] = t;
+        sm90::mbar_arrive(bar_tile_full + 8 * (k & 1));  // release: the store above is visible
+      }
+      if (t >= num_tiles) break;
       const WgmmaTile w = wgmma_tile<BM, BN>(p, num_m_blocks, t);
       if (!w.live) continue;
       int cls = kTileEmpty;
@@ -295,7 +317,15 @@ __global__ void __launch_bounds__(384, 1)
 
   int it = 0;       // K / V blocks consumed so far (ring position), as the producer counts them
   int q_loads = 0;  // Q tiles consumed so far
-  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+  for (int k = 0;; ++k) {
+    int64_t tile = k == 0 ? int64_t{blockIdx.x} : num_tiles;
+    if (tile_counter != nullptr) {  // the producer's pick
+      sm90::mbar_wait(bar_tile_full + 8 * (k & 1), (k >> 1) & 1);
+      tile = *reinterpret_cast<volatile int64_t*>(&tile_slots[k & 1]);
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(bar_tile_empty + 8 * (k & 1));
+    }
+    if (tile >= num_tiles) break;
     const WgmmaTile w = wgmma_tile<BM, BN>(p, num_m_blocks, tile);
     if (!w.live) continue;
     const int m0 = w.m0;
