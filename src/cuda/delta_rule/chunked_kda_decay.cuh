@@ -42,10 +42,10 @@ __device__ __forceinline__ void kda_load_cumulative_gate(const View& g, const Ch
 
 // Chunk rows of the stored G [rows, HV, K] (stage 1's output) into G[r * ldg + d]; rows >= L
 // repeat row L - 1. No barrier.
-template <int KMAX>
+template <int KMAX, int NTHR = kChunkThreads>
 __device__ __forceinline__ void kda_read_gate(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
                                               int64_t HV, float* G, int ldg) {
-  for (int e = threadIdx.x; e < kChunkSize * KMAX; e += kChunkThreads) {
+  for (int e = threadIdx.x; e < kChunkSize * KMAX; e += NTHR) {
     const int r = e / KMAX, d = e % KMAX;
     const int rr = r < ci.len ? r : ci.len - 1;
     G[r * ldg + d] = G_in[((row0 + rr) * HV + hv) * KMAX + d];
@@ -128,18 +128,19 @@ namespace flashgrad::cuda_detail::delta_rule {
 // W is [64][ldw] in shared memory (zero in rows past L), G [64][KMAX] (rows past L hold G_{L-1}),
 // x, y return fp32 values (0 past L). Both write `out` [64][KMAX] (every element), use `stage`
 // (16 * KMAX floats) and end with a barrier; the caller has one between writing the inputs and
-// the call. Element (r, d) is written only by thread (r * KMAX + d) % 128 in both helpers.
+// the call. NTHR threads per block; element (r, d) is written only by thread (r * KMAX + d) % NTHR
+// in both helpers.
 //
 // Inside a 16-row sub-chunk one exp per term. Across sub-chunks, through the first row b = 16 I
 // of the later sub-chunk I (j < b <= r, resp. r < b <= i), so both factors are <= 1:
 //   rows: exp(G_rd - G_jd) = exp(G_rd - G_bd) exp(G_bd - G_jd)
 //   cols: exp(G_id - G_rd) = exp(G_id - G_bd) exp(G_bd - G_rd)
 // with the factor of the summed index folded into the staged operand.
-template <int KMAX, typename YF>
+template <int KMAX, int NTHR, typename YF>
 __device__ __forceinline__ void kda_decayed_rows(const float* W, int ldw, YF&& y, const float* G, bool inclusive,
                                                  float* out, float* stage) {
   const int tid = threadIdx.x;
-  for (int e = tid; e < kChunkSize * KMAX; e += kChunkThreads) {
+  for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
     const int r = e / KMAX, d = e % KMAX, end = inclusive ? r : r - 1;
     const float gr = G[r * KMAX + d];
     float s = 0.f;
@@ -150,12 +151,12 @@ __device__ __forceinline__ void kda_decayed_rows(const float* W, int ldw, YF&& y
     for (int I = J + 1; I < 4; ++I) {
       const int b = 16 * I;
       __syncthreads();  // the previous pair's readers of `stage` are done
-      for (int e = tid; e < 16 * KMAX; e += kChunkThreads) {
+      for (int e = tid; e < 16 * KMAX; e += NTHR) {
         const int jj = e / KMAX, d = e % KMAX, j = 16 * J + jj;
         stage[e] = y(j, d) * expf(G[b * KMAX + d] - G[j * KMAX + d]);
       }
       __syncthreads();
-      for (int e = tid; e < 16 * KMAX; e += kChunkThreads) {
+      for (int e = tid; e < 16 * KMAX; e += NTHR) {
         const int r = b + e / KMAX, d = e % KMAX;
         float s = 0.f;
 #pragma unroll
@@ -166,11 +167,11 @@ __device__ __forceinline__ void kda_decayed_rows(const float* W, int ldw, YF&& y
   __syncthreads();
 }
 
-template <int KMAX, typename XF>
+template <int KMAX, int NTHR, typename XF>
 __device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x, const float* G, bool inclusive,
                                                  float* out, float* stage) {
   const int tid = threadIdx.x;
-  for (int e = tid; e < kChunkSize * KMAX; e += kChunkThreads) {
+  for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
     const int r = e / KMAX, d = e % KMAX, end = (r & ~15) + 16;
     const float gr = G[r * KMAX + d];
     float s = 0.f;
@@ -180,12 +181,12 @@ __device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x
   for (int I = 1; I < 4; ++I) {
     const int b = 16 * I;
     __syncthreads();
-    for (int e = tid; e < 16 * KMAX; e += kChunkThreads) {
+    for (int e = tid; e < 16 * KMAX; e += NTHR) {
       const int i = b + e / KMAX, d = e % KMAX;
       stage[e] = x(i, d) * expf(G[i * KMAX + d] - G[b * KMAX + d]);
     }
     __syncthreads();
-    for (int e = tid; e < b * KMAX; e += kChunkThreads) {  // rows r < b
+    for (int e = tid; e < b * KMAX; e += NTHR) {  // rows r < b
       const int r = e / KMAX, d = e % KMAX;
       float s = 0.f;
 #pragma unroll

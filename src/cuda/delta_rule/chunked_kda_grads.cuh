@@ -63,19 +63,26 @@ struct KdaGradsSmem {
   }
 };
 
-// Hands each element of a warp's 16 x 64 accumulator block (rows 16 wp.., columns n0 + 8 nt..) to
-// put(row, column, value).
+// Threads of a B2 block: 8 warps (the kernel is latency-bound at one block per SM: 225 KiB of
+// shared memory). The products split as kda_mma::contract_rows says: warp w owns rows
+// [16 (w % 4), +16) and 8-column tiles [4 (w / 4), +4) of a 64-column block.
+constexpr int kGradsThreads = 256;
+
+// Hands each element this warp owns of a 16 x 64 accumulator block (rows 16 (w % 4).., columns
+// n0 + 8 nt..) to put(row, column, value).
 template <typename Put>
 __device__ __forceinline__ void store_acc64(const float (&acc)[8][4], int n0, Put&& put) {
-  const int wp = threadIdx.x / 32;
+  const int wp = (threadIdx.x / 32) % 4, half = threadIdx.x / 128;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt / 4 != half) continue;
 #pragma unroll
     for (int e = 0; e < 4; ++e) put(16 * wp + mma::acc_row(e), n0 + 8 * nt + mma::acc_col(e), acc[nt][e]);
+  }
 }
 
 template <typename T, int KMAX>
-__global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a) {
+__global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a) {
   using S = KdaGradsSmem<KMAX>;
   constexpr int C = kChunkSize, LDM = S::LDM;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -99,9 +106,11 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     sm.dbeta[tid] = 0.f;
   }
   if (tid < KMAX) sm.sl[tid] = 0.f;
-  kda_read_gate<KMAX>(a.G, ci, row0, hv, a.HV, sm.G, KMAX);
-  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * KMAX + d] = x; });
-  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
+  kda_read_gate<KMAX, kGradsThreads>(a.G, ci, row0, hv, a.HV, sm.G, KMAX);
+  if (tid < kChunkThreads) {  // for_each_key_row's layout is for 4 warps (warp-uniform condition)
+    for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * KMAX + d] = x; });
+    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
+  }
   __syncthreads();
 
   // A. dP = scale Lower_incl(do v_new^T). Staging of the products and of the decayed sums: A's
@@ -114,7 +123,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   auto dvn_rows = [&](int r, int64_t col) { return r < L ? dvn_at(r, col) : 0.f; };
   {
     float acc[8][4] = {};
-    kda_mma::contract_rows<T, 8, false, false>(do_rows, vn_rows, V, stage, acc);
+    kda_mma::contract_rows<T, 8, false, false, kGradsThreads>(do_rows, vn_rows, V, stage, acc);
     store_acc64(acc, 0, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? scale * x : 0.f; });
   }
   __syncthreads();
@@ -128,7 +137,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     for (int n0 = 0; n0 < KMAX; n0 += 64) {
       float acc[8][4] = {};
       auto y0 = [&](int n, int64_t col) { return yr(n0 + n, col); };
-      kda_mma::contract_rows<T, 8, decltype(split_x)::value, true>(xr, y0, V, stage, acc);
+      kda_mma::contract_rows<T, 8, decltype(split_x)::value, true, kGradsThreads>(xr, y0, V, stage, acc);
       store_acc64(acc, n0, [&](int r, int d, float v) { out[r * KMAX + d] = sign * v; });
     }
     __syncthreads();
@@ -137,9 +146,9 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   using split = std::true_type;
 
   // B1. aq (into dw's array), Y = do h^T (into dG's); dq = scale e o Y + aq, dG = q o dq.
-  kda_decayed_rows<KMAX>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
+  kda_decayed_rows<KMAX, kGradsThreads>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
   contract_into(do_rows, h_rows, exact{}, 1.f, sm.dG);
-  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+  for (int e = tid; e < C * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
     float dG = 0.f;
     if (r < L) {
@@ -152,9 +161,9 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   __syncthreads();
   // B2. ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
   //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
-  kda_decayed_cols<KMAX>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
+  kda_decayed_cols<KMAX, kGradsThreads>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
   contract_into(vn_rows, dhn_rows, exact{}, 1.f, sm.dk);
-  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+  for (int e = tid; e < C * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
     float dk = 0.f;
     if (r < L) {
@@ -168,7 +177,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     sm.dk[e] = dk;
   }
   // exp(gl_d) <h_c[d], dh_{c+1}[d]>: warps over consecutive columns of one channel (V % 32 == 0).
-  for (int64_t e = tid; e < K * V; e += kChunkThreads) {
+  for (int64_t e = tid; e < K * V; e += kGradsThreads) {
     float x = h[e] * dhn[e];
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -179,7 +188,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   contract_into(dvn_rows, h_rows, split{}, -1.f, sm.dw);
 
   // C. Wb = beta e o k where q was (q is done); then dA (where dP was).
-  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
+  for (int e = tid; e < C * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
     sm.q[e] = sm.beta[r] * expf(sm.G[r * KMAX + d]) * sm.k[e];
   }
@@ -189,13 +198,13 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     auto bv_rows = [&](int j, int64_t col) { return j < L ? sm.beta[j] * v_at(j, col) : 0.f; };
     auto dw_rows = [&](int r, int64_t d) { return sm.dw[r * KMAX + d]; };
     auto wb_rows = [&](int j, int64_t d) { return sm.q[j * KMAX + d]; };
-    kda_mma::contract_rows<T, 8, true, true>(dvn_rows, bv_rows, V, stage, acc);
-    kda_mma::contract_rows<T, 8, true, true>(dw_rows, wb_rows, KMAX, stage, acc);
+    kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(dvn_rows, bv_rows, V, stage, acc);
+    kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(dw_rows, wb_rows, KMAX, stage, acc);
     store_acc64(acc, 0, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? x : 0.f; });
   }
   // A from stage 1 (the staging area is free). Stage 1 packs P^T into A's upper triangle
   // (chunked_kda.h): keep the strict lower part, with the unit diagonal.
-  for (int e = tid; e < C * C; e += kChunkThreads) {
+  for (int e = tid; e < C * C; e += kGradsThreads) {
     const int i = e / C, j = e % C;
     float x = 0.f;  // rows past L are not read (the last chunk's may lie past the array)
     if (i < L) x = j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f);
@@ -204,7 +213,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   __syncthreads();
 
   // D. dWb = A^T dw and what it feeds; dUb = A^T dv_new -> dv, dbeta.
-  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
+  for (int e = tid; e < L * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
     float dwb = 0.f;
     for (int i = r; i < L; ++i) dwb += sm.A[i * LDM + r] * sm.dw[i * KMAX + d];
@@ -221,7 +230,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     for (int64_t c0 = 0; c0 < V; c0 += 64) {
       float acc[8][4] = {};
       auto dvn_cols = [&](int n, int64_t i) { return i < L ? dvn_at(static_cast<int>(i), c0 + n) : 0.f; };
-      kda_mma::contract_rows<T, 8, true, true>(at_rows, dvn_cols, C, stage_q, acc);
+      kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(at_rows, dvn_cols, C, stage_q, acc);
       store_acc64(acc, 0, [&](int j, int n, float dub) {
         if (j >= L) return;
         a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * dub;
@@ -233,7 +242,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
 
   // E. tmp = dA A^T (where q / Wb was, [C][C]), then dM = -A^T tmp, strictly lower (where dA was).
   float* tmp = sm.q;  // C * C <= C * KMAX
-  for (int e = tid; e < C * C; e += kChunkThreads) {
+  for (int e = tid; e < C * C; e += kGradsThreads) {
     const int i = e / C, m = e % C;
     float s = 0.f;
     if (i < L && m < L)
@@ -241,7 +250,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     tmp[i * C + m] = s;
   }
   __syncthreads();
-  for (int e = tid; e < C * C; e += kChunkThreads) {
+  for (int e = tid; e < C * C; e += kGradsThreads) {
     const int i = e / C, j = e % C;
     float s = 0.f;
     if (i < L && j < i)
@@ -251,10 +260,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
   __syncthreads();
 
   // F. Key products: bm (into q's array, free since E), ck (into dw's); dk, dG, dbeta.
-  kda_decayed_rows<KMAX>(sm.mat, LDM, kx, sm.G, false, sm.q, stagef);
+  kda_decayed_rows<KMAX, kGradsThreads>(sm.mat, LDM, kx, sm.G, false, sm.q, stagef);
   auto beta_k = [&](int i, int d) { return sm.beta[i] * sm.k[i * KMAX + d]; };
-  kda_decayed_cols<KMAX>(sm.mat, LDM, beta_k, sm.G, false, sm.dw, stagef);
-  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
+  kda_decayed_cols<KMAX, kGradsThreads>(sm.mat, LDM, beta_k, sm.G, false, sm.dw, stagef);
+  for (int e = tid; e < L * KMAX; e += kGradsThreads) {
     const int r = e / KMAX;
     const float bm = sm.q[e], ck = sm.dw[e], kr = sm.k[e];
     sm.dk[e] += sm.beta[r] * bm + ck;
@@ -272,7 +281,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_grads_kernel(ChunkedArgs a)
     }
   }
   if (tid < L) a.dbeta[(row0 + tid) * a.HV + hv] = sm.dbeta[tid];
-  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
+  for (int e = tid; e < L * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
     atomicAdd(&a.dk_acc[((row0 + r) * a.H + head) * K + d], sm.dk[e]);
   }

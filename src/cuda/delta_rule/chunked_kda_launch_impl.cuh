@@ -27,13 +27,13 @@ inline void check_kda_args(const char* stage, DType dtype, const ChunkedArgs& a)
     throw_unsupported(stage, "v", "too many value heads, chunks or sequences for one launch");
 }
 
-// One kernel instantiation with its shared-memory layout `Smem` and grid.
-template <typename Smem, typename Kernel>
+// One kernel instantiation with its shared-memory layout `Smem`, grid and block size.
+template <typename Smem, int Threads = kChunkThreads, typename Kernel>
 void launch_kda_kernel(Kernel kernel, dim3 grid, const ChunkedArgs& a, cudaStream_t s) {
   constexpr int64_t smem_bytes = Smem::bytes();
   static_assert(smem_bytes <= 227 * 1024, "sm_90 allows 227 KiB of shared memory per block");
   set_smem(kernel, smem_bytes);
-  kernel<<<grid, kChunkThreads, smem_bytes, s>>>(a);
+  kernel<<<grid, Threads, smem_bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -96,9 +96,9 @@ void launch_kda_grads(const ChunkedArgs& a, cudaStream_t s) {
     throw_invalid_argument(stage, "scratch", "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and dg must be given");
   if (a.num_chunks == 0 || a.HV == 0) return;
   if (a.K == 64)
-    launch_kda_kernel<KdaGradsSmem<64>>(kda_grads_kernel<T, 64>, kda_chunk_grid(a), a, s);
+    launch_kda_kernel<KdaGradsSmem<64>, kGradsThreads>(kda_grads_kernel<T, 64>, kda_chunk_grid(a), a, s);
   else
-    launch_kda_kernel<KdaGradsSmem<128>>(kda_grads_kernel<T, 128>, kda_chunk_grid(a), a, s);
+    launch_kda_kernel<KdaGradsSmem<128>, kGradsThreads>(kda_grads_kernel<T, 128>, kda_chunk_grid(a), a, s);
 }
 
 #define FLASHGRAD_CHUNKED_KDA_INSTANTIATE(T)                                    \

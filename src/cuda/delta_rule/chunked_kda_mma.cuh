@@ -91,30 +91,33 @@ constexpr int64_t contract_stage_bytes() {
 // XSPLIT / YSPLIT: split the operand hi + lo (values exact in T need no lo part). ncols is a
 // multiple of 16. Every thread of the block calls it; it begins and ends with a barrier.
 // The next piece's values are loaded into registers before the current piece's mmas, so their
-// (global memory) latency overlaps the mmas and the barrier.
-template <typename T, int NT, bool XSPLIT, bool YSPLIT, typename XF, typename YF>
+// (global memory) latency overlaps the mmas and the barrier. NTHR = 128: warp w owns rows
+// [16 w, +16) and every tile; NTHR = 256: warp w owns rows [16 (w % 4), +16) and the tiles of half
+// w / 4 of the NT (kda_tile_owned); the other tiles of acc stay untouched.
+template <typename T, int NT, bool XSPLIT, bool YSPLIT, int NTHR = kChunkThreads, typename XF, typename YF>
 __device__ __forceinline__ void contract_rows(XF&& x, YF&& y, int64_t ncols, T* stage, float (&acc)[NT][4]) {
   constexpr int C = kChunkSize, NB = 8 * NT, LD = 24;  // LD: 8 fragment rows hit distinct banks
-  constexpr int XPER = C * 16 / kChunkThreads, YPER = NB * 16 / kChunkThreads;  // values per thread
-  static_assert(C * 16 % kChunkThreads == 0 && NB * 16 % kChunkThreads == 0, "whole passes");
+  constexpr int XPER = C * 16 / NTHR, YPER = NB * 16 / NTHR;  // values per thread
+  static_assert(C * 16 % NTHR == 0 && NB * 16 % NTHR == 0, "whole passes");
+  static_assert(NTHR == 128 || (NTHR == 256 && NT % 2 == 0), "4 or 8 warps");
   T* xh = stage;
   T* xl = xh + C * LD;
   T* yh = xl + C * LD;
   T* yl = yh + NB * LD;
-  const int tid = threadIdx.x, wp = tid / 32;
+  const int tid = threadIdx.x, wp = (tid / 32) % 4, half = tid / 128;
   float xv[XPER], yv[YPER];
-  auto fetch = [&](int64_t c0) {  // element e = tid + 128 m: row e / 16, column c0 + e % 16
+  auto fetch = [&](int64_t c0) {  // element e = tid + NTHR m: row e / 16, column c0 + e % 16
 #pragma unroll
-    for (int m = 0; m < XPER; ++m) xv[m] = x((tid + kChunkThreads * m) / 16, c0 + (tid + kChunkThreads * m) % 16);
+    for (int m = 0; m < XPER; ++m) xv[m] = x((tid + NTHR * m) / 16, c0 + (tid + NTHR * m) % 16);
 #pragma unroll
-    for (int m = 0; m < YPER; ++m) yv[m] = y((tid + kChunkThreads * m) / 16, c0 + (tid + kChunkThreads * m) % 16);
+    for (int m = 0; m < YPER; ++m) yv[m] = y((tid + NTHR * m) / 16, c0 + (tid + NTHR * m) % 16);
   };
   fetch(0);
   for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
     __syncthreads();  // the previous piece's readers are done
 #pragma unroll
     for (int m = 0; m < XPER; ++m) {
-      const int e = tid + kChunkThreads * m, at = (e / 16) * LD + e % 16;
+      const int e = tid + NTHR * m, at = (e / 16) * LD + e % 16;
       if (XSPLIT)
         store_split<T>(xv[m], &xh[at], &xl[at]);
       else
@@ -122,7 +125,7 @@ __device__ __forceinline__ void contract_rows(XF&& x, YF&& y, int64_t ncols, T* 
     }
 #pragma unroll
     for (int m = 0; m < YPER; ++m) {
-      const int e = tid + kChunkThreads * m, at = (e / 16) * LD + e % 16;
+      const int e = tid + NTHR * m, at = (e / 16) * LD + e % 16;
       if (YSPLIT)
         store_split<T>(yv[m], &yh[at], &yl[at]);
       else
@@ -135,6 +138,7 @@ __device__ __forceinline__ void contract_rows(XF&& x, YF&& y, int64_t ncols, T* 
     if (XSPLIT) mma::frag_a(xl, LD, 16 * wp, 0, al);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
+      if (NTHR == 256 && nt / (NT / 2) != half) continue;
       uint32_t bh[2], bl[2];
       mma::frag_b_trans(yh, LD, 0, 8 * nt, bh);
       mma::mma16816<T>(acc[nt], ah, bh);

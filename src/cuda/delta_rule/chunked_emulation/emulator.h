@@ -24,8 +24,8 @@ thread_local EmuDim emu_tid, emu_bid;
 #define threadIdx emu_tid
 #define blockIdx emu_bid
 std::barrier<>* g_block_bar;
-std::barrier<>* g_warp_bar[4];
-struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[4];
+std::barrier<>* g_warp_bar[8];  // up to 256 threads per block
+struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[8];
 inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 #define __launch_bounds__(...)

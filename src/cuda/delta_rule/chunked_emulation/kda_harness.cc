@@ -26,19 +26,20 @@ using flashgrad::DType;
 
 namespace {
 
-// Runs `body` as every block of a (gx, gy, gz) grid, one block after another, shared memory
-// poisoned with NaN (all-ones bytes) before each block.
+// Runs `body` as every block of a (gx, gy, gz) grid of `threads` (128 or 256) threads, one block
+// after another, shared memory poisoned with NaN (all-ones bytes) before each block.
 template <typename F>
-void launch(unsigned gx, unsigned gy, unsigned gz, F&& body) {
+void launch(unsigned gx, unsigned gy, unsigned gz, F&& body, unsigned threads = 128) {
   for (unsigned z = 0; z < gz; ++z)
     for (unsigned y = 0; y < gy; ++y)
       for (unsigned x = 0; x < gx; ++x) {
         std::memset(dr::smem_raw, 0xff, sizeof(dr::smem_raw));
-        std::barrier<> blk(128), w0(32), w1(32), w2(32), w3(32);
+        std::barrier<> blk(threads), w0(32), w1(32), w2(32), w3(32), w4(32), w5(32), w6(32), w7(32);
         g_block_bar = &blk;
         g_warp_bar[0] = &w0, g_warp_bar[1] = &w1, g_warp_bar[2] = &w2, g_warp_bar[3] = &w3;
+        g_warp_bar[4] = &w4, g_warp_bar[5] = &w5, g_warp_bar[6] = &w6, g_warp_bar[7] = &w7;
         std::vector<std::thread> th;
-        for (unsigned t = 0; t < 128; ++t)
+        for (unsigned t = 0; t < threads; ++t)
           th.emplace_back([&, t] {
             emu_tid = {t, 0, 0};
             emu_bid = {x, y, z};
@@ -218,7 +219,7 @@ int run(const Case& c) {
   launch(N, HV, V / 32, [&] { dr::kda_state_kernel<TT, KM>(a); });
   launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
   launch(N, HV, V / 32, [&] { dr::kda_state_backward_kernel<TT, KM>(a); });
-  launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); });
+  launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
 
   // Stage by stage against the CPU chunked reference (float64) per (sequence, value head).
   Pairs pG, pA, pP, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
