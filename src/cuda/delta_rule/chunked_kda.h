@@ -33,8 +33,9 @@
 // kda_scratch_sizes() gives the element counts (G is K times GDN's).
 //
 // Stages: 1 prepare (chunks x HV), 2 state (sequences x HV x V/32), 3 output (chunks x HV x V/64),
-// B1 state backward (sequences x HV x V/32), B2 grads (chunks x HV; fp32 on CUDA cores, the
-// correctness-first version). Scope: bf16 / fp16, K in {64, 128}, V in {64, 128, 192, 256}.
+// B1 state backward (sequences x HV x V/32), B2 grads (chunks x HV, 256 threads: its contractions
+// on tensor cores, the per-channel decayed sums in fp32; chunked_kda_grads.cuh). Scope: bf16 /
+// fp16, K in {64, 128}, V in {64, 128, 192, 256}.
 #pragma once
 
 #include <cuda_runtime.h>

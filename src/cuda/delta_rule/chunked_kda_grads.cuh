@@ -1,4 +1,4 @@
-// KDA chunked backward stage B2 ("grads"), one block of 128 threads per (chunk, value head): the
+// KDA chunked backward stage B2 ("grads"), one block of 256 threads per (chunk, value head): the
 // per-chunk gradients of src/reference/delta_rule/chunked_backward.cpp (ChunkBackward) with
 // per-channel gates, given h_c, v_new (stage 2), dh_{c+1}, dv_new (B1), A and G (stage 1).
 //
@@ -6,9 +6,9 @@
 // (kda_mma::contract_rows, operands split hi + lo unless exact in T) through a staging area that
 // is A's shared array until A is needed (phase D). The per-channel decayed sums (aq, ak, bm, ck:
 // chunked_kda_decay.cuh's kda_decayed_rows / cols, 16-row sub-chunks, one exp per term only inside
-// a sub-chunk) and the rest are fp32 on CUDA cores. Every
-// (row r, channel d) element of dk, dG and dw is owned by one thread in the elementwise phases
-// (e = tid + 128 m, r = e / K, d = e % K), so those accumulators need no atomics.
+// a sub-chunk) and the rest are fp32 on CUDA cores. Every (row r, channel d) element of dk, dG
+// and dw is owned by one thread in the elementwise phases and the decayed sums
+// (e = tid + 256 m, r = e / K, d = e % K), so those accumulators need no atomics.
 // Shared memory at K = 128: q, k, G, dk, dG, dw (6 x 32 KiB) + A and one 64 x 64 matrix: 225 KiB.
 //
 // Notation (one chunk, rows i, j, r < L, channel d, Gam_ijd = exp(G_id - G_jd) for j <= i,
@@ -31,10 +31,10 @@
 // atomics.
 #pragma once
 
+#include <type_traits>
+
 #include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
-
-#include <type_traits>
 #include "chunked_stages.h"
 
 namespace flashgrad::cuda_detail::delta_rule {
