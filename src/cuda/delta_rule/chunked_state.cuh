@@ -90,6 +90,17 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
           sm.hs[d * LDH + col] = hi;
           sm.hs_lo[d * LDH + col] = from_f<T>(h[mt][nt][e] - to_f<T>(hi));
         }
+    // This chunk's u elements for the v_new epilogue below, loaded now so that their latency
+    // overlaps the w, k loads and the products (in the epilogue they would sit behind the
+    // v_new stores, which the compiler cannot reorder them across).
+    float u_pre[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
+        u_pre[nt][e] = i < L ? a.u[((row0 + i) * a.HV + hv) * a.V + col0 + col] : 0.f;
+      }
     if (tid < C) sm.G[tid] = (a.G && tid < L) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
     for (int e = tid; e < C * KMAX; e += kChunkThreads) {
       const int r = e / KMAX, d = e % KMAX;
@@ -129,7 +140,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs 
           float val = 0.f;
           if (i < L) {
             const int64_t at = ((row0 + i) * a.HV + hv) * a.V + col0 + col;
-            val = a.u[at] - p[nt][e];
+            val = u_pre[nt][e] - p[nt][e];
             v_new[at] = from_f<T>(val);
           }
           const T hi = from_f<T>(val);
