@@ -67,15 +67,16 @@ def test_quantizer_matches_pytorch_bitwise(key):
     np.testing.assert_array_equal(as_f32(y8), u8.float().numpy())
 
 
-def _jax_and_torch(key, kwargs, varlen=False, device="cpu"):
+def _jax_and_torch(key, kwargs, varlen=False, device="cpu", d=32):
+    """d: head dim (the CUDA kernels take 64, 128, 256)."""
     ks = jax.random.split(key, 5)
     if varlen:
         cu_q, cu_k = [0, 6, 6, 13], [0, 8, 9, 17]
-        q, k, v = bf16(ks[0], 13, 4, 32), bf16(ks[1], 17, 2, 32), bf16(ks[2], 17, 2, 32)
+        q, k, v = bf16(ks[0], 13, 4, d), bf16(ks[1], 17, 2, d), bf16(ks[2], 17, 2, d)
         jkw = dict(cu_seqlens_q=jnp.array(cu_q, jnp.int32), cu_seqlens_k=jnp.array(cu_k, jnp.int32),
                    max_seqlen_q=7, max_seqlen_k=8, **kwargs)
     else:
-        q, k, v = bf16(ks[0], 2, 9, 4, 32), bf16(ks[1], 2, 11, 2, 32), bf16(ks[2], 2, 11, 2, 32)
+        q, k, v = bf16(ks[0], 2, 9, 4, d), bf16(ks[1], 2, 11, 2, d), bf16(ks[2], 2, 11, 2, d)
         jkw = dict(kwargs)
     w = jax.random.normal(ks[3], q.shape, jnp.float32)
     lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
@@ -152,7 +153,7 @@ def test_gpu_matches_pytorch_on_the_gpu(key):
     reason = _gpu_skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    jx, tx = _jax_and_torch(key, dict(causal=True), device="cuda")
+    jx, tx = _jax_and_torch(key, dict(causal=True), device="cuda", d=64)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), jx, tx):
         b = b.detach().float().cpu().numpy()
         if name == "dq":  # fp32 atomics: the accumulation order may differ between the calls
