@@ -15,35 +15,38 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// K = 128: 135 KiB (one block per SM).
+// Per chunk: (1) dh_regs = diag(exp(G_last)) dh + (scale q o exp(G))^T do, which frees q's
+// arrays for scale P; (2) dv_new = kd dh + (scale P)^T do, which frees k's arrays for -dv_new;
+// (3) dh_regs += w^T (-dv_new). The aliasing keeps K = 128 at 111 KiB: two blocks per SM.
 template <typename T, int KMAX>
 struct KdaStateBackwardSmem {
   static constexpr int C = kChunkSize, LDK = KMAX + 8, LDH = kStateCols + 8, LDP = C + 8;
-  T *qs, *qs_lo;    // [C][LDK] scale q o exp(G)
-  T *ks, *ks_lo;    // [C][LDK] k o exp(G_last - G)
+  static_assert(2 * C * LDP <= 2 * C * LDK && 2 * C * LDH <= 2 * C * LDK, "P, -dv_new fit where q, k were");
+  T *qs, *qs_lo;    // [C][LDK] scale q o exp(G)             } region `q`
+  T *Ps, *Ps_lo;    // [C][LDP] scale P (after step 1)         }
+  T *ks, *ks_lo;    // [C][LDK] k o exp(G_last - G)          } region `k`
+  T *nd, *nd_lo;    // [C][LDH] -dv_new (after step 2)         }
   T* ws;            // [C][LDK] w
   T* dos;           // [C][LDH] do slice
   T *dhs, *dhs_lo;  // [KMAX][LDH] dh
-  T *Ps, *Ps_lo;    // [C][LDP] scale P
-  T *nd, *nd_lo;    // [C][LDH] -dv_new
   float* Gl;        // [KMAX] G_{L-1} per channel
   static constexpr int64_t bytes() {
-    return sizeof(T) * (5 * C * LDK + C * LDH + 2 * KMAX * LDH + 2 * C * LDP + 2 * C * LDH) + sizeof(float) * KMAX;
+    return sizeof(T) * (5 * C * LDK + C * LDH + 2 * KMAX * LDH) + sizeof(float) * KMAX;
   }
   __device__ explicit KdaStateBackwardSmem(unsigned char* raw) {
     qs = reinterpret_cast<T*>(raw);
     qs_lo = qs + C * LDK;
+    Ps = qs;
+    Ps_lo = Ps + C * LDP;
     ks = qs_lo + C * LDK;
     ks_lo = ks + C * LDK;
+    nd = ks;
+    nd_lo = nd + C * LDH;
     ws = ks_lo + C * LDK;
     dos = ws + C * LDK;
     dhs = dos + C * LDH;
     dhs_lo = dhs + KMAX * LDH;
-    Ps = dhs_lo + KMAX * LDH;
-    Ps_lo = Ps + C * LDP;
-    nd = Ps_lo + C * LDP;
-    nd_lo = nd + C * LDH;
-    Gl = reinterpret_cast<float*>(nd_lo + C * LDH);
+    Gl = reinterpret_cast<float*>(dhs_lo + KMAX * LDH);
   }
 };
 
@@ -95,11 +98,6 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
     }
     for_each_value_row<T>(a.dout, ci, hv, col0, kStateCols,
                           [&](int r, int col, float x) { sm.dos[r * LDH + col] = from_f<T>(x); });
-    for (int e = tid; e < C * C; e += kChunkThreads) {  // consecutive threads: one stored row j
-      const int j = e / C, i = e % C;
-      const float p = i < L && j <= i ? a.scale * kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
-      store_split<T>(p, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
-    }
     __syncthreads();
     // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
     for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
@@ -110,7 +108,37 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
     });
     __syncthreads();
 
-    // dv_new = kd dh + (scale P)^T do: warp wp, rows [16 wp, +16), the slice's 32 columns.
+    // (1) dh_regs = diag(exp(G_last)) dh + (scale q o exp(G))^T do (dh's copy in dhs stays for (2)).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= expf(sm.Gl[state_row(mt, e)]);
+#pragma unroll
+      for (int kk = 0; kk < C; kk += 16) {
+        const int m0 = 16 * (wp + 4 * mt);
+        uint32_t qh[4], ql[4];
+        mma::frag_a_trans(sm.qs, LDK, m0, kk, qh);
+        mma::frag_a_trans(sm.qs_lo, LDK, m0, kk, ql);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t bf[2];
+          mma::frag_b(sm.dos, LDH, kk, 8 * nt, bf);
+          mma::mma16816<T>(dh[mt][nt], qh, bf);
+          mma::mma16816<T>(dh[mt][nt], ql, bf);
+        }
+      }
+    }
+    __syncthreads();  // q's arrays are free: scale P takes their place
+    for (int e = tid; e < C * C; e += kChunkThreads) {  // consecutive threads: one stored row j
+      const int j = e / C, i = e % C;
+      const float p = i < L && j <= i ? a.scale * kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
+      store_split<T>(p, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
+    }
+    __syncthreads();
+
+    // (2) dv_new = kd dh + (scale P)^T do: warp wp, rows [16 wp, +16), the slice's 32 columns.
     {
       float acc[NT][4] = {};
       kda_mma::rows_times_split<T, NT>(sm.ks, sm.ks_lo, LDK, sm.dhs, sm.dhs_lo, LDH, 0, KMAX, acc);
@@ -127,6 +155,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
           mma::mma16816<T>(acc[nt], pl, bf);
         }
       }
+      __syncthreads();  // every warp is done with k's arrays: -dv_new takes their place
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -139,28 +168,18 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
     }
     __syncthreads();
 
-    // dh_c = diag(exp(G_last)) dh + (scale q o exp(G))^T do + w^T (-dv_new).
+    // (3) dh_regs += w^T (-dv_new).
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= expf(sm.Gl[state_row(mt, e)]);
-#pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
-        const int m0 = 16 * (wp + 4 * mt);
-        uint32_t qh[4], ql[4], wf[4];
-        mma::frag_a_trans(sm.qs, LDK, m0, kk, qh);
-        mma::frag_a_trans(sm.qs_lo, LDK, m0, kk, ql);
-        mma::frag_a_trans(sm.ws, LDK, m0, kk, wf);
+        uint32_t wf[4];
+        mma::frag_a_trans(sm.ws, LDK, 16 * (wp + 4 * mt), kk, wf);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bf[2], nh[2], nl[2];
-          mma::frag_b(sm.dos, LDH, kk, 8 * nt, bf);
+          uint32_t nh[2], nl[2];
           mma::frag_b(sm.nd, LDH, kk, 8 * nt, nh);
           mma::frag_b(sm.nd_lo, LDH, kk, 8 * nt, nl);
-          mma::mma16816<T>(dh[mt][nt], qh, bf);
-          mma::mma16816<T>(dh[mt][nt], ql, bf);
           mma::mma16816<T>(dh[mt][nt], wf, nh);
           mma::mma16816<T>(dh[mt][nt], wf, nl);
         }
