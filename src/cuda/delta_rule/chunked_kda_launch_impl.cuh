@@ -33,6 +33,10 @@ void launch_kda_kernel(Kernel kernel, dim3 grid, const ChunkedArgs& a, cudaStrea
   constexpr int64_t smem_bytes = Smem::bytes();
   static_assert(smem_bytes <= 227 * 1024, "sm_90 allows 227 KiB of shared memory per block");
   set_smem(kernel, smem_bytes);
+  // All of the SM's 228 KiB as shared memory (the kernels use no L1-heavy loads), so that B1, stage 2
+  // and stage 3 fit two blocks per SM.
+  FLASHGRAD_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   kernel<<<grid, Threads, smem_bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
