@@ -10,6 +10,8 @@
 // poisoned with NaN bytes before each block), masks, varlen bookkeeping, descales and the
 // pre-passes. What it cannot check: the hardware (the emulated PTX follows the ISA's definitions,
 // as does fp8_fragments.cuh; ex2.approx is emulated by exp2f), races, speed, register spills.
+// The copied headers live in namespace flashgrad::cuda_attn_emulated (rewrite_asm.py renames it),
+// so nothing here collides with the CUDA library's kernels when linked against a CUDA build.
 // Build and run with run.sh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,10 +47,10 @@ EmuDim emu_block_dim;
 #define blockIdx emu_bid
 #define blockDim emu_block_dim
 
-namespace flashgrad::cuda_attn::fp8 {
+namespace flashgrad::cuda_attn_emulated::fp8 {
 alignas(128) unsigned char smem_raw[232448];
 }
-using flashgrad::cuda_attn::fp8::smem_raw;
+using flashgrad::cuda_attn_emulated::fp8::smem_raw;
 
 constexpr int kMaxWarps = 8;
 std::barrier<>* g_block_bar;
@@ -166,7 +168,7 @@ bool g_hopper_accumulator = true;
 // mma.m16n8k32 e4m3 -> f32, fragments by fp8_fragments.cuh's ownership rules (checked against the
 // PTX ISA's tables by the CPU test AttentionFp8Fragments).
 void emu_mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  namespace f8 = flashgrad::cuda_attn::fp8;
+  namespace f8 = flashgrad::cuda_attn_emulated::fp8;
   WarpBuf& w = g_warp[emu_warp()];
   const int l = emu_lane();
   std::memcpy(w.u[l], a, 16);
@@ -218,12 +220,12 @@ void emu_mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b
   emu_syncwarp();
 }
 
-namespace flashgrad::cuda_attn::fp8 {
+namespace flashgrad::cuda_attn_emulated::fp8 {
 inline uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
   return uint32_t{host::float_to_e4m3(x0)} | uint32_t{host::float_to_e4m3(x1)} << 8 |
          uint32_t{host::float_to_e4m3(x2)} << 16 | uint32_t{host::float_to_e4m3(x3)} << 24;
 }
-}  // namespace flashgrad::cuda_attn::fp8
+}  // namespace flashgrad::cuda_attn_emulated::fp8
 
 #include "fp8_backward_kernel.cuh"
 #include "fp8_dq_kernel.cuh"
@@ -264,7 +266,7 @@ void launch(unsigned gx, unsigned gy, unsigned threads, const std::function<void
 namespace {
 
 using namespace flashgrad;
-using namespace flashgrad::cuda_attn;
+using namespace flashgrad::cuda_attn_emulated;
 using flashgrad::fp8_test::Fp8Case;
 using flashgrad::fp8_test::Fp8Config;
 using flashgrad::fp8_test::Fp8Outputs;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Copies the attention kernel headers into OUT_DIR with every inline-PTX statement replaced by a
-call to the host emulation in harness.cc (same variable names as the asm operands), so g++ can
-compile the kernels' own source. usage: rewrite_asm.py SRC_DIR OUT_DIR"""
+call to the host emulation in harness.cc (same variable names as the asm operands) and the
+namespace flashgrad::cuda_attn renamed flashgrad::cuda_attn_emulated, so g++ can compile the
+kernels' own source. usage: rewrite_asm.py SRC_DIR OUT_DIR"""
 import pathlib
 import re
 import sys
@@ -72,4 +73,7 @@ HEADERS = ["tile_primitives.cuh", "sequence_and_mask.cuh", "attention_kernel_par
 for f in [src / h for h in HEADERS] + sorted(src.glob("fp8_*.cuh")) + sorted(src.glob("fp8_*.h")):
     t = f.read_text()
     t = t.replace("__cvta_generic_to_shared(p)", "emu_shared_offset(p)")
+    # Own namespace: a harness linked against a CUDA build of flashgrad must not share symbols
+    # (template instances of the kernels) with the real ones.
+    t = t.replace("flashgrad::cuda_attn", "flashgrad::cuda_attn_emulated")
     (out / f.name).write_text(rewrite(t, f.name))
