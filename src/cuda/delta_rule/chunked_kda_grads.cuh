@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   float* stagef = sm.A;  // 16 * KMAX floats for the decayed sums
   auto h_rows = [&](int n, int64_t col) { return h[n * V + col]; };
   auto dhn_rows = [&](int n, int64_t col) { return dhn[n * V + col]; };
-  // Y = do h^T by halves of 64 channels into `out`, times `sign`.
+  // out = sign * X Y^T (X: 64 rows over V, Y: KMAX rows over V; 64 channels at a time).
   auto contract_into = [&](auto&& xr, auto&& yr, auto split_x, float sign, float* out) {
     for (int n0 = 0; n0 < KMAX; n0 += 64) {
       float acc[8][4] = {};
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   using exact = std::false_type;
   using split = std::true_type;
 
-  // B1. aq (into dw's array), Y = do h^T (into dG's); dq = scale e o Y + aq, dG = q o dq.
+  // B.1 aq (into dw's array), Y = do h^T (into dG's); dq = scale e o Y + aq, dG = q o dq.
   kda_decayed_rows<KMAX, kGradsThreads>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
   contract_into(do_rows, h_rows, exact{}, 1.f, sm.dG);
   for (int e = tid; e < C * KMAX; e += kGradsThreads) {
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     sm.dG[e] = dG;
   }
   __syncthreads();
-  // B2. ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
+  // B.2 ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
   //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
   kda_decayed_cols<KMAX, kGradsThreads>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
   contract_into(vn_rows, dhn_rows, exact{}, 1.f, sm.dk);
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     const int d = static_cast<int>(e / V);
     if ((tid & 31) == 0) atomicAdd(&sm.sl[d], expf(sm.G[(L - 1) * KMAX + d]) * x);
   }
-  // B3. dw = -dv_new h^T (contract_into begins with a barrier: ak's readers are done).
+  // B.3 dw = -dv_new h^T (contract_into begins with a barrier: ak's readers are done).
   contract_into(dvn_rows, h_rows, split{}, -1.f, sm.dw);
 
   // C. Wb = beta e o k where q was (q is done); then dA (where dP was).
