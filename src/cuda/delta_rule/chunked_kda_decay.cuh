@@ -1,8 +1,7 @@
 // Per-channel decay helpers of the KDA chunked stages (chunked_kda.h), block-wide (128 threads):
-// the per-channel cumulative gate of a chunk; the decayed lower-triangular product of stage 1
-//   out_ij = sum_d x_id y_jd exp(G_id - G_jd)   (j < i, or j <= i when `inclusive`; 0 above)
-// for 64 x 64 chunks (diagonal 16 x 16 blocks in fp32, the rest on tensor cores); and the
-// backward's per-channel decayed sums (kda_decayed_rows / cols, fp32).
+// the per-channel cumulative gate of a chunk; stage 1's decayed products M and P (kda_decayed_mp:
+// diagonal 16 x 16 blocks in fp32, the rest on tensor cores); and the backward's per-channel
+// decayed sums (kda_decayed_rows / cols, fp32).
 //
 // Rows past the chunk's length L must read x = y = 0 and hold G_i = G_{L-1} (the cumulative sum of
 // zero gates), so every exponent formed below stays <= 0 and 0 * exp(...) is never 0 * inf.
@@ -58,61 +57,75 @@ constexpr int64_t kda_decay_stage_bytes() {
   return static_cast<int64_t>(sizeof(T)) * 2 * (16 + 48) * (KMAX + 8);
 }
 
-// out[i * ldo + j] for all i, j < 64 (see the file comment); x(i, d), y(j, d) return fp32 values,
-// G is [64][ldg] in shared memory, `stage` kda_decay_stage_bytes of shared scratch. The caller
-// has a barrier between writing x, y, G and the call; the call ends with one.
+// Stage 1's two decayed products of one chunk into one 64 x 64 array `out` (leading dimension
+// ldo, shared memory):
+//   M_ij = sum_d k_id k_jd exp(G_id - G_jd)  (j < i)   at out[i][j]   (the strict lower triangle)
+//   P_ij = sum_d q_id k_jd exp(G_id - G_jd)  (j <= i)  at out[j][i]   (P^T: upper triangle, diagonal)
+// q(i, d), k(i, d) return fp32 values (0 past L); G is [64][ldg] in shared memory (rows past L
+// hold G_{L-1}); `stage`: kda_decay_stage_bytes of shared scratch. The caller has a barrier
+// between writing q, k, G and the call; the call ends with one.
 //
-// Diagonal 16 x 16 blocks: fp32, one exp per term (exp(G_id - G_jd), j <= i). Off-diagonal blocks
-// of row sub-chunk I (rows [16 I, 16 I + 16), columns j < 16 I), with r = 16 I:
-//   xs[a] = x_{r + a} o exp(G_{r + a} - G_r)     (a < 16; exponent <= 0)
-//   ys[j] = y_j o exp(G_r - G_j)                  (j < r;  exponent <= 0)
-//   out_{r + a, j} = xs[a] . ys[j]
+// Diagonal 16 x 16 blocks: fp32, one exp per (i, j, d), shared by M and P. Off-diagonal blocks of
+// row sub-chunk I (rows [16 I, 16 I + 16), columns j < 16 I), with r = 16 I:
+//   ys[j] = k_j o exp(G_r - G_j)                  (j < r;  exponent <= 0)
+//   xs[a] = k_{r + a} o exp(G_{r + a} - G_r), then q_{r + a} o exp(G_{r + a} - G_r)   (<= 0)
+//   M_{r + a, j} = xs[a] . ys[j] (k's xs),  P_{r + a, j} = xs[a] . ys[j] (q's xs)
 // on tensor cores (xs, ys split hi + lo in T, three mmas per tile: close to fp32); warp w takes
 // the 8-column tiles nt = w, w + 4 of the sub-chunk's 2 I tiles.
-template <typename T, int KMAX, typename XF, typename YF>
-__device__ __forceinline__ void kda_decayed_lower(XF&& x, YF&& y, const float* G, int ldg, bool inclusive,
-                                                  float* out, int ldo, T* stage) {
-  constexpr int C = kChunkSize, LDS = KMAX + 8;
+template <typename T, int KMAX, typename QF, typename KF>
+__device__ __forceinline__ void kda_decayed_mp(QF&& q, KF&& k, const float* G, int ldg, float* out, int ldo,
+                                               T* stage) {
+  constexpr int LDS = KMAX + 8;
   T* xh = stage;
   T* xl = xh + 16 * LDS;
   T* yh = xl + 16 * LDS;
   T* yl = yh + 48 * LDS;
   const int tid = threadIdx.x, wp = tid / 32;
-  for (int e = tid; e < C * C; e += kChunkThreads) {  // the upper triangle
-    const int i = e / C, j = e % C;
-    if (j > i) out[i * ldo + j] = 0.f;
-  }
   // Lower triangles (with the diagonal) of the four diagonal blocks: 4 x 136 (i, j) pairs, one per
-  // thread and pass (all lanes busy); pair q of a block is row a, column c = q - a (a + 1) / 2.
-  for (int p = tid; p < 4 * 136; p += kChunkThreads) {
-    const int blk = p / 136, q = p % 136;
-    int a = static_cast<int>((sqrtf(8.f * q + 1.f) - 1.f) * 0.5f);
-    while ((a + 1) * (a + 2) / 2 <= q) ++a;  // float rounding of the root
-    while (a * (a + 1) / 2 > q) --a;
-    const int i = 16 * blk + a, j = 16 * blk + q - a * (a + 1) / 2;
-    float s = 0.f;
-    if (j < i || inclusive)
-      for (int d = 0; d < KMAX; ++d) s += x(i, d) * y(j, d) * expf(G[i * ldg + d] - G[j * ldg + d]);
-    out[i * ldo + j] = s;
+  // thread and pass (all lanes busy); pair p of a block is row a, column c = p - a (a + 1) / 2.
+  for (int pr = tid; pr < 4 * 136; pr += kChunkThreads) {
+    const int blk = pr / 136, p = pr % 136;
+    int a = static_cast<int>((sqrtf(8.f * p + 1.f) - 1.f) * 0.5f);
+    while ((a + 1) * (a + 2) / 2 <= p) ++a;  // float rounding of the root
+    while (a * (a + 1) / 2 > p) --a;
+    const int i = 16 * blk + a, j = 16 * blk + p - a * (a + 1) / 2;
+    float m = 0.f, pq = 0.f;
+    for (int d = 0; d < KMAX; ++d) {
+      const float kj = k(j, d) * expf(G[i * ldg + d] - G[j * ldg + d]);
+      m += k(i, d) * kj;
+      pq += q(i, d) * kj;
+    }
+    if (j < i) out[i * ldo + j] = m;
+    out[j * ldo + i] = pq;
   }
   for (int I = 1; I < 4; ++I) {
     const int r0 = 16 * I;
-    __syncthreads();  // the previous sub-chunk's readers of `stage` are done
-    for (int e = tid; e < (16 + r0) * KMAX; e += kChunkThreads) {
-      const int a = e / KMAX, d = e % KMAX;
-      const float gr = G[r0 * ldg + d];
-      if (a < 16)
-        store_split<T>(x(r0 + a, d) * expf(G[(r0 + a) * ldg + d] - gr), &xh[a * LDS + d], &xl[a * LDS + d]);
-      else
-        store_split<T>(y(a - 16, d) * expf(gr - G[(a - 16) * ldg + d]), &yh[(a - 16) * LDS + d],
-                       &yl[(a - 16) * LDS + d]);
-    }
-    __syncthreads();
-    for (int nt = wp; nt < 2 * I; nt += 4) {
-      float acc[1][4] = {};
-      kda_mma::rows_times_rows_split<T>(xh, xl, yh, yl, LDS, 8 * nt, KMAX, acc[0]);
+    for (int pass = 0; pass < 2; ++pass) {  // 0: M (k's rows), 1: P (q's rows)
+      __syncthreads();  // the previous readers of `stage` are done
+      for (int e = tid; e < (pass == 0 ? 16 + r0 : 16) * KMAX; e += kChunkThreads) {
+        const int a = e / KMAX, d = e % KMAX;
+        const float gr = G[r0 * ldg + d];
+        if (a < 16) {
+          const float x = pass == 0 ? k(r0 + a, d) : q(r0 + a, d);
+          store_split<T>(x * expf(G[(r0 + a) * ldg + d] - gr), &xh[a * LDS + d], &xl[a * LDS + d]);
+        } else {  // ys, staged once per sub-chunk
+          store_split<T>(k(a - 16, d) * expf(gr - G[(a - 16) * ldg + d]), &yh[(a - 16) * LDS + d],
+                         &yl[(a - 16) * LDS + d]);
+        }
+      }
+      __syncthreads();
+      for (int nt = wp; nt < 2 * I; nt += 4) {
+        float acc[4] = {};
+        kda_mma::rows_times_rows_split<T>(xh, xl, yh, yl, LDS, 8 * nt, KMAX, acc);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[(r0 + mma::acc_row(e)) * ldo + 8 * nt + mma::acc_col(e)] = acc[0][e];
+        for (int e = 0; e < 4; ++e) {
+          const int i = r0 + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+          if (pass == 0)
+            out[i * ldo + j] = acc[e];
+          else
+            out[j * ldo + i] = acc[e];
+        }
+      }
     }
   }
   __syncthreads();

@@ -6,8 +6,8 @@
 // P is formed once here so that stage 3 and B1 (which runs over a sequence's chunks one after
 // another) read it instead of recomputing it.
 //
-// M and P come from the fp32 sub-chunk product (chunked_kda_decay.cuh); the inverse is the GDN
-// stage's blocked one (chunked_prepare.cuh). w and u are tensor-core products with hi + lo
+// M and P come from one sub-chunk pass (chunked_kda_decay.cuh, kda_decayed_mp); the inverse is
+// the GDN stage's blocked one (chunked_prepare.cuh). w and u are tensor-core products with hi + lo
 // operand splits (three mmas per product, as chunked_prepare.cuh), warp wp owning rows
 // [16 wp, 16 wp + 16).
 #pragma once
@@ -18,8 +18,8 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Region `work` holds the decayed products' scratch, then A (hi, lo) and the beta v piece; M
-// holds P once the inverse is done. K = 128: 202 KiB (one block per SM).
+// Region `work` holds the decayed products' scratch, then A (hi, lo) and the beta v piece.
+// K = 128: 202 KiB (one block per SM).
 template <typename T, int KMAX>
 struct KdaPrepareSmem {
   static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1, LDU = 64 + 8;
@@ -30,7 +30,7 @@ struct KdaPrepareSmem {
   float* G;     // [C][LDG] cumulative gate
   float* kf;    // [C][LDG] k (normalized), fp32
   float* qf;    // [C][LDG] q (normalized), fp32
-  float* M;     // [C][LDM] M, then P
+  float* M;     // [C][LDM] M (strict lower triangle) and P^T (upper triangle, diagonal)
   float* A;     // [C][LDM]
   float* tmp;   // [16][48] (the inverse's scratch)
   float* beta;  // [C]
@@ -80,26 +80,24 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.qf[r * LDG + d] = x; });
   __syncthreads();
 
-  // M = diag(beta) StrictLower(decayed k k^T); rows past L are zero.
+  // M (strict lower triangle of sm.M) and P^T (its upper triangle and diagonal), then
+  // M = diag(beta) M with rows past L zero; the inverse reads only the strict lower triangle.
   auto kx = [&](int r, int d) { return sm.kf[r * LDG + d]; };
-  kda_decayed_lower<T, KMAX>(kx, kx, sm.G, LDG, false, sm.M, LDM, sm.stage);
+  auto qx = [&](int r, int d) { return sm.qf[r * LDG + d]; };
+  kda_decayed_mp<T, KMAX>(qx, kx, sm.G, LDG, sm.M, LDM, sm.stage);
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
-    sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
+    if (j < i) sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
   }
   __syncthreads();
   invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
 
-  // P where M was (the inverse ended with a barrier); rows past L are zero (q is).
-  auto qx = [&](int r, int d) { return sm.qf[r * LDG + d]; };
-  kda_decayed_lower<T, KMAX>(qx, kx, sm.G, LDG, true, sm.M, LDM, sm.stage);
-
-  // Row i < L of the intermediate: A_ij for j < i, P_ji for j >= i (chunked_kda.h); A as hi + lo
-  // in `work` (the products' scratch is free).
+  // Row i < L of the intermediate: A_ij for j < i, P_ji = sm.M[i][j] for j >= i (chunked_kda.h);
+  // A as hi + lo in `work` (the products' scratch is free; the inverse ended with a barrier).
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     const float x = sm.A[i * LDM + j];
-    if (i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = j < i ? x : sm.M[j * LDM + i];
+    if (i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = j < i ? x : sm.M[i * LDM + j];
     store_split<T>(x, &sm.a_hi[i * LDA + j], &sm.a_lo[i * LDA + j]);
   }
   __syncthreads();
