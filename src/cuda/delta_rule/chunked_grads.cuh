@@ -23,7 +23,8 @@
 //   dM = -StrictLower(A^T dA A^T),  dKk = diag(beta) dM:  dbeta += rowsum(dM o Kk),
 //   dk += (dKk o Gam) k + (dKk o Gam)^T k,  dG += rowsum - colsum of dKk o Kk
 //   dG_i -= s_i;  dG_{L-1} += exp(gl) <h, dh_{c+1}> + sum_i s_i;  dg = reverse cumsum of dG
-// Per-row sums use shared-memory float atomics (their order, and so the last bits of dbeta and
+// Per-row and per-column sums are reduced inside the warp by shuffles, then added to shared memory
+// with one float atomic per row or column and warp (their order, and so the last bits of dbeta and
 // dg, may vary between runs; dq and dk are summed over value heads by global atomics).
 //
 // Shared memory (fp32; LDK = K + 4 and LDC = 68 are = 4 mod 32, so the A-fragment reads of 8
@@ -150,14 +151,15 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       mma::warp_gemm_tf32(acc, r0, 0, SW / 8, [&](int r, int kk) { return vs[r * SL + kk]; },
                           [&](int kk, int n) { return hs[n * SL + kk]; });
     }
-    float last = 0.f;
+    float last = 0.f, rs[2] = {0.f, 0.f};
     mma::for_each_acc(acc, r0, [&](int i, int d, float X) {
       const float kd = expf(gl - sm.G[i]);
       sm.dk[i * LDK + d] += X * kd;
       const float s = i < L ? X * kd * sm.k[i * LDK + d] : 0.f;
-      atomicAdd(&sm.dG[i], -s);
+      rs[(i - r0) / 8] -= s;
       last += s;
     });
+    mma::add_row_sums(sm.dG, r0, rs);
     // <h_c, dh_{c+1}> (the state gradient's share of dG_{L-1}), read straight from global memory.
     // Eight independent partial sums, so that eight pairs of loads are in flight per thread.
     const float el = expf(gl);
@@ -192,11 +194,13 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       mma::warp_gemm_tf32(accY, r0, 0, SW / 8, [&](int r, int kk) { return ds[r * SL + kk]; }, h_b);
       mma::warp_gemm_tf32(accZ, r0, 0, SW / 8, [&](int r, int kk) { return us[r * SL + kk]; }, h_b);
     }
+    float rs[2] = {0.f, 0.f};
     mma::for_each_acc(accY, r0, [&](int i, int d, float Y) {
       const float qg = scale * expf(sm.G[i]) * Y;
       sm.dq[i * LDK + d] += qg;
-      atomicAdd(&sm.dG[i], qg * sm.q[i * LDK + d]);
+      rs[(i - r0) / 8] += qg * sm.q[i * LDK + d];
     });
+    mma::add_row_sums(sm.dG, r0, rs);
     mma::for_each_acc(accZ, r0, [&](int i, int d, float Z) { sm.dw[i * LDK + d] = -Z; });
   }
   __syncthreads();  // region R free again; dw complete
@@ -229,8 +233,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
         if (j < L) a.dv[((row0 + j) * a.HV + hv) * V + col0 + n] = sm.beta[j] * dub;
         rs[(j - r0) / 8] += vs[j * kGradUbLd + n] * dub;
       });
-      atomicAdd(&sm.dbeta[r0 + mma::grp()], rs[0]);
-      atomicAdd(&sm.dbeta[r0 + mma::grp() + 8], rs[1]);
+      mma::add_row_sums(sm.dbeta, r0, rs);
     }
   }
 
@@ -268,6 +271,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     auto k_b = [&](int kk, int n) { return sm.k[n * LDK + kk]; };
     mma::warp_gemm_tf32(accQK, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.q[r * LDK + kk]; }, k_b);
     mma::warp_gemm_tf32(accWK, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.dw[r * LDK + kk]; }, k_b);
+    float rs[2] = {0.f, 0.f}, cs[NC][2] = {};  // dP o P: + row sums, - column sums into dG
 #pragma unroll
     for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
@@ -279,13 +283,15 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
           const float gam = expf(sm.G[i] - sm.G[j]), wj = sm.beta[j] * expf(sm.G[j]);
           dpg = dP * gam;
           const float dPP = dpg * accQK[nt][e];  // dP_ij P_ij
-          atomicAdd(&sm.dG[i], dPP);
-          atomicAdd(&sm.dG[j], -dPP);
+          rs[e >> 1] += dPP;
+          cs[nt][e & 1] -= dPP;
           da = sm.beta[j] * sm.dA[i * LDC + j] + wj * accWK[nt][e];
         }
         sm.dPG[i * LDC + j] = dpg;
         sm.dA[i * LDC + j] = da;
       }
+    mma::add_row_sums(sm.dG, r0, rs);
+    mma::add_column_sums(sm.dG, cs);
   }
   __syncthreads();
 
@@ -309,11 +315,9 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       sm.dk[r * LDK + d] += sm.beta[r] * er * dwb;
       rs[(r - r0) / 8] += er * sm.k[r * LDK + d] * dwb;  // (e k o dWb)_rd
     });
-    for (int half = 0; half < 2; ++half) {
-      const int r = r0 + mma::grp() + 8 * half;
-      atomicAdd(&sm.dbeta[r], rs[half]);
-      atomicAdd(&sm.dG[r], sm.beta[r] * rs[half]);
-    }
+    const float rb[2] = {sm.beta[r0 + mma::grp()] * rs[0], sm.beta[r0 + mma::grp() + 8] * rs[1]};
+    mma::add_row_sums(sm.dbeta, r0, rs);
+    mma::add_row_sums(sm.dG, r0, rb);
   }
   __syncthreads();  // dw and dP o Gam are dead
 
@@ -338,18 +342,26 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     mma::zero_acc(acc);
     auto k_b = [&](int kk, int n) { return sm.k[n * LDK + kk]; };
     mma::warp_gemm_tf32(acc, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.k[r * LDK + kk]; }, k_b);
-    mma::for_each_acc(acc, r0, [&](int i, int j, float kk) {
-      float out = 0.f;
-      if (i < L && j < i) {
-        const float gam = expf(sm.G[i] - sm.G[j]), Kk = kk * gam, dM = sm.dPG[i * LDC + j];
-        const float dKk = sm.beta[i] * dM;
-        atomicAdd(&sm.dbeta[i], dM * Kk);
-        atomicAdd(&sm.dG[i], dKk * Kk);
-        atomicAdd(&sm.dG[j], -dKk * Kk);
-        out = dKk * gam;
+    float rb[2] = {0.f, 0.f}, rg[2] = {0.f, 0.f}, cg[NC][2] = {};
+#pragma unroll
+    for (int nt = 0; nt < NC; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r0 + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+        float out = 0.f;
+        if (i < L && j < i) {
+          const float gam = expf(sm.G[i] - sm.G[j]), Kk = acc[nt][e] * gam, dM = sm.dPG[i * LDC + j];
+          const float dKk = sm.beta[i] * dM;
+          rb[e >> 1] += dM * Kk;
+          rg[e >> 1] += dKk * Kk;
+          cg[nt][e & 1] -= dKk * Kk;
+          out = dKk * gam;
+        }
+        sm.dA[i * LDC + j] = out;
       }
-      sm.dA[i * LDC + j] = out;
-    });
+    mma::add_row_sums(sm.dbeta, r0, rb);
+    mma::add_row_sums(sm.dG, r0, rg);
+    mma::add_column_sums(sm.dG, cg);
   }
   __syncthreads();
   {  // dk += (dKk o Gam) k + (dKk o Gam)^T k
