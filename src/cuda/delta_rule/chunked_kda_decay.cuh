@@ -19,13 +19,13 @@ __device__ __forceinline__ void kda_load_cumulative_gate(const View& g, const Ch
                                                          float* G, int ldg, float* G_out, int64_t row0,
                                                          int64_t HV) {
   const int tid = threadIdx.x;
-  for (int e = tid; e < kChunkSize * KMAX; e += kChunkThreads) {
-    const int r = e / KMAX, d = e % KMAX;  // consecutive threads: consecutive channels (coalesced)
-    G[r * ldg + d] = r < ci.len ? load_elem<T>(g, off4(g, ci.b, ci.t0 + r, hv, d)) : 0.f;
-  }
+  batched_copy<kChunkSize * KMAX>(  // consecutive threads: consecutive channels (coalesced)
+      [&](int e) { return e / KMAX < ci.len ? load_elem<T>(g, off4(g, ci.b, ci.t0 + e / KMAX, hv, e % KMAX)) : 0.f; },
+      [&](int e, float x) { G[(e / KMAX) * ldg + e % KMAX] = x; });
   __syncthreads();
   if (tid < KMAX) {  // one thread per channel runs down the rows
     float acc = 0.f;
+#pragma unroll 16
     for (int r = 0; r < kChunkSize; ++r) {
       acc += G[r * ldg + tid];
       G[r * ldg + tid] = acc;
@@ -44,11 +44,12 @@ __device__ __forceinline__ void kda_load_cumulative_gate(const View& g, const Ch
 template <int KMAX, int NTHR = kChunkThreads>
 __device__ __forceinline__ void kda_read_gate(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
                                               int64_t HV, float* G, int ldg) {
-  for (int e = threadIdx.x; e < kChunkSize * KMAX; e += NTHR) {
-    const int r = e / KMAX, d = e % KMAX;
-    const int rr = r < ci.len ? r : ci.len - 1;
-    G[r * ldg + d] = G_in[((row0 + rr) * HV + hv) * KMAX + d];
-  }
+  batched_copy<kChunkSize * KMAX, NTHR>(
+      [&](int e) {
+        const int r = e / KMAX, rr = r < ci.len ? r : ci.len - 1;
+        return G_in[((row0 + rr) * HV + hv) * KMAX + e % KMAX];
+      },
+      [&](int e, float x) { G[(e / KMAX) * ldg + e % KMAX] = x; });
 }
 
 // Shared scratch the product needs: 16 + 48 rows of KMAX + 8 elements of T, hi and lo.

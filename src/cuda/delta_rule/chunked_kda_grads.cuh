@@ -176,13 +176,18 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     }
     sm.dk[e] = dk;
   }
-  // exp(gl_d) <h_c[d], dh_{c+1}[d]>: warps over consecutive columns of one channel (V % 32 == 0).
-  for (int64_t e = tid; e < K * V; e += kGradsThreads) {
-    float x = h[e] * dhn[e];
+  // exp(gl_d) <h_c[d], dh_{c+1}[d]>: warps over consecutive columns of one channel (V % 32 == 0),
+  // 8 loads in flight per thread (K V is a multiple of 8 * 256).
+  for (int64_t e0 = tid; e0 < K * V; e0 += 8 * kGradsThreads) {
+    float x[8];
 #pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    const int d = static_cast<int>(e / V);
-    if ((tid & 31) == 0) atomicAdd(&sm.sl[d], expf(sm.G[(L - 1) * KMAX + d]) * x);
+    for (int u = 0; u < 8; ++u) x[u] = h[e0 + u * kGradsThreads] * dhn[e0 + u * kGradsThreads];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const float s = group_sum<32>(x[u]);
+      const int d = static_cast<int>((e0 + u * kGradsThreads) / V);
+      if ((tid & 31) == 0) atomicAdd(&sm.sl[d], expf(sm.G[(L - 1) * KMAX + d]) * s);
+    }
   }
   // B.3 dw = -dv_new h^T (contract_into begins with a barrier: ak's readers are done).
   contract_into(dvn_rows, h_rows, split{}, -1.f, sm.dw);
@@ -204,12 +209,12 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   }
   // A from stage 1 (the staging area is free). Stage 1 packs P^T into A's upper triangle
   // (chunked_kda.h): keep the strict lower part, with the unit diagonal.
-  for (int e = tid; e < C * C; e += kGradsThreads) {
-    const int i = e / C, j = e % C;
-    float x = 0.f;  // rows past L are not read (the last chunk's may lie past the array)
-    if (i < L) x = j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f);
-    sm.A[i * LDM + j] = x;
-  }
+  batched_copy<C * C, kGradsThreads>(
+      [&](int e) {
+        const int i = e / C, j = e % C;  // rows past L are not read (the last chunk's may lie past the array)
+        return i < L ? (j < i ? a.A[((row0 + i) * a.HV + hv) * C + j] : (j == i ? 1.f : 0.f)) : 0.f;
+      },
+      [&](int e, float x) { sm.A[(e / C) * LDM + e % C] = x; });
   __syncthreads();
 
   // D. dWb = A^T dw and what it feeds; dUb = A^T dv_new -> dv, dbeta.
@@ -220,7 +225,8 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     const float t = expf(sm.G[r * KMAX + d]) * sm.k[r * KMAX + d] * dwb;  // (e k o dWb)_rd
     sm.dk[e] += sm.beta[r] * expf(sm.G[r * KMAX + d]) * dwb;
     sm.dG[e] += sm.beta[r] * t;
-    atomicAdd(&sm.dbeta[r], t);
+    const float ts = group_sum<32>(t);  // a warp's 32 lanes share row r (K % 32 == 0)
+    if ((tid & 31) == 0) atomicAdd(&sm.dbeta[r], ts);
   }
   // dUb = A^T dv_new on tensor cores, 64 value columns at a time; staged where q / Wb was (free
   // since C; E's tmp comes after).
@@ -228,14 +234,31 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     T* stage_q = reinterpret_cast<T*>(sm.q);
     auto at_rows = [&](int r, int64_t i) { return sm.A[i * LDM + r]; };  // (A^T)_ri = A_ir
     for (int64_t c0 = 0; c0 < V; c0 += 64) {
+      // v at this thread's accumulator elements (store_acc64's layout), loaded ahead.
+      const int wq = (tid / 32) % 4, half = tid / 128;
+      float vv[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 16 * wq + mma::acc_row(e), n = 8 * nt + mma::acc_col(e);
+          vv[nt][e] = nt / 4 == half && j < L ? v_at(j, c0 + n) : 0.f;
+        }
       float acc[8][4] = {};
       auto dvn_cols = [&](int n, int64_t i) { return i < L ? dvn_at(static_cast<int>(i), c0 + n) : 0.f; };
       kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(at_rows, dvn_cols, C, stage_q, acc);
-      store_acc64(acc, 0, [&](int j, int n, float dub) {
-        if (j >= L) return;
-        a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * dub;
-        atomicAdd(&sm.dbeta[j], v_at(j, c0 + n) * dub);
-      });
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt / 4 != half) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 16 * wq + mma::acc_row(e), n = 8 * nt + mma::acc_col(e);
+          if (j < L) {
+            a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * acc[nt][e];
+            atomicAdd(&sm.dbeta[j], vv[nt][e] * acc[nt][e]);
+          }
+        }
+      }
     }
   }
   __syncthreads();
@@ -268,13 +291,15 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     const float bm = sm.q[e], ck = sm.dw[e], kr = sm.k[e];
     sm.dk[e] += sm.beta[r] * bm + ck;
     sm.dG[e] += kr * (sm.beta[r] * bm - ck);
-    atomicAdd(&sm.dbeta[r], kr * bm);
+    const float ts = group_sum<32>(kr * bm);  // a warp's 32 lanes share row r
+    if ((tid & 31) == 0) atomicAdd(&sm.dbeta[r], ts);
   }
   __syncthreads();
 
   // G. Outputs: dg = reverse cumsum of dG (one thread per channel), dbeta, dk.
   if (tid < KMAX) {
     float acc = sm.sl[tid];
+#pragma unroll 8
     for (int i = L - 1; i >= 0; --i) {
       acc += sm.dG[i * KMAX + tid];
       a.dg[((row0 + i) * a.HV + hv) * K + tid] = acc;

@@ -55,20 +55,24 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
     store_split<T>(y, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
   });
   const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
-  for (int e = tid; e < KMAX * kOutputCols; e += kChunkThreads) {
-    const int d = e / kOutputCols, col = e % kOutputCols;
-    store_split<T>(hc[d * a.V + col0 + col], &sm.hs[d * LDV + col], &sm.hs_lo[d * LDV + col]);
-  }
-  for (int e = tid; e < C * C; e += kChunkThreads) {  // consecutive threads: one stored row j
-    const int j = e / C, i = e % C;
-    const float p = i < L && j <= i ? kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
-    store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
-  }
+  constexpr int OC = kOutputCols;
+  batched_copy<KMAX * OC>([&](int e) { return hc[(e / OC) * a.V + col0 + e % OC]; },
+                          [&](int e, float x) {
+                            store_split<T>(x, &sm.hs[(e / OC) * LDV + e % OC], &sm.hs_lo[(e / OC) * LDV + e % OC]);
+                          });
+  batched_copy<C * C>(  // consecutive threads: one stored row j
+      [&](int e) {
+        const int j = e / C, i = e % C;
+        return i < L && j <= i ? kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
+      },
+      [&](int e, float p) {
+        const int j = e / C, i = e % C;
+        store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+      });
   const T* v_new = static_cast<const T*>(a.v_new);
-  for (int e = tid; e < C * kOutputCols; e += kChunkThreads) {
-    const int r = e / kOutputCols, col = e % kOutputCols;
-    sm.vn[r * LDV + col] = r < L ? v_new[((row0 + r) * a.HV + hv) * a.V + col0 + col] : from_f<T>(0.f);
-  }
+  batched_copy<C * OC>(
+      [&](int e) { return e / OC < L ? to_f<T>(v_new[((row0 + e / OC) * a.HV + hv) * a.V + col0 + e % OC]) : 0.f; },
+      [&](int e, float x) { sm.vn[(e / OC) * LDV + e % OC] = from_f<T>(x); });  // exact: x came from T
   __syncthreads();
 
   float acc[NT][4] = {};

@@ -120,9 +120,12 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   // u = A (beta v), 64 value columns at a time.
   for (int c0 = 0; c0 < a.V; c0 += 64) {
     __syncthreads();  // the previous piece's readers are done
-    for_each_value_row<T>(a.v, ci, hv, c0, 64, [&](int r, int col, float x) {
-      store_split<T>(sm.beta[r] * x, &sm.ub[r * LDU + col], &sm.ub_lo[r * LDU + col]);
-    });
+    batched_copy<C * 64>(
+        [&](int e) { return e / 64 < L ? load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + e / 64, hv, c0 + e % 64)) : 0.f; },
+        [&](int e, float x) {
+          const int r = e / 64, col = e % 64;
+          store_split<T>(sm.beta[r] * x, &sm.ub[r * LDU + col], &sm.ub_lo[r * LDU + col]);
+        });
     __syncthreads();
     float acc[8][4] = {};
     kda_mma::lower_times_split<T, 8>(sm.a_hi, sm.a_lo, LDA, sm.ub, sm.ub_lo, LDU, 0, acc);

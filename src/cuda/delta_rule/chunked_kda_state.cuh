@@ -78,10 +78,9 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
           store_split<T>(h[mt][nt][e], &sm.hs[d * LDH + col], &sm.hs_lo[d * LDH + col]);
         }
     if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
-    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
-      const int r = e / KMAX, d = e % KMAX;
-      sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
-    }
+    batched_copy<C * KMAX>(
+        [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
+        [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
     __syncthreads();
     for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
       // exp(G_{L-1, d} - G_rd) with r <= L - 1: <= 1 (rows past L are zero).
@@ -89,8 +88,17 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
       store_split<T>(y, &sm.kd[r * LDK + d], &sm.kd_lo[r * LDK + d]);
     });
 
-    // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T).
+    // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T). This
+    // thread's u elements are loaded first (in flight during the products).
     {
+      float uu[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
+          uu[nt][e] = i < L ? a.u[((row0 + i) * a.HV + hv) * a.V + col0 + col] : 0.f;
+        }
       float p[NT][4] = {};
 #pragma unroll
       for (int kk = 0; kk < KMAX; kk += 16) {
@@ -113,7 +121,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
           float val = 0.f;
           if (i < L) {
             const int64_t at = ((row0 + i) * a.HV + hv) * a.V + col0 + col;
-            val = a.u[at] - p[nt][e];
+            val = uu[nt][e] - p[nt][e];
             v_new[at] = from_f<T>(val);
           }
           store_split<T>(val, &sm.vn[i * LDH + col], &sm.vn_lo[i * LDH + col]);

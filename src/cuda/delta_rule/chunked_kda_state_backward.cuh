@@ -92,12 +92,15 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
         }
     auto G_at = [&](int r, int d) { return a.G[((row0 + r) * a.HV + hv) * a.K + d]; };
     if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
-    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
-      const int r = e / KMAX, d = e % KMAX;
-      sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
-    }
-    for_each_value_row<T>(a.dout, ci, hv, col0, kStateCols,
-                          [&](int r, int col, float x) { sm.dos[r * LDH + col] = from_f<T>(x); });
+    batched_copy<C * KMAX>(
+        [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
+        [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
+    constexpr int SC = kStateCols;
+    batched_copy<C * SC>(
+        [&](int e) {
+          return e / SC < L ? load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + e / SC, hv, col0 + e % SC)) : 0.f;
+        },
+        [&](int e, float x) { sm.dos[(e / SC) * LDH + e % SC] = from_f<T>(x); });
     __syncthreads();
     // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
     for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
@@ -131,11 +134,15 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
       }
     }
     __syncthreads();  // q's arrays are free: scale P takes their place
-    for (int e = tid; e < C * C; e += kChunkThreads) {  // consecutive threads: one stored row j
-      const int j = e / C, i = e % C;
-      const float p = i < L && j <= i ? a.scale * kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
-      store_split<T>(p, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
-    }
+    batched_copy<C * C>(  // consecutive threads: one stored row j
+        [&](int e) {
+          const int j = e / C, i = e % C;
+          return i < L && j <= i ? a.scale * kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
+        },
+        [&](int e, float p) {
+          const int j = e / C, i = e % C;
+          store_split<T>(p, &sm.Ps[i * LDP + j], &sm.Ps_lo[i * LDP + j]);
+        });
     __syncthreads();
 
     // (2) dv_new = kd dh + (scale P)^T do: warp wp, rows [16 wp, +16), the slice's 32 columns.
