@@ -107,9 +107,13 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   }
   if (tid < KMAX) sm.sl[tid] = 0.f;
   kda_read_gate<KMAX, kGradsThreads>(a.G, ci, row0, hv, a.HV, sm.G, KMAX);
-  if (tid < kChunkThreads) {  // for_each_key_row's layout is for 4 warps (warp-uniform condition)
-    for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * KMAX + d] = x; });
-    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * KMAX + d] = x; });
+  if (tid < kChunkThreads) {  // kda_key_rows' layout is for 4 warps (warp-uniform condition)
+    auto none = [](int, int) { return 0.f; };
+    kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, none, [&](int r, int d, float x, float) { sm.q[r * KMAX + d] = x; });
+  } else {  // the other 4 warps load k meanwhile
+    auto none = [](int, int) { return 0.f; };
+    kda_key_rows_from<T, KMAX>(kChunkThreads, a.k, ci, head, a.l2norm, none,
+                                [&](int r, int d, float x, float) { sm.k[r * KMAX + d] = x; });
   }
   __syncthreads();
 

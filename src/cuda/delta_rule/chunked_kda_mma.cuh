@@ -179,3 +179,54 @@ __device__ __forceinline__ void batched_copy(Get&& get, Put&& put) {
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// for_each_key_row (chunked_rows.cuh) with its global loads batched: for every row r < 64 of the
+// chunk and channel d < KMAX, emit(r, d, x, y) with x = q/k[b, t0 + r, head, d] (0 past L; L2-
+// normalized when `l2norm`) and y = aux(r, d), a second per-element load (e.g. the gate G; aux
+// handles rows past L itself). Same thread layout as for_each_key_row (KMAX / 8 lanes per row,
+// 8 consecutive elements each, 128 threads), but the loads of up to 4 of its passes (x and aux)
+// are issued before any of them is used: a sequence-serial stage (2, B1) pays 2 memory latencies
+// per call instead of 2 per pass.
+// kda_key_rows_from: the same run by threads [tid0, tid0 + 128) of a larger block.
+template <typename T, int KMAX, typename Aux, typename Emit>
+__device__ __forceinline__ void kda_key_rows_from(int tid0, const View& x, const ChunkInfo& ci, int64_t head,
+                                                  bool l2norm, Aux&& aux, Emit&& emit) {
+  constexpr int kLanesPerRow = KMAX / 8, kRowsPerPass = kChunkThreads / kLanesPerRow;
+  constexpr int kPasses = kChunkSize / kRowsPerPass, kBatch = kPasses < 4 ? kPasses : 4;
+  const int t = static_cast<int>(threadIdx.x) - tid0, lr = t / kLanesPerRow, seg = t % kLanesPerRow;
+#pragma unroll 1
+  for (int p0 = 0; p0 < kPasses; p0 += kBatch) {
+    float e[kBatch][8], y[kBatch][8];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int r = (p0 + b) * kRowsPerPass + lr;
+      const bool ok = r < ci.len;
+      const int64_t base = ok ? off3(x, ci.b, ci.t0 + r, head) + seg * 8 : 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        e[b][i] = ok ? load_elem<T>(x, base + i) : 0.f;
+        y[b][i] = aux(r, seg * 8 + i);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += e[b][i] * e[b][i];
+      const float rstd = l2norm ? 1.0f / sqrtf(group_sum<kLanesPerRow>(ss) + kL2NormEps) : 1.f;
+      const int r = (p0 + b) * kRowsPerPass + lr;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) emit(r, seg * 8 + i, e[b][i] * rstd, y[b][i]);
+    }
+  }
+}
+
+template <typename T, int KMAX, typename Aux, typename Emit>
+__device__ __forceinline__ void kda_key_rows(const View& x, const ChunkInfo& ci, int64_t head, bool l2norm,
+                                             Aux&& aux, Emit&& emit) {
+  kda_key_rows_from<T, KMAX>(0, x, ci, head, l2norm, aux, emit);
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -49,10 +49,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);
 
-  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
-    // exp(G_rd) <= 1; rows past L are zero.
-    const float y = r < ci.len ? x * expf(a.G[((row0 + r) * a.HV + hv) * a.K + d]) : 0.f;
-    store_split<T>(y, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+  // q o exp(G) (exp(G_rd) <= 1; rows past L are zero).
+  auto G_at = [&](int r, int d) { return r < L ? a.G[((row0 + r) * a.HV + hv) * a.K + d] : 0.f; };
+  kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_at, [&](int r, int d, float x, float g) {
+    store_split<T>(r < L ? x * expf(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
   });
   const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
   constexpr int OC = kOutputCols;

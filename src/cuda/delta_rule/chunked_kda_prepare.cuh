@@ -73,11 +73,13 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   kda_load_cumulative_gate<T, KMAX>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
 
   // k (normalized, fp32) and beta exp(G) o k as hi + lo (exp(G) <= 1).
-  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
+  auto none = [](int, int) { return 0.f; };
+  kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, none, [&](int r, int d, float x, float) {
     sm.kf[r * LDG + d] = x;
     store_split<T>(sm.beta[r] * expf(sm.G[r * LDG + d]) * x, &sm.wb[r * LDK + d], &sm.wb_lo[r * LDK + d]);
   });
-  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.qf[r * LDG + d] = x; });
+  kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, none,
+                        [&](int r, int d, float x, float) { sm.qf[r * LDG + d] = x; });
   __syncthreads();
 
   // M (strict lower triangle of sm.M) and P^T (its upper triangle and diagonal), then

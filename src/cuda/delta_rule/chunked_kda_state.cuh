@@ -82,10 +82,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
         [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
         [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
     __syncthreads();
-    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
+    auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
+    kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {
       // exp(G_{L-1, d} - G_rd) with r <= L - 1: <= 1 (rows past L are zero).
-      const float y = r < L ? x * expf(sm.Gl[d] - G_at(r, d)) : 0.f;
-      store_split<T>(y, &sm.kd[r * LDK + d], &sm.kd_lo[r * LDK + d]);
+      store_split<T>(r < L ? x * expf(sm.Gl[d] - g) : 0.f, &sm.kd[r * LDK + d], &sm.kd_lo[r * LDK + d]);
     });
 
     // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T). This

@@ -103,11 +103,12 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
         [&](int e, float x) { sm.dos[(e / SC) * LDH + e % SC] = from_f<T>(x); });
     __syncthreads();
     // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
-    for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
-      store_split<T>(r < L ? a.scale * expf(G_at(r, d)) * x : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+    auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
+    kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {
+      store_split<T>(r < L ? a.scale * expf(g) * x : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
     });
-    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
-      store_split<T>(r < L ? x * expf(sm.Gl[d] - G_at(r, d)) : 0.f, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
+    kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {
+      store_split<T>(r < L ? x * expf(sm.Gl[d] - g) : 0.f, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
     });
     __syncthreads();
 
