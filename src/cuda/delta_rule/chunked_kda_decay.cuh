@@ -12,6 +12,18 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// exp of a decay difference (always <= 0 here) in the per-term loops of the decayed products and
+// sums: the hardware ex2 (__expf; CUDA guide: at most 2 + floor(1.173 |x|) ulp, i.e. ~1e-5
+// relative at x = -80, below which the result is flushed to 0 anyway) instead of expf's longer
+// sequence; the bars are 5e-3 and up. The host emulation uses expf.
+__device__ __forceinline__ float decay_exp(float x) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  return expf(x);
+#else
+  return __expf(x);
+#endif
+}
+
 // Chunk rows r < 64 of the per-channel gate into G[r * ldg + d] as the cumulative sum over rows
 // (rows >= L read g = 0). Also writes G to the intermediates (rows < L). Ends with a barrier.
 template <typename T, int KMAX>
@@ -92,7 +104,7 @@ __device__ __forceinline__ void kda_decayed_mp(QF&& q, KF&& k, const float* G, i
     const int i = 16 * blk + a, j = 16 * blk + p - a * (a + 1) / 2;
     float m = 0.f, pq = 0.f;
     for (int d = 0; d < KMAX; ++d) {
-      const float kj = k(j, d) * expf(G[i * ldg + d] - G[j * ldg + d]);
+      const float kj = k(j, d) * decay_exp(G[i * ldg + d] - G[j * ldg + d]);
       m += k(i, d) * kj;
       pq += q(i, d) * kj;
     }
@@ -108,9 +120,9 @@ __device__ __forceinline__ void kda_decayed_mp(QF&& q, KF&& k, const float* G, i
         const float gr = G[r0 * ldg + d];
         if (a < 16) {
           const float x = pass == 0 ? k(r0 + a, d) : q(r0 + a, d);
-          store_split<T>(x * expf(G[(r0 + a) * ldg + d] - gr), &xh[a * LDS + d], &xl[a * LDS + d]);
+          store_split<T>(x * decay_exp(G[(r0 + a) * ldg + d] - gr), &xh[a * LDS + d], &xl[a * LDS + d]);
         } else {  // ys, staged once per sub-chunk
-          store_split<T>(k(a - 16, d) * expf(gr - G[(a - 16) * ldg + d]), &yh[(a - 16) * LDS + d],
+          store_split<T>(k(a - 16, d) * decay_exp(gr - G[(a - 16) * ldg + d]), &yh[(a - 16) * LDS + d],
                          &yl[(a - 16) * LDS + d]);
         }
       }
@@ -158,7 +170,7 @@ __device__ __forceinline__ void kda_decayed_rows(const float* W, int ldw, YF&& y
     const int r = e / KMAX, d = e % KMAX, end = inclusive ? r : r - 1;
     const float gr = G[r * KMAX + d];
     float s = 0.f;
-    for (int j = r & ~15; j <= end; ++j) s += W[r * ldw + j] * y(j, d) * expf(gr - G[j * KMAX + d]);
+    for (int j = r & ~15; j <= end; ++j) s += W[r * ldw + j] * y(j, d) * decay_exp(gr - G[j * KMAX + d]);
     out[e] = s;
   }
   for (int J = 0; J < 3; ++J)
@@ -167,7 +179,7 @@ __device__ __forceinline__ void kda_decayed_rows(const float* W, int ldw, YF&& y
       __syncthreads();  // the previous pair's readers of `stage` are done
       for (int e = tid; e < 16 * KMAX; e += NTHR) {
         const int jj = e / KMAX, d = e % KMAX, j = 16 * J + jj;
-        stage[e] = y(j, d) * expf(G[b * KMAX + d] - G[j * KMAX + d]);
+        stage[e] = y(j, d) * decay_exp(G[b * KMAX + d] - G[j * KMAX + d]);
       }
       __syncthreads();
       for (int e = tid; e < 16 * KMAX; e += NTHR) {
@@ -175,7 +187,7 @@ __device__ __forceinline__ void kda_decayed_rows(const float* W, int ldw, YF&& y
         float s = 0.f;
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) s += W[r * ldw + 16 * J + jj] * stage[jj * KMAX + d];
-        out[r * KMAX + d] += s * expf(G[r * KMAX + d] - G[b * KMAX + d]);
+        out[r * KMAX + d] += s * decay_exp(G[r * KMAX + d] - G[b * KMAX + d]);
       }
     }
   __syncthreads();
@@ -189,7 +201,7 @@ __device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x
     const int r = e / KMAX, d = e % KMAX, end = (r & ~15) + 16;
     const float gr = G[r * KMAX + d];
     float s = 0.f;
-    for (int i = inclusive ? r : r + 1; i < end; ++i) s += W[i * ldw + r] * x(i, d) * expf(G[i * KMAX + d] - gr);
+    for (int i = inclusive ? r : r + 1; i < end; ++i) s += W[i * ldw + r] * x(i, d) * decay_exp(G[i * KMAX + d] - gr);
     out[e] = s;
   }
   for (int I = 1; I < 4; ++I) {
@@ -197,7 +209,7 @@ __device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x
     __syncthreads();
     for (int e = tid; e < 16 * KMAX; e += NTHR) {
       const int i = b + e / KMAX, d = e % KMAX;
-      stage[e] = x(i, d) * expf(G[i * KMAX + d] - G[b * KMAX + d]);
+      stage[e] = x(i, d) * decay_exp(G[i * KMAX + d] - G[b * KMAX + d]);
     }
     __syncthreads();
     for (int e = tid; e < b * KMAX; e += NTHR) {  // rows r < b
@@ -205,7 +217,7 @@ __device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x
       float s = 0.f;
 #pragma unroll
       for (int ii = 0; ii < 16; ++ii) s += W[(b + ii) * ldw + r] * stage[ii * KMAX + d];
-      out[e] += s * expf(G[b * KMAX + d] - G[r * KMAX + d]);
+      out[e] += s * decay_exp(G[b * KMAX + d] - G[r * KMAX + d]);
     }
   }
   __syncthreads();
