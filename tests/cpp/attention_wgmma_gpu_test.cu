@@ -544,6 +544,7 @@ void check_variant_cases() {
 TEST(AttentionWgmmaVariants, Persistent) {
   REQUIRE_GPU();
   REQUIRE_VARIANTS_ASKED();
+  EnvSet pingpong("FLASHGRAD_ATTN_WGMMA_PINGPONG", "0");
   EnvSet persistent("FLASHGRAD_ATTN_WGMMA_PERSISTENT", "3");
   check_variant_cases();
 }
@@ -552,6 +553,7 @@ TEST(AttentionWgmmaVariants, Pingpong) {
   REQUIRE_GPU();
   REQUIRE_VARIANTS_ASKED();
   EnvSet pingpong("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1");
+  EnvSet persistent("FLASHGRAD_ATTN_WGMMA_PERSISTENT", "0");
   check_variant_cases();
 }
 
