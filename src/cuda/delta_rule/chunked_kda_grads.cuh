@@ -167,18 +167,24 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
   kda_decayed_cols<KMAX, kGradsThreads>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
   contract_into(vn_rows, dhn_rows, exact{}, 1.f, sm.dk);
-  for (int e = tid; e < C * KMAX; e += kGradsThreads) {
-    const int r = e / KMAX, d = e % KMAX;
-    float dk = 0.f;
-    if (r < L) {
-      const float X = sm.dk[e], ak = sm.dw[e];
-      const float kdx = expf(sm.G[(L - 1) * KMAX + d] - sm.G[e]);  // r <= L - 1
-      const float s = X * kdx * sm.k[e];
-      dk = X * kdx + ak;
-      sm.dG[e] -= s + sm.k[e] * ak;
-      atomicAdd(&sm.sl[d], s);
+  {
+    // A thread's channel d = tid % KMAX is the same for all its elements (256 % KMAX == 0): sum
+    // its s terms in a register and add them to sl once (shared float atomics are CAS loops).
+    float s_sum = 0.f;
+    for (int e = tid; e < C * KMAX; e += kGradsThreads) {
+      const int r = e / KMAX, d = e % KMAX;
+      float dk = 0.f;
+      if (r < L) {
+        const float X = sm.dk[e], ak = sm.dw[e];
+        const float kdx = expf(sm.G[(L - 1) * KMAX + d] - sm.G[e]);  // r <= L - 1
+        const float s = X * kdx * sm.k[e];
+        dk = X * kdx + ak;
+        sm.dG[e] -= s + sm.k[e] * ak;
+        s_sum += s;
+      }
+      sm.dk[e] = dk;
     }
-    sm.dk[e] = dk;
+    atomicAdd(&sm.sl[tid % KMAX], s_sum);
   }
   // exp(gl_d) <h_c[d], dh_{c+1}[d]>: warps over consecutive columns of one channel (V % 32 == 0),
   // 8 loads in flight per thread (K V is a multiple of 8 * 256).
@@ -251,17 +257,25 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
       float acc[8][4] = {};
       auto dvn_cols = [&](int n, int64_t i) { return i < L ? dvn_at(static_cast<int>(i), c0 + n) : 0.f; };
       kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(at_rows, dvn_cols, C, stage_q, acc);
+      // dv; v . dUb summed over this thread's columns of its two rows (grp, grp + 8), then over the
+      // 4 lanes of a row (xor 1, 2), one shared atomic per row and lane quad.
+      float vd[2] = {0.f, 0.f};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         if (nt / 4 != half) continue;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = 16 * wq + mma::acc_row(e), n = 8 * nt + mma::acc_col(e);
-          if (j < L) {
-            a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * acc[nt][e];
-            atomicAdd(&sm.dbeta[j], vv[nt][e] * acc[nt][e]);
-          }
+          if (j < L) a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * acc[nt][e];
+          vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
         }
+      }
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 1);
+        vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 2);
+        const int j = 16 * wq + mma::grp() + 8 * h2;
+        if (mma::tig() == 0 && j < L) atomicAdd(&sm.dbeta[j], vd[h2]);
       }
     }
   }
