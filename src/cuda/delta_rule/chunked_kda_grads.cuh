@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   contract_into(vn_rows, dhn_rows, exact{}, 1.f, sm.dk);
   {
     // A thread's channel d = tid % KMAX is the same for all its elements (256 % KMAX == 0): sum
-    // its s terms in a register and add them to sl once (shared float atomics are CAS loops).
+    // its s terms in a register and add them to sl once (shared float atomics on one address
+    // serialize).
     float s_sum = 0.f;
     for (int e = tid; e < C * KMAX; e += kGradsThreads) {
       const int r = e / KMAX, d = e % KMAX;
