@@ -32,6 +32,7 @@ except ImportError:  # pragma: no cover
     do_bench = None
 
 import flashgrad
+from flashgrad._torch_library import ops as flashgrad_ops  # loads the operator library
 from flashgrad.fp8 import quantize_per_head
 
 ROWS = [(2, 16, 8192, 128), (2, 16, 8192, 256)]  # B, H, S, D
@@ -65,7 +66,7 @@ def _short(error: Exception) -> str:
 
 def flashgrad_kernel_times(q, k, v, causal, descales=None):
     """(forward ms, backward ms) of the low-level ops; descales given for e4m3 inputs."""
-    ops = torch.ops.flashgrad
+    ops = flashgrad_ops
     mask = "causal" if causal else "none"
     extra = {} if descales is None else dict(zip(("descale_q", "descale_k", "descale_v"), descales))
     fwd_args = (q, k, v, None, None, 0, 0, None, mask, -1, -1, None, None, 0.0, "tanh", 0.0, False)

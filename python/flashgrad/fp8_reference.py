@@ -229,7 +229,6 @@ def fp8_attention_reference_backward(dout, q8, k8, v8, descale_q, descale_k, des
         sc = _scores(q8n, k8n, descale_q[n], descale_k[n], scale, opts, allowed)
         lse_safe = torch.where(torch.isfinite(lse_n), lse_n, torch.full_like(lse_n, math.inf))
         p = torch.exp(sc.capped - lse_safe[..., None])                    # [Hq, Sq, Sk], 0 masked
-        delta = (do_n * o_n).sum(dim=-1).transpose(0, 1)                  # [Hq, Sq] rowsum(dO * O)
         v_rep = v8n.float().repeat_interleave(group, dim=1)
         dsq = descale_q[n].repeat_interleave(group)[:, None, None]
         dsk = descale_k[n].repeat_interleave(group)[:, None, None]
@@ -239,8 +238,12 @@ def fp8_attention_reference_backward(dout, q8, k8, v8, descale_q, descale_k, des
             d_do = ds_do[n][:, None, None]                                 # [Hq, 1, 1]
             do8 = round_e4m3(do_n.transpose(0, 1) / d_do)                  # [Hq, Sq, Dv]
             dp = torch.einsum("hqd,khd->hqk", do8, v_rep) * (d_do * dsv)
+            # Delta = rowsum(deq(dO8) * O): the same quantized dO as dP's, so that
+            # sum_j dS_ij = 0 holds for the quantized dP as it does for the exact one
+            delta = ((do8 * d_do) * o_n.transpose(0, 1)).sum(dim=-1)       # [Hq, Sq]
         else:
             dp = torch.einsum("qhd,khd->hqk", do_n, v_rep) * dsv
+            delta = (do_n * o_n).sum(dim=-1).transpose(0, 1)              # [Hq, Sq] rowsum(dO * O)
         ds = p * (dp - delta[..., None] + dlse_n[..., None])
         derivative = _softcap_derivative(sc.raw, sc.capped, opts)
         if derivative is not None:
