@@ -56,25 +56,43 @@ def _no_delta_rule(*args, **kwargs):
     raise RuntimeError("the parity model has no delta-rule layers")
 
 
-def attention_kernels(fp8: bool, emulate: bool = False) -> Kernels:
-    """flash_attn_func (bf16) or flash_attn_fp8_func, both fed bf16 and returning (out, lse);
-    emulate: the recipe's plain-torch emulation instead of flash_attn_fp8_func."""
+def attention_op(fp8: bool, emulate: bool = False):
+    """(name, fn(q, k, v, softcap) -> (out, lse)): flash_attn_func (bf16), flash_attn_fp8_func,
+    or with emulate the recipe's plain-torch emulation; all fed bf16, causal."""
     import flashgrad
     if fp8 and emulate:
         from flashgrad.fp8_reference import fp8_attention_emulated
-
-        def attention(q, k, v, *, softcap, z_loss_weight=0.0):
-            return fp8_attention_emulated(q, k, v, causal=True, softcap=softcap)
-
-        return Kernels("emulated-fp8", attention, _no_delta_rule, _no_delta_rule,
-                       compute_dtype=torch.bfloat16, returns_lse=True)
+        return "fp8_attention_emulated", lambda q, k, v, softcap: fp8_attention_emulated(
+            q, k, v, causal=True, softcap=softcap)
     op = flashgrad.flash_attn_fp8_func if fp8 else flashgrad.flash_attn_func
+    return op.__name__, lambda q, k, v, softcap: op(q, k, v, causal=True, softcap=softcap, return_lse=True)
+
+
+def attention_kernels(fp8: bool, emulate: bool = False) -> Kernels:
+    """The parity model's kernel set; kernels.attention.calls counts the calls (proof of which
+    op trained the model)."""
+    name, op = attention_op(fp8, emulate)
 
     def attention(q, k, v, *, softcap, z_loss_weight=0.0):
-        return op(q, k, v, causal=True, softcap=softcap, return_lse=True)
+        attention.calls += 1
+        return op(q, k, v, softcap)
 
-    return Kernels("flashgrad-fp8" if fp8 else "flashgrad-bf16", attention, _no_delta_rule,
-                   _no_delta_rule, compute_dtype=torch.bfloat16, returns_lse=True)
+    attention.calls = 0
+    attention.op_name = name
+    label = "emulated-fp8" if fp8 and emulate else ("flashgrad-fp8" if fp8 else "flashgrad-bf16")
+    return Kernels(label, attention, _no_delta_rule, _no_delta_rule, compute_dtype=torch.bfloat16,
+                   returns_lse=True)
+
+
+def attention_difference(fp8_name_and_op, bf16_name_and_op, device, seed) -> float:
+    """Relative RMS difference between the two ops' outputs on one random input of the model's
+    attention shape: ~1e-2 when the FP8 op really quantizes, 0 if it silently ran bf16."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q, k, v = (torch.randn(2, 256, h, 64, generator=g).to(device=device, dtype=torch.bfloat16)
+               for h in (4, 2, 2))
+    a = fp8_name_and_op[1](q, k, v, 20.0)[0].float()
+    b = bf16_name_and_op[1](q, k, v, 20.0)[0].float()
+    return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt())
 
 
 def parse_args(argv):
@@ -223,6 +241,13 @@ def main(argv=None) -> int:
     vocab = CharVocab(text)
     tokens = vocab.encode(text)
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        probe = attention_difference(attention_op(True, args.emulate), attention_op(False), device, args.seed)
+    except NotImplementedError as error:
+        print(f"fp8_parity: the fp8 run cannot execute: {error}", file=sys.stderr)
+        return 2
+    print(f"one attention call, fp8 vs bf16 output on random inputs: relative RMS difference {probe:.2e} "
+          f"({kernels['fp8'].attention.op_name} vs {kernels['bf16'].attention.op_name})")
     runs = {}
     for name, k in kernels.items():
         try:
@@ -233,10 +258,16 @@ def main(argv=None) -> int:
         except FloatingPointError as error:
             print(f"fp8 vs bf16: FAIL: {error}")
             return 1
-        print(f"{name}: {args.steps} steps in {runs[name]['seconds']:.1f} s, final training loss "
-              f"(mean of last {min(FINAL_WINDOW, args.steps)}) {runs[name]['final_train_loss']:.4f}, "
-              f"held-out {runs[name]['held_out_loss']:.4f}")
+        runs[name]["attention_calls"] = k.attention.calls
+        print(f"{name}: {args.steps} steps in {runs[name]['seconds']:.1f} s, {k.attention.calls} calls of "
+              f"{k.attention.op_name} on {device}; final training loss (mean of last "
+              f"{min(FINAL_WINDOW, args.steps)}) {runs[name]['final_train_loss']:.6f}, "
+              f"held-out {runs[name]['held_out_loss']:.6f}")
     bf16, fp8 = runs["bf16"], runs["fp8"]
+    step_differences = [abs(a - b) for a, b in zip(fp8["losses"], bf16["losses"])]
+    print(f"per-step |loss fp8 - loss bf16|: step 0 {step_differences[0]:.2e} (same weights and batch: "
+          f"attention precision only), max {max(step_differences):.2e}, mean "
+          f"{sum(step_differences) / len(step_differences):.2e}")
     rel_train = (fp8["final_train_loss"] - bf16["final_train_loss"]) / bf16["final_train_loss"]
     rel_held = (fp8["held_out_loss"] - bf16["held_out_loss"]) / bf16["held_out_loss"]
     passed = abs(rel_train) <= TARGET_RELATIVE_DIFFERENCE and abs(rel_held) <= TARGET_RELATIVE_DIFFERENCE
@@ -252,14 +283,17 @@ def main(argv=None) -> int:
                **{f"{n}_{key}": runs[n][key] for n in runs
                   for key in ("final_train_loss", "held_out_loss", "seconds")},
                "relative_difference_train": rel_train, "relative_difference_held_out": rel_held,
-               "target": TARGET_RELATIVE_DIFFERENCE, "passed": passed}
+               "target": TARGET_RELATIVE_DIFFERENCE, "passed": passed,
+               "attention_output_difference_random_inputs": probe,
+               "attention_calls": {n: runs[n]["attention_calls"] for n in runs},
+               "step0_loss_difference": step_differences[0], "max_step_loss_difference": max(step_differences)}
     (args.out / "fp8_parity.json").write_text(json.dumps(summary, indent=2) + "\n")
     if not plotted:
         print("matplotlib is not installed: no PNG; the loss curves (11-step means):")
         print(ascii_summary(runs))
-    print(f"fp8 vs bf16: final training loss {fp8['final_train_loss']:.4f} vs {bf16['final_train_loss']:.4f} "
-          f"({100 * rel_train:+.2f}%), held-out {fp8['held_out_loss']:.4f} vs {bf16['held_out_loss']:.4f} "
-          f"({100 * rel_held:+.2f}%); target within {100 * TARGET_RELATIVE_DIFFERENCE:.0f}%: "
+    print(f"fp8 vs bf16: final training loss {fp8['final_train_loss']:.6f} vs {bf16['final_train_loss']:.6f} "
+          f"({100 * rel_train:+.3f}%), held-out {fp8['held_out_loss']:.6f} vs {bf16['held_out_loss']:.6f} "
+          f"({100 * rel_held:+.3f}%); target within {100 * TARGET_RELATIVE_DIFFERENCE:.0f}%: "
           f"{'PASS' if passed else 'FAIL'}")
     print(f"wrote {csv_path}" + (f", {png_path}" if plotted else "") + f", {args.out / 'fp8_parity.json'}")
     return 0 if passed else 1
