@@ -36,6 +36,11 @@
 // B1 state backward (sequences x HV x V/32), B2 grads (chunks x HV, 256 threads: its contractions
 // on tensor cores, the per-channel decayed sums in fp32; chunked_kda_grads.cuh). Scope: bf16 /
 // fp16, K in {64, 128}, V in {64, 128, 192, 256}.
+//
+// Checked by the host emulation of these sources (chunked_emulation/kda_harness.cc, every stage and
+// end to end within the GPU test's bars) and on the H200 by tests/cpp/delta_rule_chunked_kda_gpu_test.cu
+// (2026-11-29: all passed on an earlier version of the stages; the later speed changes were checked
+// by the emulation and go through that test in the next GPU run).
 #pragma once
 
 #include <cuda_runtime.h>
