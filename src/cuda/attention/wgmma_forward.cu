@@ -103,9 +103,16 @@ int* tile_counter(cudaStream_t stream) {
   return counter;
 }
 
-bool env_is(const char* name, const char* value) {
+// Defaults of the two variant switches (environment, read at every call): "0" / "1" override
+// them, so the bench and the tests can run every combination whatever the default is. Both off
+// until an H200 run shows them correct and faster (tools/gpu-extra/wgmma.sh measures them).
+constexpr bool kPingpongByDefault = false;
+constexpr int64_t kPersistentByDefault = 0;  // 0: one CTA per tile; 1: one CTA per SM
+
+// The integer value of a switch, or `fallback` when it is not set.
+int64_t env_int(const char* name, int64_t fallback) {
   const char* env = std::getenv(name);
-  return env != nullptr && std::strcmp(env, value) == 0;
+  return env == nullptr || *env == '\0' ? fallback : std::atoll(env);
 }
 
 // One CTA per tile, or (FLASHGRAD_ATTN_WGMMA_PERSISTENT=1, or more tiles than a grid holds) one
@@ -124,8 +131,7 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const int64_t tiles = static_cast<int64_t>(p.num_seqs) * mblocks * p.heads_q;
   int64_t ctas = tiles;
-  const char* persistent = std::getenv("FLASHGRAD_ATTN_WGMMA_PERSISTENT");
-  const int64_t cap = persistent == nullptr ? 0 : std::atoll(persistent);
+  const int64_t cap = env_int("FLASHGRAD_ATTN_WGMMA_PERSISTENT", kPersistentByDefault);
   if (cap >= 2)
     ctas = std::min<int64_t>(tiles, cap);
   else if (cap == 1 || tiles > 0x7fffffff)
@@ -136,12 +142,12 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-// FLASHGRAD_ATTN_WGMMA_PINGPONG=1 turns on the consumer warpgroups' turn-taking (read at every call
-// so the bench can time both in one process).
+// FLASHGRAD_ATTN_WGMMA_PINGPONG=1 turns on the consumer warpgroups' turn-taking, =0 off (read at
+// every call so the bench can time both in one process).
 template <typename T, int D>
 void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
             const WgmmaMapAxes& axes, cudaStream_t stream) {
-  if (env_is("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1"))
+  if (env_int("FLASHGRAD_ATTN_WGMMA_PINGPONG", kPingpongByDefault ? 1 : 0) == 1)
     launch_variant<T, D, true>(mq, mk, mv, p, axes, stream);
   else
     launch_variant<T, D, false>(mq, mk, mv, p, axes, stream);
