@@ -60,12 +60,7 @@ struct ChunkedScratch {
 ChunkedArgs forward_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const ChunkedScratch& cs,
                          ScratchBuffer& buf, cudaStream_t s) {
   ChunkedArgs a;
-  a.q = view_of(p.q);
-  a.k = view_of(p.k);
-  a.v = view_of(p.v);
-  a.g = view_of(p.g);
-  a.beta = view_of(p.beta);
-  a.h0 = view_of(p.initial_state);
+  set_inputs_and_sizes(a, p, pr);
   auto* chunks = buf.take<ChunkInfo>(sizeof(ChunkInfo) * cs.plan.chunks.size());
   auto* first = buf.take<int64_t>(8 * cs.plan.seq_first_chunk.size());
   // Pageable sources: staged before cudaMemcpyAsync returns, so `cs` may go out of scope after.
@@ -84,13 +79,6 @@ ChunkedArgs forward_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   a.u = buf.take<float>(4 * cs.n.u);
   a.v_new = buf.take<char>(cs.elem * cs.n.v_new);
   a.h = buf.take<float>(4 * cs.n.h);
-  a.T = pr.seq_len;
-  a.H = pr.heads;
-  a.HV = pr.value_heads;
-  a.K = pr.key_dim;
-  a.V = pr.value_dim;
-  a.scale = pr.scale;
-  a.l2norm = p.use_qk_l2norm_in_kernel;
   return a;
 }
 
@@ -162,18 +150,11 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
 
   // The finish kernels read the accumulators through the recurrent path's argument struct.
   RecurrentArgs f;
-  f.q = a.q;
-  f.k = a.k;
+  set_inputs_and_sizes(f, p, pr);
   f.dq_acc = a.dq_acc;
   f.dk_acc = a.dk_acc;
   f.dbeta_acc = a.dbeta;
   f.dg_acc = a.dg;  // complete per step: no per-sequence constant (dg_const stays null)
-  f.T = a.T;
-  f.H = a.H;
-  f.HV = a.HV;
-  f.K = a.K;
-  f.V = a.V;
-  f.l2norm = a.l2norm;
 
   by_half_dtype(p.q.dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -98,19 +98,7 @@ bool runs_are_vectors(const TensorView& t, int64_t K) {
 
 dr::RecurrentArgs base_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
   dr::RecurrentArgs a;
-  a.q = view_of(p.q);
-  a.k = view_of(p.k);
-  a.v = view_of(p.v);
-  a.g = view_of(p.g);
-  a.beta = view_of(p.beta);
-  a.h0 = view_of(p.initial_state);
-  a.T = pr.seq_len;
-  a.H = pr.heads;
-  a.HV = pr.value_heads;
-  a.K = pr.key_dim;
-  a.V = pr.value_dim;
-  a.scale = pr.scale;
-  a.l2norm = p.use_qk_l2norm_in_kernel;
+  dr::set_inputs_and_sizes(a, p, pr);
   a.qk_vec = runs_are_vectors(p.q, pr.key_dim) && runs_are_vectors(p.k, pr.key_dim);
   a.g_vec = pr.gate == GateKind::per_channel && p.g.dtype == DType::f32 && runs_are_vectors(p.g, pr.key_dim);
   return a;

@@ -1,6 +1,9 @@
-// TensorView (the public API's strided view) -> View (the delta-rule kernels' four strides).
+// TensorView (the public API's strided view) -> View (the delta-rule kernels' four strides), and
+// the argument fields both kernel paths share.
 #pragma once
 
+#include "core/problems.h"
+#include "flashgrad/delta_rule.h"
 #include "flashgrad/tensor.h"
 #include "recurrent_common.cuh"
 
@@ -17,6 +20,25 @@ inline View view_of(const TensorView& t) {
   v.s3 = t.rank > 3 ? t.stride[3] : 1;
   v.f32 = t.dtype == DType::f32;
   return v;
+}
+
+// The inputs and sizes every launch of either path takes (RecurrentArgs, ChunkedArgs: the same
+// field names), from the validated call.
+template <typename Args>
+void set_inputs_and_sizes(Args& a, const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
+  a.q = view_of(p.q);
+  a.k = view_of(p.k);
+  a.v = view_of(p.v);
+  a.g = view_of(p.g);
+  a.beta = view_of(p.beta);
+  a.h0 = view_of(p.initial_state);
+  a.T = pr.seq_len;
+  a.H = pr.heads;
+  a.HV = pr.value_heads;
+  a.K = pr.key_dim;
+  a.V = pr.value_dim;
+  a.scale = pr.scale;
+  a.l2norm = p.use_qk_l2norm_in_kernel;
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
