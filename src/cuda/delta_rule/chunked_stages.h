@@ -33,7 +33,8 @@
 //
 // Scope of this first version: bf16 / fp16 inputs, K in {64, 128}, V in {64, 128, 192, 256}, GDN
 // (scalar gate) and the plain delta rule. KDA (per-channel gates) is refused by
-// chunked_stages_support(): its decayed key products exp(G_id - G_jd) are not one matrix product.
+// chunked_stages_support(): its decayed key products exp(G_id - G_jd) are not one matrix product;
+// it has its own stages (chunked_kda.h), and chunked_path.cu picks between the two.
 #pragma once
 
 #include <cuda_runtime.h>
