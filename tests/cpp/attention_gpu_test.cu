@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -637,6 +638,47 @@ TEST(AttentionGpu, DeterministicIsBitwiseRepeatable) {
     c.mask = d == 128 ? MaskKind::causal : MaskKind::none;
     check_case(named("deterministic d" + std::to_string(d), c));
   }
+}
+
+// The wgmma backward (default for head dims 64 / 128) over longer walks: several key blocks per
+// CTA row, many query tiles per key block (the 2-slot Q / dO ring and the dQ staging handshake go
+// through many phases), GQA groups, both dtypes; lengths off the 64 / 128 tile sizes.
+TEST(AttentionGpu, BackwardLongWalks) {
+  REQUIRE_GPU();
+  Config c;
+  c.batch = 1;
+  c.hq = 4;
+  c.hk = 2;
+  c.sq = 700;
+  c.sk = 650;
+  c.mask = MaskKind::causal;
+  check_case(named("gqa 4/2 causal d128 bf16 Sq=700 Sk=650", c));
+  c.d = 64;
+  c.dtype = DType::f16;
+  c.mask = MaskKind::none;
+  c.sq = 333;
+  c.sk = 517;
+  check_case(named("gqa 4/2 none d64 f16 Sq=333 Sk=517", c));
+}
+
+// The mma.sync backward stays reachable (FLASHGRAD_ATTN_BACKWARD=legacy, and for head dim 256):
+// one causal GQA and one varlen case through it, so the fallback keeps its coverage.
+TEST(AttentionGpu, LegacyBackwardFallback) {
+  REQUIRE_GPU();
+  setenv("FLASHGRAD_ATTN_BACKWARD", "legacy", 1);
+  Config c;
+  c.hq = 4;
+  c.hk = 2;
+  c.sq = 150;
+  c.sk = 190;
+  c.mask = MaskKind::causal;
+  check_case(named("legacy backward gqa causal d128", c));
+  c.d = 64;
+  c.lens_q = {37, 0, 130, 5, 64};
+  c.lens_k = {53, 0, 130, 0, 64};
+  c.mask = MaskKind::none;
+  check_case(named("legacy backward varlen d64", c));
+  unsetenv("FLASHGRAD_ATTN_BACKWARD");
 }
 
 TEST(AttentionGpu, PackedQkvStrides) {

@@ -13,6 +13,8 @@
 #include "attention_kernel_params.h"
 #include "attention_launch.h"
 #include "fp8_attention_host.h"
+#include "fp8_wgmma_forward.h"
+#include "wgmma_backward.h"
 #include "wgmma_forward.h"
 
 namespace flashgrad::cuda {
@@ -185,8 +187,12 @@ void attention_forward(const AttentionParams& p, const AttentionProblem& pr, con
     lse_strides(lse, pr.varlen, k.lse_batch_stride, k.lse_head_stride, k.lse_row_stride);
   }
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
-  if (p.q.dtype == DType::e4m3)
+  if (p.q.dtype == DType::e4m3) {
+    // FLASHGRAD_ATTN_FP8_FORWARD=wgmma: the Hopper wgmma FP8 forward where it applies (it declines,
+    // launching nothing, otherwise); the mma.sync FP8 forward stays the default.
+    if (fp8_wgmma_attention_forward(p, pr, k, out.dtype == DType::bf16, ws, stream)) return;
     return fp8_attention_forward(p, pr, k, out.dtype == DType::bf16, ws, stream);
+  }
   // The Hopper wgmma kernel where it applies (it declines, launching nothing, otherwise).
   if (cuda_attn::launch_forward_wgmma(k, static_cast<int>(pr.head_dim), p.q.dtype == DType::bf16,
                                       pr.varlen ? pr.total_k : pr.seqlen_k, stream))
@@ -239,8 +245,10 @@ void attention_backward(const AttentionParams& p, const AttentionProblem& pr,
   const bool bf16 = p.q.dtype == DType::bf16;
   const int hd = static_cast<int>(pr.head_dim);
   cuda_attn::launch_backward_prepass(k, hd, bf16, stream);
-  pick(pr.head_dim, cuda_attn::launch_backward_main_hd64, cuda_attn::launch_backward_main_hd128,
-       cuda_attn::launch_backward_main_hd256)(k, bf16, stream);
+  // The Hopper wgmma main pass where it applies (it declines, launching nothing, otherwise).
+  if (!cuda_attn::launch_backward_wgmma(k, hd, bf16, pr.varlen ? pr.total_k : pr.seqlen_k, stream))
+    pick(pr.head_dim, cuda_attn::launch_backward_main_hd64, cuda_attn::launch_backward_main_hd128,
+         cuda_attn::launch_backward_main_hd256)(k, bf16, stream);
   if (p.deterministic)
     pick(pr.head_dim, cuda_attn::launch_backward_dq_hd64, cuda_attn::launch_backward_dq_hd128,
          cuda_attn::launch_backward_dq_hd256)(k, bf16, stream);

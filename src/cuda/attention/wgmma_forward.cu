@@ -18,61 +18,12 @@
 #include <utility>
 
 #include "cuda/common/cuda_check.h"
+#include "tma_map.h"
 #include "wgmma_forward.h"
 #include "wgmma_forward_kernel.cuh"
 
 namespace flashgrad::cuda_attn {
 namespace {
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
-EncodeTiled encode_tiled() {
-  static EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
-// A dimension of extent 1 is never stepped along, so any valid stride describes it.
-int64_t usable_stride(int64_t stride, int64_t extent, int64_t fallback) {
-  return extent == 1 ? fallback : stride;
-}
-
-// The map of one operand; false when TMA cannot describe the view.
-bool make_map(CUtensorMap* map, const void* base, const RowMajorStrides& st, int64_t rows, int64_t heads,
-              int64_t batches, int head_dim, bool bf16, int box_rows, int* rows_inner) {
-  const EncodeTiled encode = encode_tiled();
-  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
-  const int64_t head_st = usable_stride(st.head, heads, head_dim) * 2;
-  const int64_t row_st = usable_stride(st.row, rows, heads * head_dim) * 2;
-  const int64_t batch_st = usable_stride(st.batch, batches, rows * heads * head_dim) * 2;
-  for (int64_t s : {head_st, row_st, batch_st})
-    if (s <= 0 || s % 16 != 0 || s >= (int64_t{1} << 40)) return false;
-  *rows_inner = row_st < head_st ? 1 : 0;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim),
-                              static_cast<cuuint64_t>(*rows_inner ? rows : heads),
-                              static_cast<cuuint64_t>(*rows_inner ? heads : rows), static_cast<cuuint64_t>(batches)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(*rows_inner ? row_st : head_st),
-                                 static_cast<cuuint64_t>(*rows_inner ? head_st : row_st),
-                                 static_cast<cuuint64_t>(batch_st)};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(*rows_inner ? box_rows : 1),
-                             static_cast<cuuint32_t>(*rows_inner ? 1 : box_rows), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                            const_cast<void*>(base), dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
 
 // Multiprocessors of the current device (cached per device).
 int sm_count() {
@@ -167,9 +118,9 @@ bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf1
   CUtensorMap mq, mk, mv;
   WgmmaMapAxes axes;
   const int key_rows = head_dim == 256 ? WgmmaForwardConfig<256>::kBlockN : WgmmaForwardConfig<128>::kBlockN;
-  if (!make_map(&mq, p.q, p.q_st, rows_q, p.heads_q, batches, head_dim, bf16, 128, &axes.q_rows_inner) ||
-      !make_map(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, key_rows, &axes.k_rows_inner) ||
-      !make_map(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, key_rows, &axes.v_rows_inner))
+  if (!make_tma_map_16bit(&mq, p.q, p.q_st, rows_q, p.heads_q, batches, head_dim, bf16, 128, &axes.q_rows_inner) ||
+      !make_tma_map_16bit(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, key_rows, &axes.k_rows_inner) ||
+      !make_tma_map_16bit(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, key_rows, &axes.v_rows_inner))
     return false;
   if (head_dim == 64)
     bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, p, axes, stream) : launch<__half, 64>(mq, mk, mv, p, axes, stream);

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) building blocks of the wgmma attention forward, as raw PTX: mbarriers, TMA tile
+// Hopper (sm_90a) building blocks of the wgmma attention forward and backward, as raw PTX: mbarriers, TMA tile
 // loads (cp.async.bulk.tensor), warpgroup MMA (wgmma.mma_async) with shared-memory descriptors,
 // and register reallocation between warpgroups (setmaxnreg).
 //
@@ -78,6 +78,28 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+
+// Orders this thread's ordinary shared-memory stores before later reads by the async proxy (wgmma
+// operands, bulk copies): the backward writes dS^T and the dQ tile with st.shared, then wgmma / a
+// bulk reduction reads them.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// global[dst .. dst + bytes) += shared[src .. src + bytes) as fp32, element-wise and atomically per
+// element (cp.reduce.async.bulk, no tensor map; 16-byte aligned, bytes a multiple of 16). Tracked
+// by this thread's bulk async-group: commit, then wait before reusing the source.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until this thread's committed bulk groups have finished reading their shared-memory source.
+__device__ __forceinline__ void bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until they have completed entirely (the global writes done), before the thread exits.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // ---- named barriers (ids 1..15; 0 is __syncthreads) ---------------------------------------------
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
@@ -279,6 +301,49 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[
   else
     wgmma_rs_n64<T>(d, a, b_desc, scale_d);
 }
+
+// D[64 x N] (=|+=) A[64 x 16] B[16 x N], both from shared memory and both MN-major (transposed):
+// the backward's dQ = dS K, where dS sits in shared memory as dS^T [keys][queries] (queries, the M
+// dim, contiguous) and K as [keys][d] (d, the N dim, contiguous). N = 32 or 64.
+#define FG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define FG_ACC16(d) FG_ACC8(d, 0), FG_ACC8(d, 8)
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  static_assert(N == 32 || N == 64, "dQ slice of 32 or 64 columns");
+  if constexpr (N == 64) {
+    if constexpr (WgmmaName<T>::kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
+          ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+          : FG_ACC32(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
+          ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+          : FG_ACC32(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  } else {
+    if constexpr (WgmmaName<T>::kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " FG_REGS16
+          ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+          : FG_ACC16(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " FG_REGS16
+          ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+          : FG_ACC16(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+}
+#undef FG_REGS16
+#undef FG_ACC16
 
 #undef FG_ACC8
 #undef FG_ACC32

@@ -1,0 +1,66 @@
+// Host side of the wgmma backward: the TMA tensor maps of q, k, v, dO, the grid, the launch.
+// Grid: x = sequence * key blocks (key block fastest, so under a causal mask the heaviest blocks,
+// the first ones, start first), y = kv head. 128 keys per CTA, one CTA per SM (~200 KB of shared
+// memory at D = 128).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/common/cuda_check.h"
+#include "tma_map.h"
+#include "wgmma_backward.h"
+#include "wgmma_backward_kernel.cuh"
+
+namespace flashgrad::cuda_attn {
+namespace {
+
+template <typename T, int D>
+void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mdo,
+            const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
+  using Cfg = WgmmaBackwardConfig<D>;
+  const int nblocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  if (nblocks == 0 || p.num_seqs == 0 || p.heads_k == 0) return;
+  auto kernel = attention_backward_wgmma_kernel<T, D>;
+  FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.num_seqs) * nblocks), static_cast<unsigned>(p.heads_k));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, mdo, p, axes, nblocks);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf16, int64_t rows_k,
+                           cudaStream_t stream) {
+  const char* env = std::getenv("FLASHGRAD_ATTN_BACKWARD");
+  if (env != nullptr && std::strcmp(env, "legacy") == 0) return false;
+  if (head_dim != 64 && head_dim != 128) return false;
+  // grid.x = sequences x key blocks must fit the 2^31 - 1 limit; grid.y (kv heads) 65535.
+  const int64_t nblocks = (p.seqlen_k + 127) / 128;
+  if (static_cast<int64_t>(p.num_seqs) * nblocks > 0x7fffffff || p.heads_k > 65535) return false;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t batches = varlen ? 1 : p.num_seqs;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
+  if (batches == 0 || rows_q == 0 || rows_k == 0) return false;
+  CUtensorMap mq, mk, mv, mdo;
+  WgmmaBackwardAxes axes;
+  constexpr int kQRows = WgmmaBackwardConfig<128>::kBlockM, kKRows = WgmmaBackwardConfig<128>::kBlockN;
+  if (!make_tma_map_16bit(&mq, p.q, p.q_st, rows_q, p.heads_q, batches, head_dim, bf16, kQRows, &axes.q_rows_inner) ||
+      !make_tma_map_16bit(&mdo, p.dout, p.dout_st, rows_q, p.heads_q, batches, head_dim, bf16, kQRows,
+                          &axes.do_rows_inner) ||
+      !make_tma_map_16bit(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, kKRows, &axes.k_rows_inner) ||
+      !make_tma_map_16bit(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, kKRows, &axes.v_rows_inner))
+    return false;
+  if (head_dim == 64)
+    bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, mdo, p, axes, stream)
+         : launch<__half, 64>(mq, mk, mv, mdo, p, axes, stream);
+  else
+    bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, mdo, p, axes, stream)
+         : launch<__half, 128>(mq, mk, mv, mdo, p, axes, stream);
+  return true;
+}
+
+}  // namespace flashgrad::cuda_attn

@@ -1,0 +1,426 @@
+// Softmax attention backward for Hopper: wgmma tensor cores fed by TMA, warp-specialized.
+//
+// One CTA = one block of kBlockN = 128 keys of one (sequence, kv head); it walks the (query head of
+// the group, query block of 64) tiles the mask does not rule out (QueryWalk, as the mma.sync
+// backward), keeping dK and dV of its keys in registers over the whole walk (GQA sums without
+// atomics). Three warpgroups of 128 threads:
+//   warpgroup 0, the producer, three busy warps:
+//     warp 0 (one thread): TMA loads: K and V of the key block once, then Q and dO of each tile
+//       into a ring of kStages slots ("q full" mbarriers count the bytes; "q empty" ones are
+//       released by the consumers);
+//     warp 1: the tile's 64 lse (log2 units) and shift = rowsum(dO * O) - dLSE - z lse values
+//       into shared memory beside the slot (+inf / 0 for rows past the sequence: P = 0 there);
+//     warp 2: the dQ reduction: once the consumers have put the tile's dQ (fp32, 64 x D) into
+//       shared memory, one bulk reduce-add per valid row into the fp32 dq accumulator in global
+//       memory (cp.reduce.async.bulk: no per-element atomics), then frees the staging buffer;
+//   warpgroups 1 and 2, the consumers: each owns 64 of the block's keys. Per tile, with wgmma
+//     (M = 64 keys per warpgroup, accumulators in registers):
+//       S^T  = K Q^T          (A = K, B = Q, both K-major from shared memory; N = 64 queries)
+//       dP^T = V dO^T         (same shapes)
+//       P^T  = exp2(S^T scale log2e - lse)     dS^T = P^T (dP^T - shift) softcap'(S)
+//       dV  += P^T dO         (A = P^T from registers, B = dO MN-major: K dim = queries)
+//       dK  += dS^T Q         (A = dS^T from registers, B = Q MN-major)
+//       dS^T -> shared memory (bf16 / fp16, 128 keys x 64 queries, two buffers); then
+//       dQ(64 x D/2, this warpgroup's half of the columns) = dS K
+//                             (A = dS read transposed from dS^T, B = K MN-major; K dim = 128 keys)
+//     dK (times the softmax scale) and dV are written once at the end.
+// In deterministic mode the kernel skips dQ; attention_dq_kernel computes it in a fixed order.
+//
+// Shared-memory tiles use the TMA 128-byte swizzle (wgmma_primitives.cuh): rows of 64 16-bit
+// elements, 16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned atoms. The consumers
+// write dS^T in that same layout so wgmma can read it back through a descriptor.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+
+#include "attention_backward_kernel.cuh"
+#include "wgmma_forward_kernel.cuh"
+#include "wgmma_primitives.cuh"
+
+namespace flashgrad::cuda_attn {
+
+template <int D>
+struct WgmmaBackwardConfig {
+  static_assert(D == 64 || D == 128, "dK and dV of 64 keys x D in registers: D <= 128");
+  static constexpr int kBlockN = 128;  // keys per CTA: two consumer warpgroups of 64
+  static constexpr int kBlockM = 64;   // queries per tile
+  static constexpr int kStages = 2;    // Q / dO / lse / shift ring
+  static constexpr int kThreads = 384;
+  static constexpr int kPanels = D / 64;  // 128-byte column panels per tile row
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kPanelBytesKV = kBlockN * 128;
+  static constexpr int kPanelBytesQ = kBlockM * 128;
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // dS^T [128 keys][64 queries]
+  // dQ staging rows padded by 8 floats: the consumers' float2 stores (8 rows x 4 column pairs per
+  // half warp) then hit 32 distinct banks; 16-byte aligned rows for the bulk reduction.
+  static constexpr int kDqRowFloats = D + 8;
+  static constexpr int kDqBytes = kBlockM * kDqRowFloats * 4;
+  // Layout from a 1024-byte aligned base: K, V, Q ring, dO ring, dS^T x 2, dQ staging, lse ring,
+  // shift ring, mbarriers.
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kKVBytes;
+  static constexpr int kOffQ = 2 * kKVBytes;
+  static constexpr int kOffDO = kOffQ + kStages * kQBytes;
+  static constexpr int kOffDS = kOffDO + kStages * kQBytes;
+  static constexpr int kOffDq = kOffDS + 2 * kDSBytes;
+  static constexpr int kOffLse = kOffDq + kDqBytes;
+  static constexpr int kOffShift = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffBar = kOffShift + kStages * kBlockM * 4;
+  // kv full, q full x ST, lse full x ST, q empty x ST, dq full, dq empty
+  static constexpr int kNumBars = 3 + 3 * kStages;
+  static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
+  static_assert(kOffDS % 1024 == 0 && kDSBytes % 1024 == 0, "dS^T buffers on swizzle-atom boundaries");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 40;
+};
+
+struct WgmmaBackwardAxes {
+  int q_rows_inner = 1, k_rows_inner = 1, v_rows_inner = 1, do_rows_inner = 1;
+};
+
+// The tile of walk item `it`: query head and first query row.
+struct BackwardTile {
+  int h, m0;
+};
+__device__ __forceinline__ BackwardTile backward_tile(const QueryWalk& walk, int it, int hk, int group, int bm) {
+  return {hk * group + it / walk.num_mb, (it % walk.num_mb) * bm};
+}
+
+// P^T and dS^T of one warpgroup's 64 keys x 64 queries, in place of S^T (s) and dP^T (dp).
+// Accumulator element e = 4 i + 2 r + c sits at key row 16 warp + g + 8 r of the warpgroup's 64 and
+// query column 8 i + 2 t + c of the tile. kGeneral: per-element mask and softcap; otherwise a full
+// tile without softcap (raw S, scale folded into the exponent).
+template <bool kGeneral>
+__device__ __forceinline__ void backward_scores(float (&s)[32], float (&dp)[32], const float* lse, const float* shift,
+                                                const AttentionKernelParams& p, const SequenceView& sv,
+                                                const MaskView& mask, int key0, int m0, int t) {
+  const float scale_log2 = p.scale * kLog2e;
+  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
+  bool ranged = true;
+  if constexpr (kGeneral) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
+      q_lo[r] -= m0 + 2 * t;
+      q_hi[r] -= m0 + 2 * t;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+    const float2 sh = *reinterpret_cast<const float2*>(shift + 8 * i + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = 4 * i + 2 * r + c;
+        const float lq = c ? l.y : l.x, shq = c ? sh.y : sh.x;
+        float pr, factor = 1.f;
+        if constexpr (kGeneral) {
+          const float x = apply_softcap(p.softcap_method, p.softcap, s[e] * p.scale, factor);
+          pr = fast_exp2(x * kLog2e - lq);
+          const int ir = 8 * i + c;  // query - m0 - 2t
+          bool ok = ir >= q_lo[r] && ir < q_hi[r];
+          if (!ranged) {
+            const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
+            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
+          }
+          if (!ok) pr = 0.f;
+        } else {
+          pr = fast_exp2(s[e] * scale_log2 - lq);
+        }
+        s[e] = pr;
+        dp[e] = pr * (dp[e] - shq) * factor;
+      }
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    attention_backward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
+                                    const __grid_constant__ CUtensorMap map_k,
+                                    const __grid_constant__ CUtensorMap map_v,
+                                    const __grid_constant__ CUtensorMap map_do, const AttentionKernelParams p,
+                                    const WgmmaBackwardAxes axes, int num_n_blocks) {
+  using Cfg = WgmmaBackwardConfig<D>;
+  using Ops = ElementOps<T>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem0 = (smem_address(smem_raw) + 1023u) & ~1023u;
+  unsigned char* base = smem_raw + (smem0 - smem_address(smem_raw));
+  const uint32_t sK = smem0 + Cfg::kOffK, sV = smem0 + Cfg::kOffV;
+  const uint32_t sQ = smem0 + Cfg::kOffQ, sDO = smem0 + Cfg::kOffDO;  // slot s at + s * kQBytes
+  const uint32_t sDS = smem0 + Cfg::kOffDS;                            // buffer b at + b * kDSBytes
+  const uint32_t sDq = smem0 + Cfg::kOffDq;
+  float* lse_s = reinterpret_cast<float*>(base + Cfg::kOffLse);      // [ST][BM]
+  float* shift_s = reinterpret_cast<float*>(base + Cfg::kOffShift);  // [ST][BM]
+  float* dq_s = reinterpret_cast<float*>(base + Cfg::kOffDq);        // [BM][kDqRowFloats]
+  const uint32_t bar_kv_full = smem0 + Cfg::kOffBar;
+  const uint32_t bar_q_full = bar_kv_full + 8;        // x ST
+  const uint32_t bar_ls_full = bar_q_full + 8 * ST;   // x ST
+  const uint32_t bar_q_empty = bar_ls_full + 8 * ST;  // x ST
+  const uint32_t bar_dq_full = bar_q_empty + 8 * ST;
+  const uint32_t bar_dq_empty = bar_dq_full + 8;
+
+  const int seq = blockIdx.x / num_n_blocks;
+  const int nb = static_cast<int>(blockIdx.x % num_n_blocks);
+  const int hk = blockIdx.y;
+  const SequenceView sv = sequence_view(p, seq);
+  const int n0 = nb * BN;
+  if (n0 >= sv.len_k) return;  // the whole CTA, before any barrier
+  const MaskView mask = mask_view(p, sv, seq);
+  const int group = p.heads_q / p.heads_k;
+  QueryWalk walk{(sv.len_q + BM - 1) / BM, 0};
+  walk.num_items = walk.num_mb * group;
+  const bool with_dq = !p.deterministic;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    sm90::mbar_init(bar_kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      sm90::mbar_init(bar_q_full + 8 * s, 1);
+      sm90::mbar_init(bar_ls_full + 8 * s, 32);  // every lane of the lse warp
+      sm90::mbar_init(bar_q_empty + 8 * s, 8);   // one arrival per consumer warp
+    }
+    sm90::mbar_init(bar_dq_full, 8);
+    sm90::mbar_init(bar_dq_empty, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  int cls = kTileEmpty;
+  const int first = walk.next(mask, 0, n0, n0 + BN, BM, cls);
+  const int warpgroup = tid / 128, lane = tid & 31;
+
+  if (warpgroup == 0) {
+    // ---- producer ----
+    sm90::regs_decrease<Cfg::kProducerRegs>();
+    const int warp = tid / 32;
+    if (first < 0) return;  // nothing to load; the consumers write zeros
+    if (warp == 0) {
+      if (lane != 0) return;
+      sm90::tma_prefetch_map(&map_q);
+      sm90::tma_prefetch_map(&map_k);
+      sm90::tma_prefetch_map(&map_v);
+      sm90::tma_prefetch_map(&map_do);
+      const int qb = static_cast<int>(sv.q_batch), kb = static_cast<int>(sv.k_batch);
+      const int k_row = static_cast<int>(sv.k_row0) + n0;
+      sm90::mbar_arrive_expect_tx(bar_kv_full, 2 * Cfg::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kPanels; ++c) {
+        tma_tile(sK + c * Cfg::kPanelBytesKV, &map_k, bar_kv_full, axes.k_rows_inner, 64 * c, k_row, hk, kb);
+        tma_tile(sV + c * Cfg::kPanelBytesKV, &map_v, bar_kv_full, axes.v_rows_inner, 64 * c, k_row, hk, kb);
+      }
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
+        const int slot = j % ST;
+        const int q_row = static_cast<int>(sv.q_row0) + tile.m0;
+        sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(bar_q_full + 8 * slot, 2 * Cfg::kQBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kPanels; ++c) {
+          tma_tile(sQ + slot * Cfg::kQBytes + c * Cfg::kPanelBytesQ, &map_q, bar_q_full + 8 * slot,
+                   axes.q_rows_inner, 64 * c, q_row, tile.h, qb);
+          tma_tile(sDO + slot * Cfg::kQBytes + c * Cfg::kPanelBytesQ, &map_do, bar_q_full + 8 * slot,
+                   axes.do_rows_inner, 64 * c, q_row, tile.h, qb);
+        }
+      }
+    } else if (warp == 1) {
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
+        const int slot = j % ST;
+        sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = lane + 32 * half;
+          const bool valid = tile.m0 + r < sv.len_q;
+          const int64_t idx = static_cast<int64_t>(tile.h) * p.total_q + sv.scratch_row0 + tile.m0 + r;
+          lse_s[slot * BM + r] = valid ? p.lse_log2[idx] : INFINITY;
+          shift_s[slot * BM + r] = valid ? p.delta_shift[idx] : 0.f;
+        }
+        sm90::mbar_arrive(bar_ls_full + 8 * slot);  // release: the stores above are visible
+      }
+    } else if (warp == 2 && with_dq) {
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
+        sm90::mbar_wait(bar_dq_full, j & 1);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = lane + 32 * half;
+          if (tile.m0 + r < sv.len_q) {
+            // dq_accum is [total_q, Hq, D] fp32: row (scratch row, head) holds D contiguous floats.
+            float* dst = p.dq_accum + ((sv.scratch_row0 + tile.m0 + r) * p.heads_q + tile.h) * static_cast<int64_t>(D);
+            sm90::bulk_reduce_add_f32(dst, sDq + r * Cfg::kDqRowFloats * 4, D * 4);
+          }
+        }
+        sm90::bulk_commit();
+        sm90::bulk_wait_read_all();  // the staging buffer may be overwritten once every lane's reads are done
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(bar_dq_empty);
+      }
+      sm90::bulk_wait_all();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  sm90::regs_increase<Cfg::kConsumerRegs>();
+  const int cw = warpgroup - 1;  // which 64 keys of the block
+  const int warp_in_wg = (tid / 32) & 3;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int key_row = cw * 64 + warp_in_wg * 16 + g;  // this thread's first key in the block; second +8
+  const bool short_path_ok = p.softcap_method == kSoftcapOff;
+
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+
+  if (first >= 0) {
+    sm90::mbar_wait(bar_kv_full, 0);
+    int j = 0;
+    for (int it = first; it >= 0; ++j) {
+      int next_cls = kTileEmpty;
+      const int next = walk.next(mask, it + 1, n0, n0 + BN, BM, next_cls);
+      const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
+      const int slot = j % ST;
+      const uint32_t phase = (j / ST) & 1;
+      const uint32_t q_slot = sQ + slot * Cfg::kQBytes, do_slot = sDO + slot * Cfg::kQBytes;
+      sm90::mbar_wait(bar_q_full + 8 * slot, phase);
+
+      // S^T = K Q^T and dP^T = V dO^T: two groups, so P^T can start while dP^T still runs.
+      float s[32], dp[32];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t a = sK + (kk / 4) * Cfg::kPanelBytesKV + cw * 64 * 128 + (kk % 4) * 32;
+        const uint32_t b = q_slot + (kk / 4) * Cfg::kPanelBytesQ + (kk % 4) * 32;
+        sm90::wgmma_ss_n64<T>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+      }
+      sm90::wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t a = sV + (kk / 4) * Cfg::kPanelBytesKV + cw * 64 * 128 + (kk % 4) * 32;
+        const uint32_t b = do_slot + (kk / 4) * Cfg::kPanelBytesQ + (kk % 4) * 32;
+        sm90::wgmma_ss_n64<T>(dp, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::mbar_wait(bar_ls_full + 8 * slot, phase);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(s);
+      sm90::pin_registers(dp);
+      const float* lse = lse_s + slot * BM;
+      const float* shift = shift_s + slot * BM;
+      if (cls == kTileFull && short_path_ok)
+        backward_scores<false>(s, dp, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
+      else
+        backward_scores<true>(s, dp, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
+
+      // P^T and dS^T as 16-bit A fragments: 16 queries = two 8-column accumulator chunks.
+      uint32_t pa[BM / 16][4], pds[BM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          pa[kk][q] = Ops::pack(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+          pds[kk][q] = Ops::pack(dp[8 * kk + 2 * q], dp[8 * kk + 2 * q + 1]);
+        }
+      }
+      // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim).
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        sm90::wgmma_rs<T, D>(dv, pa[kk], sm90::smem_desc(do_slot + kk * 16 * 128, Cfg::kPanelBytesQ, 1024), 1);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        sm90::wgmma_rs<T, D>(dk, pds[kk], sm90::smem_desc(q_slot + kk * 16 * 128, Cfg::kPanelBytesQ, 1024), 1);
+      sm90::wgmma_commit();
+
+      if (with_dq) {
+        // dS^T into buffer j % 2 as [key][query] with the 128-byte swizzle: key row R = key_row (+8),
+        // queries 8 i + 2t (+1) sit in 16-byte chunk i of the row, stored at chunk i ^ (R % 8) = i ^ g.
+        // The buffer was last read by the dQ products of tile j - 2, which both warpgroups had
+        // waited for before the barrier of tile j - 1.
+        const uint32_t ds_buf = sDS + (j & 1) * Cfg::kDSBytes;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t addr = ds_buf + (key_row + 8 * r) * 128 + ((i ^ g) << 4) + 4 * t4;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pds[i / 2][2 * (i & 1) + r]) : "memory");
+          }
+        }
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in place
+
+        // dQ[64 queries x D/2 columns of this warpgroup] = dS K over the block's 128 keys.
+        constexpr int kDqCols = D / 2;
+        float dq[kDqCols / 2];
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          const uint32_t a = ds_buf + kk * 16 * 128;
+          // Column cw * D/2 of K: a panel of its own at D = 128, 64 bytes into the rows at D = 64.
+          const uint32_t b = sK + (D == 128 ? cw * Cfg::kPanelBytesKV : cw * 64) + kk * 16 * 128;
+          sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(a, Cfg::kPanelBytesQ, 1024),
+                                        sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(dv);
+        sm90::pin_registers(dk);
+        sm90::pin_registers(dq);
+        if (lane == 0) sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
+
+        // dQ into the staging buffer once the reducer has read the previous tile's.
+        sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
+        const int qrow = warp_in_wg * 16 + g;
+#pragma unroll
+        for (int i = 0; i < kDqCols / 8; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
+                make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+        sm90::fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+      } else {
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(dv);
+        sm90::pin_registers(dk);
+        if (lane == 0) sm90::mbar_arrive(bar_q_empty + 8 * slot);
+      }
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(pa[kk][q]), "+r"(pds[kk][q])::"memory");
+      it = next;
+      cls = next_cls;
+    }
+  }
+
+  // dV and dK (times the softmax scale) of this thread's keys key_row and key_row + 8.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0 + key_row + 8 * r;
+    if (key >= sv.len_k) continue;
+    T* dv_row = static_cast<T*>(p.dv) + row_offset(p.dv_st, sv.k_batch, sv.k_row0, key, hk);
+    T* dk_row = static_cast<T*>(p.dk) + row_offset(p.dk_st, sv.k_batch, sv.k_row0, key, hk);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t4) = Ops::pack(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dk_row + dt * 8 + 2 * t4) =
+          Ops::pack(dk[4 * dt + 2 * r] * p.scale, dk[4 * dt + 2 * r + 1] * p.scale);
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_attn
