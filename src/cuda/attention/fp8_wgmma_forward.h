@@ -1,0 +1,26 @@
+// The Hopper FP8 (e4m3) forward on wgmma + TMA (fp8_wgmma_forward_kernel.cuh), beside the mma.sync
+// FP8 forward of fp8_attention_host.cpp. attention_cuda.cpp offers it every e4m3 forward call first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "attention_kernel_params.h"
+#include "core/problems.h"
+
+namespace flashgrad::cuda {
+
+// Runs the FP8 forward on the wgmma kernel (its transposed V copy, then the kernel) and returns
+// true; or returns false, launching nothing, when it does not apply:
+//   - the environment does not say FLASHGRAD_ATTN_FP8_FORWARD=wgmma (read at every call, so one
+//     process can time both kernels; the mma.sync kernel stays the default until the H200 shows
+//     this one correct and faster),
+//   - head dim other than 128 / 256,
+//   - a q / k view TMA cannot describe (base or a stride not 16-byte aligned, a stride past 2^40),
+//   - more query tiles than one grid holds.
+// Its V^T copy is padded to 128 keys per sequence, which can need more than
+// fp8_attention_workspace_bytes gives; the scratch then comes from a stream-ordered allocation.
+bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProblem& pr,
+                                 const cuda_attn::AttentionKernelParams& k, bool out_bf16, Workspace ws,
+                                 cudaStream_t stream);
+
+}  // namespace flashgrad::cuda

@@ -1,0 +1,441 @@
+// FP8 (e4m3) softmax attention forward for Hopper: the bf16 wgmma forward's pipeline
+// (wgmma_forward_kernel.cuh: TMA, 1 producer + 2 consumer warpgroups, setmaxnreg, S(j+1) issued
+// beside P(j) V(j)) with both products on the e4m3 tensor cores (wgmma m64nNk32) and the FP8 recipe
+// of the mma.sync FP8 forward (fp8_forward_kernel.cuh, docs/fp8.md):
+//   S   = q8 k8^T (fp32),  s = S descale_q descale_k scale, softcap and mask in fp32;
+//   online softmax in fp32, running max m and running sum l of the unquantized 448 p~;
+//   O  += e4m3(448 p~) vt8,  vt8 = V^T with keys permuted in groups of 16 (fp8_wgmma_vt.cuh);
+//   out = O descale_v / l (l carries the factor 448), lse = m + log l (-inf and out = 0 on empty rows).
+//
+// One CTA = 128 query rows of one (sequence, query head), 384 threads:
+//   warpgroup 0, producer (one thread): TMA loads of the Q tile, then per key block the mask does
+//     not rule out (128 keys: the 128-byte SWIZZLE_128B row of V^T) a K tile [128 keys][D] and a
+//     V^T tile [D][128 keys], into a ring of kStages slots ("full" / "empty" mbarriers);
+//   warpgroups 1, 2, consumers, 64 query rows each. A key block is consumed as kSub sub-blocks of
+//     kBlockN keys (128 at D = 128; 64 at D = 256, where O alone takes 128 registers per thread):
+//     S = wgmma(Q, K sub-block) from shared memory, softmax in registers, P8 packed into the
+//     8-bit A registers, P V = wgmma(P8 registers, V^T sub-block, K-major from shared memory).
+//
+// Two-level accumulation of P V (the recipe's requirement on Hopper: docs/perf/attention_fp8_kernels.md):
+// the e4m3 tensor cores keep about 13 mantissa bits of the accumulator C they are given, so O summed
+// over hundreds of key blocks inside the tensor core would drift by up to 2^-13 of itself per step.
+// Each sub-block's P V is summed from zero by the tensor cores (1 to 4 k32 steps) into `ob`, then
+// folded into O in fp32: O = O * rescale + ob, one FFMA per element in place of the bf16 kernel's
+// FMUL rescale. The fold of block j uses block j's rescale (exp2(m(j-1) - m(j))), kept one
+// iteration, because block j+1's softmax runs while P(j) V(j) is on the tensor cores.
+// At D = 256, ob holds one N chunk of kPvChunk head-dim columns: the chunks after the first are
+// issued and folded one after the other (their latency is not hidden behind a softmax).
+//
+// Key blocks are visited in increasing order with the bf16 kernels' tile classification (skip /
+// full / partial at the CTA's 128 x 128 granularity) and per-row key ranges (MaskView).
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+
+#include "attention_forward_kernel.cuh"
+#include "fp8_fragments.cuh"
+#include "fp8_kernel_params.h"
+#include "fp8_wgmma_primitives.cuh"
+#include "fp8_wgmma_vt.cuh"
+#include "sequence_and_mask.cuh"
+#include "wgmma_primitives.cuh"
+
+namespace flashgrad::cuda_attn::fp8w {
+
+// Which tensor-map axis (1 or 2) holds the rows of q / k; the other holds the heads (the host
+// orders them by increasing stride, as TMA wants).
+struct Fp8wMapAxes {
+  int q_rows_inner = 1, k_rows_inner = 1;
+};
+
+#ifndef FLASHGRAD_FP8W_PV_CHUNK_256
+#define FLASHGRAD_FP8W_PV_CHUNK_256 64
+#endif
+
+template <int D>
+struct Fp8wForwardConfig {
+  static_assert(D == 128 || D == 256, "the FP8 wgmma forward covers head dims 128 and 256");
+  static constexpr int kBlockM = 128;    // two consumer warpgroups of 64 rows
+  static constexpr int kLoadN = 128;     // keys per TMA block (one 128-byte V^T row)
+  static constexpr int kBlockN = D == 256 ? 64 : 128;  // keys per S / softmax / P V step
+  static constexpr int kSub = kLoadN / kBlockN;
+  // Head-dim columns per P V accumulator chunk (registers: S kBlockN / 2, O D / 2, ob kPvChunk / 2).
+  static constexpr int kPvChunk = D == 256 ? FLASHGRAD_FP8W_PV_CHUNK_256 : 128;
+  static constexpr int kPvChunks = D / kPvChunk;
+  static constexpr int kPanels = D / 128;  // 128-byte column panels of a Q / K row
+  static constexpr int kStages = D == 128 ? 5 : 3;
+  static constexpr int kThreads = 384;
+  static constexpr int kPanelBytes = 128 * 128;  // 128 rows x 128 bytes (Q and K panels)
+  static constexpr int kQBytes = kBlockM * D;
+  static constexpr int kKBytes = kLoadN * D;
+  static constexpr int kVtBytes = D * kLoadN;
+  static constexpr int kBarrierOffset = kQBytes + kStages * (kKBytes + kVtBytes);
+  // mbarriers: Q full, then K full, V full, K empty, V empty per slot; +1024 to align the base.
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * (1 + 4 * kStages) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 24;
+};
+
+__device__ __forceinline__ void fp8w_tma_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows_inner,
+                                              int d0, int row, int head, int batch) {
+  if (rows_inner)
+    sm90::tma_load_4d(dst, map, bar, d0, row, head, batch);
+  else
+    sm90::tma_load_4d(dst, map, bar, d0, head, row, batch);
+}
+
+__device__ __forceinline__ void fp8w_tma_vt(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int hk) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(0), "r"(hk), "r"(bar)
+      : "memory");
+}
+
+enum Fp8wScoreMode : int { kFp8wFull = 0, kFp8wMasked = 1, kFp8wSoftcap = 2 };
+
+// S (raw q8 k8^T sums) -> 448 p~ = exp2(s log2e - m + log2 448) in place, online-softmax update of
+// this thread's rows g and g + 8; `rescale` = exp2(m_old - m_new) for O. Short path (full tile, no
+// softcap, qk_scale > 0): the scale folds into the exponent. General: s = softcap(S qk_scale),
+// -inf outside the row's key range [lo, hi) (and diag).
+template <int kMode, int BN>
+__device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                   float (&rescale)[2], const AttentionKernelParams& p,
+                                                   float qk_scale, const MaskView& mask, int row0, int n0, int t) {
+  constexpr bool kGeneral = kMode != kFp8wFull;
+  const float scale_log2 = qk_scale * kLog2e;
+  if constexpr (kGeneral) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int lo, hi, diag;
+      mask.query_keys(row0 + 8 * r, lo, hi, diag);
+      lo -= n0 + 2 * t;  // keys relative to this thread's first column
+      hi -= n0 + 2 * t;
+      diag -= n0 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float x = s[4 * nt + 2 * r + c];
+          if constexpr (kMode == kFp8wSoftcap) {
+            float unused;
+            x = apply_softcap(p.softcap_method, p.softcap, x * qk_scale, unused) * kLog2e;
+          } else {
+            x *= scale_log2;
+          }
+          const int jr = nt * 8 + c;
+          if (!((jr >= lo && jr < hi) || jr == diag)) x = -INFINITY;
+          s[4 * nt + 2 * r + c] = x;
+        }
+      }
+    }
+  }
+  const float mul = kGeneral ? 1.f : scale_log2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // 4 interleaved partial chains (two consumer warps per scheduler cannot hide one long chain).
+    float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+      part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    mx = fmaxf(quad_max(mx) * mul, row_max[r]);
+    // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
+    const float base = mx == -INFINITY ? 0.f : mx;
+    rescale[r] = fast_exp2(row_max[r] - base);
+    row_max[r] = mx;
+    const float base448 = base - fp8::kLog2E4m3Max;  // P8 = e4m3(448 p~): no multiply per element
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base448);
+      s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base448);
+      sum[nt % 4] += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * rescale[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  }
+}
+
+// P8 A registers of k32 step ks from the S accumulators: chunks 4 ks .. 4 ks + 3 (8 keys each) of
+// rows g (elements 0, 1) and g + 8 (elements 2, 3); register 0 = row g, positions 4t..4t+3 = keys
+// 2t, 2t+1 (chunk 4 ks), 8+2t, 9+2t (chunk 4 ks + 1): fp8::p_to_a_fragment's order, which vt8's
+// key permutation undoes.
+template <int BN>
+__device__ __forceinline__ void fp8w_pack_p(const float (&s)[BN / 2], uint32_t (&a)[BN / 32][4]) {
+#pragma unroll
+  for (int ks = 0; ks < BN / 32; ++ks) {
+    const float* c = s + 16 * ks;
+    a[ks][0] = fp8::pack_e4m3x4(c[0], c[1], c[4], c[5]);
+    a[ks][1] = fp8::pack_e4m3x4(c[2], c[3], c[6], c[7]);
+    a[ks][2] = fp8::pack_e4m3x4(c[8], c[9], c[12], c[13]);
+    a[ks][3] = fp8::pack_e4m3x4(c[10], c[11], c[14], c[15]);
+  }
+}
+
+__device__ __forceinline__ float fp8w_descale(const float* d, int64_t st_n, int64_t st_h, int n, int hk) {
+  return d[static_cast<int64_t>(n) * st_n + static_cast<int64_t>(hk) * st_h];
+}
+
+// Tile t of the grid: t = head * (num_seqs * num_m_blocks) + seq * num_m_blocks + r, row block
+// num_m_blocks - 1 - r (heaviest first under a causal mask); consecutive CTAs share the head (K / V
+// stay in L2).
+struct Fp8wTile {
+  int seq, m0, h, hk, num_nb;
+  SequenceView sv;
+  MaskView mask;
+};
+__device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, int num_m_blocks, int64_t t) {
+  Fp8wTile w;
+  const int64_t per_head = static_cast<int64_t>(p.num_seqs) * num_m_blocks;
+  w.h = static_cast<int>(t / per_head);
+  const int64_t x = t % per_head;
+  w.seq = static_cast<int>(x / num_m_blocks);
+  w.m0 = (num_m_blocks - 1 - static_cast<int>(x % num_m_blocks)) * 128;
+  w.hk = w.h / (p.heads_q / p.heads_k);
+  w.sv = sequence_view(p, w.seq);
+  w.mask = mask_view(p, w.sv, w.seq);
+  w.num_nb = (w.sv.len_k + 127) / 128;
+  return w;
+}
+
+template <int D>
+__global__ void __launch_bounds__(384, 1)
+    fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
+                                       const __grid_constant__ CUtensorMap map_k,
+                                       const __grid_constant__ CUtensorMap map_vt, const Fp8KernelParams fp,
+                                       const Fp8wMapAxes axes, int num_m_blocks) {
+  using Cfg = Fp8wForwardConfig<D>;
+  const AttentionKernelParams& p = fp.base;
+  constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
+  constexpr int NC = Cfg::kPvChunk, CH = Cfg::kPvChunks;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem0 = (smem_address(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = smem0;
+  const uint32_t sK = sQ + Cfg::kQBytes;  // slot s at sK + s * kKBytes
+  const uint32_t sVt = sK + ST * Cfg::kKBytes;
+  const uint32_t bar_q_full = smem0 + Cfg::kBarrierOffset;
+  const uint32_t bar_k_full = bar_q_full + 8, bar_v_full = bar_k_full + 8 * ST;
+  const uint32_t bar_k_empty = bar_v_full + 8 * ST, bar_v_empty = bar_k_empty + 8 * ST;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    sm90::mbar_init(bar_q_full, 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      sm90::mbar_init(bar_k_full + 8 * s, 1);
+      sm90::mbar_init(bar_v_full + 8 * s, 1);
+      sm90::mbar_init(bar_k_empty + 8 * s, 8);  // one arrival per consumer warp
+      sm90::mbar_init(bar_v_empty + 8 * s, 8);
+    }
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  const Fp8wTile w = fp8w_tile(p, num_m_blocks, blockIdx.x);
+  if (w.m0 >= w.sv.len_q) return;  // varlen row blocks past a short sequence
+  const int m0 = w.m0;
+  const int warpgroup = tid / 128;
+
+  if (warpgroup == 0) {
+    // ---- producer ----
+    sm90::regs_decrease<Cfg::kProducerRegs>();
+    if (tid != 0) return;
+    int cls = kTileEmpty;
+    int nb = next_key_block<LN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
+    // Nothing to visit: the consumers write zeros without waiting, so nothing may be in flight.
+    if (nb < 0) return;
+    sm90::tma_prefetch_map(&map_q);
+    sm90::tma_prefetch_map(&map_k);
+    sm90::tma_prefetch_map(&map_vt);
+    const int qb = static_cast<int>(w.sv.q_batch), kb = static_cast<int>(w.sv.k_batch);
+    const int q_row = static_cast<int>(w.sv.q_row0) + m0, k_row0 = static_cast<int>(w.sv.k_row0);
+    const int vt_c0 = static_cast<int>(vt_col0(p.cu_seqlens_k != nullptr, w.seq, p.seqlen_k, w.sv.k_row0));
+    sm90::mbar_arrive_expect_tx(bar_q_full, Cfg::kQBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kPanels; ++c)
+      fp8w_tma_tile(sQ + c * Cfg::kPanelBytes, &map_q, bar_q_full, axes.q_rows_inner, 128 * c, q_row, w.h, qb);
+    for (int it = 0; nb >= 0; nb = next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, cls), ++it) {
+      const int slot = it % ST;
+      const uint32_t phase = (it / ST) & 1;
+      sm90::mbar_wait(bar_k_empty + 8 * slot, phase ^ 1);
+      sm90::mbar_arrive_expect_tx(bar_k_full + 8 * slot, Cfg::kKBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kPanels; ++c)
+        fp8w_tma_tile(sK + slot * Cfg::kKBytes + c * Cfg::kPanelBytes, &map_k, bar_k_full + 8 * slot,
+                      axes.k_rows_inner, 128 * c, k_row0 + nb * LN, w.hk, kb);
+      sm90::mbar_wait(bar_v_empty + 8 * slot, phase ^ 1);
+      sm90::mbar_arrive_expect_tx(bar_v_full + 8 * slot, Cfg::kVtBytes);
+      fp8w_tma_vt(sVt + slot * Cfg::kVtBytes, &map_vt, bar_v_full + 8 * slot, vt_c0 + nb * LN, w.hk);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  sm90::regs_increase<Cfg::kConsumerRegs>();
+  const int cw = warpgroup - 1;  // 64-row half of the tile
+  const int lane = tid & 31, warp_in_wg = (tid / 32) & 3;
+  const int t4 = lane & 3;
+  const int row_in_block = cw * 64 + warp_in_wg * 16 + (lane >> 2);  // this thread's first row; second +8
+  const float qk_scale = fp8w_descale(fp.descale_q, fp.dq_st_n, fp.dq_st_h, w.seq, w.hk) *
+                         fp8w_descale(fp.descale_k, fp.dk_st_n, fp.dk_st_h, w.seq, w.hk) * p.scale;
+  const bool short_path_ok = p.softcap_method == kSoftcapOff && qk_scale > 0.f;
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  float s[BN / 2];
+  float ob[NC / 2];
+  uint32_t pa[BN / 32][4];
+
+  // S = Q K^T of sub-block `sub` of a slot, issued (not waited for).
+  auto issue_qk = [&](int slot, int sub) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+      const uint32_t a = sQ + (kk / 4) * Cfg::kPanelBytes + cw * 64 * 128 + (kk % 4) * 32;
+      const uint32_t b = sK + slot * Cfg::kKBytes + (kk / 4) * Cfg::kPanelBytes + sub * BN * 128 + (kk % 4) * 32;
+      sm90::wgmma_e4m3_ss<BN>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  // ob = P8 (sub-block `sub`) V^T rows [NC c, NC (c + 1)), summed from zero; issued, not waited for.
+  // V^T rows are head dims (128 bytes of keys each); the sub-block's k32 steps are 32-byte steps
+  // along the row.
+  auto issue_pv = [&](int slot, int sub, int c) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 32; ++ks) {
+      const uint32_t b = sVt + slot * Cfg::kVtBytes + c * NC * 128 + (sub * (BN / 32) + ks) * 32;
+      sm90::wgmma_e4m3_rs<NC>(ob, pa[ks], sm90::smem_desc(b, 16, 1024), ks > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  // O chunk c = O chunk c * rescale + ob (rows g: elements 0, 1; g + 8: 2, 3 of each 8-column group).
+  auto fold = [&](int c, const float (&rs)[2]) {
+#pragma unroll
+    for (int i = 0; i < NC / 8; ++i) {
+      float* oc = o + c * (NC / 2) + 4 * i;
+      oc[0] = fmaf(oc[0], rs[0], ob[4 * i + 0]);
+      oc[1] = fmaf(oc[1], rs[0], ob[4 * i + 1]);
+      oc[2] = fmaf(oc[2], rs[1], ob[4 * i + 2]);
+      oc[3] = fmaf(oc[3], rs[1], ob[4 * i + 3]);
+    }
+  };
+  auto pin_p = [&] {
+#pragma unroll
+    for (int ks = 0; ks < BN / 32; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[ks][i])::"memory");
+  };
+  auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
+    const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;
+    if (tile_cls == kTileFull && short_path_ok)
+      fp8w_softmax_block<kFp8wFull, BN>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+    else if (p.softcap_method == kSoftcapOff)
+      fp8w_softmax_block<kFp8wMasked, BN>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+    else
+      fp8w_softmax_block<kFp8wSoftcap, BN>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+  };
+
+  // Items are (key block nb, sub-block sub); `it` counts key blocks (ring position) as the producer
+  // does. Per item j (P(j) in registers, rescale(j) kept in rs_prev):
+  //   issue S(j+1); issue P(j) V(j) chunk 0; wait for S(j+1); softmax(j+1) -> rs_next while chunk 0
+  //   runs; wait; fold chunk 0 with rs_prev; the other chunks issued and folded in turn; pack P(j+1).
+  int cls = kTileEmpty;
+  int nb = next_key_block<LN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
+  if (nb >= 0) {
+    int it = 0, sub = 0;
+    sm90::mbar_wait(bar_q_full, 0);
+    sm90::mbar_wait(bar_k_full, 0);
+    issue_qk(0, 0);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(s);
+    if (SUB == 1 && lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done with K(0)
+    float rs_prev[2], rs_next[2];
+    softmax(rs_prev, cls, nb, 0);  // O is zero: rs_prev (0 or 1) multiplies zeros
+    fp8w_pack_p<BN>(s, pa);
+
+    for (;;) {
+      // The next item: the next sub-block of this key block, or the next key block's first.
+      int n_nb = nb, n_sub = sub + 1, n_it = it, n_cls = cls;
+      if (n_sub == SUB) {
+        n_sub = 0;
+        n_nb = next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, n_cls);
+        n_it = it + 1;
+        if (n_nb < 0) break;
+      }
+      const int slot = it % ST, n_slot = n_it % ST;
+      sm90::mbar_wait(bar_k_full + 8 * n_slot, (n_it / ST) & 1);
+      sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+      issue_qk(n_slot, n_sub);
+      issue_pv(slot, sub, 0);
+      sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
+      sm90::pin_registers(s);
+      if (n_sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * n_slot);
+      softmax(rs_next, n_cls, n_nb, n_sub);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(ob);
+      fold(0, rs_prev);
+#pragma unroll
+      for (int c = 1; c < CH; ++c) {
+        issue_pv(slot, sub, c);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(ob);
+        fold(c, rs_prev);
+      }
+      pin_p();  // the tensor cores read P(j) from these registers until now
+      if (sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+      rs_prev[0] = rs_next[0];
+      rs_prev[1] = rs_next[1];
+      fp8w_pack_p<BN>(s, pa);
+      nb = n_nb;
+      sub = n_sub;
+      it = n_it;
+      cls = n_cls;
+    }
+    // The last item's P V (its sub-block is the last of its key block).
+    const int slot = it % ST;
+    sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      issue_pv(slot, sub, c);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(ob);
+      fold(c, rs_prev);
+    }
+    pin_p();
+    if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+  }
+
+  // Epilogue: out = O descale_v / l (l = 448 sum p~, O = sum P8 v8); lse = (m + log2 l - log2 448)
+  // ln 2; rows with l = 0 (nothing allowed) give 0 and -inf.
+  const float dsv = fp8w_descale(fp.descale_v, fp.dv_st_n, fp.dv_st_h, w.seq, w.hk);
+  const int64_t out_base = row_offset(p.out_st, w.sv.q_batch, w.sv.q_row0, m0, w.h);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]);
+    const float inv = l > 0.f ? dsv / l : 0.f;
+    const int i = row_in_block + 8 * r;
+    if (m0 + i >= w.sv.len_q) continue;
+    uint16_t* orow = static_cast<uint16_t*>(p.out) + out_base + static_cast<int64_t>(i) * p.out_st.row;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const float x0 = o[4 * dt + 2 * r] * inv, x1 = o[4 * dt + 2 * r + 1] * inv;
+      const uint32_t packed =
+          fp.out_bf16 ? ElementOps<__nv_bfloat16>::pack(x0, x1) : ElementOps<__half>::pack(x0, x1);
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + 2 * t4) = packed;
+    }
+    if (p.lse != nullptr && t4 == 0) {
+      const float lse = l > 0.f ? (row_max[r] + log2f(l) - fp8::kLog2E4m3Max) * kLn2 : -INFINITY;
+      p.lse[w.sv.q_batch * p.lse_batch_stride + static_cast<int64_t>(w.h) * p.lse_head_stride +
+            (w.sv.q_row0 + m0 + i) * p.lse_row_stride] = lse;
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_attn::fp8w

@@ -1,0 +1,105 @@
+// Hopper (sm_90a) warpgroup MMA on e4m3 operands (QGMMA), as raw PTX: the products of the FP8
+// wgmma forward (fp8_wgmma_forward_kernel.cuh). The mbarrier / TMA / setmaxnreg / descriptor helpers
+// are the bf16 forward's (wgmma_primitives.cuh).
+//
+// wgmma.m64nNk32.f32.e4m3.e4m3 has no transpose bits: both operands are K-major (the reduction dim
+// contiguous). With SWIZZLE_128B a shared-memory row is 128 bytes = 128 e4m3 values, so a k32 step
+// is 32 bytes inside the row, exactly as a k16 step of 16-bit data: the bf16 kernel's K-major
+// descriptors (start + 32 B per step, SBO = 1024 = 8 rows x 128 B) apply unchanged.
+//
+// Register A operand (8-bit), per warp w of the warpgroup, g = lane / 4, t = lane % 4 (PTX ISA,
+// "Register fragment for matrix A", .m64nNk32): register r holds 4 e4m3 values, byte b at
+//   row 16 w + g + 8 (r & 1), k column 4 t + b + 16 (r >> 1)
+// i.e. the A fragment of mma.sync m16n8k32 per warp (fp8_fragments.cuh, a_element).
+// Accumulator (fp32, as every wgmma with .f32 D): d[4 i + 2 r + c] = row 16 w + g + 8 r, column
+// 8 i + 2 t + c.
+#pragma once
+
+#include <cstdint>
+
+namespace flashgrad::cuda_attn::sm90 {
+
+#define FG8_ACC8(d, i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FG8_ACC32(d) FG8_ACC8(d, 0), FG8_ACC8(d, 8), FG8_ACC8(d, 16), FG8_ACC8(d, 24)
+#define FG8_ACC64(d) FG8_ACC32(d), FG8_ACC8(d, 32), FG8_ACC8(d, 40), FG8_ACC8(d, 48), FG8_ACC8(d, 56)
+#define FG8_REGS32                                                                                \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FG8_REGS64                                                                                \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "   \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "   \
+  "%59, %60, %61, %62, %63}"
+
+// D[64 x 128] (=|+=) A[64 x 32] B[32 x 128], A and B e4m3 in shared memory, both K-major.
+// scale_d = 0 overwrites D (first k step), 1 accumulates.
+__device__ __forceinline__ void wgmma_e4m3_ss_n128(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " FG8_REGS64
+      ", %64, %65, p, 1, 1;\n}\n"
+      : FG8_ACC64(d)
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+}
+
+// D[64 x 64] (=|+=) A[64 x 32] B[32 x 64], both from shared memory, K-major.
+__device__ __forceinline__ void wgmma_e4m3_ss_n64(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " FG8_REGS32
+      ", %32, %33, p, 1, 1;\n}\n"
+      : FG8_ACC32(d)
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+}
+
+// S = Q K^T over BN (64 or 128) keys, one k32 step.
+template <int BN>
+__device__ __forceinline__ void wgmma_e4m3_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  if constexpr (BN == 128)
+    wgmma_e4m3_ss_n128(d, a_desc, b_desc, scale_d);
+  else
+    wgmma_e4m3_ss_n64(d, a_desc, b_desc, scale_d);
+}
+
+// D[64 x 128] (=|+=) A[64 x 32] B[32 x 128], A e4m3 in registers (layout above), B K-major in
+// shared memory.
+__device__ __forceinline__ void wgmma_e4m3_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " FG8_REGS64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : FG8_ACC64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+}
+
+// D[64 x 64] (=|+=) A[64 x 32] B[32 x 64], A in registers, B K-major in shared memory.
+__device__ __forceinline__ void wgmma_e4m3_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
+                                                  int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " FG8_REGS32
+      ", {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : FG8_ACC32(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+}
+
+// One N chunk (64 or 128 head-dim columns) of O += P V, one k32 step.
+template <int NC>
+__device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t (&a)[4], uint64_t b_desc,
+                                              int scale_d) {
+  if constexpr (NC == 128)
+    wgmma_e4m3_rs_n128(d, a, b_desc, scale_d);
+  else
+    wgmma_e4m3_rs_n64(d, a, b_desc, scale_d);
+}
+
+#undef FG8_ACC8
+#undef FG8_ACC32
+#undef FG8_ACC64
+#undef FG8_REGS32
+#undef FG8_REGS64
+
+}  // namespace flashgrad::cuda_attn::sm90

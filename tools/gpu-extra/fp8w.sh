@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# fp8w (FP8 forward on wgmma, issue 7): runs from the repo root after tools/gpu-check's build into
+# build-gpu (cap 150 s), in order of what it tells:
+#   1. Fp8WgmmaProbe.*: the e4m3 wgmma layouts on the hardware (shared-memory descriptors of 8-bit
+#      K-major operands, the 8-bit A-register fragment, P's key permutation against vt), so a
+#      failure below points at its cause;
+#   2. AttentionFp8* with FLASHGRAD_ATTN_FP8_FORWARD=wgmma: the FP8 GPU tests (2x rule against the
+#      recipe's emulation) with the forward on the wgmma kernel (hd 64 stays on mma.sync);
+#   3. bench/attention/fp8_wgmma_bench.cu (built here against build-gpu's libflashgrad.a): forward
+#      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256,
+#      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
+#      output difference on the timed inputs;
+#   4. with the time left: bench/attention/fp8_bench.cu with the switch on (fwd + bwd beside bf16;
+#      fp8k.sh runs it with the switch off).
+# A compact summary comes last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out}
+mkdir -p "$OUT/extra"
+t0=$(date +%s)
+left() { echo $((145 - ($(date +%s) - t0))); }
+tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
+lib=$(find build-gpu -name libflashgrad.a -type f | head -1)
+status=()
+show() { grep -E "^\s+case |rel RMS|max\||Failure|Expected|Which is|error|trap|^\[  (PASSED|FAILED|  OK  |  FAILED  |  SKIPPED )" "$1" | tail -${2:-80}; }
+
+# The benches build in the background while the tests run.
+rm -f /tmp/fp8w_bench_built /tmp/fp8w_fp8_bench_built
+if [ -n "$lib" ]; then
+  (nvcc -O2 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude bench/attention/fp8_wgmma_bench.cu "$lib" \
+     -lcudart -o /tmp/fp8w_bench > /tmp/fp8w_bench_build.log 2>&1 && echo ok > /tmp/fp8w_bench_built;
+   nvcc -O2 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention/fp8_bench.cu "$lib" \
+     -lcudart -o /tmp/fp8w_fp8_bench > /tmp/fp8w_fp8_bench_build.log 2>&1 && echo ok > /tmp/fp8w_fp8_bench_built) &
+  build_pid=$!
+fi
+if [ -n "$tests" ]; then
+  echo "== fp8w: Fp8WgmmaProbe.* (layouts on the hardware)"
+  timeout -k 3 20 "$tests" --gtest_filter='Fp8WgmmaProbe.*' > "$OUT/extra/fp8w_probe.log" 2>&1
+  rc=$?
+  show "$OUT/extra/fp8w_probe.log" 40
+  status+=("Fp8WgmmaProbe.* rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_probe.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_probe.log") failed)")
+  echo "== fp8w: AttentionFp8* with FLASHGRAD_ATTN_FP8_FORWARD=wgmma"
+  FLASHGRAD_ATTN_FP8_FORWARD=wgmma timeout -k 3 60 "$tests" --gtest_filter='AttentionFp8*' \
+    > "$OUT/extra/fp8w_tests.log" 2>&1
+  rc=$?
+  show "$OUT/extra/fp8w_tests.log" 120
+  status+=("AttentionFp8* (wgmma fwd) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_tests.log") failed)")
+else
+  status+=("no flashgrad_gpu_tests binary under build-gpu")
+fi
+
+table=""
+if [ -n "$lib" ]; then
+  wait "$build_pid"
+  if [ -f /tmp/fp8w_bench_built ] && [ "$(left)" -gt 15 ]; then
+    echo "== fp8w: forward bench (mma.sync vs wgmma vs bf16)"
+    timeout -k 3 $(( $(left) > 45 ? 45 : $(left) - 5 )) /tmp/fp8w_bench > "$OUT/extra/fp8w_bench.log" 2>&1
+    status+=("fp8_wgmma_bench rc=$?")
+    cat "$OUT/extra/fp8w_bench.log"
+    table=$(cat "$OUT/extra/fp8w_bench.log")
+  else
+    status+=("fp8_wgmma_bench not run (build: $(tail -3 /tmp/fp8w_bench_build.log | tr '\n' ' '); left $(left) s)")
+  fi
+  if [ -f /tmp/fp8w_fp8_bench_built ] && [ "$(left)" -gt 25 ]; then
+    echo "== fp8w: fp8_bench with FLASHGRAD_ATTN_FP8_FORWARD=wgmma (fwd + bwd vs bf16)"
+    FLASHGRAD_ATTN_FP8_FORWARD=wgmma timeout -k 3 $(( $(left) - 5 )) /tmp/fp8w_fp8_bench \
+      > "$OUT/extra/fp8w_fp8_bench.log" 2>&1
+    status+=("fp8_bench (wgmma fwd) rc=$?")
+    cat "$OUT/extra/fp8w_fp8_bench.log"
+  else
+    status+=("fp8_bench (wgmma fwd) not run (left $(left) s)")
+  fi
+else
+  status+=("no libflashgrad.a under build-gpu")
+fi
+
+echo "== fp8w summary ($(( $(date +%s) - t0 )) s)"
+for s in "${status[@]}"; do echo "  $s"; done
+[ -n "$table" ] && echo "$table"
+exit 0
