@@ -14,6 +14,7 @@
 #include "attention_launch.h"
 #include "fp8_attention_host.h"
 #include "fp8_wgmma_forward.h"
+#include "wgmma_backward.h"
 #include "wgmma_forward.h"
 
 namespace flashgrad::cuda {
@@ -244,8 +245,10 @@ void attention_backward(const AttentionParams& p, const AttentionProblem& pr,
   const bool bf16 = p.q.dtype == DType::bf16;
   const int hd = static_cast<int>(pr.head_dim);
   cuda_attn::launch_backward_prepass(k, hd, bf16, stream);
-  pick(pr.head_dim, cuda_attn::launch_backward_main_hd64, cuda_attn::launch_backward_main_hd128,
-       cuda_attn::launch_backward_main_hd256)(k, bf16, stream);
+  // The Hopper wgmma main pass where it applies (it declines, launching nothing, otherwise).
+  if (!cuda_attn::launch_backward_wgmma(k, hd, bf16, pr.varlen ? pr.total_k : pr.seqlen_k, stream))
+    pick(pr.head_dim, cuda_attn::launch_backward_main_hd64, cuda_attn::launch_backward_main_hd128,
+         cuda_attn::launch_backward_main_hd256)(k, bf16, stream);
   if (p.deterministic)
     pick(pr.head_dim, cuda_attn::launch_backward_dq_hd64, cuda_attn::launch_backward_dq_hd128,
          cuda_attn::launch_backward_dq_hd256)(k, bf16, stream);
