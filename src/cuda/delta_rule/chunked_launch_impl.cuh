@@ -49,14 +49,24 @@ void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int KMAX>
+template <typename T, int KMAX, int WARPS>
 void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  constexpr int64_t bytes = StateSmem<T, KMAX>::bytes();
-  set_smem(chunk_state_kernel<T, KMAX>, bytes);
-  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV),
-                  static_cast<unsigned>(a.V / kStateCols));
-  chunk_state_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  using S = StateSmem<T, KMAX, WARPS>;
+  constexpr int64_t bytes = S::bytes();
+  set_smem(chunk_state_kernel<T, KMAX, WARPS>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
+  chunk_state_kernel<T, KMAX, WARPS><<<grid, 32 * WARPS, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+// Stage 2 runs one block per (sequence, value head, value slice) for the whole sequence, so its
+// blocks are all the parallelism there is: 4 warps (64 value columns) per block when that gives
+// at least one block per SM, else 2 warps (32 columns: twice the blocks, each warp's work the same).
+inline int state_warps(const ChunkedArgs& a) {
+  int dev = 0, sms = 0;
+  FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
+  FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return a.num_seqs * a.HV * (a.V / 64) >= sms ? 4 : 2;
 }
 
 template <typename T, int KMAX>
@@ -94,10 +104,11 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (state)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
+  const bool four = state_warps(a) == 4;
   if (a.K == 64)
-    launch_state_fixed<T, 64>(a, s);
+    four ? launch_state_fixed<T, 64, 4>(a, s) : launch_state_fixed<T, 64, 2>(a, s);
   else
-    launch_state_fixed<T, 128>(a, s);
+    four ? launch_state_fixed<T, 128, 4>(a, s) : launch_state_fixed<T, 128, 2>(a, s);
 }
 
 template <typename T>

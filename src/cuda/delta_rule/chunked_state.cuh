@@ -1,191 +1,204 @@
-// Chunked stage 2 ("state"), one block of 128 threads (4 warps) per (sequence, value head,
-// slice of 32 value columns), running over the sequence's chunks in order:
+// Chunked stage 2 ("state"), one block of WARPS warps per (sequence, value head, slice of
+// BV = 16 WARPS value columns), running over the sequence's chunks in order:
 //   store h_c (fp32, the chunk-entry state);  v_new = u - w h_c;
-//   h_{c+1} = exp(G_{L-1}) h_c + (k exp(G_{L-1} - G))^T v_new.
-// Starts from initial_state (or zeros) and writes the final state (when asked).
+//   h_{c+1} = exp(G_{L-1}) h_c + k^T (v_new * exp(G_{L-1} - G) * rstd_k)
+// (rstd_k: the in-kernel L2 norm of k's rows, 1 without it). Starts from initial_state (or zeros)
+// and writes the final state (when asked).
 //
-// The state slice (K x 32, fp32) lives in the mma accumulators: warp wp owns state rows
-// [16 (wp + 4 mt), +16) for mt < K / 64, columns [8 nt, 8 nt + 8) for nt < 4 (accumulator
-// layout: chunked_mma.cuh). Each chunk it is copied into shared memory as hi + lo (both T), the
-// B operands of w h = w hi + w lo. The state update multiplies k exp(G_{L-1} - G) and v_new
-// as hi + lo parts too (hi hi + lo hi + hi lo), so h keeps fp32 accuracy; v_new is stored in T
-// for stage 3. (CPU emulation against the float64 reference, bf16: h 4e-6 - 6e-6 relative RMS
-// with the splits, 2.4e-3 - 3.1e-3 with kd and v_new rounded to T.)
+// Transposed, so that nothing but the chunk's inputs passes through shared memory: warp wp owns
+// value columns [16 wp, 16 wp + 16) of the slice and holds h^T (16 x K, fp32) in mma accumulators
+// (tile nk: key channels [8 nk, 8 nk + 8)). Per chunk, all in registers of the warp:
+//   v_new^T (16 x 64) = u^T - h^T w^T       A = h^T (accumulators -> A fragments, hi + lo),
+//                                           B = w^T (ldmatrix of w's rows);
+//   h^T = exp(G_{L-1}) h^T + v'^T k          A = v'^T = v_new^T scaled per column j (hi + lo),
+//                                           B = k (ldmatrix.trans of k's raw rows).
+// hi + lo (chunked_mma_ldmatrix.cuh) keeps the fp32 operands h and v' at ~16 bits through two
+// mmas; w is T already (stage 1 stores it so), k is the raw input (exact in T), its L2 norm folded
+// into the column scale in fp32. So h keeps fp32-like accuracy as the previous (shared-memory,
+// scalar-fragment) version did; v_new is stored in T for stage 3.
+//
+// Per chunk the block copies w [64 x K], k [64 x K] (raw rows) and u [64 x BV] into shared memory
+// with cp.async, one chunk ahead (two stages), so the serial chain over chunks waits on its mmas,
+// not on loads. Rows past the chunk's length are zero-filled (u = w = 0 there, so v_new = 0).
+// Two barriers per chunk: (A) chunk c's tiles have landed and every warp is done with chunk c - 1's
+// buffers (which the prefetch of c + 1 then overwrites); (C) the per-row scales are written.
 #pragma once
 
 #include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
 #include "chunked_rows.cuh"
+#include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-constexpr int kStateCols = 32;  // value columns per stage-2 block
+// Value columns per block of backward stage B1 and of the KDA state stages (not of stage 2 below,
+// whose slice is 16 x its warps).
+constexpr int kStateCols = 32;
 
-template <typename T, int KMAX>
+template <typename T, int KMAX, int WARPS>
 struct StateSmem {
-  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDH = kStateCols + 8;
-  T* hs;     // [KMAX][LDH] h_c rounded to T (hi part)
-  T* hs_lo;  // [KMAX][LDH] h_c - hi, rounded to T: w h_c = w hi + w lo keeps h's fp32 accuracy
-  T* ws;     // [C][LDK] w rows of the chunk
-  T* kd;     // [C][LDK] k_j exp(G_{L-1} - G_j), hi part
-  T* kd_lo;  // [C][LDK] its lo part
-  T* vn;     // [C][LDH] v_new rounded to T (what stage 3 reads), hi part
-  T* vn_lo;  // [C][LDH] v_new - hi, rounded to T
-  float* G;  // [C]
-  static constexpr int64_t bytes() {
-    return sizeof(T) * (2 * KMAX * LDH + 3 * C * LDK + 2 * C * LDH) + sizeof(float) * C;
+  static constexpr int C = kChunkSize, BV = 16 * WARPS;
+  // Row pitches: +8 (16-bit) / +4 (fp32) elements, so that the 8 rows an ldmatrix (or the 4 x 8
+  // pattern of u's reads) touches start in different banks; rows stay 16-byte aligned.
+  static constexpr int LDK = KMAX + 8, LDU = BV + 4;
+  static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
+  static constexpr int64_t kStageBytes = 2 * kTileBytes + sizeof(float) * C * LDU;
+  static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned tiles");
+  // Stage s (= chunk parity) of the double buffer, by address arithmetic (an array of pointers
+  // indexed by the runtime parity would live in local memory):
+  //   w(s) [C][LDK] w rows of the chunk; k(s) [C][LDK] k rows, raw (not normalized);
+  //   u(s) [C][LDU] u rows, the slice's BV columns.
+  unsigned char* raw;
+  float* G;         // [C] cumulative gate of the chunk (zeros past L)
+  float* colscale;  // [C] exp(G_{L-1} - G_j) rstd_j, 0 for j >= L
+
+  static constexpr int64_t bytes() { return 2 * kStageBytes + sizeof(float) * 2 * C; }
+  __device__ explicit StateSmem(unsigned char* r) : raw(r) {
+    G = reinterpret_cast<float*>(raw + 2 * kStageBytes);
+    colscale = G + C;
   }
-  __device__ explicit StateSmem(unsigned char* raw) {
-    hs = reinterpret_cast<T*>(raw);
-    hs_lo = hs + KMAX * LDH;
-    ws = hs_lo + KMAX * LDH;
-    kd = ws + C * LDK;
-    kd_lo = kd + C * LDK;
-    vn = kd_lo + C * LDK;
-    vn_lo = vn + C * LDH;
-    G = reinterpret_cast<float*>(vn_lo + C * LDH);
-  }
+  __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
+  __device__ T* k(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kTileBytes); }
+  __device__ float* u(int s) const { return reinterpret_cast<float*>(raw + s * kStageBytes + 2 * kTileBytes); }
 };
 
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(kChunkThreads) chunk_state_kernel(ChunkedArgs a) {
-  using S = StateSmem<T, KMAX>;
-  constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH, MT = KMAX / 64, NT = kStateCols / 8;
+template <typename T, int KMAX, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) {
+  using S = StateSmem<T, KMAX, WARPS>;
+  constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, NK = KMAX / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kStateCols;
-  const int tid = threadIdx.x, wp = tid / 32;
-  auto state_row = [&](int mt, int e) { return 16 * (wp + 4 * mt) + mma::acc_row(e); };
-  auto state_col = [&](int nt, int e) { return 8 * nt + mma::acc_col(e); };
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
+  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
+  const int vc0 = 16 * (tid / 32);  // the warp's first value column inside the slice
+  // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row),
+  // column 2 tig + e % 2 of the tile (a key channel of h^T, a chunk row of v_new^T).
+  auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
+  auto tcol = [&](int e) { return 2 * tig + (e & 1); };
 
-  float h[MT][NT][4];
+  float hT[NK][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        h[mt][nt][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, state_row(mt, e),
-                                                                         col0 + state_col(nt, e))]
-                              : 0.f;
+    for (int e = 0; e < 4; ++e)
+      hT[nk][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, 8 * nk + tcol(e), col0 + vcol(e))]
+                         : 0.f;
 
   const T* w = static_cast<const T*>(a.w);
   T* v_new = static_cast<T*>(a.v_new);
-  for (int64_t c = a.seq_first_chunk[n]; c < a.seq_first_chunk[n + 1]; ++c) {
+  const bool k_vec = key_rows_vectorizable(a.k);
+  const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
+
+  // Issues chunk c's copies into stage s (one cp.async group) and returns G of row tid (tid < 64).
+  auto prefetch = [&](int64_t c, int s) {
+    const ChunkInfo ci = a.chunks[c];
+    const int64_t row0 = chunk_row0(ci, a.T);
+    intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    intermediate_tile_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
+    mma::cp_async_commit();
+    return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
+  };
+
+  float g_next = c_begin < c_end ? prefetch(c_begin, 0) : 0.f;
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int s = static_cast<int>((c - c_begin) & 1);
     const ChunkInfo ci = a.chunks[c];
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
 
-    // h_c: to the intermediates (fp32) and to shared memory (T).
-    float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
+    // (A) chunk c's tiles and G in place; every warp is done with chunk c - 1.
+    if (tid < C) sm.G[tid] = g_next;
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    if (c + 1 < c_end) g_next = prefetch(c + 1, s ^ 1);
+
+    // (C) per-row scales of the state update: exp(G_{L-1} - G_j) with j <= L - 1 (<= 1 for
+    // g <= 0), times k's row rstd.
+    const float G_last = sm.G[L - 1];
+    {
+      const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
+      constexpr int kLanes = THREADS / C;
+      if (tid % kLanes == 0) {
+        const int j = tid / kLanes;
+        sm.colscale[j] = j < L ? expf(G_last - sm.G[j]) * rstd : 0.f;
+      }
+    }
+    __syncthreads();
+
+    // h_c to the intermediates (its slice's columns).
+    float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int e = 0; e < 4; ++e) hc[(8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+
+    // v_new^T = u^T - h^T w^T: p[j8] covers chunk rows [8 j8, 8 j8 + 8).
+    float p[8][4] = {};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = state_row(mt, e), col = state_col(nt, e);
-          hc[d * a.V + col0 + col] = h[mt][nt][e];
-          const T hi = from_f<T>(h[mt][nt][e]);
-          sm.hs[d * LDH + col] = hi;
-          sm.hs_lo[d * LDH + col] = from_f<T>(h[mt][nt][e] - to_f<T>(hi));
-        }
-    // This chunk's u elements for the v_new epilogue below, loaded now so that their latency
-    // overlaps the w, k loads and the products (in the epilogue they would sit behind the
-    // v_new stores, which the compiler cannot reorder them across).
-    float u_pre[NT][4];
+    for (int ks = 0; ks < KMAX / 16; ++ks) {
+      uint32_t ah[4], al[4];
+      mma::acc_to_a_split<T>(hT[2 * ks], hT[2 * ks + 1], ah, al);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int jp = 0; jp < 4; ++jp) {
+        // Tiles: (rows 16 jp + [0, 8), channels 16 ks + [0, 8)), (same rows, + 8 channels),
+        // (rows + 8, channels), (rows + 8, channels + 8): B fragments of chunk-row tiles 2 jp, 2 jp + 1.
+        uint32_t b[4];
+        mma::ldmatrix_x4<false>(b, sm.w(s) + (16 * jp + 8 * (lane >> 4) + (lane & 7)) * LDK + 16 * ks +
+                                       8 * ((lane >> 3) & 1));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(p[2 * jp], ah, b0);
+        mma::mma16816<T>(p[2 * jp], al, b0);
+        mma::mma16816<T>(p[2 * jp + 1], ah, b1);
+        mma::mma16816<T>(p[2 * jp + 1], al, b1);
+      }
+    }
+    const float* us = sm.u(s);
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
-        u_pre[nt][e] = i < L ? a.u[((row0 + i) * a.HV + hv) * a.V + col0 + col] : 0.f;
+        const int j = 8 * j8 + tcol(e);
+        p[j8][e] = us[j * LDU + vcol(e)] - p[j8][e];
+        if (j < L) v_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
       }
-    if (tid < C) sm.G[tid] = (a.G && tid < L) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
-    for (int e = tid; e < C * KMAX; e += kChunkThreads) {
-      const int r = e / KMAX, d = e % KMAX;
-      sm.ws[r * LDK + d] = r < L ? w[((row0 + r) * a.HV + hv) * a.K + d] : from_f<T>(0.f);
-    }
-    __syncthreads();
-    const float G_last = sm.G[L - 1];
-    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
-      // exp(G_{L-1} - G_r) with r <= L - 1 (rows past L are zero).
-      const float y = r < L ? x * expf(G_last - sm.G[r]) : 0.f;
-      const T hi = from_f<T>(y);
-      sm.kd[r * LDK + d] = hi;
-      sm.kd_lo[r * LDK + d] = from_f<T>(y - to_f<T>(hi));
-    });
 
-    // v_new = u - w h_c: warp wp, rows [16 wp, 16 wp + 16), the slice's 32 columns.
-    {
-      float p[NT][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < KMAX; kk += 16) {
-        uint32_t af[4];
-        mma::frag_a(sm.ws, LDK, 16 * wp, kk, af);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bf[2];
-          mma::frag_b(sm.hs, LDH, kk, 8 * nt, bf);
-          mma::mma16816<T>(p[nt], af, bf);
-          mma::frag_b(sm.hs_lo, LDH, kk, 8 * nt, bf);
-          mma::mma16816<T>(p[nt], af, bf);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
-          float val = 0.f;
-          if (i < L) {
-            const int64_t at = ((row0 + i) * a.HV + hv) * a.V + col0 + col;
-            val = u_pre[nt][e] - p[nt][e];
-            v_new[at] = from_f<T>(val);
-          }
-          const T hi = from_f<T>(val);
-          sm.vn[i * LDH + col] = hi;
-          sm.vn_lo[i * LDH + col] = from_f<T>(val - to_f<T>(hi));
-        }
-    }
-    __syncthreads();
-
-    // h_{c+1} = exp(G_{L-1}) h_c + kd^T v_new.
+    // h^T = exp(G_{L-1}) h^T + (v_new^T * colscale) k.
     const float decay = expf(G_last);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int e = 0; e < 4; ++e) hT[nk][e] *= decay;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) h[mt][nt][e] *= decay;
+    for (int js = 0; js < C / 16; ++js) {
+      const float2 s0 = *reinterpret_cast<const float2*>(&sm.colscale[16 * js + 2 * tig]);
+      const float2 s1 = *reinterpret_cast<const float2*>(&sm.colscale[16 * js + 8 + 2 * tig]);
+      const float f0[2] = {s0.x, s0.y}, f1[2] = {s1.x, s1.y};
+      uint32_t ah[4], al[4];
+      mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], f0, f1, ah, al);
 #pragma unroll
-      for (int kk = 0; kk < C; kk += 16) {
-        uint32_t ah[4], al[4];
-        mma::frag_a_trans(sm.kd, LDK, 16 * (wp + 4 * mt), kk, ah);
-        mma::frag_a_trans(sm.kd_lo, LDK, 16 * (wp + 4 * mt), kk, al);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bh[2], bl[2];
-          mma::frag_b(sm.vn, LDH, kk, 8 * nt, bh);
-          mma::frag_b(sm.vn_lo, LDH, kk, 8 * nt, bl);
-          mma::mma16816<T>(h[mt][nt], ah, bh);
-          mma::mma16816<T>(h[mt][nt], al, bh);
-          mma::mma16816<T>(h[mt][nt], ah, bl);
-        }
+      for (int np = 0; np < NK / 2; ++np) {
+        // Tiles (.trans): (chunk rows 16 js + [0, 8), channels 16 np + [0, 8)), (rows + 8, same
+        // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles 2 np, 2 np + 1.
+        uint32_t b[4];
+        mma::ldmatrix_x4<true>(b, sm.k(s) + (16 * js + 8 * ((lane >> 3) & 1) + (lane & 7)) * LDK + 16 * np +
+                                      8 * (lane >> 4));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(hT[2 * np], ah, b0);
+        mma::mma16816<T>(hT[2 * np], al, b0);
+        mma::mma16816<T>(hT[2 * np + 1], ah, b1);
+        mma::mma16816<T>(hT[2 * np + 1], al, b1);
       }
     }
-    __syncthreads();  // shared memory is refilled by the next chunk
   }
 
   if (a.ht.p) {
     float* ht = static_cast<float*>(a.ht.p);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          ht[off4(a.ht, n, hv, state_row(mt, e), col0 + state_col(nt, e))] = h[mt][nt][e];
+      for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, 8 * nk + tcol(e), col0 + vcol(e))] = hT[nk][e];
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -98,6 +99,44 @@ inline void emulated_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const u
     d[e] += s;
   }
   __syncwarp();
+}
+// ldmatrix .x4 (chunked_mma_ldmatrix.cuh), from the PTX ISA's description: lane l supplies the
+// address of row l % 8 of tile l / 8; register m of lane l receives tile m's 16-bit elements
+// (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), or with .trans (rows 2 (l % 4), 2 (l % 4) + 1,
+// column l / 4); the lower index in the low half. Addresses are exchanged through the warp buffer.
+inline const void* g_warp_ptr[8][32];
+inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
+  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  if ((reinterpret_cast<uintptr_t>(row_addr) & 15) != 0) {
+    std::fprintf(stderr, "ldmatrix: row address not 16-byte aligned\n");
+    std::abort();
+  }
+  g_warp_ptr[w][l] = row_addr;
+  __syncwarp();
+  auto elem = [&](int tile, int row, int col) {
+    uint16_t x;
+    std::memcpy(&x, static_cast<const unsigned char*>(g_warp_ptr[w][8 * tile + row]) + 2 * col, 2);
+    return static_cast<uint32_t>(x);
+  };
+  for (int m = 0; m < 4; ++m) {
+    if (!trans)
+      r[m] = elem(m, l / 4, 2 * (l % 4)) | (elem(m, l / 4, 2 * (l % 4) + 1) << 16);
+    else
+      r[m] = elem(m, 2 * (l % 4), l / 4) | (elem(m, 2 * (l % 4) + 1, l / 4) << 16);
+  }
+  __syncwarp();
+}
+// cp.async 16 bytes (with zero fill when !full), modelled as a synchronous copy: the emulation
+// cannot see a missing wait_group (the block barrier that must follow it is still modelled).
+inline void emulated_cp_async16(void* dst, const void* src, bool full) {
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) != 0 || (full && (reinterpret_cast<uintptr_t>(src) & 15) != 0)) {
+    std::fprintf(stderr, "cp.async: address not 16-byte aligned\n");
+    std::abort();
+  }
+  if (full)
+    std::memcpy(dst, src, 16);
+  else
+    std::memset(dst, 0, 16);
 }
 }  // namespace mma
 }  // namespace flashgrad::cuda_detail::delta_rule
