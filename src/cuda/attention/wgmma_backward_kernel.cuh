@@ -186,7 +186,9 @@ __global__ void __launch_bounds__(384, 1)
     for (int s = 0; s < ST; ++s) {
       sm90::mbar_init(bar_q_full + 8 * s, 1);
       sm90::mbar_init(bar_ls_full + 8 * s, 32);  // every lane of the lse warp
-      sm90::mbar_init(bar_q_empty + 8 * s, 8);   // one arrival per consumer warp
+      // Every consumer thread arrives: an arrival releases only its own thread's earlier shared
+      // reads (of lse / shift), which the lse warp's next stores into the slot must follow.
+      sm90::mbar_init(bar_q_empty + 8 * s, 256);
     }
     sm90::mbar_init(bar_dq_full, 8);
     sm90::mbar_init(bar_dq_empty, 1);
@@ -378,7 +380,7 @@ __global__ void __launch_bounds__(384, 1)
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
         sm90::pin_registers(dq);
-        if (lane == 0) sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
+        sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
 
         // dQ into the staging buffer once the reducer has read the previous tile's.
         sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
@@ -396,7 +398,7 @@ __global__ void __launch_bounds__(384, 1)
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
-        if (lane == 0) sm90::mbar_arrive(bar_q_empty + 8 * slot);
+        sm90::mbar_arrive(bar_q_empty + 8 * slot);
       }
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk)
