@@ -111,15 +111,27 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+template <int D, bool kPingpong>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using Cfg = Fp8wForwardConfig<D>;
-  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D>;
+  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+// FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1: the consumer warpgroups take turns issuing (off by default
+// until the H200 shows it correct and faster; read at every call so the bench times both).
+template <int D>
+void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
+                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
+  const char* env = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG");
+  if (env != nullptr && std::strcmp(env, "1") == 0)
+    launch_kernel<D, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+  else
+    launch_kernel<D, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
 }
 
 }  // namespace
@@ -157,10 +169,10 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   if (!make_vt_map(&mvt, f.vt, f.vt_cols, hd, pr.heads_k)) return false;  // nothing launched yet
   if (hd == 128) {
     launch_transpose<128>(f, stream);
-    launch_kernel<128>(mq, mk, mvt, f, axes, static_cast<int>(mblocks), tiles, stream);
+    launch_variant<128>(mq, mk, mvt, f, axes, static_cast<int>(mblocks), tiles, stream);
   } else {
     launch_transpose<256>(f, stream);
-    launch_kernel<256>(mq, mk, mvt, f, axes, static_cast<int>(mblocks), tiles, stream);
+    launch_variant<256>(mq, mk, mvt, f, axes, static_cast<int>(mblocks), tiles, stream);
   }
   return true;
 }

@@ -201,7 +201,14 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
   return w;
 }
 
-template <int D>
+// kPingpong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and 2, as
+// the bf16 kernel's variant), so one's softmax runs while the other's products occupy the tensor
+// cores. Each warpgroup waits for its turn (bar.sync on its own barrier: its 128 threads plus the
+// other's 128 arrivals) before issuing and hands the turn over (bar.arrive on the other's) after;
+// warpgroup 1 goes first: warpgroup 2 arrives on barrier 1 once at the start and skips its last
+// hand-over, so every barrier generation completes. The D = 256 chunks 1-3 are issued outside the
+// turns.
+template <int D, bool kPingpong>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -282,6 +289,22 @@ __global__ void __launch_bounds__(384, 1)
   const float qk_scale = fp8w_descale(fp.descale_q, fp.dq_st_n, fp.dq_st_h, w.seq, w.hk) *
                          fp8w_descale(fp.descale_k, fp.dk_st_n, fp.dk_st_h, w.seq, w.hk) * p.scale;
   const bool short_path_ok = p.softcap_method == kSoftcapOff && qk_scale > 0.f;
+  auto wait_turn = [&] {
+    if constexpr (kPingpong) {
+      if (cw == 0)
+        sm90::named_barrier_sync_id<1>(256);
+      else
+        sm90::named_barrier_sync_id<2>(256);
+    }
+  };
+  auto pass_turn = [&](bool last) {
+    if constexpr (kPingpong) {
+      if (cw == 0)
+        sm90::named_barrier_arrive_id<2>(256);
+      else if (!last)
+        sm90::named_barrier_arrive_id<1>(256);
+    }
+  };
 
   float o[D / 2];
 #pragma unroll
@@ -352,7 +375,11 @@ __global__ void __launch_bounds__(384, 1)
     int it = 0, sub = 0;
     sm90::mbar_wait(bar_q_full, 0);
     sm90::mbar_wait(bar_k_full, 0);
+    if constexpr (kPingpong)
+      if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
+    wait_turn();
     issue_qk(0, 0);
+    pass_turn(false);
     sm90::wgmma_wait<0>();
     sm90::pin_registers(s);
     if (SUB == 1 && lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done with K(0)
@@ -372,8 +399,10 @@ __global__ void __launch_bounds__(384, 1)
       const int slot = it % ST, n_slot = n_it % ST;
       sm90::mbar_wait(bar_k_full + 8 * n_slot, (n_it / ST) & 1);
       sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+      wait_turn();
       issue_qk(n_slot, n_sub);
       issue_pv(slot, sub, 0);
+      pass_turn(false);
       sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
       sm90::pin_registers(s);
       if (n_sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * n_slot);
@@ -401,9 +430,12 @@ __global__ void __launch_bounds__(384, 1)
     // The last item's P V (its sub-block is the last of its key block).
     const int slot = it % ST;
     sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+    wait_turn();
+    issue_pv(slot, sub, 0);
+    pass_turn(true);
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
-      issue_pv(slot, sub, c);
+      if (c > 0) issue_pv(slot, sub, c);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(ob);
       fold(c, rs_prev);

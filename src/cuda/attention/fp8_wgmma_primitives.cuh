@@ -96,6 +96,17 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t
     wgmma_e4m3_rs_n64(d, a, b_desc, scale_d);
 }
 
+// Named barriers with the id as an immediate (ids 1..15; 0 is __syncthreads): with a register id
+// ptxas reserves all 16 barriers and keeps the id live.
+template <int kId>
+__device__ __forceinline__ void named_barrier_sync_id(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
+}
+template <int kId>
+__device__ __forceinline__ void named_barrier_arrive_id(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "r"(threads) : "memory");
+}
+
 #undef FG8_ACC8
 #undef FG8_ACC32
 #undef FG8_ACC64
