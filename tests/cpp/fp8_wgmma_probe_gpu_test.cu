@@ -3,7 +3,8 @@
 // FLASHGRAD_ATTN_FP8_FORWARD=wgmma points at its cause:
 //   1. S = Q K^T: wgmma m64nNk32 e4m3 with both operands K-major in SWIZZLE_128B shared memory,
 //      k32 steps as +32 bytes inside the 128-byte row, row offsets (the second consumer
-//      warpgroup's 64 query rows, the D = 256 kernel's second 64-key sub-block);
+//      warpgroup's 64 query rows, the D = 256 kernel's second 64-key sub-block); and with the
+//      D = 64 kernel's 64-byte rows (SWIZZLE_64B);
 //   2. the 8-bit A register fragment of wgmma (claimed: mma.sync m16n8k32's A per warp,
 //      fp8_fragments.cuh a_element) against a K-major B, at each k32 offset of the row;
 //   3. the kernel's P path end to end: S accumulators -> fp8w_pack_p -> A registers, times the V^T
@@ -29,15 +30,21 @@ namespace f8 = cuda_attn::fp8;
 namespace f8w = cuda_attn::fp8w;
 
 // Byte offset of (row, col) in a tile of 128-byte rows as TMA's SWIZZLE_128B writes it (16-byte
-// chunk c of row r at chunk c ^ (r % 8), tile 1024-byte aligned).
+// chunk c of row r at chunk c ^ (r % 8), tile 1024-byte aligned); with 64-byte rows as SWIZZLE_64B
+// writes it (address bits 4-5 ^= bits 7-8: chunk c of row r at c ^ ((r / 2) % 4)).
+template <int RB = 128>
 __host__ __device__ inline int swizzled(int row, int col) {
-  return row * 128 + ((((col >> 4) ^ (row & 7))) << 4) + (col & 15);
+  if constexpr (RB == 128)
+    return row * 128 + ((((col >> 4) ^ (row & 7))) << 4) + (col & 15);
+  else
+    return row * 64 + ((((col >> 4) ^ ((row >> 1) & 3))) << 4) + (col & 15);
 }
 
 // Copies a [rows][128] byte tile from global memory into shared memory at `dst` (swizzled), and
 // makes it visible to the tensor cores (async proxy).
+template <int RB = 128>
 __device__ void load_tile(uint8_t* dst, const uint8_t* src, int rows) {
-  for (int i = threadIdx.x; i < rows * 128; i += blockDim.x) dst[swizzled(i / 128, i % 128)] = src[i];
+  for (int i = threadIdx.x; i < rows * RB; i += blockDim.x) dst[swizzled<RB>(i / RB, i % RB)] = src[i];
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 }
@@ -57,20 +64,21 @@ __device__ void store_acc(float* out, const float* d, int n, int count) {
   }
 }
 
-// D[64 x N] = A[a_row0 .., 0..127] . B[b_row0 .., 0..127]^T (4 k32 steps), A, B [128][128] bytes.
-template <int N>
+// D[64 x N] = A[a_row0 .., 0..RB-1] . B[b_row0 .., 0..RB-1]^T (RB / 32 k32 steps), A, B [128][RB]
+// bytes, descriptors as the kernel's (fp8w_qk_desc).
+template <int N, int RB>
 __global__ void ss_probe(const uint8_t* A, const uint8_t* B, int a_row0, int b_row0, float* D) {
   uint8_t* sA = aligned_smem();
   uint8_t* sB = sA + 128 * 128;
-  load_tile(sA, A, 128);
-  load_tile(sB, B, 128);
+  load_tile<RB>(sA, A, 128);
+  load_tile<RB>(sB, B, 128);
   float d[N / 2];
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
-  const uint32_t a0 = cuda_attn::smem_address(sA) + a_row0 * 128, b0 = cuda_attn::smem_address(sB) + b_row0 * 128;
+  const uint32_t a0 = cuda_attn::smem_address(sA) + a_row0 * RB, b0 = cuda_attn::smem_address(sB) + b_row0 * RB;
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    sm90::wgmma_e4m3_ss<N>(d, sm90::smem_desc(a0 + kk * 32, 16, 1024), sm90::smem_desc(b0 + kk * 32, 16, 1024), kk > 0);
+  for (int kk = 0; kk < RB / 32; ++kk)
+    sm90::wgmma_e4m3_ss<N>(d, f8w::fp8w_qk_desc<RB>(a0 + kk * 32), f8w::fp8w_qk_desc<RB>(b0 + kk * 32), kk > 0);
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::pin_registers(d);
@@ -149,10 +157,10 @@ void small_ints(std::mt19937& rng, std::vector<uint8_t>& code, std::vector<float
 
 constexpr int kProbeSmem = 2 * 128 * 128 + 1024;
 
-template <int N>
+template <int N, int RB = 128>
 void check_ss(int a_row0, int b_row0) {
   std::mt19937 rng(std::random_device{}());
-  std::vector<uint8_t> A(128 * 128), B(128 * 128);
+  std::vector<uint8_t> A(128 * RB), B(128 * RB);
   std::vector<float> Af(A.size()), Bf(B.size());
   small_ints(rng, A, Af);
   small_ints(rng, B, Bf);
@@ -161,14 +169,15 @@ void check_ss(int a_row0, int b_row0) {
   dA.up(A);
   dB.up(B);
   dD.poison();
-  ss_probe<N><<<1, 128, kProbeSmem>>>(dA.ptr, dB.ptr, a_row0, b_row0, dD.ptr);
+  ss_probe<N, RB><<<1, 128, kProbeSmem>>>(dA.ptr, dB.ptr, a_row0, b_row0, dD.ptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> D = dD.down();
   for (int m = 0; m < 64; ++m)
     for (int n = 0; n < N; ++n) {
       double want = 0;
-      for (int k = 0; k < 128; ++k) want += double(Af[(a_row0 + m) * 128 + k]) * Bf[(b_row0 + n) * 128 + k];
-      ASSERT_EQ(D[m * N + n], float(want)) << "wgmma m64n" << N << "k32 e4m3 (smem, smem), A rows from " << a_row0
+      for (int k = 0; k < RB; ++k) want += double(Af[(a_row0 + m) * RB + k]) * Bf[(b_row0 + n) * RB + k];
+      ASSERT_EQ(D[m * N + n], float(want)) << "wgmma m64n" << N << "k32 e4m3 (smem, smem), rows of " << RB
+                                           << " bytes, A rows from " << a_row0
                                            << ", B rows from " << b_row0 << ": D[" << m << "][" << n << "]";
     }
 }
@@ -179,6 +188,14 @@ TEST(Fp8WgmmaProbe, SharedMemoryOperandsKMajor) {
   check_ss<128>(64, 0);  // second consumer warpgroup (+8192 bytes)
   check_ss<64>(0, 0);    // D = 256: 64-key sub-blocks of a 128-key K tile
   check_ss<64>(64, 64);
+}
+
+// D = 64: Q / K rows of 64 bytes with SWIZZLE_64B (descriptor layout type 2, SBO 512), the second
+// consumer warpgroup's rows at +4096 bytes.
+TEST(Fp8WgmmaProbe, SharedMemoryOperands64ByteRows) {
+  REQUIRE_GPU();
+  check_ss<128, 64>(0, 0);
+  check_ss<128, 64>(64, 0);
 }
 
 template <int N>

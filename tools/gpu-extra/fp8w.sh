@@ -6,7 +6,8 @@
 #      failure below points at its cause;
 #   2. AttentionFp8* with FLASHGRAD_ATTN_FP8_FORWARD=wgmma: the FP8 GPU tests (2x rule against the
 #      recipe's emulation) with the forward on the wgmma kernel (hd 64 stays on mma.sync);
-#   3. AttentionFp8Gpu.* again with the ping-pong variant (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1);
+#   3. AttentionFp8Gpu.* again with the ping-pong variant (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), and
+#      with hd 64 on wgmma too (FLASHGRAD_ATTN_FP8_WGMMA_HD64=1; 64-byte rows, SWIZZLE_64B);
 #   4. bench/attention/fp8_wgmma_bench.cu (built here against build-gpu's libflashgrad.a): forward
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
@@ -60,6 +61,15 @@ if [ -n "$tests" ] && [ "$(left)" -gt 90 ]; then
   pp_rc=$rc
 else
   pp_rc=1
+fi
+
+if [ -n "$tests" ] && [ "$(left)" -gt 85 ]; then
+  echo "== fp8w: AttentionFp8Gpu.* with hd 64 on wgmma too (FLASHGRAD_ATTN_FP8_WGMMA_HD64=1)"
+  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 timeout -k 3 25 "$tests" \
+    --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8w_hd64_tests.log" 2>&1
+  rc=$?
+  show "$OUT/extra/fp8w_hd64_tests.log" 30
+  status+=("AttentionFp8Gpu.* (wgmma fwd incl. hd64) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_hd64_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_hd64_tests.log") failed)")
 fi
 
 table=""

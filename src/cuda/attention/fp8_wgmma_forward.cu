@@ -4,7 +4,7 @@
 // q / k: each [B, S, H, D] (padded) or [T, H, D] (varlen, one batch) e4m3 view becomes a 4-D map
 // (D, heads, rows, batch) -- heads and rows swapped when the rows are the smaller stride -- with a
 // box of 128 columns (128 bytes: the SWIZZLE_128B span) x 1 head x 128 rows x 1 batch; a D = 256
-// row is two such boxes (column panels). Coordinates past a dimension read as zeros; varlen tiles
+// row is two such boxes (column panels); D = 64 rows are one box of 64 bytes with SWIZZLE_64B. Coordinates past a dimension read as zeros; varlen tiles
 // past a sequence read the next sequence's tokens, which the kernel masks.
 // vt: [Hk, D, vt_cols] bytes as a 3-D map (vt_cols, D, Hk), box 128 columns x D rows x 1.
 #include <cuda.h>
@@ -64,12 +64,14 @@ bool make_rows_map(CUtensorMap* map, const void* base, const RowMajorStrides& st
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(*rows_inner ? row_st : head_st),
                                  static_cast<cuuint64_t>(*rows_inner ? head_st : row_st),
                                  static_cast<cuuint64_t>(batch_st)};
-  const cuuint32_t box[4] = {128, static_cast<cuuint32_t>(*rows_inner ? 128 : 1),
+  // Rows of 128 bytes (D >= 128, SWIZZLE_128B, D / 128 boxes per row) or of 64 (D = 64, SWIZZLE_64B).
+  const int row_bytes = head_dim < 128 ? head_dim : 128;
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_bytes), static_cast<cuuint32_t>(*rows_inner ? 128 : 1),
                              static_cast<cuuint32_t>(*rows_inner ? 1 : 128), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                CU_TENSOR_MAP_INTERLEAVE_NONE, row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 bool make_vt_map(CUtensorMap* map, const uint8_t* vt, int64_t vt_cols, int head_dim, int64_t heads_k) {
@@ -142,7 +144,11 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   const char* env = std::getenv("FLASHGRAD_ATTN_FP8_FORWARD");
   if (env == nullptr || std::strcmp(env, "wgmma") != 0) return false;
   const int hd = static_cast<int>(pr.head_dim);
-  if (hd != 128 && hd != 256) return false;
+  // hd 64 (64-byte Q / K rows, SWIZZLE_64B) only with FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 until the H200
+  // has checked that layout; the mma.sync kernel serves it otherwise.
+  const char* hd64 = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64");
+  const bool hd64_on = hd64 != nullptr && std::strcmp(hd64, "1") == 0;
+  if (hd != 128 && hd != 256 && !(hd == 64 && hd64_on)) return false;
   const int64_t mblocks = (pr.seqlen_q + 127) / 128;
   const int64_t tiles = pr.num_seqs * mblocks * pr.heads_q;
   if (tiles > 0x7fffffff) return false;
@@ -167,7 +173,10 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   cuda_detail::ScratchBuffer scratch(ws, bytes, stream);
   f.vt = scratch.take<uint8_t>(bytes);
   if (!make_vt_map(&mvt, f.vt, f.vt_cols, hd, pr.heads_k)) return false;  // nothing launched yet
-  if (hd == 128) {
+  if (hd == 64) {
+    launch_transpose<64>(f, stream);
+    launch_variant<64>(mq, mk, mvt, f, axes, static_cast<int>(mblocks), tiles, stream);
+  } else if (hd == 128) {
     launch_transpose<128>(f, stream);
     launch_variant<128>(mq, mk, mvt, f, axes, static_cast<int>(mblocks), tiles, stream);
   } else {

@@ -14,7 +14,8 @@ namespace flashgrad::cuda {
 //   - the environment does not say FLASHGRAD_ATTN_FP8_FORWARD=wgmma (read at every call, so one
 //     process can time both kernels; the mma.sync kernel stays the default until the H200 shows
 //     this one correct and faster),
-//   - head dim other than 128 / 256,
+//   - head dim other than 128 / 256 (64 too with FLASHGRAD_ATTN_FP8_WGMMA_HD64=1, until the H200
+//     has checked its 64-byte-row layout),
 //   - a q / k view TMA cannot describe (base or a stride not 16-byte aligned, a stride past 2^40),
 //   - more query tiles than one grid holds.
 // Its V^T copy is padded to 128 keys per sequence, which can need more than

@@ -12,7 +12,7 @@
 //     not rule out (128 keys: the 128-byte SWIZZLE_128B row of V^T) a K tile [128 keys][D] and a
 //     V^T tile [D][128 keys], into a ring of kStages slots ("full" / "empty" mbarriers);
 //   warpgroups 1, 2, consumers, 64 query rows each. A key block is consumed as kSub sub-blocks of
-//     kBlockN keys (128 at D = 128; 64 at D = 256, where O alone takes 128 registers per thread):
+//     kBlockN keys (128 at D = 64 / 128; 64 at D = 256, where O alone takes 128 registers per thread):
 //     S = wgmma(Q, K sub-block) from shared memory, softmax in registers, P8 packed into the
 //     8-bit A registers, P V = wgmma(P8 registers, V^T sub-block, K-major from shared memory).
 //
@@ -56,18 +56,22 @@ struct Fp8wMapAxes {
 
 template <int D>
 struct Fp8wForwardConfig {
-  static_assert(D == 128 || D == 256, "the FP8 wgmma forward covers head dims 128 and 256");
+  static_assert(D == 64 || D == 128 || D == 256, "the FP8 wgmma forward covers head dims 64, 128 and 256");
   static constexpr int kBlockM = 128;    // two consumer warpgroups of 64 rows
   static constexpr int kLoadN = 128;     // keys per TMA block (one 128-byte V^T row)
   static constexpr int kBlockN = D == 256 ? 64 : 128;  // keys per S / softmax / P V step
   static constexpr int kSub = kLoadN / kBlockN;
   // Head-dim columns per P V accumulator chunk (registers: S kBlockN / 2, O D / 2, ob kPvChunk / 2).
-  static constexpr int kPvChunk = D == 256 ? FLASHGRAD_FP8W_PV_CHUNK_256 : 128;
+  static constexpr int kPvChunk = D == 256 ? FLASHGRAD_FP8W_PV_CHUNK_256 : D;
   static constexpr int kPvChunks = D / kPvChunk;
-  static constexpr int kPanels = D / 128;  // 128-byte column panels of a Q / K row
-  static constexpr int kStages = D == 128 ? 5 : 3;
+  // Q / K tiles: rows of 128 bytes (SWIZZLE_128B) in D / 128 column panels; at D = 64 one panel of
+  // 64-byte rows (SWIZZLE_64B: chunk c of row r at c ^ ((r / 2) % 4), 8-row groups of 512 bytes).
+  static constexpr int kRowBytes = D < 128 ? D : 128;
+  static constexpr int kPanels = D / kRowBytes;
+  static constexpr int kStepsPerRow = kRowBytes / 32;  // k32 steps per panel row
+  static constexpr int kStages = D == 64 ? 8 : D == 128 ? 5 : 3;
   static constexpr int kThreads = 384;
-  static constexpr int kPanelBytes = 128 * 128;  // 128 rows x 128 bytes (Q and K panels)
+  static constexpr int kPanelBytes = 128 * kRowBytes;  // 128 rows (Q and K panels)
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kLoadN * D;
   static constexpr int kVtBytes = D * kLoadN;
@@ -93,6 +97,17 @@ __device__ __forceinline__ void fp8w_tma_vt(uint32_t dst, const CUtensorMap* map
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(0), "r"(hk), "r"(bar)
       : "memory");
+}
+
+// Descriptor of a K-major Q / K operand: 128-byte swizzled rows (SBO 1024 = 8 rows), or at D = 64
+// 64-byte swizzled rows (layout type 2, SBO 512 = 8 rows); addresses in 16 bytes.
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t fp8w_qk_desc(uint32_t addr) {
+  if constexpr (kRowBytes == 128)
+    return sm90::smem_desc(addr, 16, 1024);
+  else
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{512 >> 4} << 32) |
+           (uint64_t{2} << 62);
 }
 
 enum Fp8wScoreMode : int { kFp8wFull = 0, kFp8wMasked = 1, kFp8wSoftcap = 2 };
@@ -263,7 +278,8 @@ __global__ void __launch_bounds__(384, 1)
     sm90::mbar_arrive_expect_tx(bar_q_full, Cfg::kQBytes);
 #pragma unroll
     for (int c = 0; c < Cfg::kPanels; ++c)
-      fp8w_tma_tile(sQ + c * Cfg::kPanelBytes, &map_q, bar_q_full, axes.q_rows_inner, 128 * c, q_row, w.h, qb);
+      fp8w_tma_tile(sQ + c * Cfg::kPanelBytes, &map_q, bar_q_full, axes.q_rows_inner, Cfg::kRowBytes * c, q_row,
+                    w.h, qb);
     for (int it = 0; nb >= 0; nb = next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, cls), ++it) {
       const int slot = it % ST;
       const uint32_t phase = (it / ST) & 1;
@@ -272,7 +288,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int c = 0; c < Cfg::kPanels; ++c)
         fp8w_tma_tile(sK + slot * Cfg::kKBytes + c * Cfg::kPanelBytes, &map_k, bar_k_full + 8 * slot,
-                      axes.k_rows_inner, 128 * c, k_row0 + nb * LN, w.hk, kb);
+                      axes.k_rows_inner, Cfg::kRowBytes * c, k_row0 + nb * LN, w.hk, kb);
       sm90::mbar_wait(bar_v_empty + 8 * slot, phase ^ 1);
       sm90::mbar_arrive_expect_tx(bar_v_full + 8 * slot, Cfg::kVtBytes);
       fp8w_tma_vt(sVt + slot * Cfg::kVtBytes, &map_vt, bar_v_full + 8 * slot, vt_c0 + nb * LN, w.hk);
@@ -320,9 +336,10 @@ __global__ void __launch_bounds__(384, 1)
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 32; ++kk) {
-      const uint32_t a = sQ + (kk / 4) * Cfg::kPanelBytes + cw * 64 * 128 + (kk % 4) * 32;
-      const uint32_t b = sK + slot * Cfg::kKBytes + (kk / 4) * Cfg::kPanelBytes + sub * BN * 128 + (kk % 4) * 32;
-      sm90::wgmma_e4m3_ss<BN>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+      constexpr int RB = Cfg::kRowBytes, SR = Cfg::kStepsPerRow;
+      const uint32_t a = sQ + (kk / SR) * Cfg::kPanelBytes + cw * 64 * RB + (kk % SR) * 32;
+      const uint32_t b = sK + slot * Cfg::kKBytes + (kk / SR) * Cfg::kPanelBytes + sub * BN * RB + (kk % SR) * 32;
+      sm90::wgmma_e4m3_ss<BN>(s, fp8w_qk_desc<RB>(a), fp8w_qk_desc<RB>(b), kk > 0);
     }
     sm90::wgmma_commit();
   };
