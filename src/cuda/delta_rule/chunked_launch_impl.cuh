@@ -42,7 +42,7 @@ constexpr DType dtype_of() {
 
 template <typename T, int KMAX>
 void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  constexpr int64_t bytes = PrepareSmem<T, KMAX>::bytes();
+  const int64_t bytes = PrepareSmem<T, KMAX>::bytes(a.V);
   set_smem(chunk_prepare_kernel<T, KMAX>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
   chunk_prepare_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);

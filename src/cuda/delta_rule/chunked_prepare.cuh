@@ -3,64 +3,57 @@
 //   A = (I + M)^{-1},  w = A (beta exp(G) k),  u = A (beta v).
 // Writes G, A (fp32), w (T) and u (fp32) to the intermediates (layouts: chunked_stages.h).
 //
-// Products on tensor cores (chunked_mma.cuh): warp `wp` owns rows [16 wp, 16 wp + 16) of every
-// 64-row result. Every operand x is split into x_hi = T(x) and x_lo = T(x - x_hi), and a product
-// is formed as hi hi + hi lo + lo hi (three mmas), so k k^T, w and u keep close to fp32 accuracy
-// instead of T's 8 (bf16) or 11 (fp16) bits; the only roundings left are w's storage in T.
-// (Measured on a CPU emulation of these kernels against the float64 reference, bf16: A 5e-6,
-// u 1e-6 relative RMS, w 1.7e-3 = its storage rounding.)
-// The inverse is blocked: the four 16 x 16 diagonal blocks by forward substitution (one thread
-// per column), then block rows I = 1..3: A_IJ = -A_II sum_{J <= m < I} M_Im A_mJ, m over 16-blocks.
+// The raw rows of k and v (exact in T) are copied to shared memory with cp.async at the start
+// (v's copy lands while k k^T and the inverse run); with the in-kernel L2 norm, k's row rstd is
+// applied in fp32 outside the products:
+//   k k^T:  M_ij = beta_i exp(G_i - G_j) rstd_i rstd_j (k_raw k_raw^T)_ij  (exact T products,
+//           fp32 accumulation: A fragments and B fragments by ldmatrix from k's rows);
+//   w = (A diag(s)) k_raw with s_j = beta_j exp(G_j) rstd_j,  u = (A diag(beta)) v_raw:
+//           the fp32 factor A diag(.) is the A operand, split into hi = T(x) and lo = T(x - hi) in
+//           registers (two mmas), the raw rows the B operand (ldmatrix.trans), so w and u keep
+//           ~fp32 accuracy before w's storage in T.
+// Warp wp owns rows [16 wp, 16 wp + 16) of every 64-row result. The inverse is blocked: the four
+// 16 x 16 diagonal blocks by forward substitution (one thread per column), then block rows
+// I = 1..3: A_IJ = -A_II sum_{J <= m < I} M_Im A_mJ, m over 16-blocks (fp32, CUDA cores).
 #pragma once
 
 #include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
 #include "chunked_rows.cuh"
+#include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Shared memory of stage 1. Region `keys` holds k (hi, lo) for k k^T, then M during the
-// inverse, then A (hi, lo) for the products w = A wb and u = A ub; each use begins after a
-// block barrier that ends the previous one. u is formed 64 value columns at a time, so the
-// layout does not depend on V: K = V = 128 takes 106 KiB (two blocks per SM).
+// Shared memory of stage 1; v's tile is V + 8 wide (V is a runtime size), so K = V = 128 takes
+// 74 KiB (three blocks per SM).
 template <typename T, int KMAX>
 struct PrepareSmem {
-  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1, LDU = 64 + 8;
-  static constexpr int64_t kKeysBytes = (2 * C * LDK * sizeof(T) > C * LDM * sizeof(float))
-                                            ? 2 * C * LDK * sizeof(T)
-                                            : C * LDM * sizeof(float);
-  static_assert(kKeysBytes >= 2 * C * LDA * sizeof(T), "A (hi, lo) fits where k was");
-  T* ks;       // [C][LDK] k (normalized), rounded to T (hi part)     } region `keys`
-  T* ks_lo;    // [C][LDK] k - hi, rounded to T                       }
-  float* M;    // [C][LDM] (aliases ks, ks_lo)                        }
-  T* a_hi;     // [C][LDA] (aliases M)                                }
-  T* a_lo;     // [C][LDA]                                            }
-  float* A;    // [C][LDM] the inverse in fp32
-  float* tmp;  // [16][48]: sum_m M_Im A_mJ of one block row
-  T* wb;       // [C][LDK] beta exp(G) k (hi part)
-  T* wb_lo;    // [C][LDK] its lo part
-  T* ub;       // [C][LDU] beta v, one 64-column piece (hi part)
-  T* ub_lo;    // [C][LDU] its lo part
-  float* G;    // [C]
-  float* beta;  // [C]
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDM = C + 4;
+  static constexpr int64_t kKeyBytes = sizeof(T) * C * LDK, kMatBytes = sizeof(float) * C * LDM;
+  static constexpr int64_t kFixedBytes = kKeyBytes + 2 * kMatBytes + sizeof(float) * (16 * 48 + 4 * C);
+  static_assert(kFixedBytes % 16 == 0, "v's tile 16-byte aligned");
+  T* k;            // [C][LDK] k rows, raw
+  float* M;        // [C][LDM] StrictLower(beta_i exp(G_i - G_j) k_i.k_j)
+  float* A;        // [C][LDM] (I + M)^{-1}
+  float* tmp;      // [16][48]: sum_m M_Im A_mJ of one block row
+  float* G;        // [C]
+  float* beta;     // [C] (0 past L)
+  float* rstd;     // [C] k's row rstd (1 without the L2 norm)
+  float* ws;       // [C] beta_j exp(G_j) rstd_j: w's column factor of A
+  T* v;            // [C][V + 8] v rows, raw
 
-  static constexpr int64_t bytes() {
-    return kKeysBytes + sizeof(float) * (C * LDM + 16 * 48) + sizeof(T) * (2 * C * LDK + 2 * C * LDU) +
-           sizeof(float) * 2 * C;
-  }
+  __host__ __device__ static int ldv(int64_t V) { return static_cast<int>(V) + 8; }
+  __host__ __device__ static int64_t bytes(int64_t V) { return kFixedBytes + sizeof(T) * C * ldv(V); }
   __device__ explicit PrepareSmem(unsigned char* raw) {
-    ks = reinterpret_cast<T*>(raw);
-    ks_lo = ks + C * LDK;
-    M = reinterpret_cast<float*>(raw);
-    a_hi = reinterpret_cast<T*>(raw);
-    a_lo = a_hi + C * LDA;
-    A = reinterpret_cast<float*>(raw + kKeysBytes);  // kKeysBytes is a multiple of 16
+    k = reinterpret_cast<T*>(raw);
+    M = reinterpret_cast<float*>(raw + kKeyBytes);
+    A = M + C * LDM;
     tmp = A + C * LDM;
-    wb = reinterpret_cast<T*>(tmp + 16 * 48);
-    wb_lo = wb + C * LDK;
-    ub = wb_lo + C * LDK;
-    ub_lo = ub + C * LDU;
-    G = reinterpret_cast<float*>(ub_lo + C * LDU);
+    G = tmp + 16 * 48;
     beta = G + C;
+    rstd = beta + C;
+    ws = rstd + C;
+    v = reinterpret_cast<T*>(raw + kFixedBytes);
   }
 };
 
@@ -120,16 +113,52 @@ __device__ __forceinline__ void invert_unit_lower64(const float* M, float* As, f
   }
 }
 
+
+// acc[2 np], acc[2 np + 1] += Xs (rows [r0, r0 + 16), columns [16 kb, 16 kb + 16)) times the
+// [16 kb, 16 kb + 16) x [16 np, 16 np + 16) block of the row-major T tile Y (ldmatrix.trans), for
+// np < NP, with Xs = X diag(s) (X fp32 row-major in shared memory, pitch ldx) split hi + lo.
+template <typename T, int NP>
+__device__ __forceinline__ void scaled_rows_times_tile(float (&acc)[2 * NP][4], const float* X, int ldx,
+                                                       const float* s, int r0, int kb, const T* Y, int ldy) {
+  const int lane = threadIdx.x & 31, g = mma::grp(), t = mma::tig();
+  const int c0 = 16 * kb + 2 * t;
+  const float* x0 = X + (r0 + g) * ldx + c0;
+  const float* x1 = x0 + 8 * ldx;
+  const float f0[2] = {s[c0], s[c0 + 1]}, f1[2] = {s[c0 + 8], s[c0 + 9]};
+  const float c_lo[4] = {x0[0], x0[1], x1[0], x1[1]};  // accumulator-shaped: rows g, g + 8; cols c0, c0 + 1
+  const float c_hi[4] = {x0[8], x0[9], x1[8], x1[9]};  // cols c0 + 8, c0 + 9
+  uint32_t ah[4], al[4];
+  mma::acc_to_a_split<T>(c_lo, c_hi, f0, f1, ah, al);
+  const T* yrow = Y + (16 * kb + 8 * ((lane >> 3) & 1) + (lane & 7)) * ldy + 8 * (lane >> 4);
+#pragma unroll
+  for (int np = 0; np < NP; ++np) {
+    uint32_t b[4];
+    mma::ldmatrix_x4<true>(b, yrow + 16 * np);
+    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    mma::mma16816<T>(acc[2 * np], ah, b0);
+    mma::mma16816<T>(acc[2 * np], al, b0);
+    mma::mma16816<T>(acc[2 * np + 1], ah, b1);
+    mma::mma16816<T>(acc[2 * np + 1], al, b1);
+  }
+}
+
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArgs a) {
   using S = PrepareSmem<T, KMAX>;
-  constexpr int C = kChunkSize, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDM = S::LDM;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const ChunkInfo ci = a.chunks[blockIdx.x];
   const int64_t hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
+  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);
+  const int ldv = S::ldv(a.V);
+
+  // k's rows (group 0), then v's (group 1): v lands while k k^T and the inverse run.
+  view_rows_async<T, kChunkThreads>(a.k, ci, head, KMAX, key_rows_vectorizable(a.k), sm.k, LDK);
+  mma::cp_async_commit();
+  view_rows_async<T, kChunkThreads>(a.v, ci, hv, static_cast<int>(a.V), key_rows_vectorizable(a.v), sm.v, ldv);
+  mma::cp_async_commit();
 
   // g and beta (zeros past L), then G = cumsum(g).
   if (tid < C) {
@@ -143,126 +172,95 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
     sm.beta[tid] = bi;
   }
   __syncthreads();
-  chunk_cumsum64(sm.G);
+  chunk_cumsum64(sm.G);  // ends with a barrier
   if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = sm.G[tid];
 
-  // k (normalized) and beta exp(G) k, each as hi + lo.
-  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
-    const T hi = from_f<T>(x);
-    sm.ks[r * LDK + d] = hi;
-    sm.ks_lo[r * LDK + d] = from_f<T>(x - to_f<T>(hi));
-    const float y = sm.beta[r] * expf(sm.G[r]) * x;
-    const T yh = from_f<T>(y);
-    sm.wb[r * LDK + d] = yh;
-    sm.wb_lo[r * LDK + d] = from_f<T>(y - to_f<T>(yh));
-  });
+  mma::cp_async_wait<1>();  // k's rows (this thread's copies)
+  __syncthreads();          // everyone's
+  {
+    const float rstd = tile_row_rstd<T, KMAX, kChunkThreads>(sm.k, LDK, a.l2norm);
+    constexpr int kLanes = kChunkThreads / C;
+    if (tid % kLanes == 0) {
+      const int j = tid / kLanes;
+      sm.rstd[j] = rstd;
+      sm.ws[j] = sm.beta[j] * expf(sm.G[j]) * rstd;  // beta = 0 past L
+    }
+  }
   __syncthreads();
 
-  // M = StrictLower(beta_i exp(G_i - G_j) (k k^T)_ij). Column tiles right of the warp's
-  // diagonal block are all zero and skipped.
+  // M = StrictLower(beta_i exp(G_i - G_j) rstd_i rstd_j (k k^T)_ij). Column tiles right of the
+  // warp's diagonal block are zero (and never read by the inverse).
   {
     float acc[8][4] = {};
+    const T* arow = sm.k + (16 * wp + (lane & 15)) * LDK + 8 * (lane >> 4);
+    const T* brow = sm.k + (8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
 #pragma unroll
-    for (int kk = 0; kk < KMAX; kk += 16) {
-      uint32_t ah[4], al[4];
-      mma::frag_a(sm.ks, LDK, 16 * wp, kk, ah);
-      mma::frag_a(sm.ks_lo, LDK, 16 * wp, kk, al);
+    for (int ks = 0; ks < KMAX / 16; ++ks) {
+      uint32_t af[4];
+      mma::ldmatrix_x4<false>(af, arow + 16 * ks);  // tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        if (nt > 2 * wp + 1) continue;
-        uint32_t bh[2], bl[2];
-        mma::frag_b_trans(sm.ks, LDK, kk, 8 * nt, bh);
-        mma::frag_b_trans(sm.ks_lo, LDK, kk, 8 * nt, bl);
-        mma::mma16816<T>(acc[nt], ah, bh);  // k k^T ~ hi hi^T + hi lo^T + lo hi^T
-        mma::mma16816<T>(acc[nt], ah, bl);
-        mma::mma16816<T>(acc[nt], al, bh);
+      for (int np = 0; np < 4; ++np) {
+        if (np > wp) continue;
+        uint32_t b[4];  // k rows 16 np + [0, 16) as B^T: chunk-column tiles 2 np, 2 np + 1
+        mma::ldmatrix_x4<false>(b, brow + 16 * np * LDK + 16 * ks);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(acc[2 * np], af, b0);
+        mma::mma16816<T>(acc[2 * np + 1], af, b1);
       }
     }
-    __syncthreads();  // every warp is done with ks, ks_lo: M takes their place
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
         // exp(G_i - G_j) with i > j only: bounded by 1 for g <= 0.
-        sm.M[i * LDM + j] = i > j && i < L ? sm.beta[i] * expf(sm.G[i] - sm.G[j]) * acc[nt][e] : 0.f;
+        sm.M[i * LDM + j] =
+            i > j && i < L ? sm.beta[i] * expf(sm.G[i] - sm.G[j]) * sm.rstd[i] * sm.rstd[j] * acc[nt][e] : 0.f;
       }
   }
   __syncthreads();
-  invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
-
-  // A to the intermediates (rows < L; columns >= L are 0 there) and as hi + lo in T (where M
-  // was: the inverse ended with a barrier).
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    const float x = sm.A[i * LDM + j];
-    if (a.A && i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = x;
-    const T hi = from_f<T>(x);
-    sm.a_hi[i * LDA + j] = hi;
-    sm.a_lo[i * LDA + j] = from_f<T>(x - to_f<T>(hi));
-  }
+  invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);  // ends with a barrier
+  mma::cp_async_wait<0>();  // v's rows
   __syncthreads();
 
-  // w = A wb (A is lower triangular: column blocks kb <= wp only).
+  // A to the intermediates (rows < L; columns >= L are 0 there).
+  if (a.A)
+    for (int e = tid; e < L * C; e += kChunkThreads)
+      a.A[(row0 + e / C) * a.HV * C + hv * C + e % C] = sm.A[(e / C) * LDM + e % C];
+
+  const int i0 = 16 * wp + mma::grp(), c2 = 2 * mma::tig();  // this thread's rows i0, i0 + 8; column pair
+  // w = (A diag(ws)) k (A is lower triangular: column blocks kb <= wp only).
   {
     constexpr int NT = KMAX / 8;
     float acc[NT][4] = {};
-    for (int kb = 0; kb <= wp; ++kb) {
-      uint32_t ah[4], al[4];
-      mma::frag_a(sm.a_hi, LDA, 16 * wp, 16 * kb, ah);
-      mma::frag_a(sm.a_lo, LDA, 16 * wp, 16 * kb, al);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bh[2], bl[2];
-        mma::frag_b(sm.wb, LDK, 16 * kb, 8 * nt, bh);
-        mma::frag_b(sm.wb_lo, LDK, 16 * kb, 8 * nt, bl);
-        mma::mma16816<T>(acc[nt], ah, bh);
-        mma::mma16816<T>(acc[nt], al, bh);
-        mma::mma16816<T>(acc[nt], ah, bl);
-      }
-    }
+    for (int kb = 0; kb <= wp; ++kb)
+      scaled_rows_times_tile<T, NT / 2>(acc, sm.A, LDM, sm.ws, 16 * wp, kb, sm.k, LDK);
     T* w = static_cast<T*>(a.w);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * wp + mma::acc_row(e), d = 8 * nt + mma::acc_col(e);
-        if (i < L) w[((row0 + i) * a.HV + hv) * a.K + d] = from_f<T>(acc[nt][e]);
+      for (int half = 0; half < 2; ++half) {
+        const int i = i0 + 8 * half;
+        if (i < L) {
+          const uint32_t pair = mma::pack_floats<T>(acc[nt][2 * half], acc[nt][2 * half + 1]);
+          *reinterpret_cast<uint32_t*>(w + ((row0 + i) * a.HV + hv) * a.K + 8 * nt + c2) = pair;
+        }
       }
   }
 
-  // u = A ub, 64 value columns at a time: each piece of beta v is loaded as hi + lo between
-  // two barriers (the previous piece's readers are done; this piece is complete).
+  // u = (A diag(beta)) v, 64 value columns at a time.
   for (int c0 = 0; c0 < a.V; c0 += 64) {
-    __syncthreads();
-    for_each_value_row<T>(a.v, ci, hv, c0, 64, [&](int r, int col, float x) {
-      const float y = sm.beta[r] * x;
-      const T yh = from_f<T>(y);
-      sm.ub[r * LDU + col] = yh;
-      sm.ub_lo[r * LDU + col] = from_f<T>(y - to_f<T>(yh));
-    });
-    __syncthreads();
     float acc[8][4] = {};
-    for (int kb = 0; kb <= wp; ++kb) {
-      uint32_t ah[4], al[4];
-      mma::frag_a(sm.a_hi, LDA, 16 * wp, 16 * kb, ah);
-      mma::frag_a(sm.a_lo, LDA, 16 * wp, 16 * kb, al);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        uint32_t bh[2], bl[2];
-        mma::frag_b(sm.ub, LDU, 16 * kb, 8 * nt, bh);
-        mma::frag_b(sm.ub_lo, LDU, 16 * kb, 8 * nt, bl);
-        mma::mma16816<T>(acc[nt], ah, bh);
-        mma::mma16816<T>(acc[nt], al, bh);
-        mma::mma16816<T>(acc[nt], ah, bl);
-      }
-    }
+    for (int kb = 0; kb <= wp; ++kb)
+      scaled_rows_times_tile<T, 4>(acc, sm.A, LDM, sm.beta, 16 * wp, kb, sm.v + c0, ldv);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * wp + mma::acc_row(e), col = c0 + 8 * nt + mma::acc_col(e);
-        if (i < L) a.u[((row0 + i) * a.HV + hv) * a.V + col] = acc[nt][e];
+      for (int half = 0; half < 2; ++half) {
+        const int i = i0 + 8 * half;
+        if (i < L)
+          *reinterpret_cast<float2*>(a.u + ((row0 + i) * a.HV + hv) * a.V + c0 + 8 * nt + c2) =
+              make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
       }
   }
 }

@@ -18,25 +18,31 @@ __device__ __forceinline__ bool key_rows_vectorizable(const View& x) {
          x.s2 % 8 == 0;
 }
 
-// dst[r * ld + d] = x[b, t0 + r, head, d] for r < 64, d < KMAX (raw T, not normalized); rows
-// r >= len are zeros. dst rows must be 16-byte aligned (ld a multiple of 8).
-template <typename T, int KMAX, int THREADS>
-__device__ __forceinline__ void key_tile_async(const View& x, const ChunkInfo& ci, int64_t head, bool vec, T* dst,
-                                               int ld) {
+// dst[r * ld + d] = x[b, t0 + r, idx, d] for r < 64, d < width (raw T, not normalized; width a
+// multiple of 8) of a [B, T, heads, width] view (q, k: idx = the key head; v: the value head);
+// rows r >= len are zeros. dst rows must be 16-byte aligned (ld a multiple of 8).
+template <typename T, int THREADS>
+__device__ __forceinline__ void view_rows_async(const View& x, const ChunkInfo& ci, int64_t idx, int width, bool vec,
+                                                T* dst, int ld) {
   const T* src = static_cast<const T*>(x.p);
   if (vec) {
-    constexpr int P = KMAX / 8;  // 16-byte pieces per row
+    const int P = width / 8;  // 16-byte pieces per row
     for (int e = threadIdx.x; e < kChunkSize * P; e += THREADS) {
       const int r = e / P, p = e % P;
       const bool ok = r < ci.len;
-      mma::cp_async16(dst + r * ld + 8 * p, src + off3(x, ci.b, ci.t0 + (ok ? r : 0), head) + 8 * p, ok);
+      mma::cp_async16(dst + r * ld + 8 * p, src + off3(x, ci.b, ci.t0 + (ok ? r : 0), idx) + 8 * p, ok);
     }
   } else {
-    for (int e = threadIdx.x; e < kChunkSize * KMAX; e += THREADS) {
-      const int r = e / KMAX, d = e % KMAX;
-      dst[r * ld + d] = r < ci.len ? src[off3(x, ci.b, ci.t0 + r, head) + d * x.s3] : from_f<T>(0.f);
+    for (int e = threadIdx.x; e < kChunkSize * width; e += THREADS) {
+      const int r = e / width, d = e % width;
+      dst[r * ld + d] = r < ci.len ? src[off3(x, ci.b, ci.t0 + r, idx) + d * x.s3] : from_f<T>(0.f);
     }
   }
+}
+template <typename T, int KMAX, int THREADS>
+__device__ __forceinline__ void key_tile_async(const View& x, const ChunkInfo& ci, int64_t head, bool vec, T* dst,
+                                               int ld) {
+  view_rows_async<T, THREADS>(x, ci, head, KMAX, vec, dst, ld);
 }
 
 // dst[r * ld + col] = base[((row0 + r) * HV + hv) * W + col0 + col] for r < 64, col < WIDTH (an
