@@ -91,12 +91,9 @@ __device__ __forceinline__ void fp8w_tma_tile(uint32_t dst, const CUtensorMap* m
     sm90::tma_load_4d(dst, map, bar, d0, head, row, batch);
 }
 
+// The V^T box of key columns [col, col + 128) of kv head hk: all D rows.
 __device__ __forceinline__ void fp8w_tma_vt(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int hk) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(0), "r"(hk), "r"(bar)
-      : "memory");
+  sm90::tma_load_3d(dst, map, bar, col, 0, hk);
 }
 
 // Descriptor of a K-major Q / K operand: 128-byte swizzled rows (SBO 1024 = 8 rows), or at D = 64
@@ -368,9 +365,7 @@ __global__ void __launch_bounds__(384, 1)
   };
   auto pin_p = [&] {
 #pragma unroll
-    for (int ks = 0; ks < BN / 32; ++ks)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pa[ks][i])::"memory");
+    for (int ks = 0; ks < BN / 32; ++ks) sm90::pin_words(pa[ks]);
   };
   auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
     const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;

@@ -15,6 +15,8 @@
 // 8 i + 2 t + c.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 namespace flashgrad::cuda_attn::sm90 {
@@ -94,6 +96,22 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t
     wgmma_e4m3_rs_n128(d, a, b_desc, scale_d);
   else
     wgmma_e4m3_rs_n64(d, a, b_desc, scale_d);
+}
+
+// One box of a 3-D tensor map into shared memory; completion is counted on `bar` in bytes.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// Keeps the compiler from moving reads of these registers (P's A fragment) across an in-flight wgmma.
+__device__ __forceinline__ void pin_words(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 // Named barriers with the id as an immediate (ids 1..15; 0 is __syncthreads): with a register id
