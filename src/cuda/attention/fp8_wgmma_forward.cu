@@ -1,12 +1,5 @@
-// Host side of the FP8 wgmma forward: the switch, the tensor maps (q, k as in the bf16 wgmma
-// forward but with 8-bit elements; V^T as a 3-D map), the transposed V copy, the launch.
-//
-// q / k: each [B, S, H, D] (padded) or [T, H, D] (varlen, one batch) e4m3 view becomes a 4-D map
-// (D, heads, rows, batch) -- heads and rows swapped when the rows are the smaller stride -- with a
-// box of 128 columns (128 bytes: the SWIZZLE_128B span) x 1 head x 128 rows x 1 batch; a D = 256
-// row is two such boxes (column panels); D = 64 rows are one box of 64 bytes with SWIZZLE_64B. Coordinates past a dimension read as zeros; varlen tiles
-// past a sequence read the next sequence's tokens, which the kernel masks.
-// vt: [Hk, D, vt_cols] bytes as a 3-D map (vt_cols, D, Hk), box 128 columns x D rows x 1.
+// Host side of the FP8 wgmma forward: the switch, the tensor maps (fp8_wgmma_maps.h), the
+// transposed V copy, the launch.
 #include <cuda.h>
 
 #include <cstdint>
@@ -17,18 +10,16 @@
 #include "cuda/common/device_buffer.h"
 #include "fp8_wgmma_forward.h"
 #include "fp8_wgmma_forward_kernel.cuh"
+#include "fp8_wgmma_maps.h"
 
 namespace flashgrad::cuda {
 namespace {
 
 using cuda_attn::Fp8KernelParams;
-using cuda_attn::RowMajorStrides;
 using cuda_attn::fp8w::Fp8wForwardConfig;
 using cuda_attn::fp8w::Fp8wMapAxes;
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+using cuda_attn::fp8w::EncodeTiled;
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
 EncodeTiled encode_tiled() {
@@ -42,51 +33,6 @@ EncodeTiled encode_tiled() {
     return reinterpret_cast<EncodeTiled>(f);
   }();
   return fn;
-}
-
-// A dimension of extent 1 is never stepped along, so any valid stride describes it.
-int64_t usable_stride(int64_t stride, int64_t extent, int64_t fallback) { return extent == 1 ? fallback : stride; }
-
-bool stride_ok(int64_t s) { return s > 0 && s % 16 == 0 && s < (int64_t{1} << 40); }
-
-// The 4-D map of an e4m3 q or k view (strides in elements = bytes); false when TMA cannot describe it.
-bool make_rows_map(CUtensorMap* map, const void* base, const RowMajorStrides& st, int64_t rows, int64_t heads,
-                   int64_t batches, int head_dim, int* rows_inner) {
-  const EncodeTiled encode = encode_tiled();
-  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
-  const int64_t head_st = usable_stride(st.head, heads, head_dim);
-  const int64_t row_st = usable_stride(st.row, rows, heads * head_dim);
-  const int64_t batch_st = usable_stride(st.batch, batches, rows * heads * head_dim);
-  if (!stride_ok(head_st) || !stride_ok(row_st) || !stride_ok(batch_st)) return false;
-  *rows_inner = row_st < head_st ? 1 : 0;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(*rows_inner ? rows : heads),
-                              static_cast<cuuint64_t>(*rows_inner ? heads : rows), static_cast<cuuint64_t>(batches)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(*rows_inner ? row_st : head_st),
-                                 static_cast<cuuint64_t>(*rows_inner ? head_st : row_st),
-                                 static_cast<cuuint64_t>(batch_st)};
-  // Rows of 128 bytes (D >= 128, SWIZZLE_128B, D / 128 boxes per row) or of 64 (D = 64, SWIZZLE_64B).
-  const int row_bytes = head_dim < 128 ? head_dim : 128;
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(row_bytes), static_cast<cuuint32_t>(*rows_inner ? 128 : 1),
-                             static_cast<cuuint32_t>(*rows_inner ? 1 : 128), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-bool make_vt_map(CUtensorMap* map, const uint8_t* vt, int64_t vt_cols, int head_dim, int64_t heads_k) {
-  const EncodeTiled encode = encode_tiled();
-  if (encode == nullptr || !stride_ok(vt_cols)) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(vt_cols), static_cast<cuuint64_t>(head_dim),
-                              static_cast<cuuint64_t>(heads_k)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(vt_cols), static_cast<cuuint64_t>(vt_cols * head_dim)};
-  if (strides[1] >= (uint64_t{1} << 40)) return false;
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(cuda_attn::fp8w::kVtBoxKeys), static_cast<cuuint32_t>(head_dim),
-                             1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(vt), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // descale_x [N, Hk] with free strides (as fp8_attention_host.cpp).
@@ -160,8 +106,9 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   const int64_t rows_k = pr.varlen ? pr.total_k : pr.seqlen_k;
   CUtensorMap mq, mk, mvt;
   Fp8wMapAxes axes;
-  if (!make_rows_map(&mq, k.q, k.q_st, rows_q, pr.heads_q, batches, hd, &axes.q_rows_inner) ||
-      !make_rows_map(&mk, k.k, k.k_st, rows_k, pr.heads_k, batches, hd, &axes.k_rows_inner))
+  const EncodeTiled encode = encode_tiled();
+  if (!cuda_attn::fp8w::make_rows_map(encode, &mq, k.q, k.q_st, rows_q, pr.heads_q, batches, hd, &axes.q_rows_inner) ||
+      !cuda_attn::fp8w::make_rows_map(encode, &mk, k.k, k.k_st, rows_k, pr.heads_k, batches, hd, &axes.k_rows_inner))
     return false;
 
   Fp8KernelParams f;
@@ -172,7 +119,8 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   const std::size_t bytes = cuda_detail::align_up(static_cast<std::size_t>(pr.heads_k * pr.head_dim * f.vt_cols));
   cuda_detail::ScratchBuffer scratch(ws, bytes, stream);
   f.vt = scratch.take<uint8_t>(bytes);
-  if (!make_vt_map(&mvt, f.vt, f.vt_cols, hd, pr.heads_k)) return false;  // nothing launched yet
+  if (!cuda_attn::fp8w::make_vt_map(encode, &mvt, f.vt, f.vt_cols, hd, pr.heads_k, cuda_attn::fp8w::kVtBoxKeys))
+    return false;  // nothing launched yet
   if (hd == 64) {
     launch_transpose<64>(f, stream);
     launch_variant<64>(mq, mk, mvt, f, axes, static_cast<int>(mblocks), tiles, stream);
