@@ -71,10 +71,9 @@ inline int state_warps(const ChunkedArgs& a) {
 
 template <typename T, int KMAX>
 void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  constexpr int64_t bytes = OutputSmem<T, KMAX>::bytes();
+  const int64_t bytes = OutputSmem<T, KMAX>::bytes(a.V);
   set_smem(chunk_output_kernel<T, KMAX>, bytes);
-  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV),
-                  static_cast<unsigned>(a.V / kOutputCols));
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));  // V: a loop inside
   chunk_output_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }

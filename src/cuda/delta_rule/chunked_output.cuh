@@ -1,52 +1,58 @@
-// Chunked stage 3 ("output"), one block of 128 threads (4 warps) per (chunk, value head, slice
-// of 64 value columns):
+// Chunked stage 3 ("output"), one block of 128 threads (4 warps) per (chunk, value head), looping
+// over the value columns in slices of 64:
 //   P = Lower(q k^T exp(G_i - G_j))  (j <= i),  o = scale [exp(G) (q h_c) + P v_new].
-// Reads q, k (normalized here again), G, h_c and v_new from stages 1 and 2; writes o.
-// Warp wp owns output rows [16 wp, 16 wp + 16).
+// Reads q, k (raw), G, h_c and v_new from stages 1 and 2; writes o. Warp wp owns output rows
+// [16 wp, 16 wp + 16).
 //
-// Accuracy: q, k, h_c and P are split into hi + lo parts in T and multiplied as
-// hi hi + hi lo + lo hi (chunked_prepare.cuh says why); v_new arrives already rounded to T.
-// (CPU emulation against the float64 reference, bf16: o 2.1e-3 - 2.3e-3 relative RMS with the
-// splits, 3.2e-3 - 3.7e-3 without.)
+// q's and k's raw rows (exact in T) and the chunk's v_new rows arrive by cp.async; the in-kernel
+// L2 norm is applied in fp32 outside the products: P_ij = scale rstd_qi rstd_kj exp(G_i - G_j)
+// (q_raw k_raw^T)_ij, and the row factor scale exp(G_i) rstd_qi multiplies (q_raw h_c)_i. P stays
+// in registers (accumulators -> A fragments, split hi + lo); h_c (fp32) is split hi + lo into
+// shared memory once per slice and read by ldmatrix.trans, like v_new; q by ldmatrix. So every
+// product keeps ~fp32 operands except v_new, which stage 2 stores in T.
 #pragma once
 
 #include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
 #include "chunked_rows.cuh"
+#include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-constexpr int kOutputCols = 64;  // value columns per stage-3 block
+constexpr int kOutputCols = 64;  // value columns per block of the KDA output stage; per slice of stage 3
 
-// Region `state` holds h_c (hi, lo) for q h_c, then P (hi, lo) and the v_new slice: the second
-// use begins after a block barrier. K = V = 128: 107 KiB (two blocks per SM).
+// Region `keys` holds k's rows for P, then the h_c slice (hi, lo): the second use begins after a
+// block barrier. v_new's tile is V + 8 wide (a runtime size). K = V = 128: 71 KiB (three blocks
+// per SM).
 template <typename T, int KMAX>
 struct OutputSmem {
-  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDV = kOutputCols + 8, LDP = C + 8;
-  static constexpr int64_t kStateBytes = (2 * KMAX * LDV > 2 * C * LDP + C * LDV ? 2 * KMAX * LDV
-                                                                                : 2 * C * LDP + C * LDV) *
-                                         static_cast<int64_t>(sizeof(T));
-  T* qs;     // [C][LDK] q (normalized), hi part
-  T* qs_lo;  // [C][LDK]
-  T* ks;     // [C][LDK] k (normalized), hi part
-  T* ks_lo;  // [C][LDK]
-  T* hs;     // [KMAX][LDV] h_c slice, hi part       } region `state`
-  T* hs_lo;  // [KMAX][LDV]                          }
-  T* P;      // [C][LDP] hi part (aliases hs)        }
-  T* P_lo;   // [C][LDP]                             }
-  T* vn;     // [C][LDV] v_new slice                 }
-  float* G;  // [C]
-  static constexpr int64_t bytes() { return sizeof(T) * 4 * C * LDK + kStateBytes + sizeof(float) * C; }
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDH = kOutputCols + 8;
+  static constexpr int64_t kKeyBytes = sizeof(T) * C * LDK, kStateBytes = sizeof(T) * 2 * KMAX * LDH;
+  static constexpr int64_t kRegionBytes = kKeyBytes > kStateBytes ? kKeyBytes : kStateBytes;
+  static constexpr int64_t kFixedBytes = kKeyBytes + kRegionBytes + sizeof(float) * 4 * C;
+  static_assert(kFixedBytes % 16 == 0 && kKeyBytes % 16 == 0, "16-byte aligned tiles");
+  T* q;            // [C][LDK] q rows, raw
+  T* k;            // [C][LDK] k rows, raw                   } region `keys`
+  T* hs;           // [KMAX][LDH] h_c slice, hi part         }
+  T* hs_lo;        // [KMAX][LDH] lo part                     }
+  float* G;        // [C]
+  float* rowscale;  // [C] scale exp(G_i) rstd_qi
+  float* pscale;   // [C] scale rstd_qi
+  float* rstd_k;   // [C]
+  T* vn;           // [C][V + 8] v_new rows
+
+  __host__ __device__ static int ldv(int64_t V) { return static_cast<int>(V) + 8; }
+  __host__ __device__ static int64_t bytes(int64_t V) { return kFixedBytes + sizeof(T) * C * ldv(V); }
   __device__ explicit OutputSmem(unsigned char* raw) {
-    qs = reinterpret_cast<T*>(raw);
-    qs_lo = qs + C * LDK;
-    ks = qs_lo + C * LDK;
-    ks_lo = ks + C * LDK;
-    hs = ks_lo + C * LDK;
-    hs_lo = hs + KMAX * LDV;
-    P = hs;
-    P_lo = P + C * LDP;
-    vn = P_lo + C * LDP;
-    G = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(hs) + kStateBytes);
+    q = reinterpret_cast<T*>(raw);
+    k = reinterpret_cast<T*>(raw + kKeyBytes);
+    hs = k;
+    hs_lo = hs + KMAX * LDH;
+    G = reinterpret_cast<float*>(raw + kKeyBytes + kRegionBytes);
+    rowscale = G + C;
+    pscale = rowscale + C;
+    rstd_k = pscale + C;
+    vn = reinterpret_cast<T*>(raw + kFixedBytes);
   }
 };
 
@@ -61,104 +67,159 @@ __device__ __forceinline__ void store_split(float x, T* hi, T* lo) {
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs a) {
   using S = OutputSmem<T, KMAX>;
-  constexpr int C = kChunkSize, LDK = S::LDK, LDV = S::LDV, LDP = S::LDP, NT = kOutputCols / 8;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kOutputCols;
   const ChunkInfo ci = a.chunks[c];
-  const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
+  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);
+  const int ldv = S::ldv(a.V);
 
+  // q, k rows (group 0); v_new rows (group 1).
+  view_rows_async<T, kChunkThreads>(a.q, ci, head, KMAX, key_rows_vectorizable(a.q), sm.q, LDK);
+  view_rows_async<T, kChunkThreads>(a.k, ci, head, KMAX, key_rows_vectorizable(a.k), sm.k, LDK);
+  mma::cp_async_commit();
+  const T* v_new = static_cast<const T*>(a.v_new);
+  for (int c0 = 0; c0 < a.V; c0 += 64)
+    intermediate_tile_async<T, 64, kChunkThreads>(v_new, row0, a.HV, hv, a.V, c0, L, sm.vn + c0, ldv);
+  mma::cp_async_commit();
   if (tid < C) sm.G[tid] = (a.G && tid < L) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
-  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
-    store_split<T>(x, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
-  });
-  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) {
-    store_split<T>(x, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
-  });
-  const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
-  for (int e = tid; e < KMAX * kOutputCols; e += kChunkThreads) {
-    const int d = e / kOutputCols, col = e % kOutputCols;
-    store_split<T>(hc[d * a.V + col0 + col], &sm.hs[d * LDV + col], &sm.hs_lo[d * LDV + col]);
+  mma::cp_async_wait<1>();
+  __syncthreads();
+  {
+    const float rq = tile_row_rstd<T, KMAX, kChunkThreads>(sm.q, LDK, a.l2norm);
+    const float rk = tile_row_rstd<T, KMAX, kChunkThreads>(sm.k, LDK, a.l2norm);
+    constexpr int kLanes = kChunkThreads / C;
+    if (tid % kLanes == 0) {
+      const int j = tid / kLanes;
+      sm.rstd_k[j] = rk;
+      sm.pscale[j] = a.scale * rq;
+      sm.rowscale[j] = a.scale * rq * expf(sm.G[j]);  // exp(G_j) <= 1 for g <= 0
+    }
   }
   __syncthreads();
 
-  // o = exp(G_i) (q h_c)_i, then P = q k^T in registers.
-  float acc[NT][4] = {};
-  float pacc[8][4] = {};
+  // P (this warp's 16 rows) on raw q, k; column tiles right of the diagonal block are zero.
+  const int g = mma::grp(), i0 = 16 * wp + g;  // this thread's rows i0, i0 + 8
+  const T* qrow = sm.q + (16 * wp + (lane & 15)) * LDK + 8 * (lane >> 4);  // A tiles (rows +0/+8, cols +0/+8)
+  uint32_t ph[4][4], pl[4][4];
+  {
+    float pacc[8][4] = {};
+    const T* krow = sm.k + (8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
 #pragma unroll
-  for (int kk = 0; kk < KMAX; kk += 16) {
-    uint32_t qh[4], ql[4];
-    mma::frag_a(sm.qs, LDK, 16 * wp, kk, qh);
-    mma::frag_a(sm.qs_lo, LDK, 16 * wp, kk, ql);
+    for (int ks = 0; ks < KMAX / 16; ++ks) {
+      uint32_t af[4];
+      mma::ldmatrix_x4<false>(af, qrow + 16 * ks);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t bh[2], bl[2];
-      mma::frag_b(sm.hs, LDV, kk, 8 * nt, bh);
-      mma::frag_b(sm.hs_lo, LDV, kk, 8 * nt, bl);
-      mma::mma16816<T>(acc[nt], qh, bh);
-      mma::mma16816<T>(acc[nt], ql, bh);
-      mma::mma16816<T>(acc[nt], qh, bl);
+      for (int np = 0; np < 4; ++np) {
+        if (np > wp) continue;
+        uint32_t b[4];
+        mma::ldmatrix_x4<false>(b, krow + 16 * np * LDK + 16 * ks);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(pacc[2 * np], af, b0);
+        mma::mma16816<T>(pacc[2 * np + 1], af, b1);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+        // exp(G_i - G_j) with j <= i < L only (bounded by 1 for g <= 0).
+        pacc[nt][e] = j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * pacc[nt][e] : 0.f;
+      }
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) mma::acc_to_a_split<T>(pacc[2 * kb], pacc[2 * kb + 1], ph[kb], pl[kb]);
+  }
+  const float rs0 = sm.rowscale[i0], rs1 = sm.rowscale[i0 + 8];
+  mma::cp_async_wait<0>();  // v_new rows
+  __syncthreads();          // everyone's; every warp is done with k: the region takes h_c
+
+  // The o view's element pairs (columns 2 tig, 2 tig + 1) can be stored as one 32-bit word.
+  const bool o_pairs = !a.o.f32 && (reinterpret_cast<uintptr_t>(a.o.p) & 3) == 0 && a.o.s3 == 1 && a.o.s0 % 2 == 0 &&
+                       a.o.s1 % 2 == 0 && a.o.s2 % 2 == 0;
+  const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
+  for (int c0 = 0; c0 < a.V; c0 += kOutputCols) {
+    if (c0 > 0) __syncthreads();  // the previous slice's readers of hs are done
+    {
+      // h_c[:, c0 + [0, 64)] -> hs (hi, lo): KMAX x 16 float4 pieces, all loads issued first.
+      constexpr int kIters = KMAX * 16 / kChunkThreads;
+      float4 x[kIters];
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int e = tid + it * kChunkThreads, d = e / 16, p = e % 16;
+        x[it] = *reinterpret_cast<const float4*>(hc + d * a.V + c0 + 4 * p);
+      }
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int e = tid + it * kChunkThreads, d = e / 16, p = e % 16;
+        uint32_t h0, l0, h1, l1;
+        mma::split_pair<T>(x[it].x, x[it].y, h0, l0);
+        mma::split_pair<T>(x[it].z, x[it].w, h1, l1);
+        *reinterpret_cast<uint2*>(sm.hs + d * LDH + 4 * p) = make_uint2(h0, h1);
+        *reinterpret_cast<uint2*>(sm.hs_lo + d * LDH + 4 * p) = make_uint2(l0, l1);
+      }
+    }
+    __syncthreads();
+
+    // o = rowscale (q h_c) + P v_new on this slice.
+    float acc[8][4] = {};
+    const int tr = 8 * ((lane >> 3) & 1) + (lane & 7), tc = 8 * (lane >> 4);  // .trans tile row / column
+#pragma unroll
+    for (int ks = 0; ks < KMAX / 16; ++ks) {
+      uint32_t af[4];
+      mma::ldmatrix_x4<false>(af, qrow + 16 * ks);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bh[4], bl[4];
+        mma::ldmatrix_x4<true>(bh, sm.hs + (16 * ks + tr) * LDH + 16 * np + tc);
+        mma::ldmatrix_x4<true>(bl, sm.hs_lo + (16 * ks + tr) * LDH + 16 * np + tc);
+        const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
+                       bl1[2] = {bl[2], bl[3]};
+        mma::mma16816<T>(acc[2 * np], af, bh0);
+        mma::mma16816<T>(acc[2 * np], af, bl0);
+        mma::mma16816<T>(acc[2 * np + 1], af, bh1);
+        mma::mma16816<T>(acc[2 * np + 1], af, bl1);
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      if (nt > 2 * wp + 1) continue;  // tiles right of the warp's diagonal block are masked anyway
-      uint32_t bh[2], bl[2];
-      mma::frag_b_trans(sm.ks, LDK, kk, 8 * nt, bh);
-      mma::frag_b_trans(sm.ks_lo, LDK, kk, 8 * nt, bl);
-      mma::mma16816<T>(pacc[nt], qh, bh);
-      mma::mma16816<T>(pacc[nt], ql, bh);
-      mma::mma16816<T>(pacc[nt], qh, bl);
+      acc[nt][0] *= rs0;
+      acc[nt][1] *= rs0;
+      acc[nt][2] *= rs1;
+      acc[nt][3] *= rs1;
     }
-  }
-  const float eg_lo = expf(sm.G[16 * wp + mma::grp()]), eg_hi = expf(sm.G[16 * wp + mma::grp() + 8]);
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    acc[nt][0] *= eg_lo;
-    acc[nt][1] *= eg_lo;
-    acc[nt][2] *= eg_hi;
-    acc[nt][3] *= eg_hi;
-  }
-  __syncthreads();  // every warp is done with h_c: P and v_new take its place
-
-  // P = Lower(q k^T exp(G_i - G_j)) as hi + lo; the v_new slice (zeros past L).
+    for (int kb = 0; kb < 4; ++kb) {
+      if (kb > wp) continue;  // P is lower triangular
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-      // exp(G_i - G_j) with j <= i < L only (rows past L hold G = 0 and are never stored).
-      const float p = i >= j && i < L ? pacc[nt][e] * expf(sm.G[i] - sm.G[j]) : 0.f;
-      store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        mma::ldmatrix_x4<true>(b, sm.vn + (16 * kb + tr) * ldv + c0 + 16 * np + tc);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(acc[2 * np], ph[kb], b0);
+        mma::mma16816<T>(acc[2 * np], pl[kb], b0);
+        mma::mma16816<T>(acc[2 * np + 1], ph[kb], b1);
+        mma::mma16816<T>(acc[2 * np + 1], pl[kb], b1);
+      }
     }
-  const T* v_new = static_cast<const T*>(a.v_new);
-  for (int e = tid; e < C * kOutputCols; e += kChunkThreads) {
-    const int r = e / kOutputCols, col = e % kOutputCols;
-    sm.vn[r * LDV + col] = r < L ? v_new[((row0 + r) * a.HV + hv) * a.V + col0 + col] : from_f<T>(0.f);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = i0 + 8 * half;
+        if (i >= L) continue;
+        const int64_t at = off4(a.o, ci.b, ci.t0 + i, hv, c0 + 8 * nt + 2 * mma::tig());
+        const float x0 = acc[nt][2 * half], x1 = acc[nt][2 * half + 1];
+        if (o_pairs) {
+          *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o.p) + at) = mma::pack_floats<T>(x0, x1);
+        } else {
+          store_elem<T>(a.o, at, x0);
+          store_elem<T>(a.o, at + a.o.s3, x1);
+        }
+      }
   }
-  __syncthreads();
-
-  // o += P v_new (P is lower triangular: column blocks kb <= wp only); o = scale * o.
-  for (int kb = 0; kb <= wp; ++kb) {
-    uint32_t ph[4], pl[4];
-    mma::frag_a(sm.P, LDP, 16 * wp, 16 * kb, ph);
-    mma::frag_a(sm.P_lo, LDP, 16 * wp, 16 * kb, pl);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t bf[2];
-      mma::frag_b(sm.vn, LDV, 16 * kb, 8 * nt, bf);
-      mma::mma16816<T>(acc[nt], ph, bf);
-      mma::mma16816<T>(acc[nt], pl, bf);
-    }
-  }
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
-      if (i < L) store_elem<T>(a.o, off4(a.o, ci.b, ci.t0 + i, hv, col0 + col), a.scale * acc[nt][e]);
-    }
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

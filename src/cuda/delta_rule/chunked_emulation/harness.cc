@@ -155,7 +155,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4>(a); }, 128);
   else
     launch(N, HV, V / 32, [&] { dr::chunk_state_kernel<TT, KM, 2>(a); }, 64);
-  launch(NC, HV, V / 64, [&] { dr::chunk_output_kernel<TT, KM>(a); });
+  launch(NC, HV, 1, [&] { dr::chunk_output_kernel<TT, KM>(a); });
   // Backward stage B1.
   Buf bdo(dt, dout.size()), bdht(DType::f32, dht.size()), bdh(DType::f32, std::max<int64_t>(NC,1)*HV*K*V),
       bdvn(DType::f32, rows*HV*V), bdh0(DType::f32, N*HV*K*V);
