@@ -17,6 +17,8 @@
 // sequence's columns, nor the uninitialized gap between sequences (0 * NaN would poison P V).
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "fp8_fragments.cuh"
@@ -34,7 +36,6 @@ FLASHGRAD_FP8_HD int64_t vt_columns(bool varlen, int64_t num_seqs, int64_t seqle
   return varlen ? round_up_box(total_k) + kVtBoxKeys * num_seqs : num_seqs * round_up_box(seqlen_k);
 }
 
-#if defined(__CUDACC__)
 template <int D>
 constexpr int vt_transpose_smem_bytes() {
   return kVtBoxKeys * (D + 4);  // +4: the rows do not all start in the same bank
@@ -79,6 +80,5 @@ __global__ void fp8w_transpose_v_kernel(const Fp8KernelParams fp, int key_blocks
         make_uint4(words[0], words[1], words[2], words[3]);
   }
 }
-#endif
 
 }  // namespace flashgrad::cuda_attn::fp8w
