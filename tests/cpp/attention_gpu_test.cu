@@ -659,6 +659,11 @@ TEST(AttentionGpu, BackwardLongWalks) {
   c.sq = 333;
   c.sk = 517;
   check_case(named("gqa 4/2 none d64 f16 Sq=333 Sk=517", c));
+  // varlen at D = 64 (128-query tiles running into the next sequence, empty sequences), causal.
+  c.lens_q = {300, 0, 129, 5, 200};
+  c.lens_k = {300, 0, 260, 0, 64};
+  c.mask = MaskKind::causal;
+  check_case(named("varlen gqa 4/2 causal d64 f16", c));
 }
 
 // The mma.sync backward stays reachable (FLASHGRAD_ATTN_BACKWARD=legacy, and for head dim 256):

@@ -1,7 +1,7 @@
 // Host side of the wgmma backward: the TMA tensor maps of q, k, v, dO, the grid, the launch.
 // Grid: x = sequence * key blocks (key block fastest, so under a causal mask the heaviest blocks,
 // the first ones, start first), y = kv head. 128 keys per CTA, one CTA per SM (~200 KB of shared
-// memory at D = 128).
+// memory).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,7 +47,9 @@ bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf
   if (batches == 0 || rows_q == 0 || rows_k == 0) return false;
   CUtensorMap mq, mk, mv, mdo;
   WgmmaBackwardAxes axes;
-  constexpr int kQRows = WgmmaBackwardConfig<128>::kBlockM, kKRows = WgmmaBackwardConfig<128>::kBlockN;
+  const int kQRows = head_dim == 64 ? WgmmaBackwardConfig<64>::kBlockM : WgmmaBackwardConfig<128>::kBlockM;
+  constexpr int kKRows = WgmmaBackwardConfig<128>::kBlockN;
+  static_assert(WgmmaBackwardConfig<64>::kBlockN == kKRows, "one key box for both head dims");
   if (!make_tma_map_16bit(&mq, p.q, p.q_st, rows_q, p.heads_q, batches, head_dim, bf16, kQRows, &axes.q_rows_inner) ||
       !make_tma_map_16bit(&mdo, p.dout, p.dout_st, rows_q, p.heads_q, batches, head_dim, bf16, kQRows,
                           &axes.do_rows_inner) ||

@@ -1,27 +1,27 @@
 // Softmax attention backward for Hopper: wgmma tensor cores fed by TMA, warp-specialized.
 //
 // One CTA = one block of kBlockN = 128 keys of one (sequence, kv head); it walks the (query head of
-// the group, query block of 64) tiles the mask does not rule out (QueryWalk, as the mma.sync
+// the group, query block of kBlockM = 64, or 128 at D = 64) tiles the mask does not rule out (QueryWalk, as the mma.sync
 // backward), keeping dK and dV of its keys in registers over the whole walk (GQA sums without
 // atomics). Three warpgroups of 128 threads:
 //   warpgroup 0, the producer, three busy warps:
 //     warp 0 (one thread): TMA loads: K and V of the key block once, then Q and dO of each tile
 //       into a ring of kStages slots ("q full" mbarriers count the bytes; "q empty" ones are
 //       released by the consumers);
-//     warp 1: the tile's 64 lse (log2 units) and shift = rowsum(dO * O) - dLSE - z lse values
+//     warp 1: the tile's kBlockM lse (log2 units) and shift = rowsum(dO * O) - dLSE - z lse values
 //       into shared memory beside the slot (+inf / 0 for rows past the sequence: P = 0 there);
-//     warp 2: the dQ reduction: once the consumers have put the tile's dQ (fp32, 64 x D) into
+//     warp 2: the dQ reduction: once the consumers have put the tile's dQ (fp32, kBlockM x D) into
 //       shared memory, one bulk reduce-add per valid row into the fp32 dq accumulator in global
 //       memory (cp.reduce.async.bulk: no per-element atomics), then frees the staging buffer;
 //   warpgroups 1 and 2, the consumers: each owns 64 of the block's keys. Per tile, with wgmma
 //     (M = 64 keys per warpgroup, accumulators in registers):
-//       S^T  = K Q^T          (A = K, B = Q, both K-major from shared memory; N = 64 queries)
+//       S^T  = K Q^T          (A = K, B = Q, both K-major from shared memory; N = kBlockM queries)
 //       dP^T = V dO^T         (same shapes)
 //       P^T  = exp2(S^T scale log2e - lse)     dS^T = P^T (dP^T - shift) softcap'(S)
 //       dV  += P^T dO         (A = P^T from registers, B = dO MN-major: K dim = queries)
 //       dK  += dS^T Q         (A = dS^T from registers, B = Q MN-major)
-//       dS^T -> shared memory (bf16 / fp16, 128 keys x 64 queries, two buffers); then
-//       dQ(64 x D/2, this warpgroup's half of the columns) = dS K
+//       dS^T -> shared memory (bf16 / fp16, 128 keys x kBlockM queries, two buffers); then
+//       dQ(kBlockM x D/2, this warpgroup's half of the columns) = dS K
 //                             (A = dS read transposed from dS^T, B = K MN-major; K dim = 128 keys)
 //     dK (times the softmax scale) and dV are written once at the end.
 // In deterministic mode the kernel skips dQ; attention_dq_kernel computes it in a fixed order.
@@ -45,7 +45,10 @@ template <int D>
 struct WgmmaBackwardConfig {
   static_assert(D == 64 || D == 128, "dK and dV of 64 keys x D in registers: D <= 128");
   static constexpr int kBlockN = 128;  // keys per CTA: two consumer warpgroups of 64
-  static constexpr int kBlockM = 64;   // queries per tile
+  // Queries per tile: 64, or 128 at D = 64, where the products per tile are half as large and the
+  // per-tile fixed work (exp, dS^T store, barrier, dQ staging, handshakes) would dominate; S^T and
+  // dP^T then take 64 registers each beside dK and dV's 32.
+  static constexpr int kBlockM = D == 64 ? 128 : 64;
   static constexpr int kStages = 2;    // Q / dO / lse / shift ring
   static constexpr int kThreads = 384;
   static constexpr int kPanels = D / 64;  // 128-byte column panels per tile row
@@ -53,7 +56,9 @@ struct WgmmaBackwardConfig {
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kPanelBytesKV = kBlockN * 128;
   static constexpr int kPanelBytesQ = kBlockM * 128;
-  static constexpr int kDSBytes = kBlockN * kBlockM * 2;  // dS^T [128 keys][64 queries]
+  // dS^T as kBlockM / 64 panels of [128 keys][64 queries] (128-byte rows).
+  static constexpr int kDSPanelBytes = kBlockN * 128;
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;
   // dQ staging rows padded by 8 floats: the consumers' float2 stores (8 rows x 4 column pairs per
   // half warp) then hit 32 distinct banks; 16-byte aligned rows for the bulk reduction.
   static constexpr int kDqRowFloats = D + 8;
@@ -74,8 +79,11 @@ struct WgmmaBackwardConfig {
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
   static_assert(kOffDS % 1024 == 0 && kDSBytes % 1024 == 0, "dS^T buffers on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
-  static constexpr int kConsumerRegs = 232;
-  static constexpr int kProducerRegs = 40;
+  // setmaxnreg split of the 64K registers (consumers x 256 + producer x 128 threads): at D = 64 the
+  // 128-query tiles need 240 per consumer thread (S^T, dP^T, dK, dV alone are 192; ptxas still
+  // spills 32 bytes of loop state), and the producer's walk fits in 32.
+  static constexpr int kConsumerRegs = D == 64 ? 240 : 232;
+  static constexpr int kProducerRegs = D == 64 ? 32 : 40;
 };
 
 struct WgmmaBackwardAxes {
@@ -90,12 +98,17 @@ __device__ __forceinline__ BackwardTile backward_tile(const QueryWalk& walk, int
   return {hk * group + it / walk.num_mb, (it % walk.num_mb) * bm};
 }
 
-// P^T and dS^T of one warpgroup's 64 keys x 64 queries, in place of S^T (s) and dP^T (dp).
-// Accumulator element e = 4 i + 2 r + c sits at key row 16 warp + g + 8 r of the warpgroup's 64 and
-// query column 8 i + 2 t + c of the tile. kGeneral: per-element mask and softcap; otherwise a full
+// P^T and dS^T of one warpgroup's 64 keys x BM queries from S^T (s) and dP^T (dp), straight into
+// 16-bit A fragments (pa, pds: 16 queries = two 8-column accumulator chunks per k step), each chunk
+// packed as soon as it is computed so that the fp32 scores die early (at D = 64, BM = 128, S^T and
+// dP^T alone take 128 registers). Accumulator element e = 4 i + 2 r + c sits at key row
+// 16 warp + g + 8 r of the warpgroup's 64 and query column 8 i + 2 t + c of the tile; it lands in
+// word pa[i / 2][2 (i % 2) + r], half c. kGeneral: per-element mask and softcap; otherwise a full
 // tile without softcap (raw S, scale folded into the exponent).
-template <bool kGeneral>
-__device__ __forceinline__ void backward_scores(float (&s)[32], float (&dp)[32], const float* lse, const float* shift,
+template <bool kGeneral, int BM, typename Ops>
+__device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const float (&dp)[BM / 2],
+                                                uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
+                                                const float* lse, const float* shift,
                                                 const AttentionKernelParams& p, const SequenceView& sv,
                                                 const MaskView& mask, int key0, int m0, int t) {
   const float scale_log2 = p.scale * kLog2e;
@@ -110,11 +123,12 @@ __device__ __forceinline__ void backward_scores(float (&s)[32], float (&dp)[32],
     }
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < BM / 8; ++i) {
     const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
     const float2 sh = *reinterpret_cast<const float2*>(shift + 8 * i + 2 * t);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      float pr2[2], ds2[2];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int e = 4 * i + 2 * r + c;
@@ -133,11 +147,22 @@ __device__ __forceinline__ void backward_scores(float (&s)[32], float (&dp)[32],
         } else {
           pr = fast_exp2(s[e] * scale_log2 - lq);
         }
-        s[e] = pr;
-        dp[e] = pr * (dp[e] - shq) * factor;
+        pr2[c] = pr;
+        ds2[c] = pr * (dp[e] - shq) * factor;
       }
+      pa[i / 2][2 * (i % 2) + r] = Ops::pack(pr2[0], pr2[1]);
+      pds[i / 2][2 * (i % 2) + r] = Ops::pack(ds2[0], ds2[1]);
     }
   }
+}
+
+// Keeps A-fragment registers alive (unmodified) until here: wgmma reads them asynchronously.
+template <int KK>
+__device__ __forceinline__ void pin_fragments(uint32_t (&a)[KK][4], uint32_t (&b)[KK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[kk][q]), "+r"(b[kk][q])::"memory");
 }
 
 template <typename T, int D>
@@ -241,8 +266,8 @@ __global__ void __launch_bounds__(384, 1)
         const int slot = j % ST;
         sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = lane + 32 * half;
+        for (int part = 0; part < BM / 32; ++part) {
+          const int r = lane + 32 * part;
           const bool valid = tile.m0 + r < sv.len_q;
           const int64_t idx = static_cast<int64_t>(tile.h) * p.total_q + sv.scratch_row0 + tile.m0 + r;
           lse_s[slot * BM + r] = valid ? p.lse_log2[idx] : INFINITY;
@@ -256,8 +281,8 @@ __global__ void __launch_bounds__(384, 1)
         const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
         sm90::mbar_wait(bar_dq_full, j & 1);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = lane + 32 * half;
+        for (int part = 0; part < BM / 32; ++part) {
+          const int r = lane + 32 * part;
           if (tile.m0 + r < sv.len_q) {
             // dq_accum is [total_q, Hq, D] fp32: row (scratch row, head) holds D contiguous floats.
             float* dst = p.dq_accum + ((sv.scratch_row0 + tile.m0 + r) * p.heads_q + tile.h) * static_cast<int64_t>(D);
@@ -290,8 +315,6 @@ __global__ void __launch_bounds__(384, 1)
     sm90::mbar_wait(bar_kv_full, 0);
     int j = 0;
     for (int it = first; it >= 0; ++j) {
-      int next_cls = kTileEmpty;
-      const int next = walk.next(mask, it + 1, n0, n0 + BN, BM, next_cls);
       const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
       const int slot = j % ST;
       const uint32_t phase = (j / ST) & 1;
@@ -299,20 +322,20 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_wait(bar_q_full + 8 * slot, phase);
 
       // S^T = K Q^T and dP^T = V dO^T: two groups, so P^T can start while dP^T still runs.
-      float s[32], dp[32];
+      float s[BM / 2], dp[BM / 2];
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t a = sK + (kk / 4) * Cfg::kPanelBytesKV + cw * 64 * 128 + (kk % 4) * 32;
         const uint32_t b = q_slot + (kk / 4) * Cfg::kPanelBytesQ + (kk % 4) * 32;
-        sm90::wgmma_ss_n64<T>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+        sm90::wgmma_ss<T, BM>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
       }
       sm90::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t a = sV + (kk / 4) * Cfg::kPanelBytesKV + cw * 64 * 128 + (kk % 4) * 32;
         const uint32_t b = do_slot + (kk / 4) * Cfg::kPanelBytesQ + (kk % 4) * 32;
-        sm90::wgmma_ss_n64<T>(dp, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
+        sm90::wgmma_ss<T, BM>(dp, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
       }
       sm90::wgmma_commit();
       sm90::mbar_wait(bar_ls_full + 8 * slot, phase);
@@ -321,21 +344,11 @@ __global__ void __launch_bounds__(384, 1)
       sm90::pin_registers(dp);
       const float* lse = lse_s + slot * BM;
       const float* shift = shift_s + slot * BM;
+      uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
       if (cls == kTileFull && short_path_ok)
-        backward_scores<false>(s, dp, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
+        backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
       else
-        backward_scores<true>(s, dp, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
-
-      // P^T and dS^T as 16-bit A fragments: 16 queries = two 8-column accumulator chunks.
-      uint32_t pa[BM / 16][4], pds[BM / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          pa[kk][q] = Ops::pack(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
-          pds[kk][q] = Ops::pack(dp[8 * kk + 2 * q], dp[8 * kk + 2 * q + 1]);
-        }
-      }
+        backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
       // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim).
       sm90::wgmma_fence();
 #pragma unroll
@@ -347,50 +360,60 @@ __global__ void __launch_bounds__(384, 1)
       sm90::wgmma_commit();
 
       if (with_dq) {
-        // dS^T into buffer j % 2 as [key][query] with the 128-byte swizzle: key row R = key_row (+8),
-        // queries 8 i + 2t (+1) sit in 16-byte chunk i of the row, stored at chunk i ^ (R % 8) = i ^ g.
-        // The buffer was last read by the dQ products of tile j - 2, which both warpgroups had
-        // waited for before the barrier of tile j - 1.
+        // dS^T into buffer j % 2 as [query panel of 64][key][query] with the 128-byte swizzle: key row
+        // R = key_row (+8), queries 8 i + 2t (+1) sit in panel i / 8, 16-byte chunk i % 8 of the row,
+        // stored at chunk (i % 8) ^ (R % 8) = (i % 8) ^ g. The buffer was last read by the dQ products
+        // of tile j - 2, which both warpgroups had waited for before the barrier of tile j - 1.
         const uint32_t ds_buf = sDS + (j & 1) * Cfg::kDSBytes;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < BM / 8; ++i) {
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const uint32_t addr = ds_buf + (key_row + 8 * r) * 128 + ((i ^ g) << 4) + 4 * t4;
+            const uint32_t addr =
+                ds_buf + (i / 8) * Cfg::kDSPanelBytes + (key_row + 8 * r) * 128 + (((i % 8) ^ g) << 4) + 4 * t4;
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pds[i / 2][2 * (i & 1) + r]) : "memory");
           }
         }
         sm90::fence_proxy_async_shared();
         sm90::named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in place
 
-        // dQ[64 queries x D/2 columns of this warpgroup] = dS K over the block's 128 keys.
-        constexpr int kDqCols = D / 2;
-        float dq[kDqCols / 2];
+        // dQ[BM queries x D/2 columns of this warpgroup] = dS K over the block's 128 keys, one
+        // 64-query M tile (one dS^T panel) at a time.
+        constexpr int kDqCols = D / 2, MT = BM / 64;
+        float dq[MT][kDqCols / 2];
         sm90::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-          const uint32_t a = ds_buf + kk * 16 * 128;
-          // Column cw * D/2 of K: a panel of its own at D = 128, 64 bytes into the rows at D = 64.
-          const uint32_t b = sK + (D == 128 ? cw * Cfg::kPanelBytesKV : cw * 64) + kk * 16 * 128;
-          sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(a, Cfg::kPanelBytesQ, 1024),
-                                        sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint32_t a = ds_buf + mt * Cfg::kDSPanelBytes + kk * 16 * 128;
+            // Column cw * D/2 of K: a panel of its own at D = 128, 64 bytes into the rows at D = 64.
+            const uint32_t b = sK + (D == 128 ? cw * Cfg::kPanelBytesKV : cw * 64) + kk * 16 * 128;
+            sm90::wgmma_ss_tt<T, kDqCols>(dq[mt], sm90::smem_desc(a, Cfg::kDSPanelBytes, 1024),
+                                          sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
+          }
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
-        sm90::pin_registers(dq);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) sm90::pin_registers(dq[mt]);
+        pin_fragments(pa, pds);  // the tensor cores read them until now
         sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
 
         // dQ into the staging buffer once the reducer has read the previous tile's.
         sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
-        const int qrow = warp_in_wg * 16 + g;
 #pragma unroll
-        for (int i = 0; i < kDqCols / 8; ++i)
+        for (int mt = 0; mt < MT; ++mt) {
+          const int qrow = mt * 64 + warp_in_wg * 16 + g;
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
-                make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+          for (int i = 0; i < kDqCols / 8; ++i)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
+                  make_float2(dq[mt][4 * i + 2 * r], dq[mt][4 * i + 2 * r + 1]);
+        }
         sm90::fence_proxy_async_shared();
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(bar_dq_full);
@@ -398,14 +421,11 @@ __global__ void __launch_bounds__(384, 1)
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
+        pin_fragments(pa, pds);
         sm90::mbar_arrive(bar_q_empty + 8 * slot);
       }
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(pa[kk][q]), "+r"(pds[kk][q])::"memory");
-      it = next;
-      cls = next_cls;
+      // Found after the tile, not before: nothing of the walk stays live through the products.
+      it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
     }
   }
 
