@@ -11,10 +11,14 @@
 //      tile written by the kernel's own transpose (key permutation, zero fill past the sequence).
 // Small integer operands: every product and sum is exact whatever the tensor cores' alignment, so
 // results compare exactly. Fresh random inputs per run; outputs poisoned before each launch.
+// They run only with FLASHGRAD_TEST_FP8W_PROBES=1 (tools/gpu-extra/fp8w.sh sets it, in a process of
+// their own): until the hardware has confirmed the layouts, a wrong descriptor could leave a sticky
+// CUDA error that would fail every later test of the GPU test binary.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -157,6 +161,14 @@ void small_ints(std::mt19937& rng, std::vector<uint8_t>& code, std::vector<float
 
 constexpr int kProbeSmem = 2 * 128 * 128 + 1024;
 
+#define REQUIRE_FP8W_PROBES()                                                                        \
+  do {                                                                                               \
+    REQUIRE_GPU();                                                                                   \
+    const char* on_ = std::getenv("FLASHGRAD_TEST_FP8W_PROBES");                                     \
+    if (on_ == nullptr || std::strcmp(on_, "1") != 0)                                                \
+      GTEST_SKIP() << "FP8 wgmma layout probes run with FLASHGRAD_TEST_FP8W_PROBES=1 (fp8w.sh)";     \
+  } while (0)
+
 template <int N, int RB = 128>
 void check_ss(int a_row0, int b_row0) {
   std::mt19937 rng(std::random_device{}());
@@ -183,7 +195,7 @@ void check_ss(int a_row0, int b_row0) {
 }
 
 TEST(Fp8WgmmaProbe, SharedMemoryOperandsKMajor) {
-  REQUIRE_GPU();
+  REQUIRE_FP8W_PROBES();
   check_ss<128>(0, 0);   // D = 128: first consumer warpgroup
   check_ss<128>(64, 0);  // second consumer warpgroup (+8192 bytes)
   check_ss<64>(0, 0);    // D = 256: 64-key sub-blocks of a 128-key K tile
@@ -193,7 +205,7 @@ TEST(Fp8WgmmaProbe, SharedMemoryOperandsKMajor) {
 // D = 64: Q / K rows of 64 bytes with SWIZZLE_64B (descriptor layout type 2, SBO 512), the second
 // consumer warpgroup's rows at +4096 bytes.
 TEST(Fp8WgmmaProbe, SharedMemoryOperands64ByteRows) {
-  REQUIRE_GPU();
+  REQUIRE_FP8W_PROBES();
   check_ss<128, 64>(0, 0);
   check_ss<128, 64>(64, 0);
 }
@@ -224,14 +236,14 @@ void check_rs(int b_row0, int ks) {
 }
 
 TEST(Fp8WgmmaProbe, RegisterAFragmentIsMmaSyncLayout) {
-  REQUIRE_GPU();
+  REQUIRE_FP8W_PROBES();
   for (int ks = 0; ks < 4; ++ks) check_rs<128>(0, ks);  // D = 128: one chunk of 128 dims
   check_rs<128>(128, 2);                               // second 128-dim chunk of a D = 256 tile
   check_rs<64>(192, 1);                                // D = 256 with 64-dim chunks: the last one
 }
 
 TEST(Fp8WgmmaProbe, PackedPTimesKernelTransposedV) {
-  REQUIRE_GPU();
+  REQUIRE_FP8W_PROBES();
   std::mt19937 rng(std::random_device{}());
   constexpr int kKeys = 100;  // < 128: the transpose must zero-fill columns 100..127
   std::uniform_int_distribution<int> pint(0, 15);

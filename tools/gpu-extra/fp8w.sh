@@ -37,7 +37,8 @@ if [ -n "$lib" ]; then
 fi
 if [ -n "$tests" ]; then
   echo "== fp8w: Fp8WgmmaProbe.* (layouts on the hardware)"
-  timeout -k 3 20 "$tests" --gtest_filter='Fp8WgmmaProbe.*' > "$OUT/extra/fp8w_probe.log" 2>&1
+  FLASHGRAD_TEST_FP8W_PROBES=1 timeout -k 3 20 "$tests" --gtest_filter='Fp8WgmmaProbe.*' \
+    > "$OUT/extra/fp8w_probe.log" 2>&1
   rc=$?
   show "$OUT/extra/fp8w_probe.log" 40
   status+=("Fp8WgmmaProbe.* rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_probe.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_probe.log") failed)")
