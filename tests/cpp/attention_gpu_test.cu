@@ -664,6 +664,17 @@ TEST(AttentionGpu, BackwardLongWalks) {
   c.lens_k = {300, 0, 260, 0, 64};
   c.mask = MaskKind::causal;
   check_case(named("varlen gqa 4/2 causal d64 f16", c));
+  // D = 256: 64-key blocks, the head dim split between the consumer warpgroups, dQ by atomics.
+  c.lens_q.clear();
+  c.lens_k.clear();
+  c.d = 256;
+  c.dtype = DType::bf16;
+  c.sq = 300;
+  c.sk = 333;
+  check_case(named("gqa 4/2 causal d256 bf16 Sq=300 Sk=333", c));
+  c.mask = MaskKind::none;
+  c.softcap = 20.f;
+  check_case(named("gqa 4/2 softcap d256 bf16 Sq=300 Sk=333", c));
 }
 
 // The mma.sync backward stays reachable (FLASHGRAD_ATTN_BACKWARD=legacy, and for head dim 256):
@@ -683,6 +694,11 @@ TEST(AttentionGpu, LegacyBackwardFallback) {
   c.lens_k = {53, 0, 130, 0, 64};
   c.mask = MaskKind::none;
   check_case(named("legacy backward varlen d64", c));
+  c.lens_q.clear();
+  c.lens_k.clear();
+  c.d = 256;
+  c.mask = MaskKind::causal;
+  check_case(named("legacy backward causal d256 (two passes)", c));
   unsetenv("FLASHGRAD_ATTN_BACKWARD");
 }
 

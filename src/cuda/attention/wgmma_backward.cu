@@ -1,7 +1,7 @@
 // Host side of the wgmma backward: the TMA tensor maps of q, k, v, dO, the grid, the launch.
 // Grid: x = sequence * key blocks (key block fastest, so under a causal mask the heaviest blocks,
-// the first ones, start first), y = kv head. 128 keys per CTA, one CTA per SM (~200 KB of shared
-// memory).
+// the first ones, start first), y = kv head. 128 keys per CTA (64 at D = 256), one CTA per SM
+// (~200 KB of shared memory).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,9 +37,10 @@ bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf
                            cudaStream_t stream) {
   const char* env = std::getenv("FLASHGRAD_ATTN_BACKWARD");
   if (env != nullptr && std::strcmp(env, "legacy") == 0) return false;
-  if (head_dim != 64 && head_dim != 128) return false;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
   // grid.x = sequences x key blocks must fit the 2^31 - 1 limit; grid.y (kv heads) 65535.
-  const int64_t nblocks = (p.seqlen_k + 127) / 128;
+  const int key_rows = head_dim == 256 ? WgmmaBackwardConfig<256>::kBlockN : WgmmaBackwardConfig<128>::kBlockN;
+  const int64_t nblocks = (p.seqlen_k + key_rows - 1) / key_rows;
   if (static_cast<int64_t>(p.num_seqs) * nblocks > 0x7fffffff || p.heads_k > 65535) return false;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t batches = varlen ? 1 : p.num_seqs;
@@ -47,9 +48,11 @@ bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf
   if (batches == 0 || rows_q == 0 || rows_k == 0) return false;
   CUtensorMap mq, mk, mv, mdo;
   WgmmaBackwardAxes axes;
-  const int kQRows = head_dim == 64 ? WgmmaBackwardConfig<64>::kBlockM : WgmmaBackwardConfig<128>::kBlockM;
-  constexpr int kKRows = WgmmaBackwardConfig<128>::kBlockN;
-  static_assert(WgmmaBackwardConfig<64>::kBlockN == kKRows, "one key box for both head dims");
+  const int kQRows = head_dim == 64    ? WgmmaBackwardConfig<64>::kBlockM
+                     : head_dim == 128 ? WgmmaBackwardConfig<128>::kBlockM
+                                       : WgmmaBackwardConfig<256>::kBlockM;
+  const int kKRows = key_rows;
+  static_assert(WgmmaBackwardConfig<64>::kBlockN == WgmmaBackwardConfig<128>::kBlockN, "one key box at D <= 128");
   if (!make_tma_map_16bit(&mq, p.q, p.q_st, rows_q, p.heads_q, batches, head_dim, bf16, kQRows, &axes.q_rows_inner) ||
       !make_tma_map_16bit(&mdo, p.dout, p.dout_st, rows_q, p.heads_q, batches, head_dim, bf16, kQRows,
                           &axes.do_rows_inner) ||
@@ -59,6 +62,9 @@ bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf
   if (head_dim == 64)
     bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, mdo, p, axes, stream)
          : launch<__half, 64>(mq, mk, mv, mdo, p, axes, stream);
+  else if (head_dim == 256)
+    bf16 ? launch<__nv_bfloat16, 256>(mq, mk, mv, mdo, p, axes, stream)
+         : launch<__half, 256>(mq, mk, mv, mdo, p, axes, stream);
   else
     bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, mdo, p, axes, stream)
          : launch<__half, 128>(mq, mk, mv, mdo, p, axes, stream);

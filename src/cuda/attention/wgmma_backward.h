@@ -12,7 +12,7 @@
 namespace flashgrad::cuda_attn {
 
 // Launches the wgmma backward (dK, dV, and dQ into p.dq_accum unless p.deterministic) and returns
-// true, or returns false (launching nothing) when it does not apply: head dim other than 64 / 128,
+// true, or returns false (launching nothing) when it does not apply: head dim other than 64 / 128 / 256,
 // a view TMA cannot describe, or FLASHGRAD_ATTN_BACKWARD=legacy in the environment (read at every
 // call, so one process can time both kernels). rows_k: the k / v tensors' token extent (Sk padded,
 // Tk varlen).

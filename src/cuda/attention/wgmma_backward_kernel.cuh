@@ -43,8 +43,17 @@ namespace flashgrad::cuda_attn {
 
 template <int D>
 struct WgmmaBackwardConfig {
-  static_assert(D == 64 || D == 128, "dK and dV of 64 keys x D in registers: D <= 128");
-  static constexpr int kBlockN = 128;  // keys per CTA: two consumer warpgroups of 64
+  static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
+  // kSplitD (D = 256): dK and dV of 64 keys x 256 columns do not fit one warpgroup's registers, so
+  // the CTA takes 64 keys and each consumer warpgroup owns half of the head dim (128 columns of dK,
+  // dV and dQ); both compute the same S^T and dP^T (the one product the halves cannot split
+  // without a shared-memory exchange: 4 of the 14 products per tile are this duplicate). dQ goes
+  // out by float2 atomics from registers: a 64 x 256 fp32 staging tile would not fit beside the
+  // 2-slot Q / dO ring.
+  static constexpr bool kSplitD = D == 256;
+  static constexpr int kBlockN = kSplitD ? 64 : 128;  // keys per CTA
+  static constexpr int kKeysPerWg = 64;               // M of the S^T / dP^T / dK / dV products
+  static constexpr int kColsPerWg = kSplitD ? D / 2 : D;  // columns of dK / dV per warpgroup
   // Queries per tile: 64, or 128 at D = 64, where the products per tile are half as large and the
   // per-tile fixed work (exp, dS^T store, barrier, dQ staging, handshakes) would dominate; S^T and
   // dP^T then take 64 registers each beside dK and dV's 32.
@@ -62,7 +71,7 @@ struct WgmmaBackwardConfig {
   // dQ staging rows padded by 8 floats: the consumers' float2 stores (8 rows x 4 column pairs per
   // half warp) then hit 32 distinct banks; 16-byte aligned rows for the bulk reduction.
   static constexpr int kDqRowFloats = D + 8;
-  static constexpr int kDqBytes = kBlockM * kDqRowFloats * 4;
+  static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * kDqRowFloats * 4;
   // Layout from a 1024-byte aligned base: K, V, Q ring, dO ring, dS^T x 2, dQ staging, lse ring,
   // shift ring, mbarriers.
   static constexpr int kOffK = 0;
@@ -82,7 +91,7 @@ struct WgmmaBackwardConfig {
   // setmaxnreg split of the 64K registers (consumers x 256 + producer x 128 threads): at D = 64 the
   // 128-query tiles need 240 per consumer thread (S^T, dP^T, dK, dV alone are 192; ptxas still
   // spills 32 bytes of loop state), and the producer's walk fits in 32.
-  static constexpr int kConsumerRegs = D == 64 ? 240 : 232;
+  static constexpr int kConsumerRegs = D == 64 ? 240 : 232;  // D = 256: 192 too (half of dK, dV)
   static constexpr int kProducerRegs = D == 64 ? 32 : 40;
 };
 
@@ -275,7 +284,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         sm90::mbar_arrive(bar_ls_full + 8 * slot);  // release: the stores above are visible
       }
-    } else if (warp == 2 && with_dq) {
+    } else if (warp == 2 && with_dq && !Cfg::kSplitD) {
       int j = 0, c2 = 0;
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
@@ -301,15 +310,19 @@ __global__ void __launch_bounds__(384, 1)
 
   // ---- consumers ----
   sm90::regs_increase<Cfg::kConsumerRegs>();
-  const int cw = warpgroup - 1;  // which 64 keys of the block
+  // Consumer warpgroup cw owns keys [64 cw, 64 cw + 64) of the block and all D columns, or (kSplitD)
+  // all 64 keys and columns [col0, col0 + 128).
+  const int cw = warpgroup - 1;
+  constexpr int DC = Cfg::kColsPerWg;
+  const int col0 = Cfg::kSplitD ? cw * DC : 0;
   const int warp_in_wg = (tid / 32) & 3;
   const int g = lane >> 2, t4 = lane & 3;
-  const int key_row = cw * 64 + warp_in_wg * 16 + g;  // this thread's first key in the block; second +8
+  const int key_row = (Cfg::kSplitD ? 0 : cw * 64) + warp_in_wg * 16 + g;  // first key in the block; second +8
   const bool short_path_ok = p.softcap_method == kSoftcapOff;
 
-  float dv[D / 2], dk[D / 2];
+  float dv[DC / 2], dk[DC / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+  for (int i = 0; i < DC / 2; ++i) dv[i] = dk[i] = 0.f;
 
   if (first >= 0) {
     sm90::mbar_wait(bar_kv_full, 0);
@@ -326,14 +339,14 @@ __global__ void __launch_bounds__(384, 1)
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t a = sK + (kk / 4) * Cfg::kPanelBytesKV + cw * 64 * 128 + (kk % 4) * 32;
+        const uint32_t a = sK + (kk / 4) * Cfg::kPanelBytesKV + (Cfg::kSplitD ? 0 : cw * 64 * 128) + (kk % 4) * 32;
         const uint32_t b = q_slot + (kk / 4) * Cfg::kPanelBytesQ + (kk % 4) * 32;
         sm90::wgmma_ss<T, BM>(s, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
       }
       sm90::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t a = sV + (kk / 4) * Cfg::kPanelBytesKV + cw * 64 * 128 + (kk % 4) * 32;
+        const uint32_t a = sV + (kk / 4) * Cfg::kPanelBytesKV + (Cfg::kSplitD ? 0 : cw * 64 * 128) + (kk % 4) * 32;
         const uint32_t b = do_slot + (kk / 4) * Cfg::kPanelBytesQ + (kk % 4) * 32;
         sm90::wgmma_ss<T, BM>(dp, sm90::smem_desc(a, 16, 1024), sm90::smem_desc(b, 16, 1024), kk > 0);
       }
@@ -349,14 +362,18 @@ __global__ void __launch_bounds__(384, 1)
         backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
       else
         backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
-      // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim).
+      // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim), columns
+      // from col0: panel col0 / 64 of the dO / Q tile.
+      const uint32_t col_bytes = (col0 / 64) * Cfg::kPanelBytesQ;
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk)
-        sm90::wgmma_rs<T, D>(dv, pa[kk], sm90::smem_desc(do_slot + kk * 16 * 128, Cfg::kPanelBytesQ, 1024), 1);
+        sm90::wgmma_rs<T, DC>(dv, pa[kk], sm90::smem_desc(do_slot + col_bytes + kk * 16 * 128, Cfg::kPanelBytesQ, 1024),
+                              1);
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk)
-        sm90::wgmma_rs<T, D>(dk, pds[kk], sm90::smem_desc(q_slot + kk * 16 * 128, Cfg::kPanelBytesQ, 1024), 1);
+        sm90::wgmma_rs<T, DC>(dk, pds[kk], sm90::smem_desc(q_slot + col_bytes + kk * 16 * 128, Cfg::kPanelBytesQ, 1024),
+                              1);
       sm90::wgmma_commit();
 
       if (with_dq) {
@@ -364,22 +381,59 @@ __global__ void __launch_bounds__(384, 1)
         // R = key_row (+8), queries 8 i + 2t (+1) sit in panel i / 8, 16-byte chunk i % 8 of the row,
         // stored at chunk (i % 8) ^ (R % 8) = (i % 8) ^ g. The buffer was last read by the dQ products
         // of tile j - 2, which both warpgroups had waited for before the barrier of tile j - 1.
+        // kSplitD: both warpgroups hold the same dS^T; each writes the rows of two of its warps.
         const uint32_t ds_buf = sDS + (j & 1) * Cfg::kDSBytes;
+        if (!Cfg::kSplitD || warp_in_wg / 2 == cw) {
 #pragma unroll
-        for (int i = 0; i < BM / 8; ++i) {
+          for (int i = 0; i < BM / 8; ++i) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t addr =
-                ds_buf + (i / 8) * Cfg::kDSPanelBytes + (key_row + 8 * r) * 128 + (((i % 8) ^ g) << 4) + 4 * t4;
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pds[i / 2][2 * (i & 1) + r]) : "memory");
+            for (int r = 0; r < 2; ++r) {
+              const uint32_t addr = ds_buf + (i / 8) * Cfg::kDSPanelBytes + (key_row + 8 * r) * 128 +
+                                    (((i % 8) ^ g) << 4) + 4 * t4;
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pds[i / 2][2 * (i & 1) + r]) : "memory");
+            }
           }
         }
         sm90::fence_proxy_async_shared();
         sm90::named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in place
 
+        if constexpr (Cfg::kSplitD) {
+          // dV / dK first (frees P^T, dS^T and the slot), then dQ[64 queries x 128 columns from col0]
+          // = dS K over the block's 64 keys, added into dq_accum by float2 atomics from registers.
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(dv);
+          sm90::pin_registers(dk);
+          pin_fragments(pa, pds);
+          sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
+          float dq[DC / 2];
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint32_t a = ds_buf + kk * 16 * 128;
+            const uint32_t b = sK + (col0 / 64) * Cfg::kPanelBytesKV + kk * 16 * 128;
+            sm90::wgmma_ss_tt<T, DC>(dq, sm90::smem_desc(a, Cfg::kDSPanelBytes, 1024),
+                                     sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
+          }
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(dq);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int q = tile.m0 + warp_in_wg * 16 + g + 8 * r;
+            if (q >= sv.len_q) continue;
+            // dq_accum is [total_q, Hq, D] fp32.
+            float* row = p.dq_accum + ((sv.scratch_row0 + q) * p.heads_q + tile.h) * static_cast<int64_t>(D) + col0;
+#pragma unroll
+            for (int i = 0; i < DC / 8; ++i)
+              atomicAdd(reinterpret_cast<float2*>(row + 8 * i + 2 * t4), make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]));
+          }
+          it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
+          continue;
+        }
+
         // dQ[BM queries x D/2 columns of this warpgroup] = dS K over the block's 128 keys, one
         // 64-query M tile (one dS^T panel) at a time.
-        constexpr int kDqCols = D / 2, MT = BM / 64;
+        constexpr int kDqCols = D / 2, MT = BM / 64;  // (not kSplitD)
         float dq[MT][kDqCols / 2];
         sm90::wgmma_fence();
 #pragma unroll
@@ -437,9 +491,9 @@ __global__ void __launch_bounds__(384, 1)
     T* dv_row = static_cast<T*>(p.dv) + row_offset(p.dv_st, sv.k_batch, sv.k_row0, key, hk);
     T* dk_row = static_cast<T*>(p.dk) + row_offset(p.dk_st, sv.k_batch, sv.k_row0, key, hk);
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t4) = Ops::pack(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
-      *reinterpret_cast<uint32_t*>(dk_row + dt * 8 + 2 * t4) =
+    for (int dt = 0; dt < DC / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(dv_row + col0 + dt * 8 + 2 * t4) = Ops::pack(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dk_row + col0 + dt * 8 + 2 * t4) =
           Ops::pack(dk[4 * dt + 2 * r] * p.scale, dk[4 * dt + 2 * r + 1] * p.scale);
     }
   }

@@ -304,13 +304,28 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[
 
 // D[64 x N] (=|+=) A[64 x 16] B[16 x N], both from shared memory and both MN-major (transposed):
 // the backward's dQ = dS K, where dS sits in shared memory as dS^T [keys][queries] (queries, the M
-// dim, contiguous) and K as [keys][d] (d, the N dim, contiguous). N = 32 or 64.
+// dim, contiguous) and K as [keys][d] (d, the N dim, contiguous). N = 32, 64 or 128.
 #define FG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FG_ACC16(d) FG_ACC8(d, 0), FG_ACC8(d, 8)
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
-  static_assert(N == 32 || N == 64, "dQ slice of 32 or 64 columns");
-  if constexpr (N == 64) {
+  static_assert(N == 32 || N == 64 || N == 128, "dQ slice of 32, 64 or 128 columns");
+  if constexpr (N == 128) {
+    if constexpr (WgmmaName<T>::kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FG_REGS64
+          ", %64, %65, p, 1, 1, 1, 1;\n}\n"
+          : FG_ACC64(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FG_REGS64
+          ", %64, %65, p, 1, 1, 1, 1;\n}\n"
+          : FG_ACC64(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  } else if constexpr (N == 64) {
     if constexpr (WgmmaName<T>::kBf16)
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
