@@ -20,7 +20,7 @@ summary=()
 echo "== gdnfwd 1/3: chunked GPU tests"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
-  timeout -k 3 "$(cap 70)" "$tests" --gtest_filter='DeltaRuleChunked*:DeltaRuleGpu.Chunked*' \
+  timeout -k 3 "$(cap 60)" "$tests" --gtest_filter='DeltaRuleChunked*:DeltaRuleGpu.Chunked*' \
     > "$OUT/extra/gdnfwd_tests.log" 2>&1
   rc=$?
   grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
@@ -30,16 +30,26 @@ if [ -n "$tests" ]; then
   npass=$(grep -cE "^\[       OK \]" "$OUT/extra/gdnfwd_tests.log")
   nfail=$(grep -cE "^\[  FAILED  \] [A-Za-z]" "$OUT/extra/gdnfwd_tests.log")
   summary+=("tests rc=$rc: $npass passed, $nfail failed lines")
+  # End to end through the API again with stage 3 fused into stage 2 (FLASHGRAD_CHUNKED_FUSED_OUTPUT).
+  FLASHGRAD_CHUNKED_FUSED_OUTPUT=1 timeout -k 3 "$(cap 25)" "$tests" --gtest_filter='DeltaRuleGpu.Chunked*' \
+    > "$OUT/extra/gdnfwd_tests_fused.log" 2>&1
+  rc=$?
+  grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  )" \
+    "$OUT/extra/gdnfwd_tests_fused.log" | cut -c1-300 | tail -20
+  summary+=("fused-output tests (DeltaRuleGpu.Chunked*) rc=$rc")
 else
   summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
 fi
 
 echo "== gdnfwd 2/3: forward-only per-kernel times"
-timeout -k 3 "$(cap 50)" python3 - > "$OUT/extra/gdnfwd_forward.log" 2>&1 <<'EOF'
+timeout -k 3 "$(cap 40)" python3 - > "$OUT/extra/gdnfwd_forward.log" 2>&1 <<'EOF'
 import torch, torch.nn.functional as F
 import flashgrad
 
-def case(B, T, H, K, reps=5):
+import os
+
+def case(B, T, H, K, reps=5, fused="0"):
+    os.environ["FLASHGRAD_CHUNKED_FUSED_OUTPUT"] = fused  # read by the launcher at every call
     torch.manual_seed(0)
     dt, dev = torch.bfloat16, "cuda"
     q = torch.randn(B, T, H, K, device=dev, dtype=dt)
@@ -66,7 +76,7 @@ def case(B, T, H, K, reps=5):
             if tag in name:
                 t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
                 per[tag] = per.get(tag, 0.0) + t / 1000.0 / reps
-    row = f"GDN fwd B{B} T{T} H{H} K=V={K}: wall {wall:.3f} ms | " + " | ".join(
+    row = f"GDN fwd B{B} T{T} H{H} K=V={K} fused={fused}: wall {wall:.3f} ms | " + " | ".join(
         f"{k} {v:.3f} ms" for k, v in per.items())
     print("ROW", row)
     # the new outputs must be finite
@@ -74,7 +84,9 @@ def case(B, T, H, K, reps=5):
     print("finite o", bool(torch.isfinite(o).all()), "finite ht", bool(torch.isfinite(ht).all()))
 
 case(8, 4096, 16, 128)
+case(8, 4096, 16, 128, fused="1")
 case(1, 32768, 16, 128, reps=3)
+case(1, 32768, 16, 128, reps=3, fused="1")
 EOF
 rc=$?
 cat "$OUT/extra/gdnfwd_forward.log" | tail -20
@@ -82,7 +94,7 @@ while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extr
 [ $rc -eq 0 ] || summary+=("forward timing rc=$rc")
 
 echo "== gdnfwd 3/3: bench/profile_delta_rule.py (forward + backward)"
-timeout -k 3 "$(cap 40)" python3 bench/profile_delta_rule.py --B 8 --T 4096 --H 16 --K 128 --reps 2 \
+timeout -k 3 "$(cap 30)" python3 bench/profile_delta_rule.py --B 8 --T 4096 --H 16 --K 128 --reps 2 \
   > "$OUT/extra/gdnfwd_profile.log" 2>&1
 rc=$?
 grep -E "chunk_|Self CUDA|per-kernel" "$OUT/extra/gdnfwd_profile.log" | cut -c1-160 | head -16

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "chunked_grads.cuh"
@@ -49,24 +50,34 @@ void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int KMAX, int WARPS>
+template <typename T, int KMAX, int WARPS, bool kOutput = false>
 void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  using S = StateSmem<T, KMAX, WARPS>;
+  using S = StateSmem<T, KMAX, WARPS, kOutput>;
   constexpr int64_t bytes = S::bytes();
-  set_smem(chunk_state_kernel<T, KMAX, WARPS>, bytes);
+  set_smem(chunk_state_kernel<T, KMAX, WARPS, kOutput>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
-  chunk_state_kernel<T, KMAX, WARPS><<<grid, 32 * WARPS, bytes, s>>>(a);
+  chunk_state_kernel<T, KMAX, WARPS, kOutput><<<grid, 32 * WARPS, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-// Stage 2 runs one block per (sequence, value head, value slice) for the whole sequence, so its
-// blocks are all the parallelism there is: 4 warps (64 value columns) per block when that gives
-// at least one block per SM, else 2 warps (32 columns: twice the blocks, each warp's work the same).
-inline int state_warps(const ChunkedArgs& a) {
+inline int sm_count() {
   int dev = 0, sms = 0;
   FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
   FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return a.num_seqs * a.HV * (a.V / 64) >= sms ? 4 : 2;
+  return sms;
+}
+
+inline int state_warps(const ChunkedArgs& a) { return a.num_seqs * a.HV * (a.V / 64) >= sm_count() ? 4 : 2; }
+
+// Whether the forward runs stage 3 fused into stage 2 (chunked_state.cuh, kOutput): blocks of 8
+// warps (128 value columns), so V % 128 == 0 and enough (sequence, value head, slice) blocks to
+// cover most SMs (stage 3 alone is chunk-parallel and does better on few long sequences).
+// FLASHGRAD_CHUNKED_FUSED_OUTPUT=0 / 1 forces it off / on (where V allows); the default is off
+// until the H200 has measured both.
+inline bool fused_output_wanted(const ChunkedArgs& a) {
+  if (a.V % 128 != 0 || !a.o.p) return false;
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT")) return std::string(env) == "1";
+  return false;
 }
 
 template <typename T, int KMAX>
@@ -108,6 +119,18 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
     four ? launch_state_fixed<T, 64, 4>(a, s) : launch_state_fixed<T, 64, 2>(a, s);
   else
     four ? launch_state_fixed<T, 128, 4>(a, s) : launch_state_fixed<T, 128, 2>(a, s);
+}
+
+template <typename T>
+bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t s) {
+  check_chunked_args("chunked delta rule (state and output)", dtype_of<T>(), a);
+  if (!fused_output_wanted(a)) return false;
+  if (a.num_seqs == 0 || a.HV == 0) return true;
+  if (a.K == 64)
+    launch_state_fixed<T, 64, 8, true>(a, s);
+  else
+    launch_state_fixed<T, 128, 8, true>(a, s);
+  return true;
 }
 
 template <typename T>
@@ -171,6 +194,7 @@ void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaSt
 #define FLASHGRAD_CHUNKED_INSTANTIATE(T)                                  \
   template void launch_chunk_prepare<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_state<T>(const ChunkedArgs&, cudaStream_t);   \
+  template bool launch_chunk_state_with_output<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_output<T>(const ChunkedArgs&, cudaStream_t);  \
   template void launch_chunk_state_backward<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_grads<T>(const ChunkedArgs&, cudaStream_t);           \

@@ -26,6 +26,7 @@
 
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
+#include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
 #include "chunked_tiles.cuh"
 
@@ -35,47 +36,76 @@ namespace flashgrad::cuda_detail::delta_rule {
 // whose slice is 16 x its warps).
 constexpr int kStateCols = 32;
 
-template <typename T, int KMAX, int WARPS>
+template <typename T, int KMAX, int WARPS, bool kOutput>
 struct StateSmem {
   static constexpr int C = kChunkSize, BV = 16 * WARPS;
   // Row pitches: +8 (16-bit) / +4 (fp32) elements, so that the 8 rows an ldmatrix (or the 4 x 8
   // pattern of u's reads) touches start in different banks; rows stay 16-byte aligned.
-  static constexpr int LDK = KMAX + 8, LDU = BV + 4;
+  static constexpr int LDK = KMAX + 8, LDU = BV + 4, LDP = C + 8;
+  static constexpr int kKeyTiles = kOutput ? 3 : 2;  // w, k (and q)
   static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
-  static constexpr int64_t kStageBytes = 2 * kTileBytes + sizeof(float) * C * LDU;
-  static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned tiles");
+  static constexpr int64_t kStageBytes = kKeyTiles * kTileBytes + sizeof(float) * C * LDU;
+  static constexpr int64_t kPBytes = kOutput ? 2 * sizeof(T) * C * LDP : 0;
+  static constexpr int kRowArrays = kOutput ? 5 : 2;
+  static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   // Stage s (= chunk parity) of the double buffer, by address arithmetic (an array of pointers
   // indexed by the runtime parity would live in local memory):
   //   w(s) [C][LDK] w rows of the chunk; k(s) [C][LDK] k rows, raw (not normalized);
-  //   u(s) [C][LDU] u rows, the slice's BV columns.
+  //   q(s) [C][LDK] q rows, raw (kOutput); u(s) [C][LDU] u rows, the slice's BV columns.
   unsigned char* raw;
+  T* P;             // [C][LDP] scale * P (kOutput), hi part
+  T* P_lo;          // [C][LDP] lo part
   float* G;         // [C] cumulative gate of the chunk (zeros past L)
-  float* colscale;  // [C] exp(G_{L-1} - G_j) rstd_j, 0 for j >= L
+  float* colscale;  // [C] exp(G_{L-1} - G_j) rstd_kj, 0 for j >= L
+  float* rowscale;  // [C] scale exp(G_i) rstd_qi (kOutput)
+  float* pscale;    // [C] scale rstd_qi (kOutput)
+  float* rstd_k;    // [C] (kOutput)
 
-  static constexpr int64_t bytes() { return 2 * kStageBytes + sizeof(float) * 2 * C; }
+  static constexpr int64_t bytes() { return 2 * kStageBytes + kPBytes + sizeof(float) * kRowArrays * C; }
   __device__ explicit StateSmem(unsigned char* r) : raw(r) {
-    G = reinterpret_cast<float*>(raw + 2 * kStageBytes);
+    P = reinterpret_cast<T*>(raw + 2 * kStageBytes);
+    P_lo = P + C * LDP;
+    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes);
     colscale = G + C;
+    rowscale = colscale + C;
+    pscale = rowscale + C;
+    rstd_k = pscale + C;
   }
   __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
   __device__ T* k(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kTileBytes); }
-  __device__ float* u(int s) const { return reinterpret_cast<float*>(raw + s * kStageBytes + 2 * kTileBytes); }
+  __device__ T* q(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + 2 * kTileBytes); }
+  __device__ float* u(int s) const {
+    return reinterpret_cast<float*>(raw + s * kStageBytes + kKeyTiles * kTileBytes);
+  }
 };
 
-template <typename T, int KMAX, int WARPS>
+// kOutput: stage 3 fused in (chunked_stages.h, launch_chunk_state_with_output): per chunk also
+//   o^T = (h^T q^T) * (scale exp(G_i) rstd_qi per column i) + v_new^T (scale P)^T,
+// with P = Lower(q k^T exp(G_i - G_j)) formed once per chunk by the block (warp wp: rows
+// [16 (wp % 4), +16), column tiles of half wp / 4) into shared memory as hi + lo; h^T's A fragments
+// serve both h^T w^T and h^T q^T, and v_new^T (fp32, hi + lo) is the A operand of the P product,
+// so o needs neither h_c nor v_new from memory. Only with 8 warps (the whole 64-row P by 8 warps).
+template <typename T, int KMAX, int WARPS, bool kOutput>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) {
-  using S = StateSmem<T, KMAX, WARPS>;
-  constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, NK = KMAX / 8;
+  using S = StateSmem<T, KMAX, WARPS, kOutput>;
+  constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
+                NK = KMAX / 8;
+  static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
-  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3;
-  const int vc0 = 16 * (tid / 32);  // the warp's first value column inside the slice
+  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
+  const int vc0 = 16 * wp;  // the warp's first value column inside the slice
   // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row),
-  // column 2 tig + e % 2 of the tile (a key channel of h^T, a chunk row of v_new^T).
+  // column 2 tig + e % 2 of the tile (a key channel of h^T, a chunk row of v_new^T / o^T).
   auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
   auto tcol = [&](int e) { return 2 * tig + (e & 1); };
+  // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile: non-trans B fragments of
+  // two 8-column tiles (rows +0 / +8 by lane / 16, columns +0 / +8 by (lane / 8) % 2), and .trans
+  // B fragments (rows by (lane / 8) % 2, columns by lane / 16).
+  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
+  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
 
   float hT[NK][4];
 #pragma unroll
@@ -87,7 +117,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
 
   const T* w = static_cast<const T*>(a.w);
   T* v_new = static_cast<T*>(a.v_new);
-  const bool k_vec = key_rows_vectorizable(a.k);
+  const bool k_vec = key_rows_vectorizable(a.k), q_vec = kOutput && key_rows_vectorizable(a.q);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
   // Issues chunk c's copies into stage s (one cp.async group) and returns G of row tid (tid < 64).
@@ -96,6 +126,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
     const int64_t row0 = chunk_row0(ci, a.T);
     intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
     key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    if constexpr (kOutput) key_tile_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
     intermediate_tile_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
     mma::cp_async_commit();
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
@@ -114,18 +145,64 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
     __syncthreads();
     if (c + 1 < c_end) g_next = prefetch(c + 1, s ^ 1);
 
-    // (C) per-row scales of the state update: exp(G_{L-1} - G_j) with j <= L - 1 (<= 1 for
-    // g <= 0), times k's row rstd.
+    // kOutput: this warp's share of q k^T (raw rows; scaled after the next barrier).
+    float praw[4][4] = {};
+    const int prb = wp & 3, phalf = wp >> 2;  // P row block [16 prb, +16), column tiles [4 phalf, +4)
+    if constexpr (kOutput) {
+      const T* qrow = sm.q(s) + (16 * prb + (lane & 15)) * LDK + 8 * (lane >> 4);
+#pragma unroll
+      for (int ks = 0; ks < KMAX / 16; ++ks) {
+        uint32_t af[4];
+        mma::ldmatrix_x4<false>(af, qrow + 16 * ks);
+#pragma unroll
+        for (int q2 = 0; q2 < 2; ++q2) {
+          const int np = 2 * phalf + q2;  // column tiles 2 np, 2 np + 1
+          if (np > prb) continue;         // right of the diagonal block: zero
+          uint32_t b[4];
+          mma::ldmatrix_x4<false>(b, sm.k(s) + (16 * np + nb_r) * LDK + 16 * ks + nb_c);
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma::mma16816<T>(praw[2 * q2], af, b0);
+          mma::mma16816<T>(praw[2 * q2 + 1], af, b1);
+        }
+      }
+    }
+
+    // (C) per-row scales: of the state update, exp(G_{L-1} - G_j) with j <= L - 1 (<= 1 for
+    // g <= 0) times k's row rstd; of the output, scale exp(G_i) rstd_qi and scale rstd_qi.
     const float G_last = sm.G[L - 1];
     {
-      const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
       constexpr int kLanes = THREADS / C;
+      const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
+      float rq = 1.f;
+      if constexpr (kOutput) rq = tile_row_rstd<T, KMAX, THREADS>(sm.q(s), LDK, a.l2norm);
       if (tid % kLanes == 0) {
         const int j = tid / kLanes;
         sm.colscale[j] = j < L ? expf(G_last - sm.G[j]) * rstd : 0.f;
+        if constexpr (kOutput) {
+          sm.rstd_k[j] = rstd;
+          sm.pscale[j] = a.scale * rq;
+          sm.rowscale[j] = a.scale * rq * expf(sm.G[j]);
+        }
       }
     }
     __syncthreads();
+
+    if constexpr (kOutput) {
+      // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L (exp bounded
+      // by 1), else 0; to shared memory as hi + lo. Tiles right of the diagonal block are never read.
+#pragma unroll
+      for (int q4 = 0; q4 < 4; ++q4) {
+        const int nt = 4 * phalf + q4;
+        if (nt > 2 * prb + 1) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+          const float x = j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
+          store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+        }
+      }
+      __syncthreads();
+    }
 
     // h_c to the intermediates (its slice's columns).
     float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
@@ -145,8 +222,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         // Tiles: (rows 16 jp + [0, 8), channels 16 ks + [0, 8)), (same rows, + 8 channels),
         // (rows + 8, channels), (rows + 8, channels + 8): B fragments of chunk-row tiles 2 jp, 2 jp + 1.
         uint32_t b[4];
-        mma::ldmatrix_x4<false>(b, sm.w(s) + (16 * jp + 8 * (lane >> 4) + (lane & 7)) * LDK + 16 * ks +
-                                       8 * ((lane >> 3) & 1));
+        mma::ldmatrix_x4<false>(b, sm.w(s) + (16 * jp + nb_r) * LDK + 16 * ks + nb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(p[2 * jp], ah, b0);
         mma::mma16816<T>(p[2 * jp], al, b0);
@@ -163,6 +239,68 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         p[j8][e] = us[j * LDU + vcol(e)] - p[j8][e];
         if (j < L) v_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
       }
+
+    if constexpr (kOutput) {
+      // o^T = (h^T q^T) * rowscale (per column i) + v_new^T (scale P)^T, in two halves of 32
+      // chunk rows (32 accumulators fewer live at once); P^T's blocks (j block js, i block ip)
+      // with js <= ip only (P is lower triangular). Stored for rows i < L.
+#pragma unroll
+      for (int oh = 0; oh < 2; ++oh) {
+        float o[4][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < KMAX / 16; ++ks) {
+          uint32_t ah[4], al[4];
+          mma::acc_to_a_split<T>(hT[2 * ks], hT[2 * ks + 1], ah, al);
+#pragma unroll
+          for (int jq = 0; jq < 2; ++jq) {
+            uint32_t bq[4];
+            mma::ldmatrix_x4<false>(bq, sm.q(s) + (16 * (2 * oh + jq) + nb_r) * LDK + 16 * ks + nb_c);
+            const uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+            mma::mma16816<T>(o[2 * jq], ah, bq0);
+            mma::mma16816<T>(o[2 * jq], al, bq0);
+            mma::mma16816<T>(o[2 * jq + 1], ah, bq1);
+            mma::mma16816<T>(o[2 * jq + 1], al, bq1);
+          }
+        }
+#pragma unroll
+        for (int i4 = 0; i4 < 4; ++i4) {
+          const float2 r = *reinterpret_cast<const float2*>(&sm.rowscale[32 * oh + 8 * i4 + 2 * tig]);
+          o[i4][0] *= r.x;
+          o[i4][1] *= r.y;
+          o[i4][2] *= r.x;
+          o[i4][3] *= r.y;
+        }
+#pragma unroll
+        for (int js = 0; js < 4; ++js) {
+          if (js > 2 * oh + 1) continue;
+          uint32_t vh[4], vl[4];
+          mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], vh, vl);
+#pragma unroll
+          for (int iq = 0; iq < 2; ++iq) {
+            const int ip = 2 * oh + iq;
+            if (ip < js) continue;
+            uint32_t bh[4], bl[4];
+            mma::ldmatrix_x4<false>(bh, sm.P + (16 * ip + nb_r) * LDP + 16 * js + nb_c);
+            mma::ldmatrix_x4<false>(bl, sm.P_lo + (16 * ip + nb_r) * LDP + 16 * js + nb_c);
+            const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
+                           bl1[2] = {bl[2], bl[3]};
+            mma::mma16816<T>(o[2 * iq], vh, bh0);
+            mma::mma16816<T>(o[2 * iq], vl, bh0);
+            mma::mma16816<T>(o[2 * iq], vh, bl0);
+            mma::mma16816<T>(o[2 * iq + 1], vh, bh1);
+            mma::mma16816<T>(o[2 * iq + 1], vl, bh1);
+            mma::mma16816<T>(o[2 * iq + 1], vh, bl1);
+          }
+        }
+#pragma unroll
+        for (int i4 = 0; i4 < 4; ++i4)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = 32 * oh + 8 * i4 + tcol(e);
+            if (i < L) store_elem<T>(a.o, off4(a.o, ci.b, ci.t0 + i, hv, col0 + vcol(e)), o[i4][e]);
+          }
+      }
+    }
 
     // h^T = exp(G_{L-1}) h^T + (v_new^T * colscale) k.
     const float decay = expf(G_last);
@@ -182,8 +320,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         // Tiles (.trans): (chunk rows 16 js + [0, 8), channels 16 np + [0, 8)), (rows + 8, same
         // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles 2 np, 2 np + 1.
         uint32_t b[4];
-        mma::ldmatrix_x4<true>(b, sm.k(s) + (16 * js + 8 * ((lane >> 3) & 1) + (lane & 7)) * LDK + 16 * np +
-                                      8 * (lane >> 4));
+        mma::ldmatrix_x4<true>(b, sm.k(s) + (16 * js + tb_r) * LDK + 16 * np + tb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(hT[2 * np], ah, b0);
         mma::mma16816<T>(hT[2 * np], al, b0);
