@@ -4,8 +4,10 @@
 // (relative RMS and max |difference| of out, max |difference| of lse): both compute the same recipe,
 // so they differ by the accumulation order and P8's running max only (~1e-3 relative, far below
 // the recipe's 2% against fp32); a layout bug shows as O(1).
-// FLOPs: 4 B H S^2 D, halved when causal. usage: fp8_wgmma_bench [B H S] [pp] (default 2 16 8192;
-// "pp" adds the ping-pong variant, FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1, timed last in each row).
+// FLOPs: 4 B H S^2 D, halved when causal.
+// usage: fp8_wgmma_bench [B H S] [variant ...] (default 2 16 8192 w), variants of the wgmma kernel:
+//   w (default), pp (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1),
+//   spp (both); each timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "flashgrad/attention.h"
@@ -100,13 +103,14 @@ float bf16_to_float(uint16_t x) {
   return f;
 }
 
-// 0: mma.sync FP8 kernel; 1: wgmma; 2: wgmma with the ping-pong variant.
-void set_switch(int kernel) {
-  if (kernel > 0)
-    setenv("FLASHGRAD_ATTN_FP8_FORWARD", "wgmma", 1);
-  else
+// The kernel a call runs: the mma.sync FP8 kernel (variant empty) or the wgmma one's variant.
+void set_switch(const std::string& variant) {
+  if (variant.empty())
     unsetenv("FLASHGRAD_ATTN_FP8_FORWARD");
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", kernel == 2 ? "1" : "0", 1);
+  else
+    setenv("FLASHGRAD_ATTN_FP8_FORWARD", "wgmma", 1);
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", variant == "pp" || variant == "spp" ? "1" : "0", 1);
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", variant == "s" || variant == "spp" ? "1" : "0", 1);
 }
 
 struct Diff {
@@ -137,11 +141,12 @@ Diff compare(const Buffer& out_a, const Buffer& out_b, const Buffer& lse_a, cons
 }
 
 struct Row {
-  double mma, wgmma, pingpong, bf16;
-  Diff w, pp;
+  double mma, bf16;
+  std::vector<double> tflops;  // per variant
+  std::vector<Diff> diff;      // per variant, against the mma.sync kernel's output
 };
 
-Row run(int B, int H, int S, int D, bool causal, bool pingpong) {
+Row run(int B, int H, int S, int D, bool causal, const std::vector<std::string>& variants) {
   const std::vector<int64_t> shape = {B, S, H, D};
   const size_t elems = static_cast<size_t>(B) * S * H * D;
   Buffer q8(elems, 1, true), k8(elems, 2, true), v8(elems, 3, true);
@@ -171,18 +176,16 @@ Row run(int B, int H, int S, int D, bool causal, bool pingpong) {
 
   const double flops = 4.0 * B * H * double(S) * S * D * (causal ? 0.5 : 1.0);
   Row r{};
-  set_switch(0);
+  set_switch("");
   r.bf16 = flops / (time_ms([&] { attention_forward(p16, oa, la, {}); }, 10) * 1e-3) / 1e12;
   r.mma = flops / (time_ms([&] { attention_forward(p8, oa, la, w); }, 5) * 1e-3) / 1e12;
-  set_switch(1);
-  r.wgmma = flops / (time_ms([&] { attention_forward(p8, ob, lb, w); }, 10) * 1e-3) / 1e12;
-  r.w = compare(out_a, out_b, lse_a, lse_b, elems, lse_n);
-  if (pingpong) {  // a turn-taking bug would trap (and end the process): last, and only when asked
-    set_switch(2);
-    r.pingpong = flops / (time_ms([&] { attention_forward(p8, ob, lb, w); }, 10) * 1e-3) / 1e12;
-    r.pp = compare(out_a, out_b, lse_a, lse_b, elems, lse_n);
+  for (const std::string& v : variants) {
+    set_switch(v);
+    CHECK_CUDA(cudaMemset(out_b.p, 0xff, elems * 2));  // poisoned: a variant must write every output
+    r.tflops.push_back(flops / (time_ms([&] { attention_forward(p8, ob, lb, w); }, 10) * 1e-3) / 1e12);
+    r.diff.push_back(compare(out_a, out_b, lse_a, lse_b, elems, lse_n));
   }
-  set_switch(0);
+  set_switch("");
   return r;
 }
 
@@ -190,27 +193,41 @@ Row run(int B, int H, int S, int D, bool causal, bool pingpong) {
 
 int main(int argc, char** argv) {
   int B = 2, H = 16, S = 8192;
-  bool pingpong = false;
-  if (argc > 1 && std::strcmp(argv[argc - 1], "pp") == 0) {
-    pingpong = true;
-    --argc;
+  std::vector<std::string> variants;
+  std::vector<int> dims;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "w" || a == "pp" || a == "s" || a == "spp")
+      variants.push_back(a);
+    else
+      dims.push_back(std::atoi(argv[i]));
   }
-  if (argc == 4) {
-    B = std::atoi(argv[1]);
-    H = std::atoi(argv[2]);
-    S = std::atoi(argv[3]);
+  if (dims.size() == 3) {
+    B = dims[0];
+    H = dims[1];
+    S = dims[2];
   }
-  std::printf("fp8 forward, B%d H%d S%d, TFLOP/s (4BHS^2D, /2 causal); wgmma vs mma.sync outputs\n", B, H, S);
-  std::printf("%-4s %-6s | %8s %8s %8s %8s %6s | %9s %9s %9s | %9s %9s\n", "hd", "mask", "fp8 mma", "wgmma",
-              "wgmma pp", "bf16", "best/m", "w relRMS", "w maxd", "w lsemax", "pp relRMS", "pp lsemax");
+  if (variants.empty()) variants.push_back("w");
+  std::printf("fp8 forward, B%d H%d S%d, TFLOP/s (4BHS^2D, /2 causal); each wgmma variant's output vs mma.sync's "
+              "(out relative RMS / max |difference|, lse max |difference|)\n", B, H, S);
+  std::printf("%-4s %-6s | %7s %7s |", "hd", "mask", "bf16", "fp8 mma");
+  for (const auto& v : variants) std::printf(" %7s", v.c_str());
+  std::printf(" | best/mma |");
+  for (const auto& v : variants) std::printf(" %-26s", (v + ": relRMS maxd lsemax").c_str());
+  std::printf("\n");
   for (int D : {128, 256})
     for (bool causal : {false, true}) {
       try {
-        const Row r = run(B, H, S, D, causal, pingpong);
-        const double best = r.wgmma > r.pingpong ? r.wgmma : r.pingpong;
-        std::printf("%-4d %-6s | %8.1f %8.1f %8.1f %8.1f %6.2f | %9.2e %9.2e %9.2e | %9.2e %9.2e\n", D,
-                    causal ? "causal" : "none", r.mma, r.wgmma, r.pingpong, r.bf16, best / r.mma, r.w.out_rel_rms,
-                    r.w.out_max, r.w.lse_max, r.pp.out_rel_rms, r.pp.lse_max);
+        const Row r = run(B, H, S, D, causal, variants);
+        double best = 0;
+        std::printf("%-4d %-6s | %7.1f %7.1f |", D, causal ? "causal" : "none", r.bf16, r.mma);
+        for (double t : r.tflops) {
+          std::printf(" %7.1f", t);
+          best = t > best ? t : best;
+        }
+        std::printf(" | %8.2f |", best / r.mma);
+        for (const Diff& d : r.diff) std::printf(" %8.1e %8.1e %8.1e", d.out_rel_rms, d.out_max, d.lse_max);
+        std::printf("\n");
       } catch (const std::exception& e) {
         std::printf("%-4d %-6s | error: %s\n", D, causal ? "causal" : "none", e.what());
       }

@@ -6,12 +6,13 @@
 #      failure below points at its cause;
 #   2. AttentionFp8* with FLASHGRAD_ATTN_FP8_FORWARD=wgmma: the FP8 GPU tests (2x rule against the
 #      recipe's emulation) with the forward on the wgmma kernel (hd 64 stays on mma.sync);
-#   3. AttentionFp8Gpu.* again with the ping-pong variant (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), and
-#      with hd 64 on wgmma too (FLASHGRAD_ATTN_FP8_WGMMA_HD64=1; 64-byte rows, SWIZZLE_64B);
+#   3. AttentionFp8Gpu.* again for each variant (pp: FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1, s:
+#      FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, spp: both), and with hd 64 on wgmma too
+#      (FLASHGRAD_ATTN_FP8_WGMMA_HD64=1; 64-byte rows, SWIZZLE_64B);
 #   4. bench/attention/fp8_wgmma_bench.cu (built here against build-gpu's libflashgrad.a): forward
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
-#      output difference on the timed inputs (the ping-pong column when 3 passed);
+#      output difference on the timed inputs (the variants whose tests passed in 3);
 #   5. with the time left: bench/attention/fp8_bench.cu with the switch on (fwd + bwd beside bf16;
 #      fp8k.sh runs it with the switch off).
 # A compact summary comes last.
@@ -52,24 +53,27 @@ else
   status+=("no flashgrad_gpu_tests binary under build-gpu")
 fi
 
-if [ -n "$tests" ] && [ "$(left)" -gt 90 ]; then
-  echo "== fp8w: AttentionFp8Gpu.* with the ping-pong variant (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1)"
-  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1 timeout -k 3 25 "$tests" \
-    --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8w_pp_tests.log" 2>&1
+# The variants, each in a process of its own (a turn-taking bug traps): bench only those that pass.
+bench_variants="w"
+for v in pp s spp; do
+  [ -n "$tests" ] && [ "$(left)" -gt 80 ] || break
+  pp=0; serial=0
+  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; esac
+  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial)"
+  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=$pp FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=$serial \
+    timeout -k 3 20 "$tests" --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8w_${v}_tests.log" 2>&1
   rc=$?
-  show "$OUT/extra/fp8w_pp_tests.log" 30
-  status+=("AttentionFp8Gpu.* (wgmma fwd, ping-pong) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_pp_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_pp_tests.log") failed)")
-  pp_rc=$rc
-else
-  pp_rc=1
-fi
+  show "$OUT/extra/fp8w_${v}_tests.log" 12
+  status+=("AttentionFp8Gpu.* (wgmma fwd, variant $v) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_${v}_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_${v}_tests.log") failed)")
+  [ $rc = 0 ] && bench_variants="$bench_variants $v"
+done
 
-if [ -n "$tests" ] && [ "$(left)" -gt 85 ]; then
+if [ -n "$tests" ] && [ "$(left)" -gt 75 ]; then
   echo "== fp8w: AttentionFp8Gpu.* with hd 64 on wgmma too (FLASHGRAD_ATTN_FP8_WGMMA_HD64=1)"
-  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 timeout -k 3 25 "$tests" \
+  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 timeout -k 3 20 "$tests" \
     --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8w_hd64_tests.log" 2>&1
   rc=$?
-  show "$OUT/extra/fp8w_hd64_tests.log" 30
+  show "$OUT/extra/fp8w_hd64_tests.log" 20
   status+=("AttentionFp8Gpu.* (wgmma fwd incl. hd64) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_hd64_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_hd64_tests.log") failed)")
 fi
 
@@ -77,12 +81,9 @@ table=""
 if [ -n "$lib" ]; then
   wait "$build_pid"
   if [ -f /tmp/fp8w_bench_built ] && [ "$(left)" -gt 15 ]; then
-    # The ping-pong column only when its tests passed (a turn-taking bug traps and ends the process).
-    pp_arg=""
-    [ "$pp_rc" = 0 ] && pp_arg="pp"
-    echo "== fp8w: forward bench (mma.sync vs wgmma${pp_arg:+ vs ping-pong} vs bf16)"
-    timeout -k 3 $(( $(left) > 50 ? 45 : $(left) - 5 )) /tmp/fp8w_bench $pp_arg > "$OUT/extra/fp8w_bench.log" 2>&1
-    status+=("fp8_wgmma_bench $pp_arg rc=$?")
+    echo "== fp8w: forward bench (bf16, mma.sync, wgmma variants: $bench_variants)"
+    timeout -k 3 $(( $(left) > 50 ? 45 : $(left) - 5 )) /tmp/fp8w_bench $bench_variants > "$OUT/extra/fp8w_bench.log" 2>&1
+    status+=("fp8_wgmma_bench $bench_variants rc=$?")
     cat "$OUT/extra/fp8w_bench.log"
     table=$(cat "$OUT/extra/fp8w_bench.log")
   else

@@ -59,27 +59,36 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool kPingpong>
+template <int D, bool kPingpong, bool kSerial>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
-  using Cfg = Fp8wForwardConfig<D>;
-  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong>;
+  using Cfg = Fp8wForwardConfig<D, kSerial>;
+  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSerial>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-// FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1: the consumer warpgroups take turns issuing (off by default
-// until the H200 shows it correct and faster; read at every call so the bench times both).
+bool env_on(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+// Variants, off by default until the H200 shows them correct and faster (read at every call, so the
+// bench times them in one process): FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1, the consumer warpgroups
+// take turns issuing; FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, no overlap inside a warpgroup (S, softmax,
+// P V in sequence; 128-key blocks at D = 256).
 template <int D>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                     const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
-  const char* env = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG");
-  if (env != nullptr && std::strcmp(env, "1") == 0)
-    launch_kernel<D, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+  const bool pingpong = env_on("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG"), serial = env_on("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL");
+  if (serial)
+    pingpong ? launch_kernel<D, true, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
+             : launch_kernel<D, false, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   else
-    launch_kernel<D, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+    pingpong ? launch_kernel<D, true, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
+             : launch_kernel<D, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
 }
 
 }  // namespace

@@ -54,15 +54,18 @@ struct Fp8wMapAxes {
 #define FLASHGRAD_FP8W_PV_CHUNK_256 64
 #endif
 
-template <int D>
+// kSerial: the variant without intra-warpgroup overlap (S, softmax, P V one after the other in a
+// warpgroup; the two warpgroups overlap each other, in turns with kPingpong). S is dead while P V
+// runs, so D = 256 affords 128-key blocks and 128-column P V chunks there.
+template <int D, bool kSerial = false>
 struct Fp8wForwardConfig {
   static_assert(D == 64 || D == 128 || D == 256, "the FP8 wgmma forward covers head dims 64, 128 and 256");
   static constexpr int kBlockM = 128;    // two consumer warpgroups of 64 rows
   static constexpr int kLoadN = 128;     // keys per TMA block (one 128-byte V^T row)
-  static constexpr int kBlockN = D == 256 ? 64 : 128;  // keys per S / softmax / P V step
+  static constexpr int kBlockN = D == 256 && !kSerial ? 64 : 128;  // keys per S / softmax / P V step
   static constexpr int kSub = kLoadN / kBlockN;
   // Head-dim columns per P V accumulator chunk (registers: S kBlockN / 2, O D / 2, ob kPvChunk / 2).
-  static constexpr int kPvChunk = D == 256 ? FLASHGRAD_FP8W_PV_CHUNK_256 : D;
+  static constexpr int kPvChunk = D == 256 ? (kSerial ? 128 : FLASHGRAD_FP8W_PV_CHUNK_256) : D;
   static constexpr int kPvChunks = D / kPvChunk;
   // Q / K tiles: rows of 128 bytes (SWIZZLE_128B) in D / 128 column panels; at D = 64 one panel of
   // 64-byte rows (SWIZZLE_64B: chunk c of row r at c ^ ((r / 2) % 4), 8-row groups of 512 bytes).
@@ -218,15 +221,16 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // cores. Each warpgroup waits for its turn (bar.sync on its own barrier: its 128 threads plus the
 // other's 128 arrivals) before issuing and hands the turn over (bar.arrive on the other's) after;
 // warpgroup 1 goes first: warpgroup 2 arrives on barrier 1 once at the start and skips its last
-// hand-over, so every barrier generation completes. The D = 256 chunks 1-3 are issued outside the
-// turns.
-template <int D, bool kPingpong>
+// hand-over, so every barrier generation completes. The D = 256 chunks after the first are issued
+// outside the turns.
+// kSerial: see Fp8wForwardConfig; with kPingpong it is FA3's inter-warpgroup schedule alone.
+template <int D, bool kPingpong, bool kSerial = false>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
                                        const __grid_constant__ CUtensorMap map_vt, const Fp8KernelParams fp,
                                        const Fp8wMapAxes axes, int num_m_blocks) {
-  using Cfg = Fp8wForwardConfig<D>;
+  using Cfg = Fp8wForwardConfig<D, kSerial>;
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
   constexpr int NC = Cfg::kPvChunk, CH = Cfg::kPvChunks;
@@ -383,7 +387,48 @@ __global__ void __launch_bounds__(384, 1)
   //   runs; wait; fold chunk 0 with rs_prev; the other chunks issued and folded in turn; pack P(j+1).
   int cls = kTileEmpty;
   int nb = next_key_block<LN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
-  if (nb >= 0) {
+  if (kSerial && nb >= 0) {
+    // Per item: S, softmax, P V (its chunks in turn), each waited for before the next; O = O rescale
+    // + ob with this item's own rescale. Turns (kPingpong): one for S, one for P V's first chunk.
+    sm90::mbar_wait(bar_q_full, 0);
+    if constexpr (kPingpong)
+      if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
+    float rs[2];
+    for (int it = 0;; ++it) {
+      const int slot = it % ST;
+      const uint32_t phase = (it / ST) & 1;
+      int n_cls = kTileEmpty;
+      const int n_nb = next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, n_cls);
+#pragma unroll 1
+      for (int sub = 0; sub < SUB; ++sub) {
+        sm90::mbar_wait(bar_k_full + 8 * slot, phase);
+        wait_turn();
+        issue_qk(slot, sub);
+        pass_turn(false);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(s);
+        if (sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * slot);
+        softmax(rs, cls, nb, sub);
+        fp8w_pack_p<BN>(s, pa);
+        sm90::mbar_wait(bar_v_full + 8 * slot, phase);
+        wait_turn();
+        issue_pv(slot, sub, 0);
+        pass_turn(n_nb < 0 && sub == SUB - 1);
+#pragma unroll
+        for (int c = 0; c < CH; ++c) {
+          if (c > 0) issue_pv(slot, sub, c);
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(ob);
+          fold(c, rs);
+        }
+        pin_p();
+        if (sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+      }
+      if (n_nb < 0) break;
+      nb = n_nb;
+      cls = n_cls;
+    }
+  } else if (nb >= 0) {
     int it = 0, sub = 0;
     sm90::mbar_wait(bar_q_full, 0);
     sm90::mbar_wait(bar_k_full, 0);

@@ -494,7 +494,7 @@ RowMajorStrides strides(const Fp8Case& c, bool is_q, int heads) {
 }
 
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
-template <int D, bool kPingpong>
+template <int D, bool kPingpong, bool kSerial>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -573,7 +573,7 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r) {
   const int mblocks = (c.max_q + 127) / 128;
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
   launch(tiles, 1, 384,
-         [&] { fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong>(mq, mk, mvt, f, axes, mblocks); });
+         [&] { fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSerial>(mq, mk, mvt, f, axes, mblocks); });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
   return true;
@@ -595,20 +595,28 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
               what, rms, rms_emu, err, base, atol, ok ? "ok" : "FAIL");
 }
 
-void check_case(Fp8Config cfg, bool pingpong, std::mt19937& rng) {
+// The kernel variant: bit 0 ping-pong, bit 1 serial.
+template <int D>
+bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
+  switch (variant) {
+    case 0: return run_emulated<D, false, false>(c, r);
+    case 1: return run_emulated<D, true, false>(c, r);
+    case 2: return run_emulated<D, false, true>(c, r);
+    default: return run_emulated<D, true, true>(c, r);
+  }
+}
+
+void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   Fp8Case c = fp8_test::make_case(cfg, rng);
   const Fp8Outputs ref = fp8_test::reference32(c);
   const Fp8Outputs emu = fp8_test::recipe(c);
   Fp8Outputs got;
-  std::printf("  case %s%s\n", cfg.name.c_str(), pingpong ? " (ping-pong)" : "");
+  const char* names[4] = {"", " (ping-pong)", " (serial)", " (serial ping-pong)"};
+  std::printf("  case %s%s\n", cfg.name.c_str(), names[variant]);
   std::fflush(stdout);
-  bool ran = false;
-  if (cfg.d == 64)
-    ran = pingpong ? run_emulated<64, true>(c, got) : run_emulated<64, false>(c, got);
-  else if (cfg.d == 128)
-    ran = pingpong ? run_emulated<128, true>(c, got) : run_emulated<128, false>(c, got);
-  else
-    ran = pingpong ? run_emulated<256, true>(c, got) : run_emulated<256, false>(c, got);
+  const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
+                   : cfg.d == 128 ? run_variant<128>(variant, c, got)
+                                  : run_variant<256>(variant, c, got);
   if (!ran) {
     ++failures;
     return;
@@ -629,15 +637,15 @@ int main(int argc, char** argv) {
   std::mt19937 rng(std::random_device{}());
   struct Entry {
     Fp8Config cfg;
-    bool pingpong;
+    int variant;  // bit 0 ping-pong, bit 1 serial
   };
   std::vector<Entry> cases;
   const std::vector<std::string> quick = {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"};
-  auto add = [&](std::string name, Fp8Config c, bool pingpong = false) {
+  auto add = [&](std::string name, Fp8Config c, int variant = 0) {
     c.name = std::move(name);
-    const bool pick = only == "quick" ? std::find(quick.begin(), quick.end(), c.name) != quick.end()
+    const bool pick = only == "quick" ? std::find(quick.begin(), quick.end(), c.name) != quick.end() && variant == 0
                                       : only.empty() || c.name.find(only) != std::string::npos;
-    if (pick) cases.push_back({c, pingpong});
+    if (pick) cases.push_back({c, variant});
   };
   for (int d : {64, 128, 256})
     for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
@@ -657,10 +665,11 @@ int main(int argc, char** argv) {
     c.hq = 2;
     c.hk = 1;
     c.sq = c.sk = 260;
-    add("causal d128 B2 mqa Sq=Sk=260", c);
-    add("causal d128 B2 mqa Sq=Sk=260", c, true);
+    for (int variant : {0, 1, 2, 3}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
     c.d = 256;
-    add("causal d256 B2 mqa Sq=Sk=260", c, true);
+    for (int variant : {1, 2, 3}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
+    c.d = 64;
+    add("causal d64 B2 mqa Sq=Sk=260", c, 3);
   }
   for (int d : {128, 256}) {
     Fp8Config c;
@@ -671,6 +680,7 @@ int main(int argc, char** argv) {
     c.hk = 2;
     c.mask = MaskKind::causal;
     add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c);
+    if (d == 256) add("varlen causal d256 gqa 4/2 with empty sequences", c, 3);
   }
   {
     Fp8Config c;
@@ -693,6 +703,7 @@ int main(int argc, char** argv) {
     c.input_std = 2.f;
     c.out_dtype = DType::f16;
     add("causal Sq>Sk softcap tanh fp16 out d256", c);
+    add("causal Sq>Sk softcap tanh fp16 out d256", c, 2);
     c.d = 128;
     c.method = SoftcapMethod::soft_sign;
     add("causal Sq>Sk softcap soft_sign fp16 out d128", c);
@@ -720,7 +731,7 @@ int main(int argc, char** argv) {
     c.sk = 3000;
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c);
   }
-  for (auto& e : cases) check_case(e.cfg, e.pingpong, rng);
+  for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;
 }
