@@ -493,9 +493,21 @@ RowMajorStrides strides(const Fp8Case& c, bool is_q, int heads) {
   return s;
 }
 
+// [B, S, H, D] -> [B, H, S, D] copy of a padded case's e4m3 tensor (the rows then have the smaller
+// stride: the tensor maps swap the rows and heads axes).
+std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h, int d) {
+  std::vector<uint8_t> y(x.size());
+  for (int bi = 0; bi < b; ++bi)
+    for (int si = 0; si < s; ++si)
+      for (int hi = 0; hi < h; ++hi)
+        std::memcpy(&y[((int64_t{bi} * h + hi) * s + si) * d], &x[((int64_t{bi} * s + si) * h + hi) * d], d);
+  return y;
+}
+
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
+// bhsd (padded cases): q, k, v stored [B, H, S, D].
 template <int D, bool kPingpong, bool kSerial>
-bool run_emulated(Fp8Case& c, Fp8Outputs& r) {
+bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
   AttentionKernelParams& p = f.base;
@@ -504,6 +516,17 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r) {
   p.v = c.v8.data();
   p.q_st = p.out_st = strides(c, true, cfg.hq);
   p.k_st = p.v_st = strides(c, false, cfg.hk);
+  std::vector<uint8_t> q_bhsd, k_bhsd, v_bhsd;
+  if (bhsd && !c.varlen) {
+    q_bhsd = to_bhsd(c.q8, c.n, cfg.sq, cfg.hq, D);
+    k_bhsd = to_bhsd(c.k8, c.n, cfg.sk, cfg.hk, D);
+    v_bhsd = to_bhsd(c.v8, c.n, cfg.sk, cfg.hk, D);
+    p.q = q_bhsd.data();
+    p.k = k_bhsd.data();
+    p.v = v_bhsd.data();
+    p.q_st = {int64_t{cfg.hq} * cfg.sq * D, D, int64_t{cfg.sq} * D};
+    p.k_st = p.v_st = {int64_t{cfg.hk} * cfg.sk * D, D, int64_t{cfg.sk} * D};
+  }
   if (c.varlen) {
     p.cu_seqlens_q = c.cu_q.data();
     p.cu_seqlens_k = c.cu_k.data();
@@ -595,14 +618,15 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
               what, rms, rms_emu, err, base, atol, ok ? "ok" : "FAIL");
 }
 
-// The kernel variant: bit 0 ping-pong, bit 1 serial.
+// The kernel variant: bit 0 ping-pong, bit 1 serial; bit 2: inputs stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
-  switch (variant) {
-    case 0: return run_emulated<D, false, false>(c, r);
-    case 1: return run_emulated<D, true, false>(c, r);
-    case 2: return run_emulated<D, false, true>(c, r);
-    default: return run_emulated<D, true, true>(c, r);
+  const bool bhsd = variant & 4;
+  switch (variant & 3) {
+    case 0: return run_emulated<D, false, false>(c, r, bhsd);
+    case 1: return run_emulated<D, true, false>(c, r, bhsd);
+    case 2: return run_emulated<D, false, true>(c, r, bhsd);
+    default: return run_emulated<D, true, true>(c, r, bhsd);
   }
 }
 
@@ -612,7 +636,7 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   const Fp8Outputs emu = fp8_test::recipe(c);
   Fp8Outputs got;
   const char* names[4] = {"", " (ping-pong)", " (serial)", " (serial ping-pong)"};
-  std::printf("  case %s%s\n", cfg.name.c_str(), names[variant]);
+  std::printf("  case %s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 4 ? " [B, H, S, D] inputs" : "");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -637,7 +661,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(std::random_device{}());
   struct Entry {
     Fp8Config cfg;
-    int variant;  // bit 0 ping-pong, bit 1 serial
+    int variant;  // bit 0 ping-pong, bit 1 serial, bit 2 [B, H, S, D] inputs
   };
   std::vector<Entry> cases;
   const std::vector<std::string> quick = {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"};
@@ -670,6 +694,12 @@ int main(int argc, char** argv) {
     for (int variant : {1, 2, 3}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
     c.d = 64;
     add("causal d64 B2 mqa Sq=Sk=260", c, 3);
+    c.hq = 4;
+    c.hk = 2;
+    for (int d : {64, 128, 256}) {
+      c.d = d;
+      add("causal d" + std::to_string(d) + " B2 gqa 4/2 Sq=Sk=260", c, 4);
+    }
   }
   for (int d : {128, 256}) {
     Fp8Config c;
