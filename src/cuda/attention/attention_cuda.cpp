@@ -4,6 +4,7 @@
 // naming the argument, before anything is written.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -257,7 +258,9 @@ void attention_backward(const AttentionParams& p, const AttentionProblem& pr,
 }
 
 std::size_t attention_workspace_bytes(const AttentionParams& p, const AttentionProblem& pr, Pass pass) {
-  if (p.q.dtype == DType::e4m3) return fp8_attention_workspace_bytes(p, pr, pass);
+  if (p.q.dtype == DType::e4m3)  // the forward's V^T copy: enough for the mma.sync and the wgmma kernel
+    return std::max(fp8_attention_workspace_bytes(p, pr, pass),
+                    pass == Pass::forward ? fp8_wgmma_forward_workspace_bytes(pr) : std::size_t{0});
   if (pass == Pass::forward) return 0;
   const BackwardScratch s = backward_scratch(p, pr);
   return 2 * s.lse_bytes + s.dq_bytes;

@@ -93,6 +93,11 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
 
 }  // namespace
 
+std::size_t fp8_wgmma_forward_workspace_bytes(const AttentionProblem& pr) {
+  const int64_t cols = cuda_attn::fp8w::vt_columns(pr.varlen, pr.num_seqs, pr.seqlen_k, pr.total_k);
+  return cuda_detail::align_up(static_cast<std::size_t>(pr.heads_k * pr.head_dim * cols));
+}
+
 bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProblem& pr,
                                  const cuda_attn::AttentionKernelParams& k, bool out_bf16, Workspace ws,
                                  cudaStream_t stream) {
@@ -125,7 +130,7 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   f.out_bf16 = out_bf16;
   set_descales(f, p);
   f.vt_cols = cuda_attn::fp8w::vt_columns(pr.varlen, pr.num_seqs, pr.seqlen_k, pr.total_k);
-  const std::size_t bytes = cuda_detail::align_up(static_cast<std::size_t>(pr.heads_k * pr.head_dim * f.vt_cols));
+  const std::size_t bytes = fp8_wgmma_forward_workspace_bytes(pr);
   cuda_detail::ScratchBuffer scratch(ws, bytes, stream);
   f.vt = scratch.take<uint8_t>(bytes);
   if (!cuda_attn::fp8w::make_vt_map(encode, &mvt, f.vt, f.vt_cols, hd, pr.heads_k, cuda_attn::fp8w::kVtBoxKeys))

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "attention_kernel_params.h"
 #include "core/problems.h"
 
@@ -20,6 +22,10 @@ namespace flashgrad::cuda {
 //   - more query tiles than one grid holds.
 // Its V^T copy is padded to 128 keys per sequence, which can need more than
 // fp8_attention_workspace_bytes gives; the scratch then comes from a stream-ordered allocation.
+// Workspace of that forward: the V^T copy padded to 128 keys per sequence (at most 64 columns per
+// sequence more than the mma.sync forward's copy), so attention_workspace_bytes can cover both.
+std::size_t fp8_wgmma_forward_workspace_bytes(const AttentionProblem& pr);
+
 bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProblem& pr,
                                  const cuda_attn::AttentionKernelParams& k, bool out_bf16, Workspace ws,
                                  cudaStream_t stream);
