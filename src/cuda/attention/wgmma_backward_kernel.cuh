@@ -88,11 +88,14 @@ struct WgmmaBackwardConfig {
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
   static_assert(kOffDS % 1024 == 0 && kDSBytes % 1024 == 0, "dS^T buffers on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
-  // setmaxnreg split of the 64K registers (consumers x 256 + producer x 128 threads): at D = 64 the
-  // 128-query tiles need 240 per consumer thread (S^T, dP^T, dK, dV alone are 192; ptxas still
-  // spills 32 bytes of loop state), and the producer's walk fits in 32.
-  static constexpr int kConsumerRegs = D == 64 ? 240 : 232;  // D = 256: 192 too (half of dK, dV)
-  static constexpr int kProducerRegs = D == 64 ? 32 : 40;
+  // setmaxnreg split of the registers the CTA launched with (168 per thread x 384, what
+  // __launch_bounds__(384, 1) gives): an increase beyond that pool never completes (the first D = 64
+  // version asked for 240 x 256 + 32 x 128 and hung). At D = 64 the 128-query tiles want 240 per
+  // consumer thread (S^T, dP^T, dK, dV alone are 192; ptxas still spills 32 bytes of loop state), so
+  // the producer gets 24; elsewhere 232 / 40.
+  static constexpr int kConsumerRegs = D == 64 ? 240 : 232;
+  static constexpr int kProducerRegs = D == 64 ? 24 : 40;
+  static_assert(kConsumerRegs * 256 + kProducerRegs * 128 <= 168 * 384, "more registers than the CTA launched with");
 };
 
 struct WgmmaBackwardAxes {
