@@ -7,7 +7,8 @@
 // FLOPs: 4 B H S^2 D, halved when causal.
 // usage: fp8_wgmma_bench [B H S] [variant ...] (default 2 16 8192 w), variants of the wgmma kernel:
 //   w (default), pp (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1),
-//   spp (both); each timed in the order given (a turn-taking bug would trap and end the process).
+//   spp (both), o (FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o and
+//   ping-pong); each timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -109,8 +110,9 @@ void set_switch(const std::string& variant) {
     unsetenv("FLASHGRAD_ATTN_FP8_FORWARD");
   else
     setenv("FLASHGRAD_ATTN_FP8_FORWARD", "wgmma", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", variant == "pp" || variant == "spp" ? "1" : "0", 1);
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", variant == "pp" || variant == "spp" || variant == "opp" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", variant == "s" || variant == "spp" ? "1" : "0", 1);
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", variant == "o" || variant == "opp" ? "1" : "0", 1);
 }
 
 struct Diff {
@@ -197,7 +199,7 @@ int main(int argc, char** argv) {
   std::vector<int> dims;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "w" || a == "pp" || a == "s" || a == "spp")
+    if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp")
       variants.push_back(a);
     else
       dims.push_back(std::atoi(argv[i]));

@@ -7,7 +7,9 @@
 #   2. AttentionFp8* with FLASHGRAD_ATTN_FP8_FORWARD=wgmma: the FP8 GPU tests (2x rule against the
 #      recipe's emulation) with the forward on the wgmma kernel (hd 64 stays on mma.sync);
 #   3. AttentionFp8Gpu.* again for each variant (pp: FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1, s:
-#      FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, spp: both), and with hd 64 on wgmma too
+#      FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, spp: both, o: FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1 (P V
+#      accumulated in the tensor cores: what the two-level accumulation costs), opp), and with hd 64
+#      on wgmma too
 #      (FLASHGRAD_ATTN_FP8_WGMMA_HD64=1; 64-byte rows, SWIZZLE_64B);
 #   4. bench/attention/fp8_wgmma_bench.cu (built here against build-gpu's libflashgrad.a): forward
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256,
@@ -53,41 +55,55 @@ else
   status+=("no flashgrad_gpu_tests binary under build-gpu")
 fi
 
+table=""
+bench_ready() {  # waits for the background build once; true when the forward bench built
+  if [ -n "${build_pid:-}" ]; then wait "$build_pid"; build_pid=""; fi
+  [ -f /tmp/fp8w_bench_built ]
+}
+# The default variant's numbers first (the variants below could trap and end a bench process).
+if [ -n "$lib" ] && bench_ready && [ "$(left)" -gt 30 ]; then
+  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default)"
+  timeout -k 3 30 /tmp/fp8w_bench w > "$OUT/extra/fp8w_bench_default.log" 2>&1
+  status+=("fp8_wgmma_bench w rc=$?")
+  cat "$OUT/extra/fp8w_bench_default.log"
+  table=$(cat "$OUT/extra/fp8w_bench_default.log")
+elif [ -n "$lib" ]; then
+  status+=("fp8_wgmma_bench not run (build: $(tail -3 /tmp/fp8w_bench_build.log | tr '\n' ' '); left $(left) s)")
+fi
+
 # The variants, each in a process of its own (a turn-taking bug traps): bench only those that pass.
+sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma*:AttentionFp8Gpu.Permuted*:AttentionFp8Gpu.Unaligned*'
 bench_variants="w"
-for v in pp s spp; do
-  [ -n "$tests" ] && [ "$(left)" -gt 80 ] || break
-  pp=0; serial=0
-  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; esac
-  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial)"
+for v in pp s spp o opp; do
+  [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
+  pp=0; serial=0; one=0
+  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; esac
+  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one)"
   FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=$pp FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=$serial \
-    timeout -k 3 20 "$tests" --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8w_${v}_tests.log" 2>&1
+    FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one timeout -k 3 15 "$tests" --gtest_filter="$sub_filter" \
+    > "$OUT/extra/fp8w_${v}_tests.log" 2>&1
   rc=$?
   show "$OUT/extra/fp8w_${v}_tests.log" 12
   status+=("AttentionFp8Gpu.* (wgmma fwd, variant $v) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_${v}_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_${v}_tests.log") failed)")
   [ $rc = 0 ] && bench_variants="$bench_variants $v"
 done
 
-if [ -n "$tests" ] && [ "$(left)" -gt 75 ]; then
+if [ -n "$tests" ] && [ "$(left)" -gt 50 ]; then
   echo "== fp8w: AttentionFp8Gpu.* with hd 64 on wgmma too (FLASHGRAD_ATTN_FP8_WGMMA_HD64=1)"
-  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 timeout -k 3 20 "$tests" \
-    --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8w_hd64_tests.log" 2>&1
+  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 timeout -k 3 15 "$tests" \
+    --gtest_filter="$sub_filter" > "$OUT/extra/fp8w_hd64_tests.log" 2>&1
   rc=$?
   show "$OUT/extra/fp8w_hd64_tests.log" 20
   status+=("AttentionFp8Gpu.* (wgmma fwd incl. hd64) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_hd64_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_hd64_tests.log") failed)")
 fi
 
-table=""
 if [ -n "$lib" ]; then
-  wait "$build_pid"
-  if [ -f /tmp/fp8w_bench_built ] && [ "$(left)" -gt 15 ]; then
+  if [ "$bench_variants" != "w" ] && bench_ready && [ "$(left)" -gt 25 ]; then
     echo "== fp8w: forward bench (bf16, mma.sync, wgmma variants: $bench_variants)"
     timeout -k 3 $(( $(left) > 50 ? 45 : $(left) - 5 )) /tmp/fp8w_bench $bench_variants > "$OUT/extra/fp8w_bench.log" 2>&1
     status+=("fp8_wgmma_bench $bench_variants rc=$?")
     cat "$OUT/extra/fp8w_bench.log"
     table=$(cat "$OUT/extra/fp8w_bench.log")
-  else
-    status+=("fp8_wgmma_bench not run (build: $(tail -3 /tmp/fp8w_bench_build.log | tr '\n' ' '); left $(left) s)")
   fi
   if [ -f /tmp/fp8w_fp8_bench_built ] && [ "$(left)" -gt 25 ]; then
     echo "== fp8w: fp8_bench with FLASHGRAD_ATTN_FP8_FORWARD=wgmma (fwd + bwd vs bf16)"

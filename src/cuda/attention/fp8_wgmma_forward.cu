@@ -59,11 +59,11 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool kPingpong, bool kSerial>
+template <int D, bool kPingpong, int kSchedule>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
-  using Cfg = Fp8wForwardConfig<D, kSerial>;
-  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSerial>;
+  using Cfg = Fp8wForwardConfig<D, kSchedule>;
+  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
@@ -78,17 +78,28 @@ bool env_on(const char* name) {
 // Variants, off by default until the H200 shows them correct and faster (read at every call, so the
 // bench times them in one process): FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1, the consumer warpgroups
 // take turns issuing; FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, no overlap inside a warpgroup (S, softmax,
-// P V in sequence; 128-key blocks at D = 256).
+// P V in sequence; 128-key blocks at D = 256); FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1 (unless SERIAL),
+// O accumulated in the tensor cores across key blocks -- not the recipe's numerics, for measuring
+// what the two-level accumulation costs (Fp8wSchedule).
 template <int D>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                     const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
-  const bool pingpong = env_on("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG"), serial = env_on("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL");
-  if (serial)
-    pingpong ? launch_kernel<D, true, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
-             : launch_kernel<D, false, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+  using cuda_attn::fp8w::kOneLevel;
+  using cuda_attn::fp8w::kOverlap;
+  using cuda_attn::fp8w::kSerial;
+  const bool pingpong = env_on("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG");
+  const int schedule = env_on("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL")      ? kSerial
+                       : env_on("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL") ? kOneLevel
+                                                                      : kOverlap;
+  if (schedule == kSerial)
+    pingpong ? launch_kernel<D, true, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
+             : launch_kernel<D, false, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+  else if (schedule == kOneLevel)
+    pingpong ? launch_kernel<D, true, kOneLevel>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
+             : launch_kernel<D, false, kOneLevel>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   else
-    pingpong ? launch_kernel<D, true, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
-             : launch_kernel<D, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+    pingpong ? launch_kernel<D, true, kOverlap>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
+             : launch_kernel<D, false, kOverlap>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
 }
 
 }  // namespace

@@ -54,18 +54,31 @@ struct Fp8wMapAxes {
 #define FLASHGRAD_FP8W_PV_CHUNK_256 64
 #endif
 
-// kSerial: the variant without intra-warpgroup overlap (S, softmax, P V one after the other in a
-// warpgroup; the two warpgroups overlap each other, in turns with kPingpong). S is dead while P V
-// runs, so D = 256 affords 128-key blocks and 128-column P V chunks there.
-template <int D, bool kSerial = false>
+// How a consumer warpgroup orders its products:
+//   kOverlap (default): S(j+1) issued beside P(j) V(j), the softmax of j+1 runs while P V does;
+//     two-level P V accumulation (above);
+//   kSerial: no overlap inside a warpgroup (S, softmax, P V one after the other; the two warpgroups
+//     overlap each other, in turns with kPingpong). S is dead while P V runs, so D = 256 affords
+//     128-key blocks and 128-column P V chunks; two-level accumulation;
+//   kOneLevel: kOverlap's schedule with O accumulated inside the tensor cores across key blocks (the
+//     bf16 kernel's scheme: O rescaled in fp32 between blocks, no ob; 64-key steps at D = 256).
+//     NOT the recipe's numerics (the ~13-bit accumulator input, see above): for measuring what the
+//     two-level accumulation costs.
+enum Fp8wSchedule : int { kOverlap = 0, kSerial = 1, kOneLevel = 2 };
+
+template <int D, int kSchedule = kOverlap>
 struct Fp8wForwardConfig {
   static_assert(D == 64 || D == 128 || D == 256, "the FP8 wgmma forward covers head dims 64, 128 and 256");
   static constexpr int kBlockM = 128;    // two consumer warpgroups of 64 rows
   static constexpr int kLoadN = 128;     // keys per TMA block (one 128-byte V^T row)
-  static constexpr int kBlockN = D == 256 && !kSerial ? 64 : 128;  // keys per S / softmax / P V step
+  // Keys per S / softmax / P V step: 64 where S, O and ob (or O alone at 128 per thread) would not fit
+  // beside 128-key S registers.
+  static constexpr int kBlockN = D == 256 && kSchedule != kSerial ? 64 : 128;
   static constexpr int kSub = kLoadN / kBlockN;
-  // Head-dim columns per P V accumulator chunk (registers: S kBlockN / 2, O D / 2, ob kPvChunk / 2).
-  static constexpr int kPvChunk = D == 256 ? (kSerial ? 128 : FLASHGRAD_FP8W_PV_CHUNK_256) : D;
+  // Head-dim columns per P V accumulator chunk (registers: S kBlockN / 2, O D / 2, ob kPvChunk / 2);
+  // kOneLevel: all D columns straight into O.
+  static constexpr int kPvChunk =
+      kSchedule == kOneLevel ? D : D == 256 ? (kSchedule == kSerial ? 128 : FLASHGRAD_FP8W_PV_CHUNK_256) : D;
   static constexpr int kPvChunks = D / kPvChunk;
   // Q / K tiles: rows of 128 bytes (SWIZZLE_128B) in D / 128 column panels; at D = 64 one panel of
   // 64-byte rows (SWIZZLE_64B: chunk c of row r at c ^ ((r / 2) % 4), 8-row groups of 512 bytes).
@@ -223,14 +236,15 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // warpgroup 1 goes first: warpgroup 2 arrives on barrier 1 once at the start and skips its last
 // hand-over, so every barrier generation completes. The D = 256 chunks after the first are issued
 // outside the turns.
-// kSerial: see Fp8wForwardConfig; with kPingpong it is FA3's inter-warpgroup schedule alone.
-template <int D, bool kPingpong, bool kSerial = false>
+// kSchedule: see Fp8wForwardConfig; kSerial with kPingpong is FA3's inter-warpgroup schedule alone.
+template <int D, bool kPingpong, int kSchedule = kOverlap>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
                                        const __grid_constant__ CUtensorMap map_vt, const Fp8KernelParams fp,
                                        const Fp8wMapAxes axes, int num_m_blocks) {
-  using Cfg = Fp8wForwardConfig<D, kSerial>;
+  using Cfg = Fp8wForwardConfig<D, kSchedule>;
+  constexpr bool kOne = kSchedule == kOneLevel;
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
   constexpr int NC = Cfg::kPvChunk, CH = Cfg::kPvChunks;
@@ -329,7 +343,7 @@ __global__ void __launch_bounds__(384, 1)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
   float s[BN / 2];
-  float ob[NC / 2];
+  float ob[kOne ? 1 : NC / 2];
   uint32_t pa[BN / 32][4];
 
   // S = Q K^T of sub-block `sub` of a slot, issued (not waited for).
@@ -346,25 +360,41 @@ __global__ void __launch_bounds__(384, 1)
   };
   // ob = P8 (sub-block `sub`) V^T rows [NC c, NC (c + 1)), summed from zero; issued, not waited for.
   // V^T rows are head dims (128 bytes of keys each); the sub-block's k32 steps are 32-byte steps
-  // along the row.
+  // along the row. kOneLevel: O += P8 V^T over all D columns.
   auto issue_pv = [&](int slot, int sub, int c) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < BN / 32; ++ks) {
       const uint32_t b = sVt + slot * Cfg::kVtBytes + c * NC * 128 + (sub * (BN / 32) + ks) * 32;
-      sm90::wgmma_e4m3_rs<NC>(ob, pa[ks], sm90::smem_desc(b, 16, 1024), ks > 0);
+      if constexpr (kOne)
+        sm90::wgmma_e4m3_rs<D>(o, pa[ks], sm90::smem_desc(b, 16, 1024), 1);
+      else
+        sm90::wgmma_e4m3_rs<NC>(ob, pa[ks], sm90::smem_desc(b, 16, 1024), ks > 0);
     }
     sm90::wgmma_commit();
   };
   // O chunk c = O chunk c * rescale + ob (rows g: elements 0, 1; g + 8: 2, 3 of each 8-column group).
+  // kOneLevel: O (all of it) *= rescale, once its P V has left the tensor cores.
   auto fold = [&](int c, const float (&rs)[2]) {
+    if constexpr (kOne) {
+      sm90::pin_registers(o);
 #pragma unroll
-    for (int i = 0; i < NC / 8; ++i) {
-      float* oc = o + c * (NC / 2) + 4 * i;
-      oc[0] = fmaf(oc[0], rs[0], ob[4 * i + 0]);
-      oc[1] = fmaf(oc[1], rs[0], ob[4 * i + 1]);
-      oc[2] = fmaf(oc[2], rs[1], ob[4 * i + 2]);
-      oc[3] = fmaf(oc[3], rs[1], ob[4 * i + 3]);
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i + 0] *= rs[0];
+        o[4 * i + 1] *= rs[0];
+        o[4 * i + 2] *= rs[1];
+        o[4 * i + 3] *= rs[1];
+      }
+    } else {
+      sm90::pin_registers(ob);
+#pragma unroll
+      for (int i = 0; i < NC / 8; ++i) {
+        float* oc = o + c * (NC / 2) + 4 * i;
+        oc[0] = fmaf(oc[0], rs[0], ob[4 * i + 0]);
+        oc[1] = fmaf(oc[1], rs[0], ob[4 * i + 1]);
+        oc[2] = fmaf(oc[2], rs[1], ob[4 * i + 2]);
+        oc[3] = fmaf(oc[3], rs[1], ob[4 * i + 3]);
+      }
     }
   };
   auto pin_p = [&] {
@@ -387,7 +417,7 @@ __global__ void __launch_bounds__(384, 1)
   //   runs; wait; fold chunk 0 with rs_prev; the other chunks issued and folded in turn; pack P(j+1).
   int cls = kTileEmpty;
   int nb = next_key_block<LN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
-  if (kSerial && nb >= 0) {
+  if (kSchedule == kSerial && nb >= 0) {
     // Per item: S, softmax, P V (its chunks in turn), each waited for before the next; O = O rescale
     // + ob with this item's own rescale. Turns (kPingpong): one for S, one for P V's first chunk.
     sm90::mbar_wait(bar_q_full, 0);
@@ -418,7 +448,6 @@ __global__ void __launch_bounds__(384, 1)
         for (int c = 0; c < CH; ++c) {
           if (c > 0) issue_pv(slot, sub, c);
           sm90::wgmma_wait<0>();
-          sm90::pin_registers(ob);
           fold(c, rs);
         }
         pin_p();
@@ -465,13 +494,13 @@ __global__ void __launch_bounds__(384, 1)
       if (n_sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * n_slot);
       softmax(rs_next, n_cls, n_nb, n_sub);
       sm90::wgmma_wait<0>();
-      sm90::pin_registers(ob);
-      fold(0, rs_prev);
+      // Two-level: O (in block j-1's max) * rescale(j) + P(j) V(j). One-level: O (P(j) V(j) added in
+      // the tensor cores, in block j's max) * rescale(j+1), ready for P(j+1) V(j+1).
+      fold(0, kOne ? rs_next : rs_prev);
 #pragma unroll
       for (int c = 1; c < CH; ++c) {
         issue_pv(slot, sub, c);
         sm90::wgmma_wait<0>();
-        sm90::pin_registers(ob);
         fold(c, rs_prev);
       }
       pin_p();  // the tensor cores read P(j) from these registers until now
@@ -494,8 +523,10 @@ __global__ void __launch_bounds__(384, 1)
     for (int c = 0; c < CH; ++c) {
       if (c > 0) issue_pv(slot, sub, c);
       sm90::wgmma_wait<0>();
-      sm90::pin_registers(ob);
-      fold(c, rs_prev);
+      if constexpr (kOne)
+        sm90::pin_registers(o);  // the last block's P V: no rescale after it
+      else
+        fold(c, rs_prev);
     }
     pin_p();
     if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);

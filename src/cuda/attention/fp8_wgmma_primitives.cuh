@@ -26,6 +26,18 @@ namespace flashgrad::cuda_attn::sm90 {
       "+f"(d[i + 6]), "+f"(d[i + 7])
 #define FG8_ACC32(d) FG8_ACC8(d, 0), FG8_ACC8(d, 8), FG8_ACC8(d, 16), FG8_ACC8(d, 24)
 #define FG8_ACC64(d) FG8_ACC32(d), FG8_ACC8(d, 32), FG8_ACC8(d, 40), FG8_ACC8(d, 48), FG8_ACC8(d, 56)
+#define FG8_ACC128(d)                                                                            \
+  FG8_ACC64(d), FG8_ACC8(d, 64), FG8_ACC8(d, 72), FG8_ACC8(d, 80), FG8_ACC8(d, 88), FG8_ACC8(d, 96), \
+      FG8_ACC8(d, 104), FG8_ACC8(d, 112), FG8_ACC8(d, 120)
+#define FG8_REGS128                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "     \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "      \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "      \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "      \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "      \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, "  \
+  "%109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "      \
+  "%124, %125, %126, %127}"
 #define FG8_REGS32                                                                                \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -77,6 +89,17 @@ __device__ __forceinline__ void wgmma_e4m3_rs_n128(float (&d)[64], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
 }
 
+// D[64 x 256] (=|+=) A[64 x 32] B[32 x 256], A e4m3 in registers, B K-major in shared memory.
+__device__ __forceinline__ void wgmma_e4m3_rs_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t b_desc,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 " FG8_REGS128
+      ", {%128, %129, %130, %131}, %132, p, 1, 1;\n}\n"
+      : FG8_ACC128(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+}
+
 // D[64 x 64] (=|+=) A[64 x 32] B[32 x 64], A in registers, B K-major in shared memory.
 __device__ __forceinline__ void wgmma_e4m3_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
                                                   int scale_d) {
@@ -88,11 +111,13 @@ __device__ __forceinline__ void wgmma_e4m3_rs_n64(float (&d)[32], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
 }
 
-// One N chunk (64 or 128 head-dim columns) of O += P V, one k32 step.
+// One N chunk (64, 128 or 256 head-dim columns) of O += P V, one k32 step.
 template <int NC>
 __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t (&a)[4], uint64_t b_desc,
                                               int scale_d) {
-  if constexpr (NC == 128)
+  if constexpr (NC == 256)
+    wgmma_e4m3_rs_n256(d, a, b_desc, scale_d);
+  else if constexpr (NC == 128)
     wgmma_e4m3_rs_n128(d, a, b_desc, scale_d);
   else
     wgmma_e4m3_rs_n64(d, a, b_desc, scale_d);
@@ -130,5 +155,7 @@ __device__ __forceinline__ void named_barrier_arrive_id(int threads) {
 #undef FG8_ACC64
 #undef FG8_REGS32
 #undef FG8_REGS64
+#undef FG8_REGS128
+#undef FG8_ACC128
 
 }  // namespace flashgrad::cuda_attn::sm90

@@ -506,7 +506,7 @@ std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h,
 
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
 // bhsd (padded cases): q, k, v stored [B, H, S, D].
-template <int D, bool kPingpong, bool kSerial>
+template <int D, bool kPingpong, int kSchedule>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -596,7 +596,7 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const int mblocks = (c.max_q + 127) / 128;
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
   launch(tiles, 1, 384,
-         [&] { fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSerial>(mq, mk, mvt, f, axes, mblocks); });
+         [&] { fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule>(mq, mk, mvt, f, axes, mblocks); });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
   return true;
@@ -618,15 +618,19 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
               what, rms, rms_emu, err, base, atol, ok ? "ok" : "FAIL");
 }
 
-// The kernel variant: bit 0 ping-pong, bit 1 serial; bit 2: inputs stored [B, H, S, D].
+// The kernel variant: bit 0 ping-pong, bit 1 serial, bit 3 one-level (Fp8wSchedule); bit 2: inputs
+// stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   const bool bhsd = variant & 4;
+  if (variant & 8)
+    return variant & 1 ? run_emulated<D, true, fp8w::kOneLevel>(c, r, bhsd)
+                       : run_emulated<D, false, fp8w::kOneLevel>(c, r, bhsd);
   switch (variant & 3) {
-    case 0: return run_emulated<D, false, false>(c, r, bhsd);
-    case 1: return run_emulated<D, true, false>(c, r, bhsd);
-    case 2: return run_emulated<D, false, true>(c, r, bhsd);
-    default: return run_emulated<D, true, true>(c, r, bhsd);
+    case 0: return run_emulated<D, false, fp8w::kOverlap>(c, r, bhsd);
+    case 1: return run_emulated<D, true, fp8w::kOverlap>(c, r, bhsd);
+    case 2: return run_emulated<D, false, fp8w::kSerial>(c, r, bhsd);
+    default: return run_emulated<D, true, fp8w::kSerial>(c, r, bhsd);
   }
 }
 
@@ -636,7 +640,8 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   const Fp8Outputs emu = fp8_test::recipe(c);
   Fp8Outputs got;
   const char* names[4] = {"", " (ping-pong)", " (serial)", " (serial ping-pong)"};
-  std::printf("  case %s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 4 ? " [B, H, S, D] inputs" : "");
+  std::printf("  case %s%s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 8 ? " (one-level P V)" : "",
+              variant & 4 ? " [B, H, S, D] inputs" : "");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -661,7 +666,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(std::random_device{}());
   struct Entry {
     Fp8Config cfg;
-    int variant;  // bit 0 ping-pong, bit 1 serial, bit 2 [B, H, S, D] inputs
+    int variant;  // bit 0 ping-pong, bit 1 serial, bit 3 one-level, bit 2 [B, H, S, D] inputs
   };
   std::vector<Entry> cases;
   const std::vector<std::string> quick = {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"};
@@ -689,9 +694,9 @@ int main(int argc, char** argv) {
     c.hq = 2;
     c.hk = 1;
     c.sq = c.sk = 260;
-    for (int variant : {0, 1, 2, 3}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {0, 1, 2, 3, 8, 9}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
     c.d = 256;
-    for (int variant : {1, 2, 3}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {1, 2, 3, 8, 9}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
     c.d = 64;
     add("causal d64 B2 mqa Sq=Sk=260", c, 3);
     c.hq = 4;
@@ -760,6 +765,7 @@ int main(int argc, char** argv) {
     c.sq = 40;
     c.sk = 3000;
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c);
+    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 8);
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
