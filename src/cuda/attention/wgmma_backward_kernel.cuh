@@ -21,7 +21,7 @@
 //       dV  += P^T dO         (A = P^T from registers, B = dO MN-major: K dim = queries)
 //       dK  += dS^T Q         (A = dS^T from registers, B = Q MN-major)
 //       dS^T -> shared memory (bf16 / fp16, 128 keys x kBlockM queries, two buffers); then
-//       dQ(kBlockM x D/2, this warpgroup's half of the columns) = dS K
+//       dQ = dS K, this warpgroup's half: D/2 columns at D = 128, 64 of the 128 queries at D = 64
 //                             (A = dS read transposed from dS^T, B = K MN-major; K dim = 128 keys)
 //     dK (times the softmax scale) and dV are written once at the end.
 // In deterministic mode the kernel skips dQ; attention_dq_kernel computes it in a fixed order.
@@ -434,43 +434,41 @@ __global__ void __launch_bounds__(384, 1)
           continue;
         }
 
-        // dQ[BM queries x D/2 columns of this warpgroup] = dS K over the block's 128 keys, one
-        // 64-query M tile (one dS^T panel) at a time.
-        constexpr int kDqCols = D / 2, MT = BM / 64;  // (not kSplitD)
-        float dq[MT][kDqCols / 2];
+        // dQ = dS K over the block's 128 keys, this warpgroup's share of it:
+        //   BM = 64 (D = 128): the 64 queries x columns [64 cw, 64 cw + 64) (a K panel of its own);
+        //   BM = 128 (D = 64): queries [64 cw, 64 cw + 64) (dS^T panel cw) x all 64 columns, so each
+        //   warpgroup issues 8 m64n64 products instead of 16 m64n32 ones.
+        constexpr bool kRowsPerWg = BM == 128;  // (not kSplitD)
+        constexpr int kDqCols = kRowsPerWg ? D : D / 2;
+        static_assert(Cfg::kSplitD || kDqCols == 64, "one 64-column K panel per warpgroup");
+        const int dq_panel = kRowsPerWg ? cw : 0;  // dS^T panel = 64-query M tile
+        const int dq_col0 = kRowsPerWg ? 0 : cw * kDqCols;
+        float dq[kDqCols / 2];
         sm90::wgmma_fence();
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk) {
-            const uint32_t a = ds_buf + mt * Cfg::kDSPanelBytes + kk * 16 * 128;
-            // Column cw * D/2 of K: a panel of its own at D = 128, 64 bytes into the rows at D = 64.
-            const uint32_t b = sK + (D == 128 ? cw * Cfg::kPanelBytesKV : cw * 64) + kk * 16 * 128;
-            sm90::wgmma_ss_tt<T, kDqCols>(dq[mt], sm90::smem_desc(a, Cfg::kDSPanelBytes, 1024),
-                                          sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
-          }
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          const uint32_t a = ds_buf + dq_panel * Cfg::kDSPanelBytes + kk * 16 * 128;
+          const uint32_t b = sK + (dq_col0 / 64) * Cfg::kPanelBytesKV + kk * 16 * 128;
+          sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(a, Cfg::kDSPanelBytes, 1024),
+                                        sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) sm90::pin_registers(dq[mt]);
+        sm90::pin_registers(dq);
         pin_fragments(pa, pds);  // the tensor cores read them until now
         sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
 
         // dQ into the staging buffer once the reducer has read the previous tile's.
         sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
+        const int qrow = dq_panel * 64 + warp_in_wg * 16 + g;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const int qrow = mt * 64 + warp_in_wg * 16 + g;
+        for (int i = 0; i < kDqCols / 8; ++i)
 #pragma unroll
-          for (int i = 0; i < kDqCols / 8; ++i)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-              *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
-                  make_float2(dq[mt][4 * i + 2 * r], dq[mt][4 * i + 2 * r + 1]);
-        }
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + dq_col0 + 8 * i + 2 * t4) =
+                make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
         sm90::fence_proxy_async_shared();
         __syncwarp();
         if (lane == 0) sm90::mbar_arrive(bar_dq_full);
