@@ -107,7 +107,7 @@ float bf16_to_float(uint16_t x) {
 // The kernel a call runs: the mma.sync FP8 kernel (variant empty) or the wgmma one's variant.
 void set_switch(const std::string& variant) {
   if (variant.empty())
-    unsetenv("FLASHGRAD_ATTN_FP8_FORWARD");
+    setenv("FLASHGRAD_ATTN_FP8_FORWARD", "mma", 1);
   else
     setenv("FLASHGRAD_ATTN_FP8_FORWARD", "wgmma", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", variant == "pp" || variant == "spp" || variant == "opp" ? "1" : "0", 1);

@@ -189,8 +189,8 @@ void attention_forward(const AttentionParams& p, const AttentionProblem& pr, con
   }
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
   if (p.q.dtype == DType::e4m3) {
-    // FLASHGRAD_ATTN_FP8_FORWARD=wgmma: the Hopper wgmma FP8 forward where it applies (it declines,
-    // launching nothing, otherwise); the mma.sync FP8 forward stays the default.
+    // The Hopper wgmma FP8 forward where it applies (it declines, launching nothing, otherwise, or
+    // with FLASHGRAD_ATTN_FP8_FORWARD=mma); the mma.sync FP8 forward serves the rest.
     if (fp8_wgmma_attention_forward(p, pr, k, out.dtype == DType::bf16, ws, stream)) return;
     return fp8_attention_forward(p, pr, k, out.dtype == DType::bf16, ws, stream);
   }
