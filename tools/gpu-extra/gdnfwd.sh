@@ -78,10 +78,14 @@ def case(B, T, H, K, reps=5, fused="0"):
                 per[tag] = per.get(tag, 0.0) + t / 1000.0 / reps
     row = f"GDN fwd B{B} T{T} H{H} K=V={K} fused={fused}: wall {wall:.3f} ms | " + " | ".join(
         f"{k} {v:.3f} ms" for k, v in per.items())
-    print("ROW", row)
-    # the new outputs must be finite
+    # Agreement with the recurrent kernels at this size (the blocks the launcher picks here are
+    # not the ones the small GPU tests get): relative RMS, bars o / ht 5e-3.
     o, ht = fwd()
-    print("finite o", bool(torch.isfinite(o).all()), "finite ht", bool(torch.isfinite(ht).all()))
+    ro, rht = flashgrad.fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0,
+                                                         output_final_state=True)
+    rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
+    row += f" | vs recurrent: o {rel(o, ro):.2e} ht {rel(ht, rht):.2e}"
+    print("ROW", row)
 
 case(8, 4096, 16, 128)
 case(8, 4096, 16, 128, fused="1")

@@ -13,8 +13,9 @@
 //           registers (two mmas), the raw rows the B operand (ldmatrix.trans), so w and u keep
 //           ~fp32 accuracy before w's storage in T.
 // Warp wp owns rows [16 wp, 16 wp + 16) of every 64-row result. The inverse is blocked: the four
-// 16 x 16 diagonal blocks by forward substitution (one thread per column), then block rows
-// I = 1..3: A_IJ = -A_II sum_{J <= m < I} M_Im A_mJ, m over 16-blocks (fp32, CUDA cores).
+// 16 x 16 diagonal blocks by forward substitution (one thread per column, in registers), then
+// block rows I = 1..3: A_IJ = -A_II sum_{J <= m < I} M_Im A_mJ, m over 16-blocks (fp32, CUDA
+// cores, 4-column strips; invert_unit_lower64_blocked).
 #pragma once
 
 #include "chunked_mma.cuh"
@@ -113,6 +114,76 @@ __device__ __forceinline__ void invert_unit_lower64(const float* M, float* As, f
   }
 }
 
+
+// As = (I + M)^{-1} for the 64 x 64 strictly lower M (fp32 in shared memory, pitch LDM % 4 == 0;
+// 128 threads), the same blocked algorithm as invert_unit_lower64 with fewer shared-memory
+// accesses: the diagonal blocks' forward substitution keeps its column in registers (thread
+// (block bI, column jj) of the first 64), and the block rows are computed in strips of 4 columns
+// (one float4 load of A or tmp per 4 FMAs).
+template <int LDM>
+__device__ __forceinline__ void invert_unit_lower64_blocked(const float* M, float* As, float* tmp) {
+  static_assert(LDM % 4 == 0, "float4 rows");
+  const int tid = threadIdx.x;
+  if (tid < 64) {
+    // Column jj of diagonal block bI: x_i = [i == jj] - sum_{m < i} M_im x_m (x_m = 0 for m < jj).
+    const int r0 = 16 * (tid / 16), jj = tid % 16;
+    const float* Mb = M + r0 * LDM + r0;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float acc = 0.f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) acc = fmaf(Mb[i * LDM + m], x[m], acc);
+      x[i] = i == jj ? 1.f : -acc;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) As[(r0 + i) * LDM + r0 + jj] = x[i];
+  } else {
+    // Blocks above the diagonal are zero (w and u read whole 16 x 16 blocks; A is stored whole).
+    for (int e = tid - 64; e < 6 * 64; e += 64) {  // 6 blocks x 64 float4
+      const int blk = e / 64, q = e % 64;          // blk: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+      const int I = blk < 3 ? 0 : (blk < 5 ? 1 : 2), J = blk < 3 ? blk + 1 : (blk < 5 ? blk - 1 : 3);
+      *reinterpret_cast<float4*>(&As[(16 * I + q / 4) * LDM + 16 * J + 4 * (q % 4)]) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  __syncthreads();
+  // Block rows I = 1..3, rows [16 I, 16 I + 16), columns c < 16 I, in strips (r, c4 .. c4 + 3):
+  //   tmp[r][c] = sum_{m = c4}^{16 I - 1} M[16 I + r][m] A[m][c]   (A[m][c] = 0 for m < c)
+  //   A[16 I + r][c] = -sum_{m' = 0}^{r} A[16 I + r][16 I + m'] tmp[m'][c]
+  for (int I = 1; I < 4; ++I) {
+    const int r0 = 16 * I, strips = r0 / 4;  // strips per row
+    for (int e = tid; e < 16 * strips; e += kChunkThreads) {
+      const int r = e / strips, c4 = 4 * (e % strips);
+      const float* mrow = M + (r0 + r) * LDM;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int m = c4; m < r0; ++m) {
+        const float mv = mrow[m];
+        const float4 av = *reinterpret_cast<const float4*>(&As[m * LDM + c4]);
+        acc.x = fmaf(mv, av.x, acc.x);
+        acc.y = fmaf(mv, av.y, acc.y);
+        acc.z = fmaf(mv, av.z, acc.z);
+        acc.w = fmaf(mv, av.w, acc.w);
+      }
+      *reinterpret_cast<float4*>(&tmp[r * 48 + c4]) = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < 16 * strips; e += kChunkThreads) {
+      const int r = e / strips, c4 = 4 * (e % strips);
+      const float* arow = As + (r0 + r) * LDM + r0;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int m = 0; m <= r; ++m) {
+        const float av = arow[m];
+        const float4 tv = *reinterpret_cast<const float4*>(&tmp[m * 48 + c4]);
+        acc.x = fmaf(av, tv.x, acc.x);
+        acc.y = fmaf(av, tv.y, acc.y);
+        acc.z = fmaf(av, tv.z, acc.z);
+        acc.w = fmaf(av, tv.w, acc.w);
+      }
+      *reinterpret_cast<float4*>(&As[(r0 + r) * LDM + c4]) = make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
+    }
+    __syncthreads();
+  }
+}
 
 // acc[2 np], acc[2 np + 1] += Xs (rows [r0, r0 + 16), columns [16 kb, 16 kb + 16)) times the
 // [16 kb, 16 kb + 16) x [16 np, 16 np + 16) block of the row-major T tile Y (ldmatrix.trans), for
@@ -219,7 +290,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
       }
   }
   __syncthreads();
-  invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);  // ends with a barrier
+  invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // ends with a barrier
   mma::cp_async_wait<0>();  // v's rows
   __syncthreads();
 

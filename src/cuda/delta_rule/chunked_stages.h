@@ -138,9 +138,9 @@ void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t stream);
 template <typename T>
 void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaStream_t stream);
 
-// Stage 2 with stage 3 fused in (writes o as well as h, v_new and the final state) when it suits
-// the problem (chunked_launch_impl.cuh, fused_output_wanted); returns false, launching nothing,
-// otherwise.
+// Stage 2 with stage 3 fused in (writes o and the final state; h and v_new are left unwritten,
+// which only the forward may do) when it suits the problem (chunked_launch_impl.cuh,
+// fused_output_wanted); returns false, launching nothing, otherwise.
 template <typename T>
 bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t stream);
 

@@ -79,7 +79,9 @@ struct StateSmem {
   }
 };
 
-// kOutput: stage 3 fused in (chunked_stages.h, launch_chunk_state_with_output): per chunk also
+// kOutput: stage 3 fused in (chunked_stages.h, launch_chunk_state_with_output; the forward only):
+// h and v_new are not stored (nothing after the forward reads them: the backward recomputes
+// stage 2 unfused), o and the final state are. Per chunk also
 //   o^T = (h^T q^T) * (scale exp(G_i) rstd_qi per column i) + v_new^T (scale P)^T,
 // with P = Lower(q k^T exp(G_i - G_j)) formed once per chunk by the block (warp wp: rows
 // [16 (wp % 4), +16), column tiles of half wp / 4) into shared memory as hi + lo; h^T's A fragments
@@ -204,12 +206,15 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       __syncthreads();
     }
 
-    // h_c to the intermediates (its slice's columns).
-    float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
+    // h_c to the intermediates (its slice's columns); not with the fused output, whose o was all
+    // that needed them in the forward (the backward recomputes stage 2 unfused).
+    if constexpr (!kOutput) {
+      float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
 #pragma unroll
-    for (int nk = 0; nk < NK; ++nk)
+      for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) hc[(8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+        for (int e = 0; e < 4; ++e) hc[(8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+    }
 
     // v_new^T = u^T - h^T w^T: p[j8] covers chunk rows [8 j8, 8 j8 + 8).
     float p[8][4] = {};
@@ -237,34 +242,32 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       for (int e = 0; e < 4; ++e) {
         const int j = 8 * j8 + tcol(e);
         p[j8][e] = us[j * LDU + vcol(e)] - p[j8][e];
-        if (j < L) v_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
+        if (!kOutput && j < L) v_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
       }
 
     if constexpr (kOutput) {
-      // o^T = (h^T q^T) * rowscale (per column i) + v_new^T (scale P)^T, in two halves of 32
-      // chunk rows (32 accumulators fewer live at once); P^T's blocks (j block js, i block ip)
-      // with js <= ip only (P is lower triangular). Stored for rows i < L.
-#pragma unroll
-      for (int oh = 0; oh < 2; ++oh) {
-        float o[4][4] = {};
+      // o^T = (h^T q^T) * rowscale (per column i) + v_new^T (scale P)^T, in four quarters of 16
+      // chunk rows (fewer accumulators live at once); P^T's blocks (j block js, i block oh)
+      // with js <= oh only (P is lower triangular). Stored for rows i < L.
+#pragma unroll 1  // the quarters one after the other: unrolled, their accumulators would overlap
+      for (int oh = 0; oh < 4; ++oh) {
+        float o[2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < KMAX / 16; ++ks) {
-          uint32_t ah[4], al[4];
-          mma::acc_to_a_split<T>(hT[2 * ks], hT[2 * ks + 1], ah, al);
-#pragma unroll
-          for (int jq = 0; jq < 2; ++jq) {
-            uint32_t bq[4];
-            mma::ldmatrix_x4<false>(bq, sm.q(s) + (16 * (2 * oh + jq) + nb_r) * LDK + 16 * ks + nb_c);
-            const uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
-            mma::mma16816<T>(o[2 * jq], ah, bq0);
-            mma::mma16816<T>(o[2 * jq], al, bq0);
-            mma::mma16816<T>(o[2 * jq + 1], ah, bq1);
-            mma::mma16816<T>(o[2 * jq + 1], al, bq1);
-          }
+          uint32_t ah[4];  // h^T rounded to T: the lo part here would cost registers that spill
+          ah[0] = mma::pack_floats<T>(hT[2 * ks][0], hT[2 * ks][1]);
+          ah[1] = mma::pack_floats<T>(hT[2 * ks][2], hT[2 * ks][3]);
+          ah[2] = mma::pack_floats<T>(hT[2 * ks + 1][0], hT[2 * ks + 1][1]);
+          ah[3] = mma::pack_floats<T>(hT[2 * ks + 1][2], hT[2 * ks + 1][3]);
+          uint32_t bq[4];
+          mma::ldmatrix_x4<false>(bq, sm.q(s) + (16 * oh + nb_r) * LDK + 16 * ks + nb_c);
+          const uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+          mma::mma16816<T>(o[0], ah, bq0);
+          mma::mma16816<T>(o[1], ah, bq1);
         }
 #pragma unroll
-        for (int i4 = 0; i4 < 4; ++i4) {
-          const float2 r = *reinterpret_cast<const float2*>(&sm.rowscale[32 * oh + 8 * i4 + 2 * tig]);
+        for (int i4 = 0; i4 < 2; ++i4) {
+          const float2 r = *reinterpret_cast<const float2*>(&sm.rowscale[16 * oh + 8 * i4 + 2 * tig]);
           o[i4][0] *= r.x;
           o[i4][1] *= r.y;
           o[i4][2] *= r.x;
@@ -272,31 +275,26 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         }
 #pragma unroll
         for (int js = 0; js < 4; ++js) {
-          if (js > 2 * oh + 1) continue;
+          if (js > oh) continue;
           uint32_t vh[4], vl[4];
           mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], vh, vl);
-#pragma unroll
-          for (int iq = 0; iq < 2; ++iq) {
-            const int ip = 2 * oh + iq;
-            if (ip < js) continue;
-            uint32_t bh[4], bl[4];
-            mma::ldmatrix_x4<false>(bh, sm.P + (16 * ip + nb_r) * LDP + 16 * js + nb_c);
-            mma::ldmatrix_x4<false>(bl, sm.P_lo + (16 * ip + nb_r) * LDP + 16 * js + nb_c);
-            const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
-                           bl1[2] = {bl[2], bl[3]};
-            mma::mma16816<T>(o[2 * iq], vh, bh0);
-            mma::mma16816<T>(o[2 * iq], vl, bh0);
-            mma::mma16816<T>(o[2 * iq], vh, bl0);
-            mma::mma16816<T>(o[2 * iq + 1], vh, bh1);
-            mma::mma16816<T>(o[2 * iq + 1], vl, bh1);
-            mma::mma16816<T>(o[2 * iq + 1], vh, bl1);
-          }
+          uint32_t bh[4], bl[4];
+          mma::ldmatrix_x4<false>(bh, sm.P + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
+          mma::ldmatrix_x4<false>(bl, sm.P_lo + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
+          const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
+                         bl1[2] = {bl[2], bl[3]};
+          mma::mma16816<T>(o[0], vh, bh0);
+          mma::mma16816<T>(o[0], vl, bh0);
+          mma::mma16816<T>(o[0], vh, bl0);
+          mma::mma16816<T>(o[1], vh, bh1);
+          mma::mma16816<T>(o[1], vl, bh1);
+          mma::mma16816<T>(o[1], vh, bl1);
         }
 #pragma unroll
-        for (int i4 = 0; i4 < 4; ++i4)
+        for (int i4 = 0; i4 < 2; ++i4)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int i = 32 * oh + 8 * i4 + tcol(e);
+            const int i = 16 * oh + 8 * i4 + tcol(e);
             if (i < L) store_elem<T>(a.o, off4(a.o, ci.b, ci.t0 + i, hv, col0 + vcol(e)), o[i4][e]);
           }
       }

@@ -151,8 +151,15 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   launch(NC, HV, 1, [&] { dr::chunk_prepare_kernel<TT, KM>(a); });
   // Stage 2 with 4 warps (64 value columns per block) on even seeds, 2 warps (32) on odd ones, so
   // that both instantiations the launcher picks from are covered.
-  // On even seeds with V % 128 == 0, stage 3 fused into stage 2 (8 warps) instead of both.
-  if (seed % 2 == 0 && V % 128 == 0) {
+  // Stage 3 fused into stage 2 (8 warps) instead of stage 3 on five of the V % 128 == 0 cases
+  // (strong and weak decay, the plain rule without norm, varlen, fp16; seeds 3 and 13 keep the
+  // unfused path at V = 128): it writes o and the final state compared below; h and v_new (which
+  // it leaves unwritten) come from the unfused stage 2 run first, for their comparisons and the
+  // backward.
+  const bool fused = V % 128 == 0 && (seed == 2 || seed == 9 || seed == 10 || seed == 11 || seed == 14);
+  if (fused) {
+    launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
+    std::memset(bht.p(), 0xff, bht.mem.size());  // poisoned again: the fused kernel must write it
     launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, true>(a); }, 256);
   } else {
     if (seed % 2 == 0)
