@@ -70,14 +70,15 @@ inline int sm_count() {
 inline int state_warps(const ChunkedArgs& a) { return a.num_seqs * a.HV * (a.V / 64) >= sm_count() ? 4 : 2; }
 
 // Whether the forward runs stage 3 fused into stage 2 (chunked_state.cuh, kOutput): blocks of 8
-// warps (128 value columns), so V % 128 == 0 and enough (sequence, value head, slice) blocks to
-// cover most SMs (stage 3 alone is chunk-parallel and does better on few long sequences).
-// FLASHGRAD_CHUNKED_FUSED_OUTPUT=0 / 1 forces it off / on (where V allows); the default is off
-// until the H200 has measured both.
+// warps (128 value columns), so V % 128 == 0, and by default only with enough (sequence, value
+// head, slice) blocks to cover most SMs: its serial chunk loop does twice stage 2's work, while
+// stage 3 alone is chunk-parallel and does better on few long sequences.
+// FLASHGRAD_CHUNKED_FUSED_OUTPUT=0 / 1 forces it off / on (where V allows).
+constexpr bool kFusedOutputByDefault = false;  // until the H200 has measured both
 inline bool fused_output_wanted(const ChunkedArgs& a) {
   if (a.V % 128 != 0 || !a.o.p) return false;
   if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT")) return std::string(env) == "1";
-  return false;
+  return kFusedOutputByDefault && 4 * a.num_seqs * a.HV * (a.V / 128) >= 3 * sm_count();
 }
 
 template <typename T, int KMAX>
