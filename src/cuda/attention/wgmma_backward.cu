@@ -18,17 +18,32 @@
 namespace flashgrad::cuda_attn {
 namespace {
 
-template <typename T, int D>
-void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mdo,
-            const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
+// FLASHGRAD_ATTN_BWD_LAGGED_DQ=1 (read at every call): the lagged-dQ schedule at D <= 128
+// (wgmma_backward_kernel.cuh), off until an H200 run shows it correct and faster.
+bool lagged_dq() {
+  const char* env = std::getenv("FLASHGRAD_ATTN_BWD_LAGGED_DQ");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+template <typename T, int D, bool kLagDq>
+void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mdo,
+                    const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
   using Cfg = WgmmaBackwardConfig<D>;
   const int nblocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   if (nblocks == 0 || p.num_seqs == 0 || p.heads_k == 0) return;
-  auto kernel = attention_backward_wgmma_kernel<T, D>;
+  auto kernel = attention_backward_wgmma_kernel<T, D, kLagDq>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.num_seqs) * nblocks), static_cast<unsigned>(p.heads_k));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, mdo, p, axes, nblocks);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int D>
+void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mdo,
+            const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
+  if constexpr (D <= 128)
+    if (lagged_dq()) return launch_variant<T, D, true>(mq, mk, mv, mdo, p, axes, stream);
+  launch_variant<T, D, false>(mq, mk, mv, mdo, p, axes, stream);
 }
 
 }  // namespace

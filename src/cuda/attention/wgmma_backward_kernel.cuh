@@ -83,8 +83,8 @@ struct WgmmaBackwardConfig {
   static constexpr int kOffLse = kOffDq + kDqBytes;
   static constexpr int kOffShift = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffBar = kOffShift + kStages * kBlockM * 4;
-  // kv full, q full x ST, lse full x ST, q empty x ST, dq full, dq empty
-  static constexpr int kNumBars = 3 + 3 * kStages;
+  // kv full, q full x ST, lse full x ST, q empty x ST, dq full, dq empty, dS^T full x 2, dS^T empty x 2
+  static constexpr int kNumBars = 3 + 3 * kStages + 4;
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
   static_assert(kOffDS % 1024 == 0 && kDSBytes % 1024 == 0, "dS^T buffers on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
@@ -177,7 +177,13 @@ __device__ __forceinline__ void pin_fragments(uint32_t (&a)[KK][4], uint32_t (&b
     for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[kk][q]), "+r"(b[kk][q])::"memory");
 }
 
-template <typename T, int D>
+// kLagDq (D <= 128, opt-in: FLASHGRAD_ATTN_BWD_LAGGED_DQ=1): dQ of tile j is computed during tile
+// j + 1, after that tile's dV / dK products are issued, instead of right after a barrier that both
+// warpgroups reach every tile. The dS^T buffers are handed over by mbarriers instead ("dS^T full":
+// both warpgroups' halves written; "dS^T empty": both have read it), so the warpgroups may drift up
+// to a tile apart, and warpgroup 2 starts half a tile behind warpgroup 1 (after the latter's first
+// scores): one's exp / dS work then runs beside the other's products instead of at the same time.
+template <typename T, int D, bool kLagDq>
 __global__ void __launch_bounds__(384, 1)
     attention_backward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                     const __grid_constant__ CUtensorMap map_k,
@@ -203,6 +209,9 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bar_q_empty = bar_ls_full + 8 * ST;  // x ST
   const uint32_t bar_dq_full = bar_q_empty + 8 * ST;
   const uint32_t bar_dq_empty = bar_dq_full + 8;
+  const uint32_t bar_ds_full = bar_dq_empty + 8;   // x 2 (kLagDq)
+  const uint32_t bar_ds_empty = bar_ds_full + 16;  // x 2 (kLagDq)
+  static_assert(!kLagDq || !Cfg::kSplitD, "the lagged dQ is for D <= 128");
 
   const int seq = blockIdx.x / num_n_blocks;
   const int nb = static_cast<int>(blockIdx.x % num_n_blocks);
@@ -229,6 +238,10 @@ __global__ void __launch_bounds__(384, 1)
     }
     sm90::mbar_init(bar_dq_full, 8);
     sm90::mbar_init(bar_dq_empty, 1);
+    for (int b = 0; b < 2; ++b) {
+      sm90::mbar_init(bar_ds_full + 8 * b, 256);  // every consumer thread, after its dS^T stores
+      sm90::mbar_init(bar_ds_empty + 8 * b, 256);  // every consumer thread, after its dQ read it
+    }
     sm90::mbar_init_fence();
   }
   __syncthreads();
@@ -327,8 +340,52 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int i = 0; i < DC / 2; ++i) dv[i] = dk[i] = 0.f;
 
+  // dQ = dS K of one tile from dS^T buffer ds_buf, this warpgroup's share of it:
+  //   BM = 64 (D = 128): the 64 queries x columns [64 cw, 64 cw + 64) (a K panel of its own);
+  //   BM = 128 (D = 64): queries [64 cw, 64 cw + 64) (dS^T panel cw) x all 64 columns, so each
+  //   warpgroup issues 8 m64n64 products instead of 16 m64n32 ones.
+  // Waits for every product in flight (dV / dK too), releases the Q / dO slot `slot` (if >= 0) and,
+  // with kLagDq, the dS^T buffer, then puts dQ into the staging buffer for the reducer warp once
+  // it has read the previous item's (the item_j-th staging). (not kSplitD)
+  constexpr bool kRowsPerWg = BM == 128;
+  constexpr int kDqCols = kRowsPerWg ? D : D / 2;
+  static_assert(Cfg::kSplitD || kDqCols == 64, "one 64-column K panel per warpgroup");
+  auto dq_product_and_stage = [&](uint32_t ds_buf, int ds_index, int item_j, int slot) {
+    const int dq_panel = kRowsPerWg ? cw : 0;  // dS^T panel = 64-query M tile
+    const int dq_col0 = kRowsPerWg ? 0 : cw * kDqCols;
+    float dq[kDqCols / 2];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint32_t a = ds_buf + dq_panel * Cfg::kDSPanelBytes + kk * 16 * 128;
+      const uint32_t b = sK + (dq_col0 / 64) * Cfg::kPanelBytesKV + kk * 16 * 128;
+      sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(a, Cfg::kDSPanelBytes, 1024),
+                                    sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(dv);
+    sm90::pin_registers(dk);
+    sm90::pin_registers(dq);
+    if (slot >= 0) sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
+    if constexpr (kLagDq) sm90::mbar_arrive(bar_ds_empty + 8 * ds_index);
+    sm90::mbar_wait(bar_dq_empty, (item_j & 1) ^ 1);
+    const int qrow = dq_panel * 64 + warp_in_wg * 16 + g;
+#pragma unroll
+    for (int i = 0; i < kDqCols / 8; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + dq_col0 + 8 * i + 2 * t4) =
+            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+    sm90::fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+  };
+
   if (first >= 0) {
     sm90::mbar_wait(bar_kv_full, 0);
+    if constexpr (kLagDq)
+      if (cw == 1) sm90::named_barrier_sync(2, 256);  // start after warpgroup 1's first scores
     int j = 0;
     for (int it = first; it >= 0; ++j) {
       const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
@@ -365,6 +422,8 @@ __global__ void __launch_bounds__(384, 1)
         backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
       else
         backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
+      if constexpr (kLagDq)
+        if (cw == 0 && j == 0) sm90::named_barrier_arrive(2, 256);
       // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim), columns
       // from col0: panel col0 / 64 of the dO / Q tile.
       const uint32_t col_bytes = (col0 / 64) * Cfg::kPanelBytesQ;
@@ -386,6 +445,9 @@ __global__ void __launch_bounds__(384, 1)
         // of tile j - 2, which both warpgroups had waited for before the barrier of tile j - 1.
         // kSplitD: both warpgroups hold the same dS^T; each writes the rows of two of its warps.
         const uint32_t ds_buf = sDS + (j & 1) * Cfg::kDSBytes;
+        // kLagDq: buffer j % 2 was last read by both warpgroups' dQ of tile j - 2 (completion
+        // (j - 2) / 2 of its "empty" barrier; a fresh barrier passes parity 1 at once).
+        if constexpr (kLagDq) sm90::mbar_wait(bar_ds_empty + 8 * (j & 1), ((j >> 1) & 1) ^ 1);
         if (!Cfg::kSplitD || warp_in_wg / 2 == cw) {
 #pragma unroll
           for (int i = 0; i < BM / 8; ++i) {
@@ -398,7 +460,10 @@ __global__ void __launch_bounds__(384, 1)
           }
         }
         sm90::fence_proxy_async_shared();
-        sm90::named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in place
+        if constexpr (kLagDq)
+          sm90::mbar_arrive(bar_ds_full + 8 * (j & 1));
+        else
+          sm90::named_barrier_sync(1, 256);  // both warpgroups' halves of dS^T are in place
 
         if constexpr (Cfg::kSplitD) {
           // dV / dK first (frees P^T, dS^T and the slot), then dQ[64 queries x 128 columns from col0]
@@ -434,44 +499,21 @@ __global__ void __launch_bounds__(384, 1)
           continue;
         }
 
-        // dQ = dS K over the block's 128 keys, this warpgroup's share of it:
-        //   BM = 64 (D = 128): the 64 queries x columns [64 cw, 64 cw + 64) (a K panel of its own);
-        //   BM = 128 (D = 64): queries [64 cw, 64 cw + 64) (dS^T panel cw) x all 64 columns, so each
-        //   warpgroup issues 8 m64n64 products instead of 16 m64n32 ones.
-        constexpr bool kRowsPerWg = BM == 128;  // (not kSplitD)
-        constexpr int kDqCols = kRowsPerWg ? D : D / 2;
-        static_assert(Cfg::kSplitD || kDqCols == 64, "one 64-column K panel per warpgroup");
-        const int dq_panel = kRowsPerWg ? cw : 0;  // dS^T panel = 64-query M tile
-        const int dq_col0 = kRowsPerWg ? 0 : cw * kDqCols;
-        float dq[kDqCols / 2];
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-          const uint32_t a = ds_buf + dq_panel * Cfg::kDSPanelBytes + kk * 16 * 128;
-          const uint32_t b = sK + (dq_col0 / 64) * Cfg::kPanelBytesKV + kk * 16 * 128;
-          sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(a, Cfg::kDSPanelBytes, 1024),
-                                        sm90::smem_desc(b, Cfg::kPanelBytesKV, 1024), kk > 0);
+        if constexpr (kLagDq) {
+          if (j > 0) {  // dQ of the previous tile, whose dS^T both warpgroups wrote (completion (j-1)/2)
+            const int pj = j - 1;
+            sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
+            dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, slot);
+          } else {
+            sm90::wgmma_wait<0>();
+            sm90::pin_registers(dv);
+            sm90::pin_registers(dk);
+            sm90::mbar_arrive(bar_q_empty + 8 * slot);
+          }
+        } else {
+          dq_product_and_stage(ds_buf, j & 1, j, slot);
         }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(dv);
-        sm90::pin_registers(dk);
-        sm90::pin_registers(dq);
-        pin_fragments(pa, pds);  // the tensor cores read them until now
-        sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
-
-        // dQ into the staging buffer once the reducer has read the previous tile's.
-        sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
-        const int qrow = dq_panel * 64 + warp_in_wg * 16 + g;
-#pragma unroll
-        for (int i = 0; i < kDqCols / 8; ++i)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + dq_col0 + 8 * i + 2 * t4) =
-                make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
-        sm90::fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+        pin_fragments(pa, pds);  // the tensor cores read them until the wait above
       } else {
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
@@ -481,6 +523,13 @@ __global__ void __launch_bounds__(384, 1)
       }
       // Found after the tile, not before: nothing of the walk stays live through the products.
       it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
+    }
+    if constexpr (kLagDq) {
+      if (with_dq) {  // the last tile's dQ (j tiles were done)
+        const int pj = j - 1;
+        sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
+        dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, -1);
+      }
     }
   }
 
