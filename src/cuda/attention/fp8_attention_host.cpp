@@ -18,6 +18,7 @@
 #include "cuda/common/device_buffer.h"
 #include "fp8_fragments.cuh"
 #include "fp8_launch.h"
+#include "fp8_wgmma_backward.h"
 
 namespace flashgrad::cuda {
 namespace {
@@ -105,8 +106,10 @@ void fp8_attention_backward(const AttentionParams& p, const AttentionProblem& pr
   FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(f.base.dq_accum, 0, s.dq_accum + s.amax, stream));
   const int hd = static_cast<int>(pr.head_dim);
   cuda_attn::launch_fp8_backward_prepass(f, hd, stream);
-  pick(pr.head_dim, cuda_attn::launch_fp8_backward_main_hd64, cuda_attn::launch_fp8_backward_main_hd128,
-       cuda_attn::launch_fp8_backward_main_hd256)(f, stream);
+  // The wgmma main pass when FLASHGRAD_ATTN_FP8_BACKWARD=wgmma and it covers the case (fp8_wgmma_backward.h).
+  if (!cuda_attn::launch_fp8_backward_wgmma(f, pr, stream))
+    pick(pr.head_dim, cuda_attn::launch_fp8_backward_main_hd64, cuda_attn::launch_fp8_backward_main_hd128,
+         cuda_attn::launch_fp8_backward_main_hd256)(f, stream);
   if (p.deterministic)
     pick(pr.head_dim, cuda_attn::launch_fp8_backward_dq_hd64, cuda_attn::launch_fp8_backward_dq_hd128,
          cuda_attn::launch_fp8_backward_dq_hd256)(f, stream);

@@ -1,0 +1,76 @@
+// Host side of the FP8 wgmma backward: the switch, the tensor maps (fp8_wgmma_backward_maps.h), the
+// launch. Grid: x = sequence * key blocks (key block fastest), y = kv head; one CTA per SM
+// (~212 KB of shared memory).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/common/cuda_check.h"
+#include "fp8_wgmma_backward.h"
+#include "fp8_wgmma_backward_kernel.cuh"
+#include "fp8_wgmma_backward_maps.h"
+
+namespace flashgrad::cuda_attn {
+namespace {
+
+using fp8wb::Fp8WgmmaBackwardAxes;
+using fp8wb::Fp8WgmmaBackwardConfig;
+using fp8wb::Fp8WgmmaBackwardMaps;
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
+fp8wb::EncodeTiled encode_tiled() {
+  static fp8wb::EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<fp8wb::EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+template <typename T, int D>
+void launch(const Fp8WgmmaBackwardMaps& maps, const Fp8KernelParams& f, const Fp8WgmmaBackwardAxes& axes,
+            int nblocks, cudaStream_t stream) {
+  using Cfg = Fp8WgmmaBackwardConfig<D>;
+  auto kernel = fp8wb::fp8_attention_backward_wgmma_kernel<T, D>;
+  FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(f.base.num_seqs) * nblocks),
+                  static_cast<unsigned>(f.base.heads_k));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(maps, f, axes, nblocks);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem& pr, cudaStream_t stream) {
+  const char* env = std::getenv("FLASHGRAD_ATTN_FP8_BACKWARD");
+  if (env == nullptr || std::strcmp(env, "wgmma") != 0) return false;
+  if (pr.head_dim != 128) return false;
+  using Cfg = Fp8WgmmaBackwardConfig<128>;
+  const int64_t nblocks = (pr.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  if (nblocks == 0 || pr.num_seqs == 0 || pr.heads_k == 0 || pr.total_q == 0 || pr.total_k == 0) return false;
+  if (pr.num_seqs * nblocks > 0x7fffffff || pr.heads_k > 65535) return false;
+  const int64_t batches = pr.varlen ? 1 : pr.num_seqs;
+  const int64_t rows_q = pr.varlen ? pr.total_q : pr.seqlen_q;
+  const int64_t rows_k = pr.varlen ? pr.total_k : pr.seqlen_k;
+  Fp8WgmmaBackwardMaps maps;
+  Fp8WgmmaBackwardAxes axes;
+  const fp8wb::MapSet set{&maps.q8, &maps.k8, &maps.v8, &maps.do8, &maps.q16, &maps.do16, &maps.k16,
+                          &axes.q8, &axes.k8, &axes.v8, &axes.do16};
+  if (!fp8wb::make_backward_maps(encode_tiled(), f, rows_q, rows_k, batches, 128, Cfg::kBlockM, Cfg::kBlockN, set))
+    return false;
+  if (f.out_bf16)
+    launch<__nv_bfloat16, 128>(maps, f, axes, static_cast<int>(nblocks), stream);
+  else
+    launch<__half, 128>(maps, f, axes, static_cast<int>(nblocks), stream);
+  return true;
+}
+
+}  // namespace flashgrad::cuda_attn

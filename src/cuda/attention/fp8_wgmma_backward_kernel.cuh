@@ -1,0 +1,466 @@
+// FP8 (e4m3) softmax attention backward for Hopper: the bf16 wgmma backward's pipeline
+// (wgmma_backward_kernel.cuh) with the recipe of docs/fp8.md: the two score products on the e4m3
+// tensor cores, the three gradient products in 16 bits.
+//
+// One CTA = one block of kBlockN = 128 keys of one (sequence, kv head), walking the (query head of the
+// group, query block of kBlockM = 64) tiles the mask does not rule out (QueryWalk), dK and dV of its
+// keys in registers over the whole walk. Three warpgroups of 128 threads:
+//   warpgroup 0, the producer:
+//     warp 0 (one thread): TMA: k8, v8 and k16 of the key block once; per tile q8, dO8, q16, dO16
+//       into a ring of kStages slots ("q full" counts bytes, "q empty" is released by every
+//       consumer thread);
+//     warp 1: the tile's lse (log2 units), shift = Delta - dLSE - z lse (the pre-pass's, Delta
+//       from deq(dO8)) and dP's scale descale_dO(h) descale_v into shared memory beside the slot;
+//     warp 2: the dQ reduction (one cp.reduce.async.bulk per valid row into dq_accum);
+//   warpgroups 1 and 2, the consumers, 64 keys each. Per tile:
+//       S^T  = k8 q8^T      e4m3 wgmma m64n64k32 (A = k8, B = q8, both K-major as stored)
+//       dP^T = v8 dO8^T     e4m3 wgmma (A = v8, B = dO8)
+//       s = S^T descale_q descale_k scale (softcap, masks);  P^T = exp2(s log2e - lse)
+//       dS^T = P^T (dP^T descale_dO descale_v - shift) softcap'
+//       dV  += P^T dO16     16-bit wgmma, A = P^T rounded to 16 bits in registers, B = dO MN-major
+//       dK  += dS^T q16     16-bit wgmma, A = dS^T in registers, B = q16 MN-major
+//       dS^T -> shared memory (16-bit, swizzled), then dQ(64 x D/2 per warpgroup) = dS k16
+//             (A = dS read transposed from dS^T, B = k16 MN-major), times descale_k, staged in
+//             fp32 for the reducer warp (dq = scale dq_accum afterwards, as on the mma.sync path).
+//     dK (times scale descale_q) and dV are written once at the end.
+// In deterministic mode the kernel skips dQ; fp8_dq_kernel.cuh computes it in a fixed order.
+//
+// Shared memory holds e4m3 and 16-bit tiles, all in the TMA 128-byte swizzle with 128-byte rows:
+// at D = 128 an e4m3 row is one 128-byte panel (a k32 step = 32 bytes inside it, as a k16 step of
+// 16-bit data, so the K-major descriptors are the bf16 kernel's), a 16-bit row two panels of 64
+// columns. The tensor maps describe every tensor as bytes (fp8_wgmma_backward_maps.h).
+//
+// One dS^T buffer (the smem budget: 48 KB per ring slot): before a tile's dS^T stores, named
+// barrier 2 makes sure both warpgroups' dQ products of the previous tile (which read the buffer)
+// have completed.
+//
+// This header holds no inline PTX (it is all in wgmma_primitives.cuh / fp8_wgmma_primitives.cuh), so
+// the host emulation (fp8_wgmma_backward_emulation/) compiles it unchanged.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+
+#include "attention_backward_kernel.cuh"
+#include "attention_forward_kernel.cuh"
+#include "fp8_forward_kernel.cuh"
+#include "fp8_kernel_params.h"
+#include "fp8_wgmma_primitives.cuh"
+#include "sequence_and_mask.cuh"
+#include "wgmma_primitives.cuh"
+
+namespace flashgrad::cuda_attn::fp8wb {
+
+template <int D>
+struct Fp8WgmmaBackwardConfig {
+  static_assert(D == 128, "head dim 128 (the launcher declines the others)");
+  static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer warpgroup
+  static constexpr int kBlockM = 64;   // queries per tile
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kPanels16 = D / 64;  // 128-byte column panels of a 16-bit row
+  // Key side: k8, v8 [BN][D] bytes (one panel at D = 128), k16 [BN][D] 16-bit (kPanels16 panels).
+  static constexpr int kKey8Bytes = kBlockN * D;
+  static constexpr int kKey16PanelBytes = kBlockN * 128;
+  static constexpr int kKey16Bytes = kBlockN * D * 2;
+  // One ring slot: q8, dO8 [BM][D] bytes, q16, dO16 [BM][D] 16-bit.
+  static constexpr int kQ8Bytes = kBlockM * D;
+  static constexpr int kQ16PanelBytes = kBlockM * 128;
+  static constexpr int kQ16Bytes = kBlockM * D * 2;
+  static constexpr int kSlotQ8 = 0, kSlotDO8 = kQ8Bytes, kSlotQ16 = 2 * kQ8Bytes, kSlotDO16 = 2 * kQ8Bytes + kQ16Bytes;
+  static constexpr int kSlotBytes = 2 * kQ8Bytes + 2 * kQ16Bytes;
+  // dS^T: [128 keys][64 queries] 16-bit, one 128-byte panel.
+  static constexpr int kDSPanelBytes = kBlockN * 128;
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;
+  // dQ staging rows padded by 8 floats (conflict-free float2 stores, 16-byte aligned rows).
+  static constexpr int kDqRowFloats = D + 8;
+  static constexpr int kDqBytes = kBlockM * kDqRowFloats * 4;
+  static constexpr int kOffK8 = 0;
+  static constexpr int kOffV8 = kKey8Bytes;
+  static constexpr int kOffK16 = 2 * kKey8Bytes;
+  static constexpr int kOffRing = kOffK16 + kKey16Bytes;
+  static constexpr int kOffDS = kOffRing + kStages * kSlotBytes;
+  static constexpr int kOffDq = kOffDS + kDSBytes;
+  static constexpr int kOffLse = kOffDq + kDqBytes;               // [ST][BM] floats
+  static constexpr int kOffShift = kOffLse + kStages * kBlockM * 4;  // [ST][BM]
+  static constexpr int kOffDpScale = kOffShift + kStages * kBlockM * 4;  // [ST] (16 bytes)
+  static constexpr int kOffBar = kOffDpScale + 16;
+  // kv full, q full x ST, lse full x ST, q empty x ST, dq full, dq empty
+  static constexpr int kNumBars = 3 + 3 * kStages;
+  static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
+  static_assert(kOffRing % 1024 == 0 && kSlotBytes % 1024 == 0 && kOffDS % 1024 == 0 && kQ8Bytes % 1024 == 0,
+                "TMA / wgmma tiles on swizzle-atom boundaries");
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
+  // setmaxnreg split of the 168 x 384 registers the CTA launches with (wgmma_backward_kernel.cuh).
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 40;
+  static_assert(kConsumerRegs * 256 + kProducerRegs * 128 <= 168 * 384, "more registers than the CTA launched with");
+};
+
+// Which tensor-map axis holds the rows (1) or the heads (0) per tensor (the maps swap them when the
+// rows are the smaller stride).
+struct Fp8WgmmaBackwardAxes {
+  int q8 = 1, k8 = 1, v8 = 1, do16 = 1;  // the workspace tensors (dO8, q16, k16) are [rows, heads, D]: 1
+};
+
+struct Fp8WgmmaBackwardMaps {
+  CUtensorMap q8, k8, v8, do8, q16, do16, k16;
+};
+
+__device__ __forceinline__ void tma_rows(uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows_inner, int c0,
+                                         int row, int head, int batch) {
+  if (rows_inner)
+    sm90::tma_load_4d(dst, map, bar, c0, row, head, batch);
+  else
+    sm90::tma_load_4d(dst, map, bar, c0, head, row, batch);
+}
+
+// P^T and dS^T of one warpgroup's 64 keys x 64 queries from the e4m3 products' accumulators s (raw
+// S^T) and dp (raw dP^T), packed straight into 16-bit A fragments chunk by chunk. Accumulator element
+// e = 4 i + 2 r + c sits at key row 16 warp + g + 8 r of the warpgroup's 64 and query column
+// 8 i + 2 t + c of the tile; it lands in word pa[i / 2][2 (i % 2) + r], half c (the m16n8k16 A layout
+// per 16-query k step). qk_scale = descale_q descale_k scale; dp_scale = descale_dO(h) descale_v.
+template <bool kGeneral, int BM, typename Ops>
+__device__ __forceinline__ void fp8_backward_scores(const float (&s)[BM / 2], const float (&dp)[BM / 2],
+                                                    uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
+                                                    const float* lse, const float* shift, float qk_scale,
+                                                    float dp_scale, const AttentionKernelParams& p,
+                                                    const SequenceView& sv, const MaskView& mask, int key0, int m0,
+                                                    int t) {
+  const float scale_log2 = qk_scale * kLog2e;
+  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
+  bool ranged = true;
+  if constexpr (kGeneral) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
+      q_lo[r] -= m0 + 2 * t;
+      q_hi[r] -= m0 + 2 * t;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+    const float2 sh = *reinterpret_cast<const float2*>(shift + 8 * i + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float pr2[2], ds2[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = 4 * i + 2 * r + c;
+        const float lq = c ? l.y : l.x, shq = c ? sh.y : sh.x;
+        float pr, factor = 1.f;
+        if constexpr (kGeneral) {
+          const float x = apply_softcap(p.softcap_method, p.softcap, s[e] * qk_scale, factor);
+          pr = fast_exp2(x * kLog2e - lq);
+          const int ir = 8 * i + c;  // query - m0 - 2t
+          bool ok = ir >= q_lo[r] && ir < q_hi[r];
+          if (!ranged) {
+            const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
+            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
+          }
+          if (!ok) pr = 0.f;
+        } else {
+          pr = fast_exp2(s[e] * scale_log2 - lq);
+        }
+        pr2[c] = pr;
+        ds2[c] = pr * (dp[e] * dp_scale - shq) * factor;
+      }
+      pa[i / 2][2 * (i % 2) + r] = Ops::pack(pr2[0], pr2[1]);
+      pds[i / 2][2 * (i % 2) + r] = Ops::pack(ds2[0], ds2[1]);
+    }
+  }
+}
+
+// Keeps A-fragment registers alive (unmodified) until here: wgmma reads them asynchronously.
+template <int KK>
+__device__ __forceinline__ void fp8_pin_fragments(uint32_t (&a)[KK][4], uint32_t (&b)[KK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk) {
+    sm90::pin_words(a[kk]);
+    sm90::pin_words(b[kk]);
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    fp8_attention_backward_wgmma_kernel(const __grid_constant__ Fp8WgmmaBackwardMaps maps,
+                                        const __grid_constant__ Fp8KernelParams fp, const Fp8WgmmaBackwardAxes axes,
+                                        int num_n_blocks) {
+  using Cfg = Fp8WgmmaBackwardConfig<D>;
+  using Ops = ElementOps<T>;
+  const AttentionKernelParams& p = fp.base;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem0 = (smem_address(smem_raw) + 1023u) & ~1023u;
+  unsigned char* base = smem_raw + (smem0 - smem_address(smem_raw));
+  const uint32_t sK8 = smem0 + Cfg::kOffK8, sV8 = smem0 + Cfg::kOffV8, sK16 = smem0 + Cfg::kOffK16;
+  const uint32_t sRing = smem0 + Cfg::kOffRing;  // slot s at + s * kSlotBytes
+  const uint32_t sDS = smem0 + Cfg::kOffDS;
+  const uint32_t sDq = smem0 + Cfg::kOffDq;
+  float* lse_s = reinterpret_cast<float*>(base + Cfg::kOffLse);          // [ST][BM]
+  float* shift_s = reinterpret_cast<float*>(base + Cfg::kOffShift);      // [ST][BM]
+  float* dps_s = reinterpret_cast<float*>(base + Cfg::kOffDpScale);      // [ST]
+  float* dq_s = reinterpret_cast<float*>(base + Cfg::kOffDq);            // [BM][kDqRowFloats]
+  unsigned char* ds_s = base + Cfg::kOffDS;                              // dS^T, generic view
+  const uint32_t bar_kv_full = smem0 + Cfg::kOffBar;
+  const uint32_t bar_q_full = bar_kv_full + 8;        // x ST
+  const uint32_t bar_ls_full = bar_q_full + 8 * ST;   // x ST
+  const uint32_t bar_q_empty = bar_ls_full + 8 * ST;  // x ST
+  const uint32_t bar_dq_full = bar_q_empty + 8 * ST;
+  const uint32_t bar_dq_empty = bar_dq_full + 8;
+
+  const int seq = blockIdx.x / num_n_blocks;
+  const int nb = static_cast<int>(blockIdx.x % num_n_blocks);
+  const int hk = blockIdx.y;
+  const SequenceView sv = sequence_view(p, seq);
+  const int n0 = nb * BN;
+  if (n0 >= sv.len_k) return;  // the whole CTA, before any barrier
+  const MaskView mask = mask_view(p, sv, seq);
+  const int group = p.heads_q / p.heads_k;
+  QueryWalk walk{(sv.len_q + BM - 1) / BM, 0};
+  walk.num_items = walk.num_mb * group;
+  const bool with_dq = !p.deterministic;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    sm90::mbar_init(bar_kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      sm90::mbar_init(bar_q_full + 8 * s, 1);
+      sm90::mbar_init(bar_ls_full + 8 * s, 32);  // every lane of the lse warp
+      sm90::mbar_init(bar_q_empty + 8 * s, 256);  // every consumer thread (its own reads of lse / shift)
+    }
+    sm90::mbar_init(bar_dq_full, 8);
+    sm90::mbar_init(bar_dq_empty, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+
+  int cls = kTileEmpty;
+  const int first = walk.next(mask, 0, n0, n0 + BN, BM, cls);
+  const int warpgroup = tid / 128, lane = tid & 31;
+
+  if (warpgroup == 0) {
+    // ---- producer ----
+    sm90::regs_decrease<Cfg::kProducerRegs>();
+    const int warp = tid / 32;
+    if (first < 0) return;  // nothing to load; the consumers write zeros
+    if (warp == 0) {
+      if (lane != 0) return;
+      sm90::tma_prefetch_map(&maps.q8);
+      sm90::tma_prefetch_map(&maps.do8);
+      sm90::tma_prefetch_map(&maps.q16);
+      sm90::tma_prefetch_map(&maps.do16);
+      const int qb = static_cast<int>(sv.q_batch), kb = static_cast<int>(sv.k_batch);
+      const int k_row = static_cast<int>(sv.k_row0) + n0;
+      // k16 rows of the workspace [total_k, Hk, D]: (batch * Sk + row) or the varlen token.
+      const int k16_row = static_cast<int>(sv.k_batch * p.seqlen_k + sv.k_row0) + n0;
+      sm90::mbar_arrive_expect_tx(bar_kv_full, 2 * Cfg::kKey8Bytes + Cfg::kKey16Bytes);
+      tma_rows(sK8, &maps.k8, bar_kv_full, axes.k8, 0, k_row, hk, kb);
+      tma_rows(sV8, &maps.v8, bar_kv_full, axes.v8, 0, k_row, hk, kb);
+#pragma unroll
+      for (int c = 0; c < Cfg::kPanels16; ++c)
+        tma_rows(sK16 + c * Cfg::kKey16PanelBytes, &maps.k16, bar_kv_full, 1, 128 * c, k16_row, hk, 0);
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
+        const int slot = j % ST;
+        const int q_row = static_cast<int>(sv.q_row0) + m0;
+        const int ws_row = static_cast<int>(sv.scratch_row0) + m0;  // workspace rows [total_q, Hq, D]
+        const uint32_t dst = sRing + slot * Cfg::kSlotBytes, bar = bar_q_full + 8 * slot;
+        sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(bar, Cfg::kSlotBytes);
+        tma_rows(dst + Cfg::kSlotQ8, &maps.q8, bar, axes.q8, 0, q_row, h, qb);
+        tma_rows(dst + Cfg::kSlotDO8, &maps.do8, bar, 1, 0, ws_row, h, 0);
+#pragma unroll
+        for (int c = 0; c < Cfg::kPanels16; ++c) {
+          tma_rows(dst + Cfg::kSlotQ16 + c * Cfg::kQ16PanelBytes, &maps.q16, bar, 1, 128 * c, ws_row, h, 0);
+          tma_rows(dst + Cfg::kSlotDO16 + c * Cfg::kQ16PanelBytes, &maps.do16, bar, axes.do16, 128 * c, q_row, h, qb);
+        }
+      }
+    } else if (warp == 1) {
+      const float dsv = fp8::load_descale(fp.descale_v, fp.dv_st_n, fp.dv_st_h, seq, hk);
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
+        const int slot = j % ST;
+        sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
+#pragma unroll
+        for (int part = 0; part < BM / 32; ++part) {
+          const int r = lane + 32 * part;
+          const bool valid = m0 + r < sv.len_q;
+          const int64_t idx = static_cast<int64_t>(h) * p.total_q + sv.scratch_row0 + m0 + r;
+          lse_s[slot * BM + r] = valid ? p.lse_log2[idx] : INFINITY;
+          shift_s[slot * BM + r] = valid ? p.delta_shift[idx] : 0.f;
+        }
+        if (lane == 0)
+          dps_s[slot] = descale_from_amax(fp.dout_amax[static_cast<int64_t>(seq) * p.heads_q + h]) * dsv;
+        sm90::mbar_arrive(bar_ls_full + 8 * slot);  // release: the stores above are visible
+      }
+    } else if (warp == 2 && with_dq) {
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
+        sm90::mbar_wait(bar_dq_full, j & 1);
+#pragma unroll
+        for (int part = 0; part < BM / 32; ++part) {
+          const int r = lane + 32 * part;
+          if (m0 + r < sv.len_q) {
+            // dq_accum is [total_q, Hq, D] fp32: row (scratch row, head) holds D contiguous floats.
+            float* dst = p.dq_accum + ((sv.scratch_row0 + m0 + r) * p.heads_q + h) * static_cast<int64_t>(D);
+            sm90::bulk_reduce_add_f32(dst, sDq + r * Cfg::kDqRowFloats * 4, D * 4);
+          }
+        }
+        sm90::bulk_commit();
+        sm90::bulk_wait_read_all();  // the staging buffer may be overwritten once every lane's reads are done
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(bar_dq_empty);
+      }
+      sm90::bulk_wait_all();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  sm90::regs_increase<Cfg::kConsumerRegs>();
+  const int cw = warpgroup - 1;  // keys [64 cw, 64 cw + 64) of the block
+  const int warp_in_wg = (tid / 32) & 3;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int key_row = cw * 64 + warp_in_wg * 16 + g;  // first key in the block; second +8
+  const bool short_path_ok = p.softcap_method == kSoftcapOff;
+  const float dsq = fp8::load_descale(fp.descale_q, fp.dq_st_n, fp.dq_st_h, seq, hk);
+  const float dsk = fp8::load_descale(fp.descale_k, fp.dk_st_n, fp.dk_st_h, seq, hk);
+  const float qk_scale = dsq * dsk * p.scale;
+
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+
+  if (first >= 0) {
+    sm90::mbar_wait(bar_kv_full, 0);
+    int j = 0;
+    for (int it = first; it >= 0; ++j) {
+      const int m0 = (it % walk.num_mb) * BM;
+      const int slot = j % ST;
+      const uint32_t phase = (j / ST) & 1;
+      const uint32_t slot0 = sRing + slot * Cfg::kSlotBytes;
+      const uint32_t q8_slot = slot0 + Cfg::kSlotQ8, do8_slot = slot0 + Cfg::kSlotDO8;
+      const uint32_t q16_slot = slot0 + Cfg::kSlotQ16, do16_slot = slot0 + Cfg::kSlotDO16;
+      sm90::mbar_wait(bar_q_full + 8 * slot, phase);
+
+      // S^T = k8 q8^T and dP^T = v8 dO8^T (e4m3, k32 steps of 32 bytes in the 128-byte rows): two
+      // groups, so P^T can start while dP^T still runs.
+      float s[BM / 2], dp[BM / 2];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        sm90::wgmma_e4m3_ss<BM>(s, sm90::smem_desc(sK8 + cw * 64 * 128 + kk * 32, 16, 1024),
+                                sm90::smem_desc(q8_slot + kk * 32, 16, 1024), kk > 0);
+      sm90::wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        sm90::wgmma_e4m3_ss<BM>(dp, sm90::smem_desc(sV8 + cw * 64 * 128 + kk * 32, 16, 1024),
+                                sm90::smem_desc(do8_slot + kk * 32, 16, 1024), kk > 0);
+      sm90::wgmma_commit();
+      sm90::mbar_wait(bar_ls_full + 8 * slot, phase);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(s);
+      sm90::pin_registers(dp);
+      const float* lse = lse_s + slot * BM;
+      const float* shift = shift_s + slot * BM;
+      const float dp_scale = dps_s[slot];
+      uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
+      if (cls == kTileFull && short_path_ok)
+        fp8_backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+                                            n0 + key_row, m0, t4);
+      else
+        fp8_backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+                                           n0 + key_row, m0, t4);
+      // dV += P^T dO16, dK += dS^T q16 (B MN-major: the K dim, queries, is the row dim; the N dim's
+      // two 64-column panels kQ16PanelBytes apart).
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        sm90::wgmma_rs<T, D>(dv, pa[kk], sm90::smem_desc(do16_slot + kk * 16 * 128, Cfg::kQ16PanelBytes, 1024), 1);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        sm90::wgmma_rs<T, D>(dk, pds[kk], sm90::smem_desc(q16_slot + kk * 16 * 128, Cfg::kQ16PanelBytes, 1024), 1);
+      sm90::wgmma_commit();
+
+      if (with_dq) {
+        // The one dS^T buffer: the previous tile's dQ products (both warpgroups) have read it.
+        if (j > 0) sm90::named_barrier_sync_id<2>(256);
+        // dS^T as [key][query] with the 128-byte swizzle: key row R = key_row (+8), queries
+        // 8 i + 2t (+1) in 16-byte chunk i of the row, stored at chunk i ^ (R % 8) = i ^ g.
+#pragma unroll
+        for (int i = 0; i < BM / 8; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<uint32_t*>(ds_s + (key_row + 8 * r) * 128 + ((i ^ g) << 4) + 4 * t4) =
+                pds[i / 2][2 * (i & 1) + r];
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier_sync_id<1>(256);  // both warpgroups' halves of dS^T are in place
+
+        // dQ[64 queries x D/2 columns of this warpgroup] = dS k16 over the block's 128 keys (A = dS
+        // read transposed from dS^T, B = k16's panel cw, both MN-major).
+        constexpr int kDqCols = D / 2;
+        float dq[kDqCols / 2];
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+          sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(sDS + kk * 16 * 128, Cfg::kDSPanelBytes, 1024),
+                                        sm90::smem_desc(sK16 + cw * Cfg::kKey16PanelBytes + kk * 16 * 128,
+                                                        Cfg::kKey16PanelBytes, 1024),
+                                        kk > 0);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(dv);
+        sm90::pin_registers(dk);
+        sm90::pin_registers(dq);
+        fp8_pin_fragments(pa, pds);  // the tensor cores read them until now
+        sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with the slot, lse, shift
+
+        // dQ (times descale_k) into the staging buffer once the reducer has read the previous tile's.
+        sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
+        const int qrow = warp_in_wg * 16 + g;
+#pragma unroll
+        for (int i = 0; i < kDqCols / 8; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
+                make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk);
+        sm90::fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+      } else {
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(dv);
+        sm90::pin_registers(dk);
+        fp8_pin_fragments(pa, pds);
+        sm90::mbar_arrive(bar_q_empty + 8 * slot);
+      }
+      // Found after the tile, not before: nothing of the walk stays live through the products.
+      it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
+    }
+  }
+
+  // dV and dK (times scale descale_q) of this thread's keys key_row and key_row + 8.
+  const float dk_scale = p.scale * dsq;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0 + key_row + 8 * r;
+    if (key >= sv.len_k) continue;
+    T* dv_row = static_cast<T*>(p.dv) + row_offset(p.dv_st, sv.k_batch, sv.k_row0, key, hk);
+    T* dk_row = static_cast<T*>(p.dk) + row_offset(p.dk_st, sv.k_batch, sv.k_row0, key, hk);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t4) = Ops::pack(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dk_row + dt * 8 + 2 * t4) =
+          Ops::pack(dk[4 * dt + 2 * r] * dk_scale, dk[4 * dt + 2 * r + 1] * dk_scale);
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_attn::fp8wb
