@@ -6,25 +6,21 @@
 #include <cstdint>
 
 namespace flashgrad::cuda_attn {
-namespace {
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
-EncodeTiled encode_tiled() {
-  static EncodeTiled fn = [] {
+TensorMapEncoder tensor_map_encoder() {
+  static TensorMapEncoder fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
             cudaSuccess ||
         q != cudaDriverEntryPointSuccess)
       f = nullptr;
-    return reinterpret_cast<EncodeTiled>(f);
+    return reinterpret_cast<TensorMapEncoder>(f);
   }();
   return fn;
 }
+
+namespace {
 
 // A dimension of extent 1 is never stepped along, so any valid stride describes it.
 int64_t usable_stride(int64_t stride, int64_t extent, int64_t fallback) {
@@ -35,8 +31,8 @@ int64_t usable_stride(int64_t stride, int64_t extent, int64_t fallback) {
 
 // The map of one operand; false when TMA cannot describe the view.
 bool make_tma_map_16bit(CUtensorMap* map, const void* base, const RowMajorStrides& st, int64_t rows, int64_t heads,
-              int64_t batches, int head_dim, bool bf16, int box_rows, int* rows_inner) {
-  const EncodeTiled encode = encode_tiled();
+                        int64_t batches, int head_dim, bool bf16, int box_rows, int* rows_inner) {
+  const TensorMapEncoder encode = tensor_map_encoder();
   if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
   const int64_t head_st = usable_stride(st.head, heads, head_dim) * 2;
   const int64_t row_st = usable_stride(st.row, rows, heads * head_dim) * 2;

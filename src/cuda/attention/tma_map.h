@@ -14,6 +14,14 @@
 
 namespace flashgrad::cuda_attn {
 
+// cuTensorMapEncodeTiled, looked up once in the driver the CUDA runtime already loaded (no link
+// against libcuda); nullptr when the driver lacks it. For maps other than the 16-bit ones below
+// (the FP8 kernels' 8-bit operands and their transposed V).
+using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                      const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+TensorMapEncoder tensor_map_encoder();
+
 // Fills `map` and `rows_inner` (1: rows on tensor-map axis 1, heads on axis 2; 0: swapped) and returns
 // true, or returns false when TMA cannot describe the view (base or a stride not 16-byte aligned,
 // a stride past 2^40 bytes, no driver entry point).
