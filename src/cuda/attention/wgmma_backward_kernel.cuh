@@ -1,9 +1,9 @@
 // Softmax attention backward for Hopper: wgmma tensor cores fed by TMA, warp-specialized.
 //
-// One CTA = one block of kBlockN = 128 keys of one (sequence, kv head); it walks the (query head of
-// the group, query block of kBlockM = 64, or 128 at D = 64) tiles the mask does not rule out (QueryWalk, as the mma.sync
-// backward), keeping dK and dV of its keys in registers over the whole walk (GQA sums without
-// atomics). Three warpgroups of 128 threads:
+// One CTA = one block of kBlockN = 128 keys (64 at D = 256) of one (sequence, kv head); it walks the
+// (query head of the group, query block of kBlockM = 64, or 128 at D = 64) tiles the mask does not
+// rule out (QueryWalk, as the mma.sync backward), keeping dK and dV of its keys in registers over
+// the whole walk (GQA sums without atomics). Three warpgroups of 128 threads:
 //   warpgroup 0, the producer, three busy warps:
 //     warp 0 (one thread): TMA loads: K and V of the key block once, then Q and dO of each tile
 //       into a ring of kStages slots ("q full" mbarriers count the bytes; "q empty" ones are
@@ -13,14 +13,16 @@
 //     warp 2: the dQ reduction: once the consumers have put the tile's dQ (fp32, kBlockM x D) into
 //       shared memory, one bulk reduce-add per valid row into the fp32 dq accumulator in global
 //       memory (cp.reduce.async.bulk: no per-element atomics), then frees the staging buffer;
-//   warpgroups 1 and 2, the consumers: each owns 64 of the block's keys. Per tile, with wgmma
+//   warpgroups 1 and 2, the consumers: each owns 64 of the block's keys (at D = 256: all 64 keys
+//     and half of the head dim, see WgmmaBackwardConfig::kSplitD). Per tile, with wgmma
 //     (M = 64 keys per warpgroup, accumulators in registers):
 //       S^T  = K Q^T          (A = K, B = Q, both K-major from shared memory; N = kBlockM queries)
 //       dP^T = V dO^T         (same shapes)
 //       P^T  = exp2(S^T scale log2e - lse)     dS^T = P^T (dP^T - shift) softcap'(S)
 //       dV  += P^T dO         (A = P^T from registers, B = dO MN-major: K dim = queries)
 //       dK  += dS^T Q         (A = dS^T from registers, B = Q MN-major)
-//       dS^T -> shared memory (bf16 / fp16, 128 keys x kBlockM queries, two buffers); then
+//       dS^T -> shared memory (bf16 / fp16, 128 keys x kBlockM queries, two buffers); once both
+//       warpgroups' halves are there (a 256-thread barrier; or mbarriers with kLagDq, below):
 //       dQ = dS K, this warpgroup's half: D/2 columns at D = 128, 64 of the 128 queries at D = 64
 //                             (A = dS read transposed from dS^T, B = K MN-major; K dim = 128 keys)
 //     dK (times the softmax scale) and dV are written once at the end.
