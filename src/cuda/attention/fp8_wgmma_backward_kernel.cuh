@@ -101,7 +101,7 @@ struct Fp8WgmmaBackwardConfig {
 // Which tensor-map axis holds the rows (1) or the heads (0) per tensor (the maps swap them when the
 // rows are the smaller stride).
 struct Fp8WgmmaBackwardAxes {
-  int q8 = 1, k8 = 1, v8 = 1, do16 = 1;  // the workspace tensors (dO8, q16, k16) are [rows, heads, D]: 1
+  int q8 = 1, k8 = 1, v8 = 1, do8 = 1, q16 = 1, do16 = 1, k16 = 1;
 };
 
 struct Fp8WgmmaBackwardMaps {
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(384, 1)
       tma_rows(sV8, &maps.v8, bar_kv_full, axes.v8, 0, k_row, hk, kb);
 #pragma unroll
       for (int c = 0; c < Cfg::kPanels16; ++c)
-        tma_rows(sK16 + c * Cfg::kKey16PanelBytes, &maps.k16, bar_kv_full, 1, 128 * c, k16_row, hk, 0);
+        tma_rows(sK16 + c * Cfg::kKey16PanelBytes, &maps.k16, bar_kv_full, axes.k16, 128 * c, k16_row, hk, 0);
       int j = 0, c2 = 0;
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
@@ -273,10 +273,10 @@ __global__ void __launch_bounds__(384, 1)
         sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
         sm90::mbar_arrive_expect_tx(bar, Cfg::kSlotBytes);
         tma_rows(dst + Cfg::kSlotQ8, &maps.q8, bar, axes.q8, 0, q_row, h, qb);
-        tma_rows(dst + Cfg::kSlotDO8, &maps.do8, bar, 1, 0, ws_row, h, 0);
+        tma_rows(dst + Cfg::kSlotDO8, &maps.do8, bar, axes.do8, 0, ws_row, h, 0);
 #pragma unroll
         for (int c = 0; c < Cfg::kPanels16; ++c) {
-          tma_rows(dst + Cfg::kSlotQ16 + c * Cfg::kQ16PanelBytes, &maps.q16, bar, 1, 128 * c, ws_row, h, 0);
+          tma_rows(dst + Cfg::kSlotQ16 + c * Cfg::kQ16PanelBytes, &maps.q16, bar, axes.q16, 128 * c, ws_row, h, 0);
           tma_rows(dst + Cfg::kSlotDO16 + c * Cfg::kQ16PanelBytes, &maps.do16, bar, axes.do16, 128 * c, q_row, h, qb);
         }
       }

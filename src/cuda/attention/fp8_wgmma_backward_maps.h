@@ -52,14 +52,12 @@ inline bool make_panel_map(EncodeTiled encode, CUtensorMap* map, const void* bas
 
 // The workspace arrays [rows, heads, D] (dO8, q16: rows = total_q, heads = Hq; k16: total_k, Hk).
 inline bool make_workspace_map(EncodeTiled encode, CUtensorMap* map, const void* base, int elem_bytes, int64_t rows,
-                               int64_t heads, int head_dim, int box_rows) {
+                               int64_t heads, int head_dim, int box_rows, int* rows_inner) {
   RowMajorStrides st;
   st.head = head_dim;
   st.row = heads * head_dim;
   st.batch = rows * heads * head_dim;
-  int rows_inner = 0;
-  return make_panel_map(encode, map, base, st, elem_bytes, rows, heads, 1, head_dim, box_rows, &rows_inner) &&
-         rows_inner == 1;
+  return make_panel_map(encode, map, base, st, elem_bytes, rows, heads, 1, head_dim, box_rows, rows_inner);
 }
 
 // The seven maps of the kernel (struct Fp8WgmmaBackwardMaps / Fp8WgmmaBackwardAxes of the kernel
@@ -69,7 +67,8 @@ inline bool make_workspace_map(EncodeTiled encode, CUtensorMap* map, const void*
 // varlen); batches: B padded, 1 varlen. False when any view is not describable.
 struct MapSet {
   CUtensorMap *q8, *k8, *v8, *do8, *q16, *do16, *k16;
-  int *q8_rows_inner, *k8_rows_inner, *v8_rows_inner, *do16_rows_inner;
+  int *q8_rows_inner, *k8_rows_inner, *v8_rows_inner, *do8_rows_inner, *q16_rows_inner, *do16_rows_inner,
+      *k16_rows_inner;
 };
 inline bool make_backward_maps(EncodeTiled encode, const Fp8KernelParams& f, int64_t rows_q, int64_t rows_k,
                                int64_t batches, int head_dim, int box_q, int box_k, const MapSet& m) {
@@ -80,9 +79,9 @@ inline bool make_backward_maps(EncodeTiled encode, const Fp8KernelParams& f, int
          make_panel_map(encode, m.v8, p.v, p.v_st, 1, rows_k, p.heads_k, batches, head_dim, box_k, m.v8_rows_inner) &&
          make_panel_map(encode, m.do16, p.dout, p.dout_st, eb16, rows_q, p.heads_q, batches, head_dim, box_q,
                         m.do16_rows_inner) &&
-         make_workspace_map(encode, m.do8, f.dout8, 1, p.total_q, p.heads_q, head_dim, box_q) &&
-         make_workspace_map(encode, m.q16, f.q16, eb16, p.total_q, p.heads_q, head_dim, box_q) &&
-         make_workspace_map(encode, m.k16, f.k16, eb16, f.total_k, p.heads_k, head_dim, box_k);
+         make_workspace_map(encode, m.do8, f.dout8, 1, p.total_q, p.heads_q, head_dim, box_q, m.do8_rows_inner) &&
+         make_workspace_map(encode, m.q16, f.q16, eb16, p.total_q, p.heads_q, head_dim, box_q, m.q16_rows_inner) &&
+         make_workspace_map(encode, m.k16, f.k16, eb16, f.total_k, p.heads_k, head_dim, box_k, m.k16_rows_inner);
 }
 
 }  // namespace flashgrad::cuda_attn::fp8wb
