@@ -13,6 +13,7 @@
 #include "fp8_wgmma_backward.h"
 #include "fp8_wgmma_backward_kernel.cuh"
 #include "fp8_wgmma_backward_maps.h"
+#include "tma_map.h"
 
 namespace flashgrad::cuda_attn {
 namespace {
@@ -20,20 +21,6 @@ namespace {
 using fp8wb::Fp8WgmmaBackwardAxes;
 using fp8wb::Fp8WgmmaBackwardConfig;
 using fp8wb::Fp8WgmmaBackwardMaps;
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
-fp8wb::EncodeTiled encode_tiled() {
-  static fp8wb::EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<fp8wb::EncodeTiled>(f);
-  }();
-  return fn;
-}
 
 template <typename T, int D>
 void launch(const Fp8WgmmaBackwardMaps& maps, const Fp8KernelParams& f, const Fp8WgmmaBackwardAxes& axes,
@@ -64,7 +51,7 @@ bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem&
   Fp8WgmmaBackwardAxes axes;
   const fp8wb::MapSet set{&maps.q8, &maps.k8, &maps.v8, &maps.do8, &maps.q16, &maps.do16, &maps.k16,
                           &axes.q8, &axes.k8, &axes.v8, &axes.do8, &axes.q16, &axes.do16, &axes.k16};
-  if (!fp8wb::make_backward_maps(encode_tiled(), f, rows_q, rows_k, batches, 128, Cfg::kBlockM, Cfg::kBlockN, set))
+  if (!fp8wb::make_backward_maps(tensor_map_encoder(), f, rows_q, rows_k, batches, 128, Cfg::kBlockM, Cfg::kBlockN, set))
     return false;
   if (f.out_bf16)
     launch<__nv_bfloat16, 128>(maps, f, axes, static_cast<int>(nblocks), stream);
