@@ -5,7 +5,8 @@
 // so they differ by the accumulation order and P8's running max only (~1e-3 relative, far below
 // the recipe's 2% against fp32); a layout bug shows as O(1).
 // FLOPs: 4 B H S^2 D, halved when causal.
-// usage: fp8_wgmma_bench [B H S] [variant ...] (default 2 16 8192 w), variants of the wgmma kernel:
+// usage: fp8_wgmma_bench [B H S] [variant ...] [d64|d128|d256 ...] [none|causal]
+// (default 2 16 8192 w, head dims 128 256 64, both masks), variants of the wgmma kernel:
 //   w (default), pp (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1),
 //   spp (both), o (FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o and
 //   ping-pong); each timed in the order given (a turn-taking bug would trap and end the process).
@@ -113,6 +114,7 @@ void set_switch(const std::string& variant) {
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", variant == "pp" || variant == "spp" || variant == "opp" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", variant == "s" || variant == "spp" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", variant == "o" || variant == "opp" ? "1" : "0", 1);
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma too (off by default until timed)
 }
 
 struct Diff {
@@ -196,14 +198,20 @@ Row run(int B, int H, int S, int D, bool causal, const std::vector<std::string>&
 int main(int argc, char** argv) {
   int B = 2, H = 16, S = 8192;
   std::vector<std::string> variants;
-  std::vector<int> dims;
+  std::vector<int> dims, head_dims;
+  int mask_only = -1;  // -1 both, 0 none, 1 causal
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp")
       variants.push_back(a);
+    else if (a == "d64" || a == "d128" || a == "d256")
+      head_dims.push_back(std::atoi(a.c_str() + 1));
+    else if (a == "none" || a == "causal")
+      mask_only = a == "causal";
     else
       dims.push_back(std::atoi(argv[i]));
   }
+  if (head_dims.empty()) head_dims = {128, 256, 64};
   if (dims.size() == 3) {
     B = dims[0];
     H = dims[1];
@@ -217,8 +225,9 @@ int main(int argc, char** argv) {
   std::printf(" | best/mma |");
   for (const auto& v : variants) std::printf(" %-26s", (v + ": relRMS maxd lsemax").c_str());
   std::printf("\n");
-  for (int D : {128, 256})
+  for (int D : head_dims)
     for (bool causal : {false, true}) {
+      if (mask_only >= 0 && causal != (mask_only == 1)) continue;
       try {
         const Row r = run(B, H, S, D, causal, variants);
         double best = 0;

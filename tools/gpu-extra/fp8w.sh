@@ -15,8 +15,7 @@
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
 #      output difference on the timed inputs (the variants whose tests passed in 3);
-#   5. with the time left: bench/attention/fp8_bench.cu with the switch on (fwd + bwd beside bf16;
-#      fp8k.sh runs it with the switch off).
+#   5. with the time left: ncu of one default-variant forward per head dim (pipes, stalls, issue).
 # A compact summary comes last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,8 +33,7 @@ rm -f /tmp/fp8w_bench_built /tmp/fp8w_fp8_bench_built
 if [ -n "$lib" ]; then
   (nvcc -O2 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude bench/attention/fp8_wgmma_bench.cu "$lib" \
      -lcudart -o /tmp/fp8w_bench > /tmp/fp8w_bench_build.log 2>&1 && echo ok > /tmp/fp8w_bench_built;
-   nvcc -O2 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc bench/attention/fp8_bench.cu "$lib" \
-     -lcudart -o /tmp/fp8w_fp8_bench > /tmp/fp8w_fp8_bench_build.log 2>&1 && echo ok > /tmp/fp8w_fp8_bench_built) &
+   true) &
   build_pid=$!
 fi
 if [ -n "$tests" ]; then
@@ -105,14 +103,25 @@ if [ -n "$lib" ]; then
     cat "$OUT/extra/fp8w_bench.log"
     table=$(cat "$OUT/extra/fp8w_bench.log")
   fi
-  if [ -f /tmp/fp8w_fp8_bench_built ] && [ "$(left)" -gt 25 ]; then
-    echo "== fp8w: fp8_bench with FLASHGRAD_ATTN_FP8_FORWARD=wgmma (fwd + bwd vs bf16)"
-    FLASHGRAD_ATTN_FP8_FORWARD=wgmma timeout -k 3 $(( $(left) - 5 )) /tmp/fp8w_fp8_bench \
-      > "$OUT/extra/fp8w_fp8_bench.log" 2>&1
-    status+=("fp8_bench (wgmma fwd) rc=$?")
-    cat "$OUT/extra/fp8w_fp8_bench.log"
+  # ncu of one default-variant call per head dim (hd 128 first): which pipe and which stall bound it.
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu_bin" ] && bench_ready; then
+    for d in 128 256; do
+      [ "$(left)" -gt 35 ] || break
+      echo "== fp8w: ncu, wgmma FP8 forward hd $d B2 H16 S8192 non-causal (4th call)"
+      # --clock-control none: the clocks stay as the machine sets them (the device notes ask it).
+      timeout -k 3 $(( $(left) > 60 ? 50 : $(left) - 8 )) "$ncu_bin" --clock-control none -k regex:fp8_attention_forward_wgmma \
+        --launch-skip 3 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats \
+        --metrics 'regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active$,regex:sm__pipe_.*cycles_active\.avg\.pct_of_peak_sustained_active$,regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$' \
+        /tmp/fp8w_bench 2 16 8192 w d$d none > "$OUT/extra/fp8w_ncu_d$d.log" 2>&1
+      rc=$?
+      status+=("ncu hd $d rc=$rc (log extra/fp8w_ncu_d$d.log)")
+      grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Executed Ipc|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occupancy|pipe_|issue_stalled|issue_active|highest-utilized|is the|bound|==PROF==|Error|error" \
+        "$OUT/extra/fp8w_ncu_d$d.log" | grep -vE " 0(\.0+)?$| 0\.0[0-9]$" | head -70
+    done
   else
-    status+=("fp8_bench (wgmma fwd) not run (left $(left) s)")
+    status+=("ncu not run (no ncu, or no bench)")
   fi
 else
   status+=("no libflashgrad.a under build-gpu")

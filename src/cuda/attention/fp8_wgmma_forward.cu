@@ -11,6 +11,7 @@
 #include "fp8_wgmma_forward.h"
 #include "fp8_wgmma_forward_kernel.cuh"
 #include "fp8_wgmma_maps.h"
+#include "tma_map.h"
 
 namespace flashgrad::cuda {
 namespace {
@@ -20,20 +21,6 @@ using cuda_attn::fp8w::Fp8wForwardConfig;
 using cuda_attn::fp8w::Fp8wMapAxes;
 
 using cuda_attn::fp8w::EncodeTiled;
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda).
-EncodeTiled encode_tiled() {
-  static EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
 
 // descale_x [N, Hk] with free strides (as fp8_attention_host.cpp).
 void set_descales(Fp8KernelParams& f, const AttentionParams& p) {
@@ -133,7 +120,7 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   const int64_t rows_k = pr.varlen ? pr.total_k : pr.seqlen_k;
   CUtensorMap mq, mk, mvt;
   Fp8wMapAxes axes;
-  const EncodeTiled encode = encode_tiled();
+  const EncodeTiled encode = cuda_attn::tensor_map_encoder();  // shared lookup (tma_map.h)
   if (!cuda_attn::fp8w::make_rows_map(encode, &mq, k.q, k.q_st, rows_q, pr.heads_q, batches, hd, &axes.q_rows_inner) ||
       !cuda_attn::fp8w::make_rows_map(encode, &mk, k.k, k.k_st, rows_k, pr.heads_k, batches, hd, &axes.k_rows_inner))
     return false;
