@@ -1,6 +1,6 @@
 // Host side of the FP8 wgmma backward: the switch, the tensor maps (fp8_wgmma_backward_maps.h), the
 // launch. Grid: x = sequence * key blocks (key block fastest), y = kv head; one CTA per SM
-// (~212 KB of shared memory).
+// (~212 KB of shared memory at hd 128, ~197 KB at hd 256).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -39,9 +39,16 @@ void launch(const Fp8WgmmaBackwardMaps& maps, const Fp8KernelParams& f, const Fp
 bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem& pr, cudaStream_t stream) {
   const char* env = std::getenv("FLASHGRAD_ATTN_FP8_BACKWARD");
   if (env == nullptr || std::strcmp(env, "wgmma") != 0) return false;
-  if (pr.head_dim != 128) return false;
-  using Cfg = Fp8WgmmaBackwardConfig<128>;
-  const int64_t nblocks = (pr.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  // hd 256 (64-key CTAs, head dim split between the warpgroups) also needs
+  // FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1 until the H200 has run it, so that hd 128 can be switched on alone.
+  const char* hd256 = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256");
+  const bool hd256_on = hd256 != nullptr && std::strcmp(hd256, "1") == 0;
+  if (pr.head_dim != 128 && !(pr.head_dim == 256 && hd256_on)) return false;
+  const int hd = static_cast<int>(pr.head_dim);
+  const int block_n = hd == 128 ? Fp8WgmmaBackwardConfig<128>::kBlockN : Fp8WgmmaBackwardConfig<256>::kBlockN;
+  const int block_m = Fp8WgmmaBackwardConfig<128>::kBlockM;
+  static_assert(Fp8WgmmaBackwardConfig<128>::kBlockM == Fp8WgmmaBackwardConfig<256>::kBlockM, "one query box");
+  const int64_t nblocks = (pr.seqlen_k + block_n - 1) / block_n;
   if (nblocks == 0 || pr.num_seqs == 0 || pr.heads_k == 0 || pr.total_q == 0 || pr.total_k == 0) return false;
   if (pr.num_seqs * nblocks > 0x7fffffff || pr.heads_k > 65535) return false;
   const int64_t batches = pr.varlen ? 1 : pr.num_seqs;
@@ -51,12 +58,13 @@ bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem&
   Fp8WgmmaBackwardAxes axes;
   const fp8wb::MapSet set{&maps.q8, &maps.k8, &maps.v8, &maps.do8, &maps.q16, &maps.do16, &maps.k16,
                           &axes.q8, &axes.k8, &axes.v8, &axes.do8, &axes.q16, &axes.do16, &axes.k16};
-  if (!fp8wb::make_backward_maps(tensor_map_encoder(), f, rows_q, rows_k, batches, 128, Cfg::kBlockM, Cfg::kBlockN, set))
+  if (!fp8wb::make_backward_maps(tensor_map_encoder(), f, rows_q, rows_k, batches, hd, block_m, block_n, set))
     return false;
-  if (f.out_bf16)
-    launch<__nv_bfloat16, 128>(maps, f, axes, static_cast<int>(nblocks), stream);
+  const int nb = static_cast<int>(nblocks);
+  if (hd == 128)
+    f.out_bf16 ? launch<__nv_bfloat16, 128>(maps, f, axes, nb, stream) : launch<__half, 128>(maps, f, axes, nb, stream);
   else
-    launch<__half, 128>(maps, f, axes, static_cast<int>(nblocks), stream);
+    f.out_bf16 ? launch<__nv_bfloat16, 256>(maps, f, axes, nb, stream) : launch<__half, 256>(maps, f, axes, nb, stream);
   return true;
 }
 

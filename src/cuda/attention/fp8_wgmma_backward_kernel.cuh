@@ -2,37 +2,41 @@
 // (wgmma_backward_kernel.cuh) with the recipe of docs/fp8.md: the two score products on the e4m3
 // tensor cores, the three gradient products in 16 bits.
 //
-// One CTA = one block of kBlockN = 128 keys of one (sequence, kv head), walking the (query head of the
-// group, query block of kBlockM = 64) tiles the mask does not rule out (QueryWalk), dK and dV of its
-// keys in registers over the whole walk. Three warpgroups of 128 threads:
+// One CTA = one block of kBlockN = 128 keys (64 at D = 256) of one (sequence, kv head), walking the
+// (query head of the group, query block of kBlockM = 64) tiles the mask does not rule out
+// (QueryWalk), dK and dV of its keys in registers over the whole walk. Three warpgroups of 128
+// threads:
 //   warpgroup 0, the producer:
-//     warp 0 (one thread): TMA: k8, v8 and k16 of the key block once; per tile q8, dO8, q16, dO16
-//       into a ring of kStages slots ("q full" counts bytes, "q empty" is released by every
-//       consumer thread);
+//     warp 0 (one thread): TMA: k8, v8 and k16 of the key block once; per tile q8 and dO8 into the
+//       8-bit ring (2 slots), q16 and dO16 into the 16-bit ring (2 slots; 1 at D = 256) ("full"
+//       mbarriers count bytes, "empty" ones are released by every consumer thread: the 8-bit slot
+//       once S^T / dP^T are done and lse / shift read, the 16-bit slot once dV / dK are done);
 //     warp 1: the tile's lse (log2 units), shift = Delta - dLSE - z lse (the pre-pass's, Delta
-//       from deq(dO8)) and dP's scale descale_dO(h) descale_v into shared memory beside the slot;
-//     warp 2: the dQ reduction (one cp.reduce.async.bulk per valid row into dq_accum);
-//   warpgroups 1 and 2, the consumers, 64 keys each. Per tile:
+//       from deq(dO8)) and dP's scale descale_dO(h) descale_v into shared memory beside the 8-bit
+//       slot;
+//     warp 2: the dQ reduction (one cp.reduce.async.bulk per valid row into dq_accum; D = 128);
+//   warpgroups 1 and 2, the consumers, 64 keys each (D = 256: all 64 keys, half of the head dim
+//   each, as the bf16 kernel's kSplitD; both compute the same S^T and dP^T). Per tile:
 //       S^T  = k8 q8^T      e4m3 wgmma m64n64k32 (A = k8, B = q8, both K-major as stored)
 //       dP^T = v8 dO8^T     e4m3 wgmma (A = v8, B = dO8)
 //       s = S^T descale_q descale_k scale (softcap, masks);  P^T = exp2(s log2e - lse)
 //       dS^T = P^T (dP^T descale_dO descale_v - shift) softcap'
 //       dV  += P^T dO16     16-bit wgmma, A = P^T rounded to 16 bits in registers, B = dO MN-major
 //       dK  += dS^T q16     16-bit wgmma, A = dS^T in registers, B = q16 MN-major
-//       dS^T -> shared memory (16-bit, swizzled), then dQ(64 x D/2 per warpgroup) = dS k16
-//             (A = dS read transposed from dS^T, B = k16 MN-major), times descale_k, staged in
-//             fp32 for the reducer warp (dq = scale dq_accum afterwards, as on the mma.sync path).
+//       dS^T -> shared memory (16-bit, swizzled), then dQ = dS k16 (A = dS read transposed from
+//             dS^T, B = k16 MN-major), times descale_k: D = 128: 64 x D/2 per warpgroup staged in
+//             fp32 for the reducer warp; D = 256: 64 x 128 per warpgroup by float2 atomics (no
+//             room for staging). dq = scale dq_accum afterwards, as on the mma.sync path.
 //     dK (times scale descale_q) and dV are written once at the end.
 // In deterministic mode the kernel skips dQ; fp8_dq_kernel.cuh computes it in a fixed order.
 //
-// Shared memory holds e4m3 and 16-bit tiles, all in the TMA 128-byte swizzle with 128-byte rows:
-// at D = 128 an e4m3 row is one 128-byte panel (a k32 step = 32 bytes inside it, as a k16 step of
-// 16-bit data, so the K-major descriptors are the bf16 kernel's), a 16-bit row two panels of 64
-// columns. The tensor maps describe every tensor as bytes (fp8_wgmma_backward_maps.h).
+// Shared memory holds e4m3 and 16-bit tiles, all in the TMA 128-byte swizzle with 128-byte rows
+// ("panels"): an e4m3 row of D bytes is D / 128 panels (a k32 step = 32 bytes inside one, as a k16
+// step of 16-bit data, so the K-major descriptors are the bf16 kernel's), a 16-bit row D / 64 panels
+// of 64 columns. The tensor maps describe every tensor as bytes (fp8_wgmma_backward_maps.h).
 //
-// One dS^T buffer (the smem budget: 48 KB per ring slot): before a tile's dS^T stores, named
-// barrier 2 makes sure both warpgroups' dQ products of the previous tile (which read the buffer)
-// have completed.
+// One dS^T buffer (the shared-memory budget): before a tile's dS^T stores, named barrier 2 makes
+// sure both warpgroups' dQ products of the previous tile (which read the buffer) have completed.
 //
 // This header holds no inline PTX (it is all in wgmma_primitives.cuh / fp8_wgmma_primitives.cuh), so
 // the host emulation (fp8_wgmma_backward_emulation/) compiles it unchanged.
@@ -54,42 +58,48 @@ namespace flashgrad::cuda_attn::fp8wb {
 
 template <int D>
 struct Fp8WgmmaBackwardConfig {
-  static_assert(D == 128, "head dim 128 (the launcher declines the others)");
-  static constexpr int kBlockN = 128;  // keys per CTA, 64 per consumer warpgroup
-  static constexpr int kBlockM = 64;   // queries per tile
-  static constexpr int kStages = 2;
+  static_assert(D == 128 || D == 256, "head dim 128 or 256 (the launcher declines the others)");
+  static constexpr bool kSplitD = D == 256;           // see the header comment
+  static constexpr int kBlockN = kSplitD ? 64 : 128;  // keys per CTA
+  static constexpr int kBlockM = 64;                  // queries per tile
+  static constexpr int kColsPerWg = kSplitD ? D / 2 : D;  // columns of dK / dV per warpgroup
   static constexpr int kThreads = 384;
-  static constexpr int kPanels16 = D / 64;  // 128-byte column panels of a 16-bit row
-  // Key side: k8, v8 [BN][D] bytes (one panel at D = 128), k16 [BN][D] 16-bit (kPanels16 panels).
+  static constexpr int kPanels8 = D / 128;  // 128-byte panels of an e4m3 row
+  static constexpr int kPanels16 = D / 64;  // of a 16-bit row
+  // Key side: k8, v8 [BN][D] bytes, k16 [BN][D] 16-bit; a panel is BN rows of 128 bytes.
+  static constexpr int kKeyPanelBytes = kBlockN * 128;
   static constexpr int kKey8Bytes = kBlockN * D;
-  static constexpr int kKey16PanelBytes = kBlockN * 128;
   static constexpr int kKey16Bytes = kBlockN * D * 2;
-  // One ring slot: q8, dO8 [BM][D] bytes, q16, dO16 [BM][D] 16-bit.
+  // Query side: an 8-bit slot holds q8, dO8 [BM][D] bytes; a 16-bit slot q16, dO16 [BM][D].
+  static constexpr int kQPanelBytes = kBlockM * 128;
   static constexpr int kQ8Bytes = kBlockM * D;
-  static constexpr int kQ16PanelBytes = kBlockM * 128;
   static constexpr int kQ16Bytes = kBlockM * D * 2;
-  static constexpr int kSlotQ8 = 0, kSlotDO8 = kQ8Bytes, kSlotQ16 = 2 * kQ8Bytes, kSlotDO16 = 2 * kQ8Bytes + kQ16Bytes;
-  static constexpr int kSlotBytes = 2 * kQ8Bytes + 2 * kQ16Bytes;
-  // dS^T: [128 keys][64 queries] 16-bit, one 128-byte panel.
+  static constexpr int kStages8 = 2;
+  static constexpr int kStages16 = kSplitD ? 1 : 2;  // D = 256: 64 KB per slot
+  static constexpr int kSlot8Bytes = 2 * kQ8Bytes;    // q8 at 0, dO8 at kQ8Bytes
+  static constexpr int kSlot16Bytes = 2 * kQ16Bytes;  // q16 at 0, dO16 at kQ16Bytes
+  // dS^T: [BN keys][64 queries] 16-bit, one panel.
   static constexpr int kDSPanelBytes = kBlockN * 128;
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;
-  // dQ staging rows padded by 8 floats (conflict-free float2 stores, 16-byte aligned rows).
+  // dQ staging (D = 128) rows padded by 8 floats (conflict-free float2 stores, 16-byte aligned rows).
   static constexpr int kDqRowFloats = D + 8;
-  static constexpr int kDqBytes = kBlockM * kDqRowFloats * 4;
+  static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * kDqRowFloats * 4;
   static constexpr int kOffK8 = 0;
   static constexpr int kOffV8 = kKey8Bytes;
   static constexpr int kOffK16 = 2 * kKey8Bytes;
-  static constexpr int kOffRing = kOffK16 + kKey16Bytes;
-  static constexpr int kOffDS = kOffRing + kStages * kSlotBytes;
+  static constexpr int kOffRing8 = kOffK16 + kKey16Bytes;
+  static constexpr int kOffRing16 = kOffRing8 + kStages8 * kSlot8Bytes;
+  static constexpr int kOffDS = kOffRing16 + kStages16 * kSlot16Bytes;
   static constexpr int kOffDq = kOffDS + kDSBytes;
-  static constexpr int kOffLse = kOffDq + kDqBytes;               // [ST][BM] floats
-  static constexpr int kOffShift = kOffLse + kStages * kBlockM * 4;  // [ST][BM]
-  static constexpr int kOffDpScale = kOffShift + kStages * kBlockM * 4;  // [ST] (16 bytes)
+  static constexpr int kOffLse = kOffDq + kDqBytes;                     // [kStages8][BM] floats
+  static constexpr int kOffShift = kOffLse + kStages8 * kBlockM * 4;    // [kStages8][BM]
+  static constexpr int kOffDpScale = kOffShift + kStages8 * kBlockM * 4;  // [kStages8] (16 bytes)
   static constexpr int kOffBar = kOffDpScale + 16;
-  // kv full, q full x ST, lse full x ST, q empty x ST, dq full, dq empty
-  static constexpr int kNumBars = 3 + 3 * kStages;
+  // kv full; q8 full, lse full, q8 empty x kStages8; q16 full, q16 empty x kStages16; dq full, dq empty
+  static constexpr int kNumBars = 3 + 3 * kStages8 + 2 * kStages16;
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
-  static_assert(kOffRing % 1024 == 0 && kSlotBytes % 1024 == 0 && kOffDS % 1024 == 0 && kQ8Bytes % 1024 == 0,
+  static_assert(kOffRing8 % 1024 == 0 && kOffRing16 % 1024 == 0 && kOffDS % 1024 == 0 && kQ8Bytes % 1024 == 0 &&
+                    kKey8Bytes % 1024 == 0,
                 "TMA / wgmma tiles on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
   // setmaxnreg split of the 168 x 384 registers the CTA launches with (wgmma_backward_kernel.cuh).
@@ -191,24 +201,28 @@ __global__ void __launch_bounds__(384, 1)
   using Cfg = Fp8WgmmaBackwardConfig<D>;
   using Ops = ElementOps<T>;
   const AttentionKernelParams& p = fp.base;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S8 = Cfg::kStages8, S16 = Cfg::kStages16;
+  constexpr int DC = Cfg::kColsPerWg;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem0 = (smem_address(smem_raw) + 1023u) & ~1023u;
   unsigned char* base = smem_raw + (smem0 - smem_address(smem_raw));
   const uint32_t sK8 = smem0 + Cfg::kOffK8, sV8 = smem0 + Cfg::kOffV8, sK16 = smem0 + Cfg::kOffK16;
-  const uint32_t sRing = smem0 + Cfg::kOffRing;  // slot s at + s * kSlotBytes
+  const uint32_t sRing8 = smem0 + Cfg::kOffRing8;    // slot s at + s * kSlot8Bytes
+  const uint32_t sRing16 = smem0 + Cfg::kOffRing16;  // slot s at + s * kSlot16Bytes
   const uint32_t sDS = smem0 + Cfg::kOffDS;
   const uint32_t sDq = smem0 + Cfg::kOffDq;
-  float* lse_s = reinterpret_cast<float*>(base + Cfg::kOffLse);          // [ST][BM]
-  float* shift_s = reinterpret_cast<float*>(base + Cfg::kOffShift);      // [ST][BM]
-  float* dps_s = reinterpret_cast<float*>(base + Cfg::kOffDpScale);      // [ST]
-  float* dq_s = reinterpret_cast<float*>(base + Cfg::kOffDq);            // [BM][kDqRowFloats]
-  unsigned char* ds_s = base + Cfg::kOffDS;                              // dS^T, generic view
+  float* lse_s = reinterpret_cast<float*>(base + Cfg::kOffLse);      // [S8][BM]
+  float* shift_s = reinterpret_cast<float*>(base + Cfg::kOffShift);  // [S8][BM]
+  float* dps_s = reinterpret_cast<float*>(base + Cfg::kOffDpScale);  // [S8]
+  float* dq_s = reinterpret_cast<float*>(base + Cfg::kOffDq);        // [BM][kDqRowFloats]
+  unsigned char* ds_s = base + Cfg::kOffDS;                          // dS^T, generic view
   const uint32_t bar_kv_full = smem0 + Cfg::kOffBar;
-  const uint32_t bar_q_full = bar_kv_full + 8;        // x ST
-  const uint32_t bar_ls_full = bar_q_full + 8 * ST;   // x ST
-  const uint32_t bar_q_empty = bar_ls_full + 8 * ST;  // x ST
-  const uint32_t bar_dq_full = bar_q_empty + 8 * ST;
+  const uint32_t bar_q8_full = bar_kv_full + 8;         // x S8
+  const uint32_t bar_ls_full = bar_q8_full + 8 * S8;    // x S8
+  const uint32_t bar_q8_empty = bar_ls_full + 8 * S8;   // x S8
+  const uint32_t bar_q16_full = bar_q8_empty + 8 * S8;  // x S16
+  const uint32_t bar_q16_empty = bar_q16_full + 8 * S16;  // x S16
+  const uint32_t bar_dq_full = bar_q16_empty + 8 * S16;
   const uint32_t bar_dq_empty = bar_dq_full + 8;
 
   const int seq = blockIdx.x / num_n_blocks;
@@ -227,10 +241,15 @@ __global__ void __launch_bounds__(384, 1)
   if (tid == 0) {
     sm90::mbar_init(bar_kv_full, 1);
 #pragma unroll
-    for (int s = 0; s < ST; ++s) {
-      sm90::mbar_init(bar_q_full + 8 * s, 1);
-      sm90::mbar_init(bar_ls_full + 8 * s, 32);  // every lane of the lse warp
-      sm90::mbar_init(bar_q_empty + 8 * s, 256);  // every consumer thread (its own reads of lse / shift)
+    for (int s = 0; s < S8; ++s) {
+      sm90::mbar_init(bar_q8_full + 8 * s, 1);
+      sm90::mbar_init(bar_ls_full + 8 * s, 32);   // every lane of the lse warp
+      sm90::mbar_init(bar_q8_empty + 8 * s, 256);  // every consumer thread (its own reads of lse / shift)
+    }
+#pragma unroll
+    for (int s = 0; s < S16; ++s) {
+      sm90::mbar_init(bar_q16_full + 8 * s, 1);
+      sm90::mbar_init(bar_q16_empty + 8 * s, 256);
     }
     sm90::mbar_init(bar_dq_full, 8);
     sm90::mbar_init(bar_dq_empty, 1);
@@ -258,26 +277,36 @@ __global__ void __launch_bounds__(384, 1)
       // k16 rows of the workspace [total_k, Hk, D]: (batch * Sk + row) or the varlen token.
       const int k16_row = static_cast<int>(sv.k_batch * p.seqlen_k + sv.k_row0) + n0;
       sm90::mbar_arrive_expect_tx(bar_kv_full, 2 * Cfg::kKey8Bytes + Cfg::kKey16Bytes);
-      tma_rows(sK8, &maps.k8, bar_kv_full, axes.k8, 0, k_row, hk, kb);
-      tma_rows(sV8, &maps.v8, bar_kv_full, axes.v8, 0, k_row, hk, kb);
+#pragma unroll
+      for (int c = 0; c < Cfg::kPanels8; ++c) {
+        tma_rows(sK8 + c * Cfg::kKeyPanelBytes, &maps.k8, bar_kv_full, axes.k8, 128 * c, k_row, hk, kb);
+        tma_rows(sV8 + c * Cfg::kKeyPanelBytes, &maps.v8, bar_kv_full, axes.v8, 128 * c, k_row, hk, kb);
+      }
 #pragma unroll
       for (int c = 0; c < Cfg::kPanels16; ++c)
-        tma_rows(sK16 + c * Cfg::kKey16PanelBytes, &maps.k16, bar_kv_full, axes.k16, 128 * c, k16_row, hk, 0);
+        tma_rows(sK16 + c * Cfg::kKeyPanelBytes, &maps.k16, bar_kv_full, axes.k16, 128 * c, k16_row, hk, 0);
       int j = 0, c2 = 0;
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
-        const int slot = j % ST;
         const int q_row = static_cast<int>(sv.q_row0) + m0;
         const int ws_row = static_cast<int>(sv.scratch_row0) + m0;  // workspace rows [total_q, Hq, D]
-        const uint32_t dst = sRing + slot * Cfg::kSlotBytes, bar = bar_q_full + 8 * slot;
-        sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
-        sm90::mbar_arrive_expect_tx(bar, Cfg::kSlotBytes);
-        tma_rows(dst + Cfg::kSlotQ8, &maps.q8, bar, axes.q8, 0, q_row, h, qb);
-        tma_rows(dst + Cfg::kSlotDO8, &maps.do8, bar, axes.do8, 0, ws_row, h, 0);
+        // The 8-bit slot first (the products that start the tile), then the 16-bit one.
+        const int s8 = j % S8, s16 = j % S16;
+        const uint32_t d8 = sRing8 + s8 * Cfg::kSlot8Bytes, b8 = bar_q8_full + 8 * s8;
+        sm90::mbar_wait(bar_q8_empty + 8 * s8, ((j / S8) & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(b8, Cfg::kSlot8Bytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kPanels8; ++c) {
+          tma_rows(d8 + c * Cfg::kQPanelBytes, &maps.q8, b8, axes.q8, 128 * c, q_row, h, qb);
+          tma_rows(d8 + Cfg::kQ8Bytes + c * Cfg::kQPanelBytes, &maps.do8, b8, axes.do8, 128 * c, ws_row, h, 0);
+        }
+        const uint32_t d16 = sRing16 + s16 * Cfg::kSlot16Bytes, b16 = bar_q16_full + 8 * s16;
+        sm90::mbar_wait(bar_q16_empty + 8 * s16, ((j / S16) & 1) ^ 1);
+        sm90::mbar_arrive_expect_tx(b16, Cfg::kSlot16Bytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kPanels16; ++c) {
-          tma_rows(dst + Cfg::kSlotQ16 + c * Cfg::kQ16PanelBytes, &maps.q16, bar, axes.q16, 128 * c, ws_row, h, 0);
-          tma_rows(dst + Cfg::kSlotDO16 + c * Cfg::kQ16PanelBytes, &maps.do16, bar, axes.do16, 128 * c, q_row, h, qb);
+          tma_rows(d16 + c * Cfg::kQPanelBytes, &maps.q16, b16, axes.q16, 128 * c, ws_row, h, 0);
+          tma_rows(d16 + Cfg::kQ16Bytes + c * Cfg::kQPanelBytes, &maps.do16, b16, axes.do16, 128 * c, q_row, h, qb);
         }
       }
     } else if (warp == 1) {
@@ -285,8 +314,8 @@ __global__ void __launch_bounds__(384, 1)
       int j = 0, c2 = 0;
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
-        const int slot = j % ST;
-        sm90::mbar_wait(bar_q_empty + 8 * slot, ((j / ST) & 1) ^ 1);
+        const int slot = j % S8;
+        sm90::mbar_wait(bar_q8_empty + 8 * slot, ((j / S8) & 1) ^ 1);
 #pragma unroll
         for (int part = 0; part < BM / 32; ++part) {
           const int r = lane + 32 * part;
@@ -299,7 +328,7 @@ __global__ void __launch_bounds__(384, 1)
           dps_s[slot] = descale_from_amax(fp.dout_amax[static_cast<int64_t>(seq) * p.heads_q + h]) * dsv;
         sm90::mbar_arrive(bar_ls_full + 8 * slot);  // release: the stores above are visible
       }
-    } else if (warp == 2 && with_dq) {
+    } else if (warp == 2 && with_dq && !Cfg::kSplitD) {
       int j = 0, c2 = 0;
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
@@ -325,52 +354,56 @@ __global__ void __launch_bounds__(384, 1)
 
   // ---- consumers ----
   sm90::regs_increase<Cfg::kConsumerRegs>();
-  const int cw = warpgroup - 1;  // keys [64 cw, 64 cw + 64) of the block
+  // Consumer warpgroup cw owns keys [64 cw, 64 cw + 64) of the block and all D columns, or (kSplitD)
+  // all 64 keys and columns [col0, col0 + 128).
+  const int cw = warpgroup - 1;
+  const int col0 = Cfg::kSplitD ? cw * DC : 0;
+  const int key_base = Cfg::kSplitD ? 0 : cw * 64;  // first key row of the warpgroup's A operands
   const int warp_in_wg = (tid / 32) & 3;
   const int g = lane >> 2, t4 = lane & 3;
-  const int key_row = cw * 64 + warp_in_wg * 16 + g;  // first key in the block; second +8
+  const int key_row = key_base + warp_in_wg * 16 + g;  // first key in the block; second +8
   const bool short_path_ok = p.softcap_method == kSoftcapOff;
   const float dsq = fp8::load_descale(fp.descale_q, fp.dq_st_n, fp.dq_st_h, seq, hk);
   const float dsk = fp8::load_descale(fp.descale_k, fp.dk_st_n, fp.dk_st_h, seq, hk);
   const float qk_scale = dsq * dsk * p.scale;
 
-  float dv[D / 2], dk[D / 2];
+  float dv[DC / 2], dk[DC / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+  for (int i = 0; i < DC / 2; ++i) dv[i] = dk[i] = 0.f;
 
   if (first >= 0) {
     sm90::mbar_wait(bar_kv_full, 0);
     int j = 0;
     for (int it = first; it >= 0; ++j) {
       const int m0 = (it % walk.num_mb) * BM;
-      const int slot = j % ST;
-      const uint32_t phase = (j / ST) & 1;
-      const uint32_t slot0 = sRing + slot * Cfg::kSlotBytes;
-      const uint32_t q8_slot = slot0 + Cfg::kSlotQ8, do8_slot = slot0 + Cfg::kSlotDO8;
-      const uint32_t q16_slot = slot0 + Cfg::kSlotQ16, do16_slot = slot0 + Cfg::kSlotDO16;
-      sm90::mbar_wait(bar_q_full + 8 * slot, phase);
+      const int s8 = j % S8, s16 = j % S16;
+      const uint32_t q8_slot = sRing8 + s8 * Cfg::kSlot8Bytes, do8_slot = q8_slot + Cfg::kQ8Bytes;
+      const uint32_t q16_slot = sRing16 + s16 * Cfg::kSlot16Bytes, do16_slot = q16_slot + Cfg::kQ16Bytes;
+      sm90::mbar_wait(bar_q8_full + 8 * s8, (j / S8) & 1);
 
-      // S^T = k8 q8^T and dP^T = v8 dO8^T (e4m3, k32 steps of 32 bytes in the 128-byte rows): two
-      // groups, so P^T can start while dP^T still runs.
+      // S^T = k8 q8^T and dP^T = v8 dO8^T (e4m3; k32 step kk: panel kk / 4, 32 bytes per step inside
+      // the 128-byte rows): two groups, so P^T can start while dP^T still runs.
       float s[BM / 2], dp[BM / 2];
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk)
-        sm90::wgmma_e4m3_ss<BM>(s, sm90::smem_desc(sK8 + cw * 64 * 128 + kk * 32, 16, 1024),
-                                sm90::smem_desc(q8_slot + kk * 32, 16, 1024), kk > 0);
+        sm90::wgmma_e4m3_ss<BM>(
+            s, sm90::smem_desc(sK8 + (kk / 4) * Cfg::kKeyPanelBytes + key_base * 128 + (kk % 4) * 32, 16, 1024),
+            sm90::smem_desc(q8_slot + (kk / 4) * Cfg::kQPanelBytes + (kk % 4) * 32, 16, 1024), kk > 0);
       sm90::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk)
-        sm90::wgmma_e4m3_ss<BM>(dp, sm90::smem_desc(sV8 + cw * 64 * 128 + kk * 32, 16, 1024),
-                                sm90::smem_desc(do8_slot + kk * 32, 16, 1024), kk > 0);
+        sm90::wgmma_e4m3_ss<BM>(
+            dp, sm90::smem_desc(sV8 + (kk / 4) * Cfg::kKeyPanelBytes + key_base * 128 + (kk % 4) * 32, 16, 1024),
+            sm90::smem_desc(do8_slot + (kk / 4) * Cfg::kQPanelBytes + (kk % 4) * 32, 16, 1024), kk > 0);
       sm90::wgmma_commit();
-      sm90::mbar_wait(bar_ls_full + 8 * slot, phase);
+      sm90::mbar_wait(bar_ls_full + 8 * s8, (j / S8) & 1);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(s);
       sm90::pin_registers(dp);
-      const float* lse = lse_s + slot * BM;
-      const float* shift = shift_s + slot * BM;
-      const float dp_scale = dps_s[slot];
+      const float* lse = lse_s + s8 * BM;
+      const float* shift = shift_s + s8 * BM;
+      const float dp_scale = dps_s[s8];
       uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
       if (cls == kTileFull && short_path_ok)
         fp8_backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
@@ -378,15 +411,21 @@ __global__ void __launch_bounds__(384, 1)
       else
         fp8_backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
                                            n0 + key_row, m0, t4);
-      // dV += P^T dO16, dK += dS^T q16 (B MN-major: the K dim, queries, is the row dim; the N dim's
-      // two 64-column panels kQ16PanelBytes apart).
+      sm90::mbar_arrive(bar_q8_empty + 8 * s8);  // done with q8, dO8, lse, shift, dP's scale
+
+      // dV += P^T dO16, dK += dS^T q16 over this warpgroup's columns from col0 (B MN-major: the K
+      // dim, queries, is the row dim; 64-column panels kQPanelBytes apart).
+      const uint32_t col_bytes = (col0 / 64) * Cfg::kQPanelBytes;
+      sm90::mbar_wait(bar_q16_full + 8 * s16, (j / S16) & 1);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk)
-        sm90::wgmma_rs<T, D>(dv, pa[kk], sm90::smem_desc(do16_slot + kk * 16 * 128, Cfg::kQ16PanelBytes, 1024), 1);
+        sm90::wgmma_rs<T, DC>(dv, pa[kk],
+                              sm90::smem_desc(do16_slot + col_bytes + kk * 16 * 128, Cfg::kQPanelBytes, 1024), 1);
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk)
-        sm90::wgmma_rs<T, D>(dk, pds[kk], sm90::smem_desc(q16_slot + kk * 16 * 128, Cfg::kQ16PanelBytes, 1024), 1);
+        sm90::wgmma_rs<T, DC>(dk, pds[kk],
+                              sm90::smem_desc(q16_slot + col_bytes + kk * 16 * 128, Cfg::kQPanelBytes, 1024), 1);
       sm90::wgmma_commit();
 
       if (with_dq) {
@@ -394,68 +433,104 @@ __global__ void __launch_bounds__(384, 1)
         if (j > 0) sm90::named_barrier_sync_id<2>(256);
         // dS^T as [key][query] with the 128-byte swizzle: key row R = key_row (+8), queries
         // 8 i + 2t (+1) in 16-byte chunk i of the row, stored at chunk i ^ (R % 8) = i ^ g.
+        // kSplitD: both warpgroups hold the same dS^T; each writes the rows of two of its warps.
+        if (!Cfg::kSplitD || warp_in_wg / 2 == cw) {
 #pragma unroll
-        for (int i = 0; i < BM / 8; ++i)
+          for (int i = 0; i < BM / 8; ++i)
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<uint32_t*>(ds_s + (key_row + 8 * r) * 128 + ((i ^ g) << 4) + 4 * t4) =
-                pds[i / 2][2 * (i & 1) + r];
+            for (int r = 0; r < 2; ++r)
+              *reinterpret_cast<uint32_t*>(ds_s + (key_row + 8 * r) * 128 + ((i ^ g) << 4) + 4 * t4) =
+                  pds[i / 2][2 * (i & 1) + r];
+        }
         sm90::fence_proxy_async_shared();
-        sm90::named_barrier_sync_id<1>(256);  // both warpgroups' halves of dS^T are in place
+        sm90::named_barrier_sync_id<1>(256);  // both warpgroups' parts of dS^T are in place
 
-        // dQ[64 queries x D/2 columns of this warpgroup] = dS k16 over the block's 128 keys (A = dS
-        // read transposed from dS^T, B = k16's panel cw, both MN-major).
-        constexpr int kDqCols = D / 2;
-        float dq[kDqCols / 2];
-        sm90::wgmma_fence();
+        if constexpr (Cfg::kSplitD) {
+          // dV / dK first (frees P^T, dS^T and the 16-bit slot), then dQ[64 queries x 128 columns from
+          // col0] = dS k16 over the block's 64 keys, times descale_k, into dq_accum by float2 atomics.
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(dv);
+          sm90::pin_registers(dk);
+          fp8_pin_fragments(pa, pds);
+          sm90::mbar_arrive(bar_q16_empty + 8 * s16);
+          float dq[DC / 2];
+          sm90::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(sDS + kk * 16 * 128, Cfg::kDSPanelBytes, 1024),
-                                        sm90::smem_desc(sK16 + cw * Cfg::kKey16PanelBytes + kk * 16 * 128,
-                                                        Cfg::kKey16PanelBytes, 1024),
-                                        kk > 0);
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::pin_registers(dv);
-        sm90::pin_registers(dk);
-        sm90::pin_registers(dq);
-        fp8_pin_fragments(pa, pds);  // the tensor cores read them until now
-        sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with the slot, lse, shift
+          for (int kk = 0; kk < BN / 16; ++kk)
+            sm90::wgmma_ss_tt<T, DC>(dq, sm90::smem_desc(sDS + kk * 16 * 128, Cfg::kDSPanelBytes, 1024),
+                                     sm90::smem_desc(sK16 + (col0 / 64) * Cfg::kKeyPanelBytes + kk * 16 * 128,
+                                                     Cfg::kKeyPanelBytes, 1024),
+                                     kk > 0);
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(dq);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int q = m0 + warp_in_wg * 16 + g + 8 * r;
+            if (q >= sv.len_q) continue;
+            const int h = hk * group + it / walk.num_mb;
+            // dq_accum is [total_q, Hq, D] fp32.
+            float* row = p.dq_accum + ((sv.scratch_row0 + q) * p.heads_q + h) * static_cast<int64_t>(D) + col0;
+#pragma unroll
+            for (int i = 0; i < DC / 8; ++i)
+              atomicAdd(reinterpret_cast<float2*>(row + 8 * i + 2 * t4),
+                        make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk));
+          }
+        } else {
+          // dQ[64 queries x D/2 columns of this warpgroup] = dS k16 over the block's 128 keys (A = dS
+          // read transposed from dS^T, B = k16's panel cw, both MN-major).
+          constexpr int kDqCols = D / 2;
+          float dq[kDqCols / 2];
+          sm90::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+            sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(sDS + kk * 16 * 128, Cfg::kDSPanelBytes, 1024),
+                                          sm90::smem_desc(sK16 + cw * Cfg::kKeyPanelBytes + kk * 16 * 128,
+                                                          Cfg::kKeyPanelBytes, 1024),
+                                          kk > 0);
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(dv);
+          sm90::pin_registers(dk);
+          sm90::pin_registers(dq);
+          fp8_pin_fragments(pa, pds);  // the tensor cores read them until now
+          sm90::mbar_arrive(bar_q16_empty + 8 * s16);  // done with q16, dO16
 
-        // dQ (times descale_k) into the staging buffer once the reducer has read the previous tile's.
-        sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
-        const int qrow = warp_in_wg * 16 + g;
+          // dQ (times descale_k) into the staging buffer once the reducer has read the previous tile's.
+          sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
+          const int qrow = warp_in_wg * 16 + g;
 #pragma unroll
-        for (int i = 0; i < kDqCols / 8; ++i)
+          for (int i = 0; i < kDqCols / 8; ++i)
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
-                make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk);
-        sm90::fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+            for (int r = 0; r < 2; ++r)
+              *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
+                  make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk);
+          sm90::fence_proxy_async_shared();
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+        }
       } else {
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
         fp8_pin_fragments(pa, pds);
-        sm90::mbar_arrive(bar_q_empty + 8 * slot);
+        sm90::mbar_arrive(bar_q16_empty + 8 * s16);
       }
       // Found after the tile, not before: nothing of the walk stays live through the products.
       it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
     }
   }
 
-  // dV and dK (times scale descale_q) of this thread's keys key_row and key_row + 8.
+  // dV and dK (times scale descale_q) of this thread's keys key_row and key_row + 8, columns from col0.
   const float dk_scale = p.scale * dsq;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = n0 + key_row + 8 * r;
     if (key >= sv.len_k) continue;
-    T* dv_row = static_cast<T*>(p.dv) + row_offset(p.dv_st, sv.k_batch, sv.k_row0, key, hk);
-    T* dk_row = static_cast<T*>(p.dk) + row_offset(p.dk_st, sv.k_batch, sv.k_row0, key, hk);
+    T* dv_row = static_cast<T*>(p.dv) + row_offset(p.dv_st, sv.k_batch, sv.k_row0, key, hk) + col0;
+    T* dk_row = static_cast<T*>(p.dk) + row_offset(p.dk_st, sv.k_batch, sv.k_row0, key, hk) + col0;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
+    for (int dt = 0; dt < DC / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t4) = Ops::pack(dv[4 * dt + 2 * r], dv[4 * dt + 2 * r + 1]);
       *reinterpret_cast<uint32_t*>(dk_row + dt * 8 + 2 * t4) =
           Ops::pack(dk[4 * dt + 2 * r] * dk_scale, dk[4 * dt + 2 * r + 1] * dk_scale);

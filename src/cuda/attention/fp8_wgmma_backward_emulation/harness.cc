@@ -99,6 +99,9 @@ inline int __float_as_int(float f) {
   return i;
 }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline float2 atomicAdd(float2* p, float2 v) {  // sm_90's vector atomic: each component atomically
+  return make_float2(std::atomic_ref<float>(p->x).fetch_add(v.x), std::atomic_ref<float>(p->y).fetch_add(v.y));
+}
 inline int atomicMax(int* p, int v) {
   std::atomic_ref<int> a(*p);
   int old = a.load();
@@ -849,7 +852,7 @@ void check_case(Fp8Config cfg, std::mt19937& rng) {
   Fp8Case c = fp8_test::make_case(cfg, rng);
   const Fp8Outputs ref = fp8_test::reference32(c);
   const Fp8Outputs emu = fp8_test::recipe(c);
-  const Fp8Outputs got = run_emulated<128>(c);  // the kernel covers head dim 128
+  const Fp8Outputs got = cfg.d == 256 ? run_emulated<256>(c) : run_emulated<128>(c);  // the kernel's head dims
   const double r = cfg.softcap > 0.f ? 3.0 : 2.0;
   std::printf("  case %s\n", cfg.name.c_str());
   check_output("out", got.out, ref.out, emu.out, cfg.out_dtype, r, 0.03);
@@ -869,7 +872,8 @@ int main(int argc, char** argv) {
   std::mt19937 rng(std::random_device{}());
   std::vector<Fp8Config> cases;
   // "quick": one full-tile and one masked varlen GQA case.
-  const std::vector<std::string> quick = {"none d128 Sq=70 Sk=130", "varlen causal d128 gqa 4/2 with empty sequences"};
+  const std::vector<std::string> quick = {"none d128 Sq=70 Sk=130", "varlen causal d128 gqa 4/2 with empty sequences",
+                                          "none d256 B2 gqa 4/2 Sq=150 Sk=140"};
   auto add = [&](std::string name, Fp8Config c) {
     c.name = std::move(name);
     const bool pick = only == "quick" ? std::find(quick.begin(), quick.end(), c.name) != quick.end()
@@ -961,6 +965,35 @@ int main(int argc, char** argv) {
     c.sq = 40;
     c.sk = 1000;
     add("none d128 H1 Sq=40 Sk=1000", c);
+  }
+  // D = 256: 64-key CTAs, the head dim split between the warpgroups, one 16-bit slot, dQ by atomics.
+  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+    Fp8Config c;
+    c.d = 256;
+    c.mask = m;
+    c.batch = 2;
+    c.hq = 4;
+    c.hk = 2;
+    c.sq = 150;
+    c.sk = 140;
+    add(std::string(mask_name(m)) + " d256 B2 gqa 4/2 Sq=150 Sk=140", c);
+  }
+  {
+    Fp8Config c;
+    c.d = 256;
+    c.lens_q = {37, 0, 80, 5};
+    c.lens_k = {53, 0, 80, 0};
+    c.hq = 4;
+    c.hk = 2;
+    c.mask = MaskKind::causal;
+    c.softcap = 5.f;
+    c.with_dlse = true;
+    c.z_loss = 0.5f;
+    c.out_dtype = DType::f16;
+    add("varlen causal d256 gqa 4/2 softcap dlse z-loss fp16 out", c);
+    c.deterministic = true;
+    c.out_dtype = DType::bf16;
+    add("deterministic varlen causal d256 softcap", c);
   }
   for (auto& c : cases) check_case(c, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
