@@ -4,10 +4,13 @@
 #   1. AttentionFp8* with FLASHGRAD_ATTN_FP8_BACKWARD=wgmma in a process of its own: the FP8 GPU tests
 #      (2x rule against the recipe's emulation, rel RMS vs fp32) with the backward main pass on the
 #      wgmma kernel (hd 128; hd 64 / 256 stay on mma.sync);
-#   2. bench/attention/fp8_bench.cu (built here against build-gpu's libflashgrad.a), B2 H16 S8192,
-#      hd 128 / 256, causal and not, with the switch on (wgmma backward) and off (mma.sync), each in
-#      its own process (a trap in the new kernel must not hide the baseline);
-#   3. a compact table: fp8 bwd (mma.sync / wgmma) beside bf16 bwd, the ratio to bf16 (target 1.3x)
+#   2. the same with FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1 too (hd 256 on the split-head-dim variant),
+#      in another process;
+#   3. bench/attention/fp8_bench.cu (built here against build-gpu's libflashgrad.a), B2 H16 S8192,
+#      hd 128 / 256, causal and not, with the switch on (wgmma backward; hd 256 too if 2 passed) and
+#      off (mma.sync), each in its own process (a trap in the new kernel must not hide the baseline);
+#   4. with the time left: compute-sanitizer racecheck of one small FP8 test with the switch on;
+#   5. a compact table: fp8 bwd (mma.sync / wgmma) beside bf16 bwd, the ratio to bf16 (target 1.3x)
 #      and to cuDNN's FP8 backward measured on the H200 in session 3 (689 / 665 TFLOP/s at hd 128).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,13 +30,21 @@ if [ -n "$lib" ]; then
   build_pid=$!
 fi
 
+hd256_ok=0
 if [ -n "$tests" ]; then
   echo "== fp8b: AttentionFp8* with FLASHGRAD_ATTN_FP8_BACKWARD=wgmma"
-  FLASHGRAD_ATTN_FP8_BACKWARD=wgmma timeout -k 3 60 "$tests" --gtest_filter='AttentionFp8*' \
+  FLASHGRAD_ATTN_FP8_BACKWARD=wgmma timeout -k 3 45 "$tests" --gtest_filter='AttentionFp8*' \
     > "$OUT/extra/fp8b_tests.log" 2>&1
   rc=$?
   show "$OUT/extra/fp8b_tests.log" 150
-  status+=("AttentionFp8* (wgmma bwd) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8b_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8b_tests.log") failed)")
+  status+=("AttentionFp8* (wgmma bwd, hd128) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8b_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8b_tests.log") failed)")
+  echo "== fp8b: AttentionFp8* with FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1"
+  FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1 timeout -k 3 30 "$tests" \
+    --gtest_filter='AttentionFp8*' > "$OUT/extra/fp8b_tests_hd256.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] && hd256_ok=1
+  show "$OUT/extra/fp8b_tests_hd256.log" 60
+  status+=("AttentionFp8* (wgmma bwd, hd128 + hd256) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8b_tests_hd256.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8b_tests_hd256.log") failed)")
 else
   status+=("no flashgrad_gpu_tests binary under build-gpu")
 fi
@@ -46,8 +57,9 @@ if [ -n "$lib" ]; then
       [ "$(left)" -gt 15 ] || { status+=("fp8_bench ($mode bwd) not run (time)"); continue; }
       echo "== fp8b: fp8_bench with FLASHGRAD_ATTN_FP8_BACKWARD=$mode"
       lim=$(( $(left) > 40 ? 35 : $(left) - 5 ))
-      FLASHGRAD_ATTN_FP8_BACKWARD=$mode timeout -k 3 $lim /tmp/fp8b_bench > "$OUT/extra/fp8b_bench_$mode.log" 2>&1
-      status+=("fp8_bench ($mode bwd) rc=$?")
+      FLASHGRAD_ATTN_FP8_BACKWARD=$mode FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=$hd256_ok timeout -k 3 $lim \
+        stdbuf -oL /tmp/fp8b_bench > "$OUT/extra/fp8b_bench_$mode.log" 2>&1
+      status+=("fp8_bench ($mode bwd$([ $mode = wgmma ] && echo ", hd256 wgmma=$hd256_ok")) rc=$?")
       cat "$OUT/extra/fp8b_bench_$mode.log"
       # rows: hd mask | fp8fwd bf16fwd ratio | fp8bwd bf16bwd ratio
       while read -r hd mask _ _ _ _ _ fb bb _; do
@@ -59,6 +71,15 @@ if [ -n "$lib" ]; then
   fi
 else
   status+=("no libflashgrad.a under build-gpu")
+fi
+
+if [ -n "$tests" ] && command -v compute-sanitizer > /dev/null && [ "$(left)" -gt 25 ]; then
+  echo "== fp8b: racecheck, AttentionFp8Gpu.SlidingWindow (hd 128, 256) with the wgmma backward"
+  FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1 timeout -k 3 $(( $(left) - 5 )) compute-sanitizer --tool racecheck \
+    --error-exitcode 1 "$tests" --gtest_filter='AttentionFp8Gpu.SlidingWindow' > "$OUT/extra/fp8b_racecheck.log" 2>&1
+  rc=$?
+  grep -E "RACECHECK SUMMARY|hazard|Error|PASSED|FAILED" "$OUT/extra/fp8b_racecheck.log" | head -12
+  status+=("racecheck SlidingWindow (wgmma bwd, hd 128 + 256) rc=$rc")
 fi
 
 echo "== fp8b summary ($(( $(date +%s) - t0 )) s)"
