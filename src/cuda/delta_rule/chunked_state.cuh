@@ -46,6 +46,8 @@ struct StateSmem {
   static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
   static constexpr int64_t kStageBytes = kKeyTiles * kTileBytes + sizeof(float) * C * LDU;
   static constexpr int64_t kPBytes = kOutput ? 2 * sizeof(T) * C * LDP : 0;
+  // kOutput: each thread's 32 values of (h^T q^T) * rowscale, parked between the two halves of o.
+  static constexpr int64_t kParkBytes = kOutput ? sizeof(float) * 32 * 32 * WARPS : 0;
   static constexpr int kRowArrays = kOutput ? 5 : 2;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   // Stage s (= chunk parity) of the double buffer, by address arithmetic (an array of pointers
@@ -61,11 +63,16 @@ struct StateSmem {
   float* pscale;    // [C] scale rstd_qi (kOutput)
   float* rstd_k;    // [C] (kOutput)
 
-  static constexpr int64_t bytes() { return 2 * kStageBytes + kPBytes + sizeof(float) * kRowArrays * C; }
+  float4* park;     // [8][THREADS] (kOutput): thread tid's i-th float4 at park[i * THREADS + tid]
+
+  static constexpr int64_t bytes() {
+    return 2 * kStageBytes + kPBytes + kParkBytes + sizeof(float) * kRowArrays * C;
+  }
   __device__ explicit StateSmem(unsigned char* r) : raw(r) {
     P = reinterpret_cast<T*>(raw + 2 * kStageBytes);
     P_lo = P + C * LDP;
-    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes);
+    park = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kPBytes);
+    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes + kParkBytes);
     colscale = G + C;
     rowscale = colscale + C;
     pscale = rowscale + C;
@@ -84,9 +91,11 @@ struct StateSmem {
 // stage 2 unfused), o and the final state are. Per chunk also
 //   o^T = (h^T q^T) * (scale exp(G_i) rstd_qi per column i) + v_new^T (scale P)^T,
 // with P = Lower(q k^T exp(G_i - G_j)) formed once per chunk by the block (warp wp: rows
-// [16 (wp % 4), +16), column tiles of half wp / 4) into shared memory as hi + lo; h^T's A fragments
-// serve both h^T w^T and h^T q^T, and v_new^T (fp32, hi + lo) is the A operand of the P product,
-// so o needs neither h_c nor v_new from memory. Only with 8 warps (the whole 64-row P by 8 warps).
+// [16 (wp % 4), +16), column tiles of half wp / 4) into shared memory as hi + lo. h^T (hi + lo) is
+// the A operand of h^T q^T, whose scaled result each thread parks in shared memory (its own 32
+// slots) until v_new^T (fp32, hi + lo) is known as the A operand of the P product; so o needs
+// neither h_c nor v_new from memory, and h^T, v_new^T and o^T are never all in registers (213
+// registers at K = 128). Only with 8 warps (the whole 64-row P by 8 warps).
 template <typename T, int KMAX, int WARPS, bool kOutput>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) {
   using S = StateSmem<T, KMAX, WARPS, kOutput>;
@@ -216,6 +225,34 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         for (int e = 0; e < 4; ++e) hc[(8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
     }
 
+    if constexpr (kOutput) {
+      // First part of o^T: (h^T q^T) * rowscale (per column i), in four quarters of 16 chunk rows,
+      // parked in shared memory (this thread's own slots) until v_new^T is known: so h^T, v_new^T
+      // and o^T are never all in registers at once.
+#pragma unroll 1  // the quarters one after the other: unrolled, their accumulators would overlap
+      for (int oh = 0; oh < 4; ++oh) {
+        float o[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < KMAX / 16; ++ks) {
+          uint32_t ah[4], al[4];
+          mma::acc_to_a_split<T>(hT[2 * ks], hT[2 * ks + 1], ah, al);
+          uint32_t bq[4];
+          mma::ldmatrix_x4<false>(bq, sm.q(s) + (16 * oh + nb_r) * LDK + 16 * ks + nb_c);
+          const uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+          mma::mma16816<T>(o[0], ah, bq0);
+          mma::mma16816<T>(o[0], al, bq0);
+          mma::mma16816<T>(o[1], ah, bq1);
+          mma::mma16816<T>(o[1], al, bq1);
+        }
+#pragma unroll
+        for (int i4 = 0; i4 < 2; ++i4) {
+          const float2 r = *reinterpret_cast<const float2*>(&sm.rowscale[16 * oh + 8 * i4 + 2 * tig]);
+          sm.park[(2 * oh + i4) * THREADS + tid] = make_float4(o[i4][0] * r.x, o[i4][1] * r.y, o[i4][2] * r.x,
+                                                               o[i4][3] * r.y);
+        }
+      }
+    }
+
     // v_new^T = u^T - h^T w^T: p[j8] covers chunk rows [8 j8, 8 j8 + 8).
     float p[8][4] = {};
 #pragma unroll
@@ -246,32 +283,18 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       }
 
     if constexpr (kOutput) {
-      // o^T = (h^T q^T) * rowscale (per column i) + v_new^T (scale P)^T, in four quarters of 16
-      // chunk rows (fewer accumulators live at once); P^T's blocks (j block js, i block oh)
+      // o^T = parked part + v_new^T (scale P)^T, by quarters; P^T's blocks (j block js, i block oh)
       // with js <= oh only (P is lower triangular). Stored for rows i < L.
-#pragma unroll 1  // the quarters one after the other: unrolled, their accumulators would overlap
+#pragma unroll 1
       for (int oh = 0; oh < 4; ++oh) {
-        float o[2][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < KMAX / 16; ++ks) {
-          uint32_t ah[4];  // h^T rounded to T: the lo part here would cost registers that spill
-          ah[0] = mma::pack_floats<T>(hT[2 * ks][0], hT[2 * ks][1]);
-          ah[1] = mma::pack_floats<T>(hT[2 * ks][2], hT[2 * ks][3]);
-          ah[2] = mma::pack_floats<T>(hT[2 * ks + 1][0], hT[2 * ks + 1][1]);
-          ah[3] = mma::pack_floats<T>(hT[2 * ks + 1][2], hT[2 * ks + 1][3]);
-          uint32_t bq[4];
-          mma::ldmatrix_x4<false>(bq, sm.q(s) + (16 * oh + nb_r) * LDK + 16 * ks + nb_c);
-          const uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
-          mma::mma16816<T>(o[0], ah, bq0);
-          mma::mma16816<T>(o[1], ah, bq1);
-        }
+        float o[2][4];
 #pragma unroll
         for (int i4 = 0; i4 < 2; ++i4) {
-          const float2 r = *reinterpret_cast<const float2*>(&sm.rowscale[16 * oh + 8 * i4 + 2 * tig]);
-          o[i4][0] *= r.x;
-          o[i4][1] *= r.y;
-          o[i4][2] *= r.x;
-          o[i4][3] *= r.y;
+          const float4 x = sm.park[(2 * oh + i4) * THREADS + tid];
+          o[i4][0] = x.x;
+          o[i4][1] = x.y;
+          o[i4][2] = x.z;
+          o[i4][3] = x.w;
         }
 #pragma unroll
         for (int js = 0; js < 4; ++js) {
