@@ -9,7 +9,8 @@
 // (default 2 16 8192 w, head dims 128 256 64, both masks), variants of the wgmma kernel:
 //   w (default), pp (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1),
 //   spp (both), o (FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o and
-//   ping-pong); each timed in the order given (a turn-taking bug would trap and end the process).
+//   ping-pong), e (FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on the FMA
+//   pipe); each timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -114,6 +115,7 @@ void set_switch(const std::string& variant) {
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", variant == "pp" || variant == "spp" || variant == "opp" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", variant == "s" || variant == "spp" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", variant == "o" || variant == "opp" ? "1" : "0", 1);
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", variant == "e" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma too (off by default until timed)
 }
 
@@ -202,7 +204,7 @@ int main(int argc, char** argv) {
   int mask_only = -1;  // -1 both, 0 none, 1 causal
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp")
+    if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e")
       variants.push_back(a);
     else if (a == "d64" || a == "d128" || a == "d256")
       head_dims.push_back(std::atoi(a.c_str() + 1));

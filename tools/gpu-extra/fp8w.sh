@@ -8,7 +8,8 @@
 #      recipe's emulation) with the forward on the wgmma kernel (hd 64 on mma.sync by default);
 #   3. AttentionFp8Gpu.* again for each variant (s: FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, spp: with
 #      FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1 too, o: FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1 (P V
-#      accumulated in the tensor cores: what the two-level accumulation costs));
+#      accumulated in the tensor cores: what the two-level accumulation costs), e:
+#      FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1 (a quarter of the exponentials on the FMA pipe));
 #   4. bench/attention/fp8_wgmma_bench.cu (built here against build-gpu's libflashgrad.a): forward
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256 / 64,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
@@ -71,13 +72,14 @@ fi
 sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma*:AttentionFp8Gpu.Permuted*:AttentionFp8Gpu.Unaligned*'
 bench_variants="w"
 # (pp was timed in run 4: slower than the default at every row; opp likewise not worth the time)
-for v in s spp o; do
+for v in s spp o e; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
-  pp=0; serial=0; one=0
-  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; esac
-  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one)"
+  pp=0; serial=0; one=0; poly=0
+  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; esac
+  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly)"
   FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=$pp FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=$serial \
-    FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one timeout -k 3 15 "$tests" --gtest_filter="$sub_filter" \
+    FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=$poly \
+    timeout -k 3 15 "$tests" --gtest_filter="$sub_filter" \
     > "$OUT/extra/fp8w_${v}_tests.log" 2>&1
   rc=$?
   show "$OUT/extra/fp8w_${v}_tests.log" 12

@@ -46,11 +46,11 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool kPingpong, int kSchedule>
+template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
-  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule>;
+  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
@@ -75,6 +75,10 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   using cuda_attn::fp8w::kOverlap;
   using cuda_attn::fp8w::kSerial;
   const bool pingpong = env_on("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG");
+  // FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on the FMA pipe (default
+  // schedule without ping-pong only).
+  if (env_on("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP"))
+    return launch_kernel<D, false, kOverlap, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   const int schedule = env_on("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL")      ? kSerial
                        : env_on("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL") ? kOneLevel
                                                                       : kOverlap;

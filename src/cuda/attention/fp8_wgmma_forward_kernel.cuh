@@ -125,11 +125,27 @@ __device__ __forceinline__ uint64_t fp8w_qk_desc(uint32_t addr) {
 
 enum Fp8wScoreMode : int { kFp8wFull = 0, kFp8wMasked = 1, kFp8wSoftcap = 2 };
 
+// 2^x on the FMA pipe (FA4's trick, for the kPolyExp variant): x = n + f with n = rint(x) (the
+// 1.5 * 2^23 addition rounds it into the low mantissa bits), 2^f by a degree-3 polynomial on
+// [-0.5, 0.5] (relative error 7.5e-5, fitted here; far below P8's 2^-4 steps and within the l sum's
+// fp32 slack the tests allow), 2^n added to the exponent field. x is clamped at -126 (2^-126 ~ 1e-38
+// stands for 0: P8 rounds it to 0, and a row's l then differs from the exact 0 by 1e-38 per key).
+__device__ __forceinline__ float fp8w_exp2_poly(float x) {
+  x = fmaxf(x, -126.f);
+  const float j = x + 12582912.f;  // 1.5 * 2^23
+  const float f = x - (j - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.0551716701f, f, 0.242611148f), f, 0.693260988f), f, 0.999928072f);
+  // bits(j) = 0x4B400000 + n; shifted by 23 only n << 23 remains (mod 2^32).
+  return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
+}
+
 // S (raw q8 k8^T sums) -> 448 p~ = exp2(s log2e - m + log2 448) in place, online-softmax update of
 // this thread's rows g and g + 8; `rescale` = exp2(m_old - m_new) for O. Short path (full tile, no
 // softcap, qk_scale > 0): the scale folds into the exponent. General: s = softcap(S qk_scale),
 // -inf outside the row's key range [lo, hi) (and diag).
-template <int kMode, int BN>
+// kPolyExp: every fourth 8-key column group's exponentials on the FMA pipe (fp8w_exp2_poly) instead
+// of MUFU, which the exponentials and the e4m3 conversions share.
+template <int kMode, int BN, bool kPolyExp = false>
 __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                    float (&rescale)[2], const AttentionKernelParams& p,
                                                    float qk_scale, const MaskView& mask, int row0, int n0, int t) {
@@ -179,8 +195,13 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
-      s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base448);
-      s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base448);
+      if (kPolyExp && nt % 4 == 3) {
+        s[4 * nt + 2 * r] = fp8w_exp2_poly(s[4 * nt + 2 * r] * mul - base448);
+        s[4 * nt + 2 * r + 1] = fp8w_exp2_poly(s[4 * nt + 2 * r + 1] * mul - base448);
+      } else {
+        s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base448);
+        s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base448);
+      }
       sum[nt % 4] += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
     }
     row_sum[r] = row_sum[r] * rescale[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
@@ -237,7 +258,8 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // hand-over, so every barrier generation completes. The D = 256 chunks after the first are issued
 // outside the turns.
 // kSchedule: see Fp8wForwardConfig; kSerial with kPingpong is FA3's inter-warpgroup schedule alone.
-template <int D, bool kPingpong, int kSchedule = kOverlap>
+// kPolyExp: see fp8w_softmax_block.
+template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -404,11 +426,12 @@ __global__ void __launch_bounds__(384, 1)
   auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
     const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;
     if (tile_cls == kTileFull && short_path_ok)
-      fp8w_softmax_block<kFp8wFull, BN>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+      fp8w_softmax_block<kFp8wFull, BN, kPolyExp>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
     else if (p.softcap_method == kSoftcapOff)
-      fp8w_softmax_block<kFp8wMasked, BN>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+      fp8w_softmax_block<kFp8wMasked, BN, kPolyExp>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
     else
-      fp8w_softmax_block<kFp8wSoftcap, BN>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+      fp8w_softmax_block<kFp8wSoftcap, BN, kPolyExp>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0,
+                                                     t4);
   };
 
   // Items are (key block nb, sub-block sub); `it` counts key blocks (ring position) as the producer

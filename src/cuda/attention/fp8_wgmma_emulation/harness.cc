@@ -84,6 +84,17 @@ inline float __shfl_xor_sync(unsigned, float x, int o) {
   return y;
 }
 
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, 4);
+  return i;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
+
 // ---- PTX of the 16-bit / mma.sync headers the kernel includes but this path never calls ------------
 inline uint64_t emu_shared_offset(const void* p) {
   return static_cast<uint64_t>(static_cast<const unsigned char*>(p) - smem_raw);
@@ -506,7 +517,7 @@ std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h,
 
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
 // bhsd (padded cases): q, k, v stored [B, H, S, D].
-template <int D, bool kPingpong, int kSchedule>
+template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -596,7 +607,7 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const int mblocks = (c.max_q + 127) / 128;
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
   launch(tiles, 1, 384,
-         [&] { fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule>(mq, mk, mvt, f, axes, mblocks); });
+         [&] { fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp>(mq, mk, mvt, f, axes, mblocks); });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
   return true;
@@ -623,6 +634,7 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   const bool bhsd = variant & 4;
+  if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true>(c, r, bhsd);
   if (variant & 8)
     return variant & 1 ? run_emulated<D, true, fp8w::kOneLevel>(c, r, bhsd)
                        : run_emulated<D, false, fp8w::kOneLevel>(c, r, bhsd);
@@ -640,8 +652,8 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   const Fp8Outputs emu = fp8_test::recipe(c);
   Fp8Outputs got;
   const char* names[4] = {"", " (ping-pong)", " (serial)", " (serial ping-pong)"};
-  std::printf("  case %s%s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 8 ? " (one-level P V)" : "",
-              variant & 4 ? " [B, H, S, D] inputs" : "");
+  std::printf("  case %s%s%s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 8 ? " (one-level P V)" : "",
+              variant & 16 ? " (polynomial exp2)" : "", variant & 4 ? " [B, H, S, D] inputs" : "");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -666,7 +678,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(std::random_device{}());
   struct Entry {
     Fp8Config cfg;
-    int variant;  // bit 0 ping-pong, bit 1 serial, bit 3 one-level, bit 2 [B, H, S, D] inputs
+    int variant;  // bit 0 ping-pong, bit 1 serial, bit 3 one-level, bit 4 polynomial exp2, bit 2 [B, H, S, D] inputs
   };
   std::vector<Entry> cases;
   const std::vector<std::string> quick = {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"};
@@ -694,9 +706,9 @@ int main(int argc, char** argv) {
     c.hq = 2;
     c.hk = 1;
     c.sq = c.sk = 260;
-    for (int variant : {0, 1, 2, 3, 8, 9}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {0, 1, 2, 3, 8, 9, 16}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
     c.d = 256;
-    for (int variant : {1, 2, 3, 8, 9}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {1, 2, 3, 8, 9, 16}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
     c.d = 64;
     add("causal d64 B2 mqa Sq=Sk=260", c, 3);
     c.hq = 4;
@@ -716,6 +728,7 @@ int main(int argc, char** argv) {
     c.mask = MaskKind::causal;
     add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c);
     if (d == 256) add("varlen causal d256 gqa 4/2 with empty sequences", c, 3);
+    add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c, 16);
   }
   {
     Fp8Config c;
@@ -739,6 +752,7 @@ int main(int argc, char** argv) {
     c.out_dtype = DType::f16;
     add("causal Sq>Sk softcap tanh fp16 out d256", c);
     add("causal Sq>Sk softcap tanh fp16 out d256", c, 2);
+    add("causal Sq>Sk softcap tanh fp16 out d256", c, 16);
     c.d = 128;
     c.method = SoftcapMethod::soft_sign;
     add("causal Sq>Sk softcap soft_sign fp16 out d128", c);
@@ -766,6 +780,7 @@ int main(int argc, char** argv) {
     c.sk = 3000;
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c);
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 8);
+    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 16);
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
