@@ -33,6 +33,8 @@
 // [64]. K = 128: 217 KiB (one block per SM).
 #pragma once
 
+#include <type_traits>
+
 #include "chunked_mma_tf32.cuh"
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
@@ -79,11 +81,19 @@ constexpr int kGradSliceW = 32, kGradSliceLd = 36;  // passes over V with [K x S
 constexpr int kGradNarrowW = 16, kGradNarrowLd = 20;  // the four-operand pass (dP, du)
 constexpr int kGradUbLd = 40;  // dUb's B operand is read down columns: ld = 8 mod 32
 
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs a) {
+// WARPS = 4: the first tensor-core version (one warp per 16-row strip, all columns;
+// FLASHGRAD_CHUNKED_BACKWARD=legacy). WARPS = 8: two warps per strip, each owning half of every
+// product's columns (part = warp / 4: columns [part N / 2, +N / 2) of an N-column product), so
+// twice the warps hide the fragment loads' latency in the one block an SM holds; the ownership
+// rule above holds per (strip, half), and the row / column sums are shared-memory atomics either
+// way. Loads are spread over all threads; with H == HV, dq and dk are stored, not added.
+template <typename T, int KMAX, int WARPS = 4>
+__global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) {
   using S = GradsSmem<KMAX>;
-  constexpr int C = kChunkSize, LDK = S::LDK, LDC = S::LDC;
-  constexpr int NK = KMAX / 8, NC = C / 8;  // accumulator tiles of a 64 x K / 64 x 64 product
+  static_assert(WARPS == 4 || WARPS == 8, "one or two warps per 16-row strip");
+  constexpr int C = kChunkSize, LDK = S::LDK, LDC = S::LDC, THREADS = 32 * WARPS, SPLIT = WARPS / 4;
+  // Accumulator tiles per warp of a 64 x K / 64 x 64 product.
+  constexpr int NK = KMAX / 8 / SPLIT, NC = C / 8 / SPLIT;
   constexpr int SW = kGradSliceW, SL = kGradSliceLd, NW = kGradNarrowW, NL = kGradNarrowLd;
   static_assert(C * SL + KMAX * SL <= S::kRegionFloats, "pass X staging must fit region R");
   static_assert(2 * C * SL + KMAX * SL <= S::kRegionFloats, "pass YZ staging must fit region R");
@@ -93,7 +103,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
-  const int L = ci.len, tid = threadIdx.x, r0 = 16 * (tid / 32);
+  const int L = ci.len, tid = threadIdx.x, r0 = 16 * ((tid / 32) % 4), part = tid / 128;
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, K = a.K;
   const float scale = a.scale;
   const T* vn = static_cast<const T*>(a.v_new);
@@ -109,16 +119,45 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
   auto v_at = [&](int i, int64_t col) {
     return i < L ? load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)) : 0.f;
   };
+  // store(e, load(e)) for e < count over the block's threads, several loads in flight per thread
+  // (batched_copy, chunked_rows.cuh, says why; it assumes 128 threads).
+  auto copy = [&](int count, auto&& load, auto&& store) {
+    if constexpr (WARPS == 4) {
+      batched_copy(count, load, store);
+    } else {
+      constexpr int kBatch = 4;
+      for (int base = tid; base < count; base += kBatch * THREADS) {
+        float buf[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) buf[i] = base + i * THREADS < count ? load(base + i * THREADS) : 0.f;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+          if (base + i * THREADS < count) store(base + i * THREADS, buf[i]);
+      }
+    }
+  };
+  // This warp's share of a product: acc (NT tiles of 8 columns) covers output columns
+  // [c0, c0 + 8 NT) with c0 = part * 8 NT; gemm adds sum_kk a_at(r, kk) b_at(kk, c0 + n), each
+  // calls f(row, column, value) with the product's column.
+  auto gemm = [&](auto& acc, int ksteps, auto&& a_at, auto&& b_at) {
+    constexpr int NT = std::extent_v<std::remove_reference_t<decltype(acc)>>;
+    const int c0 = part * 8 * NT;
+    mma::warp_gemm_tf32(acc, r0, 0, ksteps, a_at, [&](int kk, int n) { return b_at(kk, c0 + n); });
+  };
+  auto each = [&](const auto& acc, auto&& f) {
+    constexpr int NT = std::extent_v<std::remove_reference_t<decltype(acc)>>;
+    const int c0 = part * 8 * NT;
+    mma::for_each_acc(acc, r0, [&](int r, int n, float x) { f(r, c0 + n, x); });
+  };
   // Stages `width` columns from col0 of a 64-row tensor into dst [64][ld] (coalesced along columns).
-  // (batched_copy: several loads in flight per thread, chunked_rows.cuh says why.)
   auto stage_rows = [&](float* dst, int ld, int width, int64_t col0, auto&& at) {
-    batched_copy(
+    copy(
         C * width, [&](int e) { return at(e / width, col0 + e % width); },
         [&](int e, float x) { dst[(e / width) * ld + e % width] = x; });
   };
   // Same for a [K][V] fp32 state (rows d < K).
   auto stage_state = [&](float* dst, int ld, int width, int64_t col0, const float* src) {
-    batched_copy(
+    copy(
         KMAX * width, [&](int e) { return src[(e / width) * V + col0 + e % width]; },
         [&](int e, float x) { dst[(e / width) * ld + e % width] = x; });
   };
@@ -131,9 +170,11 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     sm.dG[tid] = 0.f;
     sm.dbeta[tid] = 0.f;
   }
-  for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * LDK + d] = x; });
-  for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * LDK + d] = x; });
-  for (int e = tid; e < C * KMAX; e += kChunkThreads) sm.dq[(e / KMAX) * LDK + e % KMAX] = sm.dk[(e / KMAX) * LDK + e % KMAX] = 0.f;
+  if (tid < kChunkThreads) {  // for_each_key_row's layout is for 128 threads (warp-uniform condition)
+    for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * LDK + d] = x; });
+    for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * LDK + d] = x; });
+  }
+  for (int e = tid; e < C * KMAX; e += THREADS) sm.dq[(e / KMAX) * LDK + e % KMAX] = sm.dk[(e / KMAX) * LDK + e % KMAX] = 0.f;
   __syncthreads();
   const float gl = sm.G[L - 1];
 
@@ -148,11 +189,11 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       stage_rows(vs, SL, SW, col0, vn_at);
       stage_state(hs, SL, SW, col0, dhn);
       __syncthreads();
-      mma::warp_gemm_tf32(acc, r0, 0, SW / 8, [&](int r, int kk) { return vs[r * SL + kk]; },
+      gemm(acc, SW / 8, [&](int r, int kk) { return vs[r * SL + kk]; },
                           [&](int kk, int n) { return hs[n * SL + kk]; });
     }
     float last = 0.f, rs[2] = {0.f, 0.f};
-    mma::for_each_acc(acc, r0, [&](int i, int d, float X) {
+    each(acc, [&](int i, int d, float X) {
       const float kd = expf(gl - sm.G[i]);
       sm.dk[i * LDK + d] += X * kd;
       const float s = i < L ? X * kd * sm.k[i * LDK + d] : 0.f;
@@ -164,10 +205,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     // Eight independent partial sums, so that eight pairs of loads are in flight per thread.
     const float el = expf(gl);
     float part[8] = {};
-    for (int64_t e0 = tid; e0 < K * V; e0 += 8 * kChunkThreads) {
+    for (int64_t e0 = tid; e0 < K * V; e0 += 8 * THREADS) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const int64_t e = e0 + i * kChunkThreads;
+        const int64_t e = e0 + i * THREADS;
         if (e < K * V) part[i] += h[e] * dhn[e];
       }
     }
@@ -191,22 +232,22 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       stage_state(hs, SL, SW, col0, h);
       __syncthreads();
       auto h_b = [&](int kk, int n) { return hs[n * SL + kk]; };
-      mma::warp_gemm_tf32(accY, r0, 0, SW / 8, [&](int r, int kk) { return ds[r * SL + kk]; }, h_b);
-      mma::warp_gemm_tf32(accZ, r0, 0, SW / 8, [&](int r, int kk) { return us[r * SL + kk]; }, h_b);
+      gemm(accY, SW / 8, [&](int r, int kk) { return ds[r * SL + kk]; }, h_b);
+      gemm(accZ, SW / 8, [&](int r, int kk) { return us[r * SL + kk]; }, h_b);
     }
     float rs[2] = {0.f, 0.f};
-    mma::for_each_acc(accY, r0, [&](int i, int d, float Y) {
+    each(accY, [&](int i, int d, float Y) {
       const float qg = scale * expf(sm.G[i]) * Y;
       sm.dq[i * LDK + d] += qg;
       rs[(i - r0) / 8] += qg * sm.q[i * LDK + d];
     });
     mma::add_row_sums(sm.dG, r0, rs);
-    mma::for_each_acc(accZ, r0, [&](int i, int d, float Z) { sm.dw[i * LDK + d] = -Z; });
+    each(accZ, [&](int i, int d, float Z) { sm.dw[i * LDK + d] = -Z; });
   }
   __syncthreads();  // region R free again; dw complete
 
   // A (lower triangular, rows past L zero) into its slot.
-  batched_copy(
+  copy(
       C * C,
       [&](int e) {
         const int i = e / C, j = e % C;
@@ -218,7 +259,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
   {
     float* us = sm.dA;                 // [C][kGradUbLd] dv_new slice
     float* vs = sm.dA + C * kGradUbLd;  // [C][kGradUbLd] v slice
-    constexpr int NS = SW / 8;
+    constexpr int NS = SW / 8 / SPLIT;
     for (int64_t col0 = 0; col0 < V; col0 += SW) {
       __syncthreads();
       stage_rows(us, kGradUbLd, SW, col0, dvn_at);
@@ -226,10 +267,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       __syncthreads();
       float acc[NS][4];
       mma::zero_acc(acc);
-      mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
+      gemm(acc, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
                           [&](int kk, int n) { return us[kk * kGradUbLd + n]; });
       float rs[2] = {0.f, 0.f};  // this thread's rows r0 + grp and r0 + grp + 8
-      mma::for_each_acc(acc, r0, [&](int j, int n, float dub) {
+      each(acc, [&](int j, int n, float dub) {
         if (j < L) a.dv[((row0 + j) * a.HV + hv) * V + col0 + n] = sm.beta[j] * dub;
         rs[(j - r0) / 8] += vs[j * kGradUbLd + n] * dub;
       });
@@ -253,14 +294,14 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       stage_rows(us, NL, NW, col0, dvn_at);
       stage_rows(vs, NL, NW, col0, v_at);
       __syncthreads();
-      mma::warp_gemm_tf32(accP, r0, 0, NW / 8, [&](int r, int kk) { return ds[r * NL + kk]; },
+      gemm(accP, NW / 8, [&](int r, int kk) { return ds[r * NL + kk]; },
                           [&](int kk, int n) { return vns[n * NL + kk]; });
-      mma::warp_gemm_tf32(accU, r0, 0, NW / 8, [&](int r, int kk) { return us[r * NL + kk]; },
+      gemm(accU, NW / 8, [&](int r, int kk) { return us[r * NL + kk]; },
                           [&](int kk, int n) { return vs[n * NL + kk]; });
     }
     __syncthreads();  // the slices (in dA, dP) are dead: store the raw products there
-    mma::for_each_acc(accP, r0, [&](int i, int j, float x) { sm.dPG[i * LDC + j] = x; });
-    mma::for_each_acc(accU, r0, [&](int i, int j, float x) { sm.dA[i * LDC + j] = x; });
+    each(accP, [&](int i, int j, float x) { sm.dPG[i * LDC + j] = x; });
+    each(accU, [&](int i, int j, float x) { sm.dA[i * LDC + j] = x; });
   }
 
   // S2b: qk = q k^T and dw k^T over K; with dP, du (same owner thread) -> dP o Gam, dA, gate terms.
@@ -269,14 +310,14 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     mma::zero_acc(accQK);
     mma::zero_acc(accWK);
     auto k_b = [&](int kk, int n) { return sm.k[n * LDK + kk]; };
-    mma::warp_gemm_tf32(accQK, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.q[r * LDK + kk]; }, k_b);
-    mma::warp_gemm_tf32(accWK, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.dw[r * LDK + kk]; }, k_b);
+    gemm(accQK, KMAX / 8, [&](int r, int kk) { return sm.q[r * LDK + kk]; }, k_b);
+    gemm(accWK, KMAX / 8, [&](int r, int kk) { return sm.dw[r * LDK + kk]; }, k_b);
     float rs[2] = {0.f, 0.f}, cs[NC][2] = {};  // dP o P: + row sums, - column sums into dG
 #pragma unroll
     for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = r0 + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+        const int i = r0 + mma::acc_row(e), j = part * 8 * NC + 8 * nt + mma::acc_col(e);
         float dpg = 0.f, da = 0.f;
         if (i < L && j <= i) {
           const float dP = scale * sm.dPG[i * LDC + j];
@@ -291,7 +332,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
         sm.dA[i * LDC + j] = da;
       }
     mma::add_row_sums(sm.dG, r0, rs);
-    mma::add_column_sums(sm.dG, cs);
+    mma::add_column_sums(sm.dG + part * 8 * NC, cs);
   }
   __syncthreads();
 
@@ -299,18 +340,18 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
   {
     float acc[NK][4];
     mma::zero_acc(acc);
-    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dPG[r * LDC + kk]; },
+    gemm(acc, C / 8, [&](int r, int kk) { return sm.dPG[r * LDC + kk]; },
                         [&](int kk, int n) { return sm.k[kk * LDK + n]; });
-    mma::for_each_acc(acc, r0, [&](int r, int d, float x) { sm.dq[r * LDK + d] += x; });
+    each(acc, [&](int r, int d, float x) { sm.dq[r * LDK + d] += x; });
     mma::zero_acc(acc);
-    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dPG[kk * LDC + r]; },
+    gemm(acc, C / 8, [&](int r, int kk) { return sm.dPG[kk * LDC + r]; },
                         [&](int kk, int n) { return sm.q[kk * LDK + n]; });
-    mma::for_each_acc(acc, r0, [&](int r, int d, float x) { sm.dk[r * LDK + d] += x; });
+    each(acc, [&](int r, int d, float x) { sm.dk[r * LDK + d] += x; });
     mma::zero_acc(acc);
-    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
+    gemm(acc, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
                         [&](int kk, int n) { return sm.dw[kk * LDK + n]; });
     float rs[2] = {0.f, 0.f};
-    mma::for_each_acc(acc, r0, [&](int r, int d, float dwb) {
+    each(acc, [&](int r, int d, float dwb) {
       const float er = expf(sm.G[r]);
       sm.dk[r * LDK + d] += sm.beta[r] * er * dwb;
       rs[(r - r0) / 8] += er * sm.k[r * LDK + d] * dwb;  // (e k o dWb)_rd
@@ -325,14 +366,14 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
   {
     float acc[NC][4];
     mma::zero_acc(acc);
-    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dA[r * LDC + kk]; },
+    gemm(acc, C / 8, [&](int r, int kk) { return sm.dA[r * LDC + kk]; },
                         [&](int kk, int n) { return sm.A[n * LDC + kk]; });
-    mma::for_each_acc(acc, r0, [&](int i, int m, float x) { sm.tmp[i * LDC + m] = x; });
+    each(acc, [&](int i, int m, float x) { sm.tmp[i * LDC + m] = x; });
     __syncthreads();
     mma::zero_acc(acc);
-    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
+    gemm(acc, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
                         [&](int kk, int n) { return sm.tmp[kk * LDC + n]; });
-    mma::for_each_acc(acc, r0, [&](int i, int j, float x) { sm.dPG[i * LDC + j] = (i < L && j < i) ? -x : 0.f; });
+    each(acc, [&](int i, int j, float x) { sm.dPG[i * LDC + j] = (i < L && j < i) ? -x : 0.f; });
   }
   __syncthreads();  // dA is dead
 
@@ -341,13 +382,13 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     float acc[NC][4];
     mma::zero_acc(acc);
     auto k_b = [&](int kk, int n) { return sm.k[n * LDK + kk]; };
-    mma::warp_gemm_tf32(acc, r0, 0, KMAX / 8, [&](int r, int kk) { return sm.k[r * LDK + kk]; }, k_b);
+    gemm(acc, KMAX / 8, [&](int r, int kk) { return sm.k[r * LDK + kk]; }, k_b);
     float rb[2] = {0.f, 0.f}, rg[2] = {0.f, 0.f}, cg[NC][2] = {};
 #pragma unroll
     for (int nt = 0; nt < NC; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = r0 + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+        const int i = r0 + mma::acc_row(e), j = part * 8 * NC + 8 * nt + mma::acc_col(e);
         float out = 0.f;
         if (i < L && j < i) {
           const float gam = expf(sm.G[i] - sm.G[j]), Kk = acc[nt][e] * gam, dM = sm.dPG[i * LDC + j];
@@ -361,16 +402,16 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
       }
     mma::add_row_sums(sm.dbeta, r0, rb);
     mma::add_row_sums(sm.dG, r0, rg);
-    mma::add_column_sums(sm.dG, cg);
+    mma::add_column_sums(sm.dG + part * 8 * NC, cg);
   }
   __syncthreads();
   {  // dk += (dKk o Gam) k + (dKk o Gam)^T k
     float acc[NK][4];
     mma::zero_acc(acc);
     auto k_b = [&](int kk, int n) { return sm.k[kk * LDK + n]; };
-    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dA[r * LDC + kk]; }, k_b);
-    mma::warp_gemm_tf32(acc, r0, 0, C / 8, [&](int r, int kk) { return sm.dA[kk * LDC + r]; }, k_b);
-    mma::for_each_acc(acc, r0, [&](int r, int d, float x) { sm.dk[r * LDK + d] += x; });
+    gemm(acc, C / 8, [&](int r, int kk) { return sm.dA[r * LDC + kk]; }, k_b);
+    gemm(acc, C / 8, [&](int r, int kk) { return sm.dA[kk * LDC + r]; }, k_b);
+    each(acc, [&](int r, int d, float x) { sm.dk[r * LDK + d] += x; });
   }
   __syncthreads();
 
@@ -383,11 +424,19 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_grads_kernel(ChunkedArgs 
     }
   }
   if (tid < L) a.dbeta[(row0 + tid) * a.HV + hv] = sm.dbeta[tid];
-  for (int e = tid; e < L * KMAX; e += kChunkThreads) {
+  // dq, dk: one value head per key head (WARPS = 8 and H == HV): this block's values are the
+  // sums; otherwise added over the group's value heads.
+  const bool sole = WARPS == 8 && a.H == a.HV;
+  for (int e = tid; e < L * KMAX; e += THREADS) {
     const int r = e / KMAX, d = e % KMAX;
     const int64_t at = ((row0 + r) * a.H + head) * K + d;
-    atomicAdd(&a.dq_acc[at], sm.dq[r * LDK + d]);
-    atomicAdd(&a.dk_acc[at], sm.dk[r * LDK + d]);
+    if (sole) {
+      a.dq_acc[at] = sm.dq[r * LDK + d];
+      a.dk_acc[at] = sm.dk[r * LDK + d];
+    } else {
+      atomicAdd(&a.dq_acc[at], sm.dq[r * LDK + d]);
+      atomicAdd(&a.dk_acc[at], sm.dk[r * LDK + d]);
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include "chunked_stages.h"
 #include "chunked_state.cuh"
 #include "chunked_state_backward.cuh"
+#include "chunked_state_backward_transposed.cuh"
 #include "cuda/common/cuda_check.h"
 #include "flashgrad/status.h"
 
@@ -90,8 +91,39 @@ void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
+// Backward stages B1 and B2: "new" = B1 transposed (chunked_state_backward_transposed.cuh) and B2
+// with 8 warps; "legacy" = as in session 3 (B1 with 4 warps per 32 value columns and hi / lo
+// operands in shared memory, B2 with 4 warps), to compare with and to fall back on until the H200
+// has confirmed the new ones. FLASHGRAD_CHUNKED_BACKWARD=legacy / new picks one (read per call).
+constexpr bool kNewBackwardByDefault = false;  // until the emulation's whole set has passed
+inline bool legacy_backward_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_BACKWARD");
+  if (env && std::string(env) == "legacy") return true;
+  if (env && std::string(env) == "new") return false;
+  return !kNewBackwardByDefault;
+}
+
+// Transposed B1: 8 warps (128 value columns per block) when V allows and the (sequence, value
+// head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks).
+template <typename T, int KMAX, int WARPS>
+void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
+  using S = StateBackwardTSmem<T, KMAX, WARPS>;
+  constexpr int64_t bytes = S::bytes();
+  set_smem(chunk_state_backward_transposed_kernel<T, KMAX, WARPS>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
+  chunk_state_backward_transposed_kernel<T, KMAX, WARPS><<<grid, 32 * WARPS, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, int KMAX>
 void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  if (!legacy_backward_wanted()) {
+    if (a.V % 128 == 0 && 4 * a.num_seqs * a.HV * (a.V / 128) >= 3 * sm_count())
+      launch_state_backward_transposed<T, KMAX, 8>(a, s);
+    else
+      launch_state_backward_transposed<T, KMAX, 4>(a, s);
+    return;
+  }
   constexpr int64_t bytes = StateBackwardSmem<T, KMAX>::bytes();
   set_smem(chunk_state_backward_kernel<T, KMAX>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV),
@@ -157,13 +189,17 @@ void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t s) {
     launch_state_backward_fixed<T, 128>(a, s);
 }
 
+template <typename T, int KMAX, int WARPS>
+void launch_grads_warps(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t bytes = GradsSmem<KMAX>::bytes();
+  set_smem(chunk_grads_kernel<T, KMAX, WARPS>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
+  chunk_grads_kernel<T, KMAX, WARPS><<<grid, 32 * WARPS, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
 template <typename T, int KMAX>
 void launch_grads_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  constexpr int64_t bytes = GradsSmem<KMAX>::bytes();
-  set_smem(chunk_grads_kernel<T, KMAX>, bytes);
-  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
-  chunk_grads_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  legacy_backward_wanted() ? launch_grads_warps<T, KMAX, 4>(a, s) : launch_grads_warps<T, KMAX, 8>(a, s);
 }
 
 template <typename T>

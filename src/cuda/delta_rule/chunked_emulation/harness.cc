@@ -24,6 +24,7 @@
 #include "cuda/delta_rule/chunked_state.cuh"
 #include "cuda/delta_rule/chunked_output.cuh"
 #include "cuda/delta_rule/chunked_state_backward.cuh"
+#include "cuda/delta_rule/chunked_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
@@ -175,7 +176,16 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   a.dout = vw(bdo, {B, T, HV, V}); a.dht = vw(bdht, {N, HV, K, V});
   if (!states) a.dht = dr::View{}; a.dh0 = vw(bdh0, {N, HV, K, V});
   a.dh = (float*)bdh.p(); a.dv_new = (float*)bdvn.p();
-  launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
+  // B1: the transposed kernel (8 warps where V % 128 == 0 on even seeds, else 4), or the legacy
+  // one with FLASHGRAD_CHUNKED_BACKWARD=legacy (as the launcher).
+  const char* bwd_env = std::getenv("FLASHGRAD_CHUNKED_BACKWARD");
+  const bool legacy_bwd = bwd_env && std::string(bwd_env) == "legacy";
+  if (legacy_bwd)
+    launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
+  else if (V % 128 == 0 && seed % 2 == 0)
+    launch(N, HV, V / 128, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 8>(a); }, 256);
+  else
+    launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4>(a); }, 128);
   // Backward stage B2.
   std::vector<float> zeros(rows*H*K, 0.f);
   Buf bdq(DType::f32, rows*H*K), bdk(DType::f32, rows*H*K), bdv(DType::f32, rows*HV*V), bdb(DType::f32, rows*HV),
@@ -183,7 +193,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   bdq.up(zeros); bdk.up(zeros);
   a.dq_acc = (float*)bdq.p(); a.dk_acc = (float*)bdk.p(); a.dv = (float*)bdv.p(); a.dbeta = (float*)bdb.p();
   a.dg = gate ? (float*)bdg.p() : nullptr;
-  launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM>(a); });
+  if (legacy_bwd)
+    launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 4>(a); });
+  else
+    launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 8>(a); }, 256);
   std::vector<double> rdq(rows*H*K, 0.0), rdk(rows*H*K, 0.0);
   Pairs pG, pA, pw, pu, pvn, ph, pht, po; double h0mis = 0;
   Pairs pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;

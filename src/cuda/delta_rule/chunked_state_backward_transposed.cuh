@@ -1,0 +1,327 @@
+// Chunked backward stage B1 ("state backward"), transposed like stage 2 (chunked_state.cuh): one
+// block of WARPS warps per (sequence, value head, slice of BV = 16 WARPS value columns), over the
+// sequence's chunks in reverse. With dh = dL/dh_{c+1} (dht for the last chunk), per chunk
+//   dv_new = kd dh + (scale P)^T do,       kd = k exp(G_last - G) (rows of the normalized k)
+//   dh_c   = exp(G_last) dh + (scale exp(G) q)^T do - w^T dv_new,   P = Lower(q k^T exp(G_i - G_j))
+// (chunked_state_backward.cuh, the legacy version, derives them). Writes dh per chunk (fp32),
+// dv_new (fp32) and dh0. Needs the forward's G and w (stage 1).
+//
+// Warp wp owns value columns [16 wp, +16) of the slice and holds dh^T (16 x K, fp32) in mma
+// accumulators (tile nk: key channels [8 nk, +8)). Per chunk, in the warp's registers:
+//   dv_new^T (16 x 64) = (dh^T k_raw^T) * colscale_j + do^T (scale P)
+//       A = dh^T (accumulators, hi + lo), B = k's raw rows (ldmatrix); colscale_j =
+//       exp(G_last - G_j) rstd_kj (0 for j >= L) on the fp32 result; A = do^T (ldmatrix.trans of
+//       do's rows, exact in T), B = scale P (hi + lo in shared memory, ldmatrix.trans);
+//   dh^T = exp(G_last) dh^T + (do^T * rowscale_i) q_raw - dv_new^T w
+//       A = do^T times rowscale_i = scale exp(G_i) rstd_qi per column (fp32, split hi + lo),
+//       B = q's raw rows (ldmatrix.trans); A = dv_new^T (accumulators, hi + lo, negated),
+//       B = w (ldmatrix.trans).
+// The block forms scale P once per chunk: work item it = (16-row block it % 4, column half it / 4)
+// of P's lower triangle per warp, over the 8 items (chunked_state.cuh's fused output does the same
+// with 8 warps).
+//
+// q, k (raw rows), w and the slice's do rows arrive by cp.async one chunk ahead (two stages); rows
+// past the chunk's length are zero-filled. Barriers per chunk: (A) chunk c's tiles have landed and
+// every warp is done with the previous chunk's buffers; (C) the row scales are written; (P) scale P
+// is written (the warps form it after (C), so its fp32 products never wait in registers). Every
+// read of G, the row scales and P precedes the next chunk's (A).
+#pragma once
+
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
+#include "chunked_output.cuh"  // store_split
+#include "chunked_rows.cuh"
+#include "chunked_tiles.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <typename T, int KMAX, int WARPS>
+struct StateBackwardTSmem {
+  static constexpr int C = kChunkSize, BV = 16 * WARPS;
+  // Row pitches +8 elements: the 8 rows of an ldmatrix start in different banks, rows 16-byte aligned.
+  static constexpr int LDK = KMAX + 8, LDD = BV + 8, LDP = C + 8;
+  static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
+  static constexpr int64_t kStageBytes = 3 * kTileBytes + sizeof(T) * C * LDD;  // w, k, q, do
+  static constexpr int64_t kPBytes = 2 * sizeof(T) * C * LDP;
+  static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
+  unsigned char* raw;
+  T* P;             // [C][LDP] scale P, hi part
+  T* P_lo;          // [C][LDP] lo part
+  float* G;         // [C] cumulative gate (zeros past L)
+  float* colscale;  // [C] exp(G_last - G_j) rstd_kj, 0 for j >= L
+  float* rowscale;  // [C] scale exp(G_i) rstd_qi, 0 for i >= L
+  float* pscale;    // [C] scale rstd_qi
+  float* rstd_k;    // [C]
+  static constexpr int64_t bytes() { return 2 * kStageBytes + kPBytes + sizeof(float) * 5 * C; }
+  __device__ explicit StateBackwardTSmem(unsigned char* r) : raw(r) {
+    P = reinterpret_cast<T*>(raw + 2 * kStageBytes);
+    P_lo = P + C * LDP;
+    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes);
+    colscale = G + C;
+    rowscale = colscale + C;
+    pscale = rowscale + C;
+    rstd_k = pscale + C;
+  }
+  // Stage s of the double buffer: w(s), k(s), q(s) [C][LDK] raw rows; dout(s) [C][LDD] the slice.
+  __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
+  __device__ T* k(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kTileBytes); }
+  __device__ T* q(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + 2 * kTileBytes); }
+  __device__ T* dout(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + 3 * kTileBytes); }
+};
+
+namespace mma {
+// The A fragment `a` (16-bit T pairs) with column c's elements multiplied by that column's factor
+// (columns 2 tig + {0, 1} by s0, 8 + 2 tig + {0, 1} by s1), in fp32, split into hi and lo.
+template <typename T>
+__device__ __forceinline__ void scale_a_split(const uint32_t (&a)[4], const float2 s0, const float2 s1,
+                                              uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+  float x0, x1;
+  unpack_floats<T>(a[0], x0, x1);  // row grp, columns 2 tig + {0, 1}
+  split_pair<T>(x0 * s0.x, x1 * s0.y, hi[0], lo[0]);
+  unpack_floats<T>(a[1], x0, x1);  // row grp + 8
+  split_pair<T>(x0 * s0.x, x1 * s0.y, hi[1], lo[1]);
+  unpack_floats<T>(a[2], x0, x1);  // row grp, columns 8 + 2 tig + {0, 1}
+  split_pair<T>(x0 * s1.x, x1 * s1.y, hi[2], lo[2]);
+  unpack_floats<T>(a[3], x0, x1);
+  split_pair<T>(x0 * s1.x, x1 * s1.y, hi[3], lo[3]);
+}
+}  // namespace mma
+
+template <typename T, int KMAX, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
+  using S = StateBackwardTSmem<T, KMAX, WARPS>;
+  static_assert(WARPS == 4 || WARPS == 8, "the P items and the row-scale lanes assume 4 or 8 warps");
+  constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
+                NK = KMAX / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
+  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
+  const int vc0 = 16 * wp;  // the warp's first value column inside the slice
+  // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
+  // 2 tig + e % 2 of the tile (a key channel of dh^T, a chunk row of dv_new^T).
+  auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
+  auto tcol = [&](int e) { return 2 * tig + (e & 1); };
+  // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile (chunked_state.cuh): nb_*
+  // for non-trans B fragments of two 8-column tiles and for .trans A fragments (rows +8 by
+  // lane / 16, columns +8 by (lane / 8) % 2); tb_* for .trans B fragments.
+  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
+  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
+
+  float dhT[NK][4];
+#pragma unroll
+  for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dhT[nk][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, 8 * nk + tcol(e), col0 + vcol(e))]
+                           : 0.f;
+
+  const T* w = static_cast<const T*>(a.w);
+  const bool k_vec = key_rows_vectorizable(a.k), q_vec = key_rows_vectorizable(a.q);
+  // The slice's columns of dout: the same view from column col0 (still vectorizable: col0 is a
+  // multiple of 32 elements).
+  View dslice = a.dout;
+  dslice.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
+  const bool d_vec = key_rows_vectorizable(dslice);
+  const int64_t c_first = a.seq_first_chunk[n], c_last = a.seq_first_chunk[n + 1] - 1;
+
+  // Issues chunk c's copies into stage s (one cp.async group); returns G of row tid (tid < 64).
+  auto prefetch = [&](int64_t c, int s) {
+    const ChunkInfo ci = a.chunks[c];
+    const int64_t row0 = chunk_row0(ci, a.T);
+    intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
+    view_rows_async<T, THREADS>(dslice, ci, hv, BV, d_vec, sm.dout(s), LDD);
+    mma::cp_async_commit();
+    return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
+  };
+
+  float g_next = c_last >= c_first ? prefetch(c_last, 0) : 0.f;
+  for (int64_t c = c_last; c >= c_first; --c) {
+    const int s = static_cast<int>((c_last - c) & 1);
+    const ChunkInfo ci = a.chunks[c];
+    const int L = ci.len;
+    const int64_t row0 = chunk_row0(ci, a.T);
+
+    // (A) chunk c's tiles and G in place; every warp is done with chunk c + 1.
+    if (tid < C) sm.G[tid] = g_next;
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    if (c > c_first) g_next = prefetch(c - 1, s ^ 1);
+    const T* ks = sm.k(s);
+    const T* qs = sm.q(s);
+    const T* ws = sm.w(s);
+    const T* ds = sm.dout(s);
+
+    // (C) per-row scales, from the raw tiles (exp arguments <= 0 for a gate g <= 0: the factors
+    // are bounded by 1).
+    const float G_last = sm.G[L - 1];
+    {
+      constexpr int kLanes = THREADS / C;
+      const float rk = tile_row_rstd<T, KMAX, THREADS>(ks, LDK, a.l2norm);
+      const float rq = tile_row_rstd<T, KMAX, THREADS>(qs, LDK, a.l2norm);
+      if (tid % kLanes == 0) {
+        const int j = tid / kLanes;
+        const bool in = j < L;
+        sm.colscale[j] = in ? expf(G_last - sm.G[j]) * rk : 0.f;
+        sm.rowscale[j] = in ? a.scale * rq * expf(sm.G[j]) : 0.f;
+        sm.pscale[j] = a.scale * rq;
+        sm.rstd_k[j] = rk;
+      }
+    }
+    __syncthreads();
+
+    // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L, else 0, into
+    // shared memory as hi + lo. This warp's items it = (row block it % 4, column tiles
+    // [4 (it / 4), +4)) of q_raw k_raw^T; tiles right of the diagonal block are never read.
+#pragma unroll
+    for (int it = wp; it < 8; it += WARPS) {
+      const int prb = it & 3, phalf = it >> 2;
+      float praw[4][4] = {};
+      const T* qrow = qs + (16 * prb + (lane & 15)) * LDK + 8 * (lane >> 4);
+#pragma unroll
+      for (int kq = 0; kq < KMAX / 16; ++kq) {
+        uint32_t af[4];
+        mma::ldmatrix_x4<false>(af, qrow + 16 * kq);
+#pragma unroll
+        for (int q2 = 0; q2 < 2; ++q2) {
+          const int np = 2 * phalf + q2;  // column tiles 2 np, 2 np + 1
+          if (np > prb) continue;
+          uint32_t b[4];
+          mma::ldmatrix_x4<false>(b, ks + (16 * np + nb_r) * LDK + 16 * kq + nb_c);
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma::mma16816<T>(praw[2 * q2], af, b0);
+          mma::mma16816<T>(praw[2 * q2 + 1], af, b1);
+        }
+      }
+#pragma unroll
+      for (int q4 = 0; q4 < 4; ++q4) {
+        const int nt = 4 * phalf + q4;
+        if (nt > 2 * prb + 1) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+          const float x =
+              j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
+          store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+        }
+      }
+    }
+
+    // dL/dh_{c+1} to the intermediates (the slice's columns).
+    {
+      float* dhc = a.dh + (c * a.HV + hv) * a.K * a.V + col0;
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dhc[(8 * nk + tcol(e)) * a.V + vcol(e)] = dhT[nk][e];
+    }
+
+    // dv_new^T, first part: (dh^T k_raw^T) * colscale_j; p[j8]: chunk rows [8 j8, +8).
+    float p[8][4] = {};
+#pragma unroll
+    for (int kq = 0; kq < KMAX / 16; ++kq) {
+      uint32_t ah[4], al[4];
+      mma::acc_to_a_split<T>(dhT[2 * kq], dhT[2 * kq + 1], ah, al);
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        uint32_t b[4];
+        mma::ldmatrix_x4<false>(b, ks + (16 * jp + nb_r) * LDK + 16 * kq + nb_c);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(p[2 * jp], ah, b0);
+        mma::mma16816<T>(p[2 * jp], al, b0);
+        mma::mma16816<T>(p[2 * jp + 1], ah, b1);
+        mma::mma16816<T>(p[2 * jp + 1], al, b1);
+      }
+    }
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) {
+      const float2 cs = *reinterpret_cast<const float2*>(&sm.colscale[8 * j8 + 2 * tig]);
+      p[j8][0] *= cs.x;
+      p[j8][1] *= cs.y;
+      p[j8][2] *= cs.x;
+      p[j8][3] *= cs.y;
+    }
+    const float decay = expf(G_last);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dhT[nk][e] *= decay;
+    __syncthreads();  // (P) scale P is in shared memory
+
+    // Per 16-row block is of the chunk (the k dimension of both products): A = do^T's columns
+    // [16 is, +16) (ldmatrix.trans); dv_new^T += do^T (scale P) over P's rows is (nonzero column
+    // blocks jp <= is only), dh^T += (do^T * rowscale) q_raw.
+#pragma unroll
+    for (int is = 0; is < C / 16; ++is) {
+      uint32_t ad[4];
+      mma::ldmatrix_x4<true>(ad, ds + (16 * is + nb_r) * LDD + vc0 + nb_c);
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        if (jp > is) continue;
+        uint32_t bh[4], bl[4];
+        mma::ldmatrix_x4<true>(bh, sm.P + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
+        mma::ldmatrix_x4<true>(bl, sm.P_lo + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
+        const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
+                       bl1[2] = {bl[2], bl[3]};
+        mma::mma16816<T>(p[2 * jp], ad, bh0);
+        mma::mma16816<T>(p[2 * jp], ad, bl0);
+        mma::mma16816<T>(p[2 * jp + 1], ad, bh1);
+        mma::mma16816<T>(p[2 * jp + 1], ad, bl1);
+      }
+      const float2 r0 = *reinterpret_cast<const float2*>(&sm.rowscale[16 * is + 2 * tig]);
+      const float2 r1 = *reinterpret_cast<const float2*>(&sm.rowscale[16 * is + 8 + 2 * tig]);
+      uint32_t sh[4], sl[4];
+      mma::scale_a_split<T>(ad, r0, r1, sh, sl);
+#pragma unroll
+      for (int np = 0; np < NK / 2; ++np) {
+        uint32_t b[4];
+        mma::ldmatrix_x4<true>(b, qs + (16 * is + tb_r) * LDK + 16 * np + tb_c);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(dhT[2 * np], sh, b0);
+        mma::mma16816<T>(dhT[2 * np], sl, b0);
+        mma::mma16816<T>(dhT[2 * np + 1], sh, b1);
+        mma::mma16816<T>(dhT[2 * np + 1], sl, b1);
+      }
+    }
+
+    // dv_new (fp32) for rows j < L (rows past L are zero: do, colscale and P vanish there).
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 8 * j8 + tcol(e);
+        if (j < L) a.dv_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = p[j8][e];
+      }
+
+    // dh^T -= dv_new^T w.
+    const float fneg[2] = {-1.f, -1.f};
+#pragma unroll
+    for (int js = 0; js < C / 16; ++js) {
+      uint32_t ah[4], al[4];
+      mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], fneg, fneg, ah, al);
+#pragma unroll
+      for (int np = 0; np < NK / 2; ++np) {
+        uint32_t b[4];
+        mma::ldmatrix_x4<true>(b, ws + (16 * js + tb_r) * LDK + 16 * np + tb_c);
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma::mma16816<T>(dhT[2 * np], ah, b0);
+        mma::mma16816<T>(dhT[2 * np], al, b0);
+        mma::mma16816<T>(dhT[2 * np + 1], ah, b1);
+        mma::mma16816<T>(dhT[2 * np + 1], al, b1);
+      }
+    }
+  }
+
+  if (a.dh0.p) {
+    float* dh0 = static_cast<float*>(a.dh0.p);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dh0[off4(a.dh0, n, hv, 8 * nk + tcol(e), col0 + vcol(e))] = dhT[nk][e];
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

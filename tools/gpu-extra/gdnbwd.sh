@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# gdnbwd (issue 6: speed of the chunked GDN backward; docs/perf/delta_rule.md "Backward stages, session 4").
+# Runs on the H200 from the repo root after tools/gpu-check's build into build-gpu and the package
+# install (cap 150 s, aims at < 60 s; $OUT/extra/ collects the logs):
+#   1. the chunked GPU tests (DeltaRuleChunked*, DeltaRuleGpu.Chunked*) with the new backward stages
+#      (B1 transposed, B2 with 8 warps: FLASHGRAD_CHUNKED_BACKWARD=new);
+#   2. chunk GDN B8 T4096 H16 K=V=128 bf16: the new backward's gradients against the legacy one's
+#      (relative RMS) and the backward's wall time with each;
+#   3. bench/profile_delta_rule.py (forward + backward per-kernel table) with the legacy and the new
+#      backward. Prints a compact table last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out}
+mkdir -p "$OUT/extra"
+t0=$(date +%s)
+left() { echo $(( 146 - ($(date +%s) - t0) )); }
+cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
+summary=()
+
+echo "== gdnbwd 1/3: chunked GPU tests with the new backward"
+tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
+if [ -n "$tests" ]; then
+  FLASHGRAD_CHUNKED_BACKWARD=new timeout -k 3 "$(cap 45)" "$tests" \
+    --gtest_filter='DeltaRuleChunked*:DeltaRuleGpu.Chunked*' > "$OUT/extra/gdnbwd_tests.log" 2>&1
+  rc=$?
+  grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
+    "$OUT/extra/gdnbwd_tests.log" | cut -c1-300 | tail -40
+  # backward outputs (dh, dv_new, dq, dk, dv, dbeta, dg, dh0) of the GDN cases
+  grep -E "dh|dv_new|dq|dk|dbeta|dg" "$OUT/extra/gdnbwd_tests.log" | grep -v Kda | cut -c1-200 | head -24
+  npass=$(grep -cE "^\[       OK \]" "$OUT/extra/gdnbwd_tests.log")
+  nfail=$(grep -cE "^\[  FAILED  \] [A-Za-z]" "$OUT/extra/gdnbwd_tests.log")
+  summary+=("tests (new backward) rc=$rc: $npass ok, $nfail failed lines")
+else
+  summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
+fi
+
+echo "== gdnbwd 2/3: new vs legacy backward at B8 T4096 H16 K=V=128"
+timeout -k 3 "$(cap 35)" python3 - > "$OUT/extra/gdnbwd_compare.log" 2>&1 <<'EOF'
+import os, torch, torch.nn.functional as F
+import flashgrad
+torch.manual_seed(0)
+B, T, H, K = 8, 4096, 16, 128
+dt, dev = torch.bfloat16, "cuda"
+q = torch.randn(B, T, H, K, device=dev, dtype=dt, requires_grad=True)
+k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt).requires_grad_()
+v = torch.randn(B, T, H, K, device=dev, dtype=dt, requires_grad=True)
+g = (F.logsigmoid(torch.randn(B, T, H, device=dev)) / 4).requires_grad_()
+beta = torch.rand(B, T, H, device=dev).sigmoid().to(dt).requires_grad_()
+h0 = (torch.randn(B, H, K, K, device=dev) * 0.1).requires_grad_()
+o, ht = flashgrad.chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True)
+do, dht = torch.randn_like(o), torch.randn_like(ht)
+ins = (q, k, v, g, beta, h0)
+def grads(which, reps=3):
+    os.environ["FLASHGRAD_CHUNKED_BACKWARD"] = which  # read by the launchers at every call
+    gs = torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps): torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
+    e1.record(); torch.cuda.synchronize()
+    return gs, e0.elapsed_time(e1) / reps
+gl, tl = grads("legacy", reps=2)
+gn, tn = grads("new")
+rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
+names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+print("ROW bwd wall (incl. recomputed fwd stages): legacy %.3f ms, new %.3f ms" % (tl, tn))
+print("ROW new vs legacy rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, gl))
+      + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
+EOF
+rc=$?
+tail -8 "$OUT/extra/gdnbwd_compare.log"
+while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/gdnbwd_compare.log")
+[ $rc -eq 0 ] || summary+=("compare rc=$rc")
+
+echo "== gdnbwd 3/3: bench/profile_delta_rule.py, legacy then new backward"
+for which in legacy new; do
+  FLASHGRAD_CHUNKED_BACKWARD=$which timeout -k 3 "$(cap 30)" python3 bench/profile_delta_rule.py \
+    --B 8 --T 4096 --H 16 --K 128 --reps 2 > "$OUT/extra/gdnbwd_profile_$which.log" 2>&1
+  rc=$?
+  echo "-- $which (rc=$rc)"
+  grep -E "chunk_|Self CUDA time total" "$OUT/extra/gdnbwd_profile_$which.log" | cut -c1-160 | head -10
+  # compact: every chunk_* kernel with its Self CUDA time per step
+  while IFS= read -r l; do summary+=("$which: $l"); done < <(
+    python3 tools/gpu-extra/gdnbwd_profile_ms.py "$OUT/extra/gdnbwd_profile_$which.log" 2)
+done
+
+echo "== gdnbwd summary (commit $(git rev-parse --short HEAD 2>/dev/null), $(( $(date +%s) - t0 )) s)"
+for s in "${summary[@]}"; do echo "  $s"; done
