@@ -22,11 +22,11 @@ using fp8wb::Fp8WgmmaBackwardAxes;
 using fp8wb::Fp8WgmmaBackwardConfig;
 using fp8wb::Fp8WgmmaBackwardMaps;
 
-template <typename T, int D>
+template <typename T, int D, bool kLag = false>
 void launch(const Fp8WgmmaBackwardMaps& maps, const Fp8KernelParams& f, const Fp8WgmmaBackwardAxes& axes,
             int nblocks, cudaStream_t stream) {
-  using Cfg = Fp8WgmmaBackwardConfig<D>;
-  auto kernel = fp8wb::fp8_attention_backward_wgmma_kernel<T, D>;
+  using Cfg = Fp8WgmmaBackwardConfig<D, kLag>;
+  auto kernel = fp8wb::fp8_attention_backward_wgmma_kernel<T, D, kLag>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(f.base.num_seqs) * nblocks),
                   static_cast<unsigned>(f.base.heads_k));
@@ -61,7 +61,13 @@ bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem&
   if (!fp8wb::make_backward_maps(tensor_map_encoder(), f, rows_q, rows_k, batches, hd, block_m, block_n, set))
     return false;
   const int nb = static_cast<int>(nblocks);
-  if (hd == 128)
+  // The lagged-dQ schedule (hd 128): FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1, off until the H200 has timed it.
+  const char* lag_env = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG");
+  const bool lag = lag_env != nullptr && std::strcmp(lag_env, "1") == 0;
+  if (hd == 128 && lag)
+    f.out_bf16 ? launch<__nv_bfloat16, 128, true>(maps, f, axes, nb, stream)
+               : launch<__half, 128, true>(maps, f, axes, nb, stream);
+  else if (hd == 128)
     f.out_bf16 ? launch<__nv_bfloat16, 128>(maps, f, axes, nb, stream) : launch<__half, 128>(maps, f, axes, nb, stream);
   else
     f.out_bf16 ? launch<__nv_bfloat16, 256>(maps, f, axes, nb, stream) : launch<__half, 256>(maps, f, axes, nb, stream);

@@ -56,9 +56,11 @@
 
 namespace flashgrad::cuda_attn::fp8wb {
 
-template <int D>
+// kLag: the lagged-dQ schedule (see the kernel), D = 128 only.
+template <int D, bool kLag = false>
 struct Fp8WgmmaBackwardConfig {
   static_assert(D == 128 || D == 256, "head dim 128 or 256 (the launcher declines the others)");
+  static_assert(!kLag || D == 128, "the lagged dQ schedule is for D = 128");
   static constexpr bool kSplitD = D == 256;           // see the header comment
   static constexpr int kBlockN = kSplitD ? 64 : 128;  // keys per CTA
   static constexpr int kBlockM = 64;                  // queries per tile
@@ -75,12 +77,14 @@ struct Fp8WgmmaBackwardConfig {
   static constexpr int kQ8Bytes = kBlockM * D;
   static constexpr int kQ16Bytes = kBlockM * D * 2;
   static constexpr int kStages8 = 2;
-  static constexpr int kStages16 = kSplitD ? 1 : 2;  // D = 256: 64 KB per slot
+  // D = 256: 64 KB per slot; kLag: its second dS^T buffer takes the room of a second slot.
+  static constexpr int kStages16 = kSplitD || kLag ? 1 : 2;
   static constexpr int kSlot8Bytes = 2 * kQ8Bytes;    // q8 at 0, dO8 at kQ8Bytes
   static constexpr int kSlot16Bytes = 2 * kQ16Bytes;  // q16 at 0, dO16 at kQ16Bytes
   // dS^T: [BN keys][64 queries] 16-bit, one panel.
   static constexpr int kDSPanelBytes = kBlockN * 128;
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;
+  static constexpr int kDSBuffers = kLag ? 2 : 1;
   // dQ staging (D = 128) rows padded by 8 floats (conflict-free float2 stores, 16-byte aligned rows).
   static constexpr int kDqRowFloats = D + 8;
   static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * kDqRowFloats * 4;
@@ -90,16 +94,17 @@ struct Fp8WgmmaBackwardConfig {
   static constexpr int kOffRing8 = kOffK16 + kKey16Bytes;
   static constexpr int kOffRing16 = kOffRing8 + kStages8 * kSlot8Bytes;
   static constexpr int kOffDS = kOffRing16 + kStages16 * kSlot16Bytes;
-  static constexpr int kOffDq = kOffDS + kDSBytes;
+  static constexpr int kOffDq = kOffDS + kDSBuffers * kDSBytes;
   static constexpr int kOffLse = kOffDq + kDqBytes;                     // [kStages8][BM] floats
   static constexpr int kOffShift = kOffLse + kStages8 * kBlockM * 4;    // [kStages8][BM]
   static constexpr int kOffDpScale = kOffShift + kStages8 * kBlockM * 4;  // [kStages8] (16 bytes)
   static constexpr int kOffBar = kOffDpScale + 16;
-  // kv full; q8 full, lse full, q8 empty x kStages8; q16 full, q16 empty x kStages16; dq full, dq empty
-  static constexpr int kNumBars = 3 + 3 * kStages8 + 2 * kStages16;
+  // kv full; q8 full, lse full, q8 empty x kStages8; q16 full, q16 empty x kStages16; dq full, dq empty;
+  // kLag: dS^T full, dS^T empty x 2
+  static constexpr int kNumBars = 3 + 3 * kStages8 + 2 * kStages16 + (kLag ? 4 : 0);
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
   static_assert(kOffRing8 % 1024 == 0 && kOffRing16 % 1024 == 0 && kOffDS % 1024 == 0 && kQ8Bytes % 1024 == 0 &&
-                    kKey8Bytes % 1024 == 0,
+                    kKey8Bytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "TMA / wgmma tiles on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
   // setmaxnreg split of the 168 x 384 registers the CTA launches with (wgmma_backward_kernel.cuh).
@@ -193,12 +198,19 @@ __device__ __forceinline__ void fp8_pin_fragments(uint32_t (&a)[KK][4], uint32_t
   }
 }
 
-template <typename T, int D>
+// kLag (D = 128, opt-in: FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1; the bf16 kernel's lagged-dQ schedule):
+// dQ of tile j is computed during tile j + 1, after that tile's dV / dK products are issued, instead
+// of right after a barrier both warpgroups reach every tile. Two dS^T buffers handed over by
+// mbarriers ("dS^T full": both warpgroups' halves written; "dS^T empty": both have read it), so
+// the warpgroups may drift up to a tile apart; warpgroup 2 starts after warpgroup 1's first scores,
+// so one's exp / dS work runs beside the other's products instead of at the same time. The second
+// dS^T buffer costs the 16-bit ring its second slot.
+template <typename T, int D, bool kLag>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_backward_wgmma_kernel(const __grid_constant__ Fp8WgmmaBackwardMaps maps,
                                         const __grid_constant__ Fp8KernelParams fp, const Fp8WgmmaBackwardAxes axes,
                                         int num_n_blocks) {
-  using Cfg = Fp8WgmmaBackwardConfig<D>;
+  using Cfg = Fp8WgmmaBackwardConfig<D, kLag>;
   using Ops = ElementOps<T>;
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, S8 = Cfg::kStages8, S16 = Cfg::kStages16;
@@ -224,6 +236,8 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bar_q16_empty = bar_q16_full + 8 * S16;  // x S16
   const uint32_t bar_dq_full = bar_q16_empty + 8 * S16;
   const uint32_t bar_dq_empty = bar_dq_full + 8;
+  const uint32_t bar_ds_full = bar_dq_empty + 8;   // x 2 (kLag)
+  const uint32_t bar_ds_empty = bar_ds_full + 16;  // x 2 (kLag)
 
   const int seq = blockIdx.x / num_n_blocks;
   const int nb = static_cast<int>(blockIdx.x % num_n_blocks);
@@ -253,6 +267,12 @@ __global__ void __launch_bounds__(384, 1)
     }
     sm90::mbar_init(bar_dq_full, 8);
     sm90::mbar_init(bar_dq_empty, 1);
+    if constexpr (kLag) {
+      for (int b = 0; b < 2; ++b) {
+        sm90::mbar_init(bar_ds_full + 8 * b, 256);   // every consumer thread, after its dS^T stores
+        sm90::mbar_init(bar_ds_empty + 8 * b, 256);  // every consumer thread, after its dQ read it
+      }
+    }
     sm90::mbar_init_fence();
   }
   __syncthreads();
@@ -371,8 +391,44 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int i = 0; i < DC / 2; ++i) dv[i] = dk[i] = 0.f;
 
+  // dQ[64 queries x D/2 columns of this warpgroup] = dS k16 over the block's 128 keys from dS^T
+  // buffer ds_buf (A = dS read transposed from dS^T, B = k16's panel cw, both MN-major), times
+  // descale_k. Waits for every product in flight (dV / dK too), releases the 16-bit slot `slot16`
+  // (if >= 0) and, with kLag, dS^T buffer ds_index; then stages dQ for the reducer warp once it has
+  // read item item_j - 1's. (not kSplitD)
+  constexpr int kDqCols = D / 2;
+  auto dq_product_and_stage = [&](uint32_t ds_buf, int ds_index, int item_j, int slot16) {
+    float dq[kDqCols / 2];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      sm90::wgmma_ss_tt<T, kDqCols>(
+          dq, sm90::smem_desc(ds_buf + kk * 16 * 128, Cfg::kDSPanelBytes, 1024),
+          sm90::smem_desc(sK16 + cw * Cfg::kKeyPanelBytes + kk * 16 * 128, Cfg::kKeyPanelBytes, 1024), kk > 0);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(dv);
+    sm90::pin_registers(dk);
+    sm90::pin_registers(dq);
+    if (slot16 >= 0) sm90::mbar_arrive(bar_q16_empty + 8 * slot16);  // done with q16, dO16
+    if constexpr (kLag) sm90::mbar_arrive(bar_ds_empty + 8 * ds_index);
+    sm90::mbar_wait(bar_dq_empty, (item_j & 1) ^ 1);
+    const int qrow = warp_in_wg * 16 + g;
+#pragma unroll
+    for (int i = 0; i < kDqCols / 8; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
+            make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk);
+    sm90::fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+  };
+
   if (first >= 0) {
     sm90::mbar_wait(bar_kv_full, 0);
+    if constexpr (kLag)
+      if (cw == 1) sm90::named_barrier_sync_id<2>(256);  // start after warpgroup 1's first scores
     int j = 0;
     for (int it = first; it >= 0; ++j) {
       const int m0 = (it % walk.num_mb) * BM;
@@ -412,6 +468,8 @@ __global__ void __launch_bounds__(384, 1)
         fp8_backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
                                            n0 + key_row, m0, t4);
       sm90::mbar_arrive(bar_q8_empty + 8 * s8);  // done with q8, dO8, lse, shift, dP's scale
+      if constexpr (kLag)
+        if (cw == 0 && j == 0) sm90::named_barrier_arrive_id<2>(256);
 
       // dV += P^T dO16, dK += dS^T q16 over this warpgroup's columns from col0 (B MN-major: the K
       // dim, queries, is the row dim; 64-column panels kQPanelBytes apart).
@@ -429,21 +487,31 @@ __global__ void __launch_bounds__(384, 1)
       sm90::wgmma_commit();
 
       if (with_dq) {
-        // The one dS^T buffer: the previous tile's dQ products (both warpgroups) have read it.
-        if (j > 0) sm90::named_barrier_sync_id<2>(256);
+        // The dS^T buffer: kLag: buffer j % 2, last read by both warpgroups' dQ of tile j - 2
+        // (completion (j - 2) / 2 of its "empty" barrier; a fresh barrier passes parity 1 at once);
+        // otherwise the one buffer, which the previous tile's dQ products (both warpgroups) have read.
+        const int ds_index = kLag ? (j & 1) : 0;
+        if constexpr (kLag)
+          sm90::mbar_wait(bar_ds_empty + 8 * ds_index, ((j >> 1) & 1) ^ 1);
+        else if (j > 0)
+          sm90::named_barrier_sync_id<2>(256);
         // dS^T as [key][query] with the 128-byte swizzle: key row R = key_row (+8), queries
         // 8 i + 2t (+1) in 16-byte chunk i of the row, stored at chunk i ^ (R % 8) = i ^ g.
         // kSplitD: both warpgroups hold the same dS^T; each writes the rows of two of its warps.
         if (!Cfg::kSplitD || warp_in_wg / 2 == cw) {
+          unsigned char* ds_w = ds_s + ds_index * Cfg::kDSBytes;
 #pragma unroll
           for (int i = 0; i < BM / 8; ++i)
 #pragma unroll
             for (int r = 0; r < 2; ++r)
-              *reinterpret_cast<uint32_t*>(ds_s + (key_row + 8 * r) * 128 + ((i ^ g) << 4) + 4 * t4) =
+              *reinterpret_cast<uint32_t*>(ds_w + (key_row + 8 * r) * 128 + ((i ^ g) << 4) + 4 * t4) =
                   pds[i / 2][2 * (i & 1) + r];
         }
         sm90::fence_proxy_async_shared();
-        sm90::named_barrier_sync_id<1>(256);  // both warpgroups' parts of dS^T are in place
+        if constexpr (kLag)
+          sm90::mbar_arrive(bar_ds_full + 8 * ds_index);
+        else
+          sm90::named_barrier_sync_id<1>(256);  // both warpgroups' parts of dS^T are in place
 
         if constexpr (Cfg::kSplitD) {
           // dV / dK first (frees P^T, dS^T and the 16-bit slot), then dQ[64 queries x 128 columns from
@@ -476,38 +544,21 @@ __global__ void __launch_bounds__(384, 1)
               atomicAdd(reinterpret_cast<float2*>(row + 8 * i + 2 * t4),
                         make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk));
           }
+        } else if constexpr (kLag) {
+          if (j > 0) {  // dQ of the previous tile, whose dS^T both warpgroups wrote (completion (j-1)/2)
+            const int pj = j - 1;
+            sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
+            dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, s16);
+          } else {
+            sm90::wgmma_wait<0>();
+            sm90::pin_registers(dv);
+            sm90::pin_registers(dk);
+            sm90::mbar_arrive(bar_q16_empty + 8 * s16);
+          }
+          fp8_pin_fragments(pa, pds);  // the tensor cores read them until the wait above
         } else {
-          // dQ[64 queries x D/2 columns of this warpgroup] = dS k16 over the block's 128 keys (A = dS
-          // read transposed from dS^T, B = k16's panel cw, both MN-major).
-          constexpr int kDqCols = D / 2;
-          float dq[kDqCols / 2];
-          sm90::wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk)
-            sm90::wgmma_ss_tt<T, kDqCols>(dq, sm90::smem_desc(sDS + kk * 16 * 128, Cfg::kDSPanelBytes, 1024),
-                                          sm90::smem_desc(sK16 + cw * Cfg::kKeyPanelBytes + kk * 16 * 128,
-                                                          Cfg::kKeyPanelBytes, 1024),
-                                          kk > 0);
-          sm90::wgmma_commit();
-          sm90::wgmma_wait<0>();
-          sm90::pin_registers(dv);
-          sm90::pin_registers(dk);
-          sm90::pin_registers(dq);
-          fp8_pin_fragments(pa, pds);  // the tensor cores read them until now
-          sm90::mbar_arrive(bar_q16_empty + 8 * s16);  // done with q16, dO16
-
-          // dQ (times descale_k) into the staging buffer once the reducer has read the previous tile's.
-          sm90::mbar_wait(bar_dq_empty, (j & 1) ^ 1);
-          const int qrow = warp_in_wg * 16 + g;
-#pragma unroll
-          for (int i = 0; i < kDqCols / 8; ++i)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-              *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
-                  make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk);
-          sm90::fence_proxy_async_shared();
-          __syncwarp();
-          if (lane == 0) sm90::mbar_arrive(bar_dq_full);
+          dq_product_and_stage(sDS, 0, j, s16);
+          fp8_pin_fragments(pa, pds);  // the tensor cores read them until the wait above
         }
       } else {
         sm90::wgmma_wait<0>();
@@ -518,6 +569,13 @@ __global__ void __launch_bounds__(384, 1)
       }
       // Found after the tile, not before: nothing of the walk stays live through the products.
       it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
+    }
+    if constexpr (kLag) {
+      if (with_dq) {  // the last tile's dQ (j tiles were done, j >= 1)
+        const int pj = j - 1;
+        sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
+        dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, -1);
+      }
     }
   }
 

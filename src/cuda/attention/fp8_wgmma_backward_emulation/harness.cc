@@ -578,6 +578,16 @@ template <int kId>
 inline void named_barrier_sync_id(int threads) {
   named_barrier_sync(kId, threads);
 }
+template <int kId>
+inline void named_barrier_arrive_id(int threads) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  EmuNamedBar& nb = g_named[kId];
+  if (++nb.count == threads) {
+    nb.count = 0;
+    ++nb.gen;
+    g_cv.notify_all();
+  }
+}
 
 template <int N>
 inline void regs_decrease() {}
@@ -686,7 +696,7 @@ RowMajorStrides strides(const Fp8Case& c, bool is_q, int heads) {
   return s;
 }
 
-template <int D>
+template <int D, bool kLag>
 Fp8Outputs run_emulated(Fp8Case& c) {
   const Fp8Config& cfg = c.cfg;
   const DType odt = cfg.out_dtype;
@@ -794,7 +804,7 @@ Fp8Outputs run_emulated(Fp8Case& c) {
     launch(k_blocks, 1, 256, [&] { fp8::fp8_widen_k_kernel<__half>(f, c.tk, D); });
   }
   // The main pass: the wgmma kernel with the maps its launcher builds (fp8_wgmma_backward.cu).
-  using WCfg = fp8wb::Fp8WgmmaBackwardConfig<D>;
+  using WCfg = fp8wb::Fp8WgmmaBackwardConfig<D, kLag>;
   const int nblocks = (c.max_k + WCfg::kBlockN - 1) / WCfg::kBlockN;
   fp8wb::Fp8WgmmaBackwardMaps maps;
   fp8wb::Fp8WgmmaBackwardAxes axes;
@@ -808,10 +818,10 @@ Fp8Outputs run_emulated(Fp8Case& c) {
   }
   if (bf16)
     launch(c.n * nblocks, cfg.hk, WCfg::kThreads,
-           [&] { fp8wb::fp8_attention_backward_wgmma_kernel<__nv_bfloat16, D>(maps, f, axes, nblocks); });
+           [&] { fp8wb::fp8_attention_backward_wgmma_kernel<__nv_bfloat16, D, kLag>(maps, f, axes, nblocks); });
   else
     launch(c.n * nblocks, cfg.hk, WCfg::kThreads,
-           [&] { fp8wb::fp8_attention_backward_wgmma_kernel<__half, D>(maps, f, axes, nblocks); });
+           [&] { fp8wb::fp8_attention_backward_wgmma_kernel<__half, D, kLag>(maps, f, axes, nblocks); });
   Fp8Outputs r;
   r.out = decode16(odt, out);
   r.lse = lse;
@@ -852,7 +862,11 @@ void check_case(Fp8Config cfg, std::mt19937& rng) {
   Fp8Case c = fp8_test::make_case(cfg, rng);
   const Fp8Outputs ref = fp8_test::reference32(c);
   const Fp8Outputs emu = fp8_test::recipe(c);
-  const Fp8Outputs got = cfg.d == 256 ? run_emulated<256>(c) : run_emulated<128>(c);  // the kernel's head dims
+  // The kernel's head dims; a case named "... (lagged dQ)" runs the lagged-dQ schedule (hd 128).
+  const bool lag = cfg.name.find("(lagged dQ)") != std::string::npos;
+  const Fp8Outputs got = cfg.d == 256 ? run_emulated<256, false>(c)
+                         : lag        ? run_emulated<128, true>(c)
+                                      : run_emulated<128, false>(c);
   const double r = cfg.softcap > 0.f ? 3.0 : 2.0;
   std::printf("  case %s\n", cfg.name.c_str());
   check_output("out", got.out, ref.out, emu.out, cfg.out_dtype, r, 0.03);
@@ -873,7 +887,8 @@ int main(int argc, char** argv) {
   std::vector<Fp8Config> cases;
   // "quick": one full-tile and one masked varlen GQA case.
   const std::vector<std::string> quick = {"none d128 Sq=70 Sk=130", "varlen causal d128 gqa 4/2 with empty sequences",
-                                          "none d256 B2 gqa 4/2 Sq=150 Sk=140"};
+                                          "none d256 B2 gqa 4/2 Sq=150 Sk=140",
+                                          "causal d128 B2 mqa 3/1 Sq=Sk=200 (lagged dQ)"};
   auto add = [&](std::string name, Fp8Config c) {
     c.name = std::move(name);
     const bool pick = only == "quick" ? std::find(quick.begin(), quick.end(), c.name) != quick.end()
@@ -965,6 +980,35 @@ int main(int argc, char** argv) {
     c.sq = 40;
     c.sk = 1000;
     add("none d128 H1 Sq=40 Sk=1000", c);
+  }
+  // The lagged-dQ schedule (FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1).
+  {
+    Fp8Config c;
+    c.d = 128;
+    c.batch = 2;
+    c.hq = 4;
+    c.hk = 2;
+    c.sq = c.sk = 200;
+    add("none d128 B2 gqa 4/2 Sq=Sk=200 (lagged dQ)", c);
+    c.mask = MaskKind::causal;
+    c.hq = 3;
+    c.hk = 1;
+    add("causal d128 B2 mqa 3/1 Sq=Sk=200 (lagged dQ)", c);
+    Fp8Config v;
+    v.d = 128;
+    v.lens_q = {37, 0, 80, 5};
+    v.lens_k = {53, 0, 80, 0};
+    v.hq = 4;
+    v.hk = 2;
+    v.mask = MaskKind::causal;
+    v.softcap = 5.f;
+    v.with_dlse = true;
+    v.z_loss = 0.5f;
+    v.out_dtype = DType::f16;
+    add("varlen causal d128 gqa 4/2 softcap dlse z-loss fp16 out (lagged dQ)", v);
+    v.deterministic = true;
+    v.out_dtype = DType::bf16;
+    add("deterministic varlen causal d128 softcap (lagged dQ)", v);
   }
   // D = 256: 64-key CTAs, the head dim split between the warpgroups, one 16-bit slot, dQ by atomics.
   for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
