@@ -5,10 +5,12 @@
 #      (2x rule against the recipe's emulation, rel RMS vs fp32) with the backward main pass on the
 #      wgmma kernel (hd 128; hd 64 / 256 stay on mma.sync);
 #   2. the same with FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1 too (hd 256 on the split-head-dim variant),
-#      in another process;
+#      in another process; then AttentionFp8Gpu.* with the lagged-dQ schedule
+#      (FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1, hd 128) in a third;
 #   3. bench/attention/fp8_bench.cu (built here against build-gpu's libflashgrad.a), B2 H16 S8192,
-#      hd 128 / 256, causal and not, with the switch on (wgmma backward; hd 256 too if 2 passed) and
-#      off (mma.sync), each in its own process (a trap in the new kernel must not hide the baseline);
+#      hd 128 / 256, causal and not, with the switch on (wgmma backward; hd 256 too if 2 passed),
+#      on with the lagged schedule (if its tests passed) and off (mma.sync), each in its own
+#      process (a trap in the new kernel must not hide the baseline);
 #   4. with the time left: compute-sanitizer racecheck of one small FP8 test with the switch on;
 #   5. a compact table: fp8 bwd (mma.sync / wgmma) beside bf16 bwd, the ratio to bf16 (target 1.3x)
 #      and to cuDNN's FP8 backward measured on the H200 in session 3 (689 / 665 TFLOP/s at hd 128).
@@ -31,6 +33,7 @@ if [ -n "$lib" ]; then
 fi
 
 hd256_ok=0
+lag_ok=0
 if [ -n "$tests" ]; then
   echo "== fp8b: AttentionFp8* with FLASHGRAD_ATTN_FP8_BACKWARD=wgmma"
   FLASHGRAD_ATTN_FP8_BACKWARD=wgmma timeout -k 3 45 "$tests" --gtest_filter='AttentionFp8*' \
@@ -45,6 +48,13 @@ if [ -n "$tests" ]; then
   [ $rc = 0 ] && hd256_ok=1
   show "$OUT/extra/fp8b_tests_hd256.log" 60
   status+=("AttentionFp8* (wgmma bwd, hd128 + hd256) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8b_tests_hd256.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8b_tests_hd256.log") failed)")
+  echo "== fp8b: AttentionFp8Gpu.* with FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1"
+  FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1 timeout -k 3 30 "$tests" \
+    --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8b_tests_lag.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] && lag_ok=1
+  show "$OUT/extra/fp8b_tests_lag.log" 40
+  status+=("AttentionFp8Gpu.* (wgmma bwd, lagged dQ) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8b_tests_lag.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8b_tests_lag.log") failed)")
 else
   status+=("no flashgrad_gpu_tests binary under build-gpu")
 fi
@@ -53,13 +63,17 @@ declare -A bwd
 if [ -n "$lib" ]; then
   [ -n "${build_pid:-}" ] && wait "$build_pid"
   if [ -f /tmp/fp8b_bench_built ]; then
-    for mode in wgmma mma; do
+    modes="wgmma mma"
+    [ $lag_ok = 1 ] && modes="wgmma mma lag"
+    for mode in $modes; do
       [ "$(left)" -gt 15 ] || { status+=("fp8_bench ($mode bwd) not run (time)"); continue; }
-      echo "== fp8b: fp8_bench with FLASHGRAD_ATTN_FP8_BACKWARD=$mode"
+      sw=$mode lag=0
+      [ $mode = lag ] && { sw=wgmma; lag=1; }
+      echo "== fp8b: fp8_bench with FLASHGRAD_ATTN_FP8_BACKWARD=$sw FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=$lag"
       lim=$(( $(left) > 40 ? 35 : $(left) - 5 ))
-      FLASHGRAD_ATTN_FP8_BACKWARD=$mode FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=$hd256_ok timeout -k 3 $lim \
-        stdbuf -oL /tmp/fp8b_bench > "$OUT/extra/fp8b_bench_$mode.log" 2>&1
-      status+=("fp8_bench ($mode bwd$([ $mode = wgmma ] && echo ", hd256 wgmma=$hd256_ok")) rc=$?")
+      FLASHGRAD_ATTN_FP8_BACKWARD=$sw FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=$lag FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=$hd256_ok \
+        timeout -k 3 $lim stdbuf -oL /tmp/fp8b_bench > "$OUT/extra/fp8b_bench_$mode.log" 2>&1
+      status+=("fp8_bench ($mode bwd$([ $mode != mma ] && echo ", hd256 wgmma=$hd256_ok")) rc=$?")
       cat "$OUT/extra/fp8b_bench_$mode.log"
       # rows: hd mask | fp8fwd bf16fwd ratio | fp8bwd bf16bwd ratio
       while read -r hd mask _ _ _ _ _ fb bb _; do
@@ -84,14 +98,18 @@ fi
 
 echo "== fp8b summary ($(( $(date +%s) - t0 )) s)"
 for s in "${status[@]}"; do echo "  $s"; done
-echo "B2 H16 S8192 backward TFLOP/s | fp8 mma.sync | fp8 wgmma | bf16 | wgmma/bf16 (target 1.3) | wgmma/cuDNN fp8 (target 1.0)"
+echo "B2 H16 S8192 backward TFLOP/s | fp8 mma.sync | fp8 wgmma | fp8 wgmma lagged dQ | bf16 | best wgmma/bf16 (target 1.3) | best wgmma/cuDNN fp8 (target 1.0)"
 for hd in 128 256; do
   for mask in none causal; do
-    w=${bwd["wgmma,$hd,$mask"]:-} m=${bwd["mma,$hd,$mask"]:-} b=${bwd["bf16,$hd,$mask"]:-}
+    w=${bwd["wgmma,$hd,$mask"]:-} m=${bwd["mma,$hd,$mask"]:-} b=${bwd["bf16,$hd,$mask"]:-} l=${bwd["lag,$hd,$mask"]:-}
+    best=$w
+    [ -n "$l" ] && [ "$hd" = 128 ] && awk -v a="$l" -v c="${w:-0}" 'BEGIN{exit !(a > c)}' && best=$l
+    w_shown=$w
+    w=$best
     cudnn=""; [ "$hd" = 128 ] && cudnn=$([ "$mask" = none ] && echo 689 || echo 665)
     rb=$([ -n "$w" ] && [ -n "$b" ] && awk -v a="$w" -v c="$b" 'BEGIN{printf "%.2f", a/c}')
     rc=$([ -n "$w" ] && [ -n "$cudnn" ] && awk -v a="$w" -v c="$cudnn" 'BEGIN{printf "%.2f", a/c}')
-    echo "  hd$hd $mask | ${m:--} | ${w:--} | ${b:--} | ${rb:--} | ${rc:--}"
+    echo "  hd$hd $mask | ${m:--} | ${w_shown:--} | $([ "$hd" = 128 ] && echo "${l:--}" || echo "n/a") | ${b:--} | ${rb:--} | ${rc:--}"
   done
 done
 exit 0
