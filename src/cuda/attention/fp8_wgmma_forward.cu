@@ -57,31 +57,42 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-bool env_on(const char* name) {
+// The variants' defaults, one constant each (per head dim for the schedule), so that flipping one
+// after an H200 run is a one-line change that keeps every path reachable: the switches below take
+// "1" / "0" to override them (read at every call; the bench and fp8w.sh set them all explicitly).
+// H200 run 4: the overlapped schedule without ping-pong is the fastest measured at every head dim.
+constexpr bool kHd64ByDefault = false;  // hd 64 passed every FP8 test on the H200 (run 4); not timed yet
+constexpr bool kPingpongByDefault = false;
+constexpr bool kPolyExpByDefault = false;
+template <int D>
+constexpr int kScheduleByDefault = cuda_attn::fp8w::kOverlap;
+
+// 1 or 0 when the switch says "1" or "0", else `fallback`.
+bool env_switch(const char* name, bool fallback) {
   const char* env = std::getenv(name);
-  return env != nullptr && std::strcmp(env, "1") == 0;
+  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  return fallback;
 }
 
-// Variants, off by default until the H200 shows them correct and faster (read at every call, so the
-// bench times them in one process): FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1, the consumer warpgroups
-// take turns issuing; FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, no overlap inside a warpgroup (S, softmax,
-// P V in sequence; 128-key blocks at D = 256); FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1 (unless SERIAL),
-// O accumulated in the tensor cores across key blocks -- not the recipe's numerics, for measuring
-// what the two-level accumulation costs (Fp8wSchedule).
+// FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG: the consumer warpgroups take turns issuing;
+// FLASHGRAD_ATTN_FP8_WGMMA_SERIAL: no overlap inside a warpgroup (S, softmax, P V in sequence;
+// 128-key blocks at D = 256); FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL (unless SERIAL): O accumulated in
+// the tensor cores across key blocks -- not the recipe's numerics, for measuring what the two-level
+// accumulation costs (Fp8wSchedule); FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP: a quarter of the
+// exponentials on the FMA pipe (overlapped schedule without ping-pong only).
 template <int D>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                     const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using cuda_attn::fp8w::kOneLevel;
   using cuda_attn::fp8w::kOverlap;
   using cuda_attn::fp8w::kSerial;
-  const bool pingpong = env_on("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG");
-  // FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on the FMA pipe (default
-  // schedule without ping-pong only).
-  if (env_on("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP"))
+  const bool pingpong = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", kPingpongByDefault);
+  const bool serial = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", kScheduleByDefault<D> == kSerial);
+  const bool one_level = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", kScheduleByDefault<D> == kOneLevel);
+  const int schedule = serial ? kSerial : one_level ? kOneLevel : kOverlap;
+  if (schedule == kOverlap && !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", kPolyExpByDefault))
     return launch_kernel<D, false, kOverlap, true>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
-  const int schedule = env_on("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL")      ? kSerial
-                       : env_on("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL") ? kOneLevel
-                                                                      : kOverlap;
   if (schedule == kSerial)
     pingpong ? launch_kernel<D, true, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
              : launch_kernel<D, false, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
@@ -108,11 +119,10 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   const char* env = std::getenv("FLASHGRAD_ATTN_FP8_FORWARD");
   if (env != nullptr && (std::strcmp(env, "mma") == 0 || std::strcmp(env, "legacy") == 0)) return false;
   const int hd = static_cast<int>(pr.head_dim);
-  // hd 64 (64-byte Q / K rows, SWIZZLE_64B) only with FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 until the H200
-  // has checked that layout; the mma.sync kernel serves it otherwise.
-  const char* hd64 = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64");
-  const bool hd64_on = hd64 != nullptr && std::strcmp(hd64, "1") == 0;
-  if (hd != 128 && hd != 256 && !(hd == 64 && hd64_on)) return false;
+  // hd 64 (64-byte Q / K rows, SWIZZLE_64B): FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 / 0 over kHd64ByDefault;
+  // the mma.sync kernel serves it otherwise.
+  if (hd != 128 && hd != 256 && !(hd == 64 && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_HD64", kHd64ByDefault)))
+    return false;
   const int64_t mblocks = (pr.seqlen_q + 127) / 128;
   const int64_t tiles = pr.num_seqs * mblocks * pr.heads_q;
   if (tiles > 0x7fffffff) return false;
