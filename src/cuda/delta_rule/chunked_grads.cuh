@@ -38,6 +38,7 @@
 #include "chunked_mma_tf32.cuh"
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
+#include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -88,7 +89,7 @@ constexpr int kGradUbLd = 40;  // dUb's B operand is read down columns: ld = 8 m
 // rule above holds per (strip, half), and the row / column sums are shared-memory atomics either
 // way. Loads are spread over all threads; with H == HV, dq and dk are stored, not added.
 template <typename T, int KMAX, int WARPS = 4>
-__global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) {
+__global__ void __launch_bounds__(32 * WARPS, 1) chunk_grads_kernel(ChunkedArgs a) {
   using S = GradsSmem<KMAX>;
   static_assert(WARPS == 4 || WARPS == 8, "one or two warps per 16-row strip");
   constexpr int C = kChunkSize, LDK = S::LDK, LDC = S::LDC, THREADS = 32 * WARPS, SPLIT = WARPS / 4;
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) 
     if constexpr (WARPS == 4) {
       batched_copy(count, load, store);
     } else {
-      constexpr int kBatch = 4;
+      constexpr int kBatch = 16;  // a [128 x 32] or [64 x 64] tile: all of a thread's loads at once
       for (int base = tid; base < count; base += kBatch * THREADS) {
         float buf[kBatch];
 #pragma unroll
@@ -162,6 +163,34 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) 
         [&](int e, float x) { dst[(e / width) * ld + e % width] = x; });
   };
 
+  // WARPS = 8: the fp32 intermediates (dv_new, h_c, dh_{c+1}) arrive by cp.async, issued before the
+  // 16-bit tensors' register copies so that both are in flight together; `staged` waits for them
+  // and barriers. (The legacy path copies everything through registers.)
+  auto stage_dvn = [&](float* dst, int ld, auto width_c, int64_t col0) {
+    constexpr int W = decltype(width_c)::value;
+    if constexpr (WARPS == 8)
+      intermediate_tile_async<float, W, THREADS>(dvn, row0, a.HV, hv, V, col0, L, dst, ld);
+    else
+      stage_rows(dst, ld, W, col0, dvn_at);
+  };
+  auto stage_state_slice = [&](float* dst, int ld, int64_t col0, const float* src) {
+    if constexpr (WARPS == 8) {
+      for (int rb = 0; rb < KMAX; rb += C)  // 64 state rows per call: src[(rb + r) V + col0 + col]
+        intermediate_tile_async<float, SW, THREADS>(src + rb * V, 0, 1, 0, V, col0, C, dst + rb * ld, ld);
+    } else {
+      stage_state(dst, ld, SW, col0, src);
+    }
+  };
+  auto staged = [&] {
+    if constexpr (WARPS == 8) {
+      mma::cp_async_commit();
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+  };
+  using SliceW = std::integral_constant<int, SW>;
+  using NarrowW = std::integral_constant<int, NW>;
+
   // S0: inputs of the chunk; zeroed accumulators.
   if (tid < C) {
     const bool ok = tid < L;
@@ -182,15 +211,24 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) 
   {
     float* vs = sm.A;              // [C][SL] v_new slice
     float* hs = sm.A + C * SL;     // [KMAX][SL] dh_{c+1} slice
+    float* hc = hs + KMAX * SL;    // [KMAX][SL] h_c slice (WARPS = 8: <h_c, dh_{c+1}> from here)
+    static_assert(C * SL + 2 * KMAX * SL <= S::kRegionFloats, "pass X staging with h_c must fit region R");
     float acc[NK][4];
     mma::zero_acc(acc);
+    float hdh = 0.f;  // this thread's share of <h_c, dh_{c+1}> (WARPS = 8)
     for (int64_t col0 = 0; col0 < V; col0 += SW) {
       __syncthreads();
+      stage_state_slice(hs, SL, col0, dhn);
+      if constexpr (WARPS == 8) stage_state_slice(hc, SL, col0, h);
       stage_rows(vs, SL, SW, col0, vn_at);
-      stage_state(hs, SL, SW, col0, dhn);
-      __syncthreads();
+      staged();
       gemm(acc, SW / 8, [&](int r, int kk) { return vs[r * SL + kk]; },
                           [&](int kk, int n) { return hs[n * SL + kk]; });
+      if constexpr (WARPS == 8)
+        for (int e = tid; e < KMAX * SW; e += THREADS) {
+          const int at = (e / SW) * SL + e % SW;
+          hdh += hc[at] * hs[at];
+        }
     }
     float last = 0.f, rs[2] = {0.f, 0.f};
     each(acc, [&](int i, int d, float X) {
@@ -201,19 +239,24 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) 
       last += s;
     });
     mma::add_row_sums(sm.dG, r0, rs);
-    // <h_c, dh_{c+1}> (the state gradient's share of dG_{L-1}), read straight from global memory.
-    // Eight independent partial sums, so that eight pairs of loads are in flight per thread.
+    // <h_c, dh_{c+1}> (the state gradient's share of dG_{L-1}): WARPS = 8 summed from the staged
+    // slices above; the legacy path reads it straight from global memory, eight independent partial
+    // sums so that eight pairs of loads are in flight per thread.
     const float el = expf(gl);
-    float part[8] = {};
-    for (int64_t e0 = tid; e0 < K * V; e0 += 8 * THREADS) {
+    if constexpr (WARPS == 8) {
+      last += el * hdh;
+    } else {
+      float psum[8] = {};
+      for (int64_t e0 = tid; e0 < K * V; e0 += 8 * THREADS) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int64_t e = e0 + i * THREADS;
-        if (e < K * V) part[i] += h[e] * dhn[e];
+        for (int i = 0; i < 8; ++i) {
+          const int64_t e = e0 + i * THREADS;
+          if (e < K * V) psum[i] += h[e] * dhn[e];
+        }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) last += el * part[i];
+      for (int i = 0; i < 8; ++i) last += el * psum[i];
+    }
     atomicAdd(&sm.dG[L - 1], last);
   }
 
@@ -227,10 +270,10 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) 
     mma::zero_acc(accZ);
     for (int64_t col0 = 0; col0 < V; col0 += SW) {
       __syncthreads();
+      stage_dvn(us, SL, SliceW{}, col0);
+      stage_state_slice(hs, SL, col0, h);
       stage_rows(ds, SL, SW, col0, do_at);
-      stage_rows(us, SL, SW, col0, dvn_at);
-      stage_state(hs, SL, SW, col0, h);
-      __syncthreads();
+      staged();
       auto h_b = [&](int kk, int n) { return hs[n * SL + kk]; };
       gemm(accY, SW / 8, [&](int r, int kk) { return ds[r * SL + kk]; }, h_b);
       gemm(accZ, SW / 8, [&](int r, int kk) { return us[r * SL + kk]; }, h_b);
@@ -262,9 +305,9 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) 
     constexpr int NS = SW / 8 / SPLIT;
     for (int64_t col0 = 0; col0 < V; col0 += SW) {
       __syncthreads();
-      stage_rows(us, kGradUbLd, SW, col0, dvn_at);
+      stage_dvn(us, kGradUbLd, SliceW{}, col0);
       stage_rows(vs, kGradUbLd, SW, col0, v_at);
-      __syncthreads();
+      staged();
       float acc[NS][4];
       mma::zero_acc(acc);
       gemm(acc, C / 8, [&](int r, int kk) { return sm.A[kk * LDC + r]; },
@@ -289,11 +332,11 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_grads_kernel(ChunkedArgs a) 
     mma::zero_acc(accU);
     for (int64_t col0 = 0; col0 < V; col0 += NW) {
       __syncthreads();
+      stage_dvn(us, NL, NarrowW{}, col0);
       stage_rows(ds, NL, NW, col0, do_at);
       stage_rows(vns, NL, NW, col0, vn_at);
-      stage_rows(us, NL, NW, col0, dvn_at);
       stage_rows(vs, NL, NW, col0, v_at);
-      __syncthreads();
+      staged();
       gemm(accP, NW / 8, [&](int r, int kk) { return ds[r * NL + kk]; },
                           [&](int kk, int n) { return vns[n * NL + kk]; });
       gemm(accU, NW / 8, [&](int r, int kk) { return us[r * NL + kk]; },
