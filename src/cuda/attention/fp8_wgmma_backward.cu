@@ -1,6 +1,6 @@
 // Host side of the FP8 wgmma backward: the switch, the tensor maps (fp8_wgmma_backward_maps.h), the
 // launch. Grid: x = sequence * key blocks (key block fastest), y = kv head; one CTA per SM
-// (~212 KB of shared memory at hd 128, ~197 KB at hd 256).
+// (~212 KB of shared memory at hd 128, ~197 KB at hd 256, ~115 KB at hd 64).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,13 +41,21 @@ bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem&
   if (env == nullptr || std::strcmp(env, "wgmma") != 0) return false;
   // hd 256 (64-key CTAs, head dim split between the warpgroups) also needs
   // FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1 until the H200 has run it, so that hd 128 can be switched on alone.
-  const char* hd256 = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256");
-  const bool hd256_on = hd256 != nullptr && std::strcmp(hd256, "1") == 0;
-  if (pr.head_dim != 128 && !(pr.head_dim == 256 && hd256_on)) return false;
+  // Likewise hd 64 (64-byte e4m3 rows, SWIZZLE_64B) with FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64=1.
+  auto on = [](const char* name) {
+    const char* e = std::getenv(name);
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  };
   const int hd = static_cast<int>(pr.head_dim);
-  const int block_n = hd == 128 ? Fp8WgmmaBackwardConfig<128>::kBlockN : Fp8WgmmaBackwardConfig<256>::kBlockN;
+  if (hd != 128 && !(hd == 256 && on("FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256")) &&
+      !(hd == 64 && on("FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64")))
+    return false;
+  const int block_n = hd == 256 ? Fp8WgmmaBackwardConfig<256>::kBlockN : Fp8WgmmaBackwardConfig<128>::kBlockN;
   const int block_m = Fp8WgmmaBackwardConfig<128>::kBlockM;
-  static_assert(Fp8WgmmaBackwardConfig<128>::kBlockM == Fp8WgmmaBackwardConfig<256>::kBlockM, "one query box");
+  static_assert(Fp8WgmmaBackwardConfig<64>::kBlockN == Fp8WgmmaBackwardConfig<128>::kBlockN, "one key box at D <= 128");
+  static_assert(Fp8WgmmaBackwardConfig<64>::kBlockM == Fp8WgmmaBackwardConfig<128>::kBlockM &&
+                    Fp8WgmmaBackwardConfig<128>::kBlockM == Fp8WgmmaBackwardConfig<256>::kBlockM,
+                "one query box");
   const int64_t nblocks = (pr.seqlen_k + block_n - 1) / block_n;
   if (nblocks == 0 || pr.num_seqs == 0 || pr.heads_k == 0 || pr.total_q == 0 || pr.total_k == 0) return false;
   if (pr.num_seqs * nblocks > 0x7fffffff || pr.heads_k > 65535) return false;
@@ -62,9 +70,10 @@ bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem&
     return false;
   const int nb = static_cast<int>(nblocks);
   // The lagged-dQ schedule (hd 128): FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1, off until the H200 has timed it.
-  const char* lag_env = std::getenv("FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG");
-  const bool lag = lag_env != nullptr && std::strcmp(lag_env, "1") == 0;
-  if (hd == 128 && lag)
+  const bool lag = on("FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG");
+  if (hd == 64)
+    f.out_bf16 ? launch<__nv_bfloat16, 64>(maps, f, axes, nb, stream) : launch<__half, 64>(maps, f, axes, nb, stream);
+  else if (hd == 128 && lag)
     f.out_bf16 ? launch<__nv_bfloat16, 128, true>(maps, f, axes, nb, stream)
                : launch<__half, 128, true>(maps, f, axes, nb, stream);
   else if (hd == 128)

@@ -14,8 +14,8 @@ namespace flashgrad::cuda_attn {
 // deterministic) and returns true, or returns false, launching nothing, when it does not apply:
 //   - FLASHGRAD_ATTN_FP8_BACKWARD is not "wgmma" (read at every call, so one process can time both
 //     kernels; the mma.sync kernel stays the default until the H200 has checked this one),
-//   - head dim other than 128 (256 too with FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1, until the H200 has
-//     run that split-head-dim variant),
+//   - head dim other than 128 (256 too with FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1, 64 with
+//     FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64=1, until the H200 has run those),
 //   - an empty problem, a view TMA cannot describe, or more key blocks than one grid holds.
 bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem& pr, cudaStream_t stream);
 

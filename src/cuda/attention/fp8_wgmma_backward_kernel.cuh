@@ -59,21 +59,27 @@ namespace flashgrad::cuda_attn::fp8wb {
 // kLag: the lagged-dQ schedule (see the kernel), D = 128 only.
 template <int D, bool kLag = false>
 struct Fp8WgmmaBackwardConfig {
-  static_assert(D == 128 || D == 256, "head dim 128 or 256 (the launcher declines the others)");
+  static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
   static_assert(!kLag || D == 128, "the lagged dQ schedule is for D = 128");
   static constexpr bool kSplitD = D == 256;           // see the header comment
   static constexpr int kBlockN = kSplitD ? 64 : 128;  // keys per CTA
   static constexpr int kBlockM = 64;                  // queries per tile
   static constexpr int kColsPerWg = kSplitD ? D / 2 : D;  // columns of dK / dV per warpgroup
   static constexpr int kThreads = 384;
-  static constexpr int kPanels8 = D / 128;  // 128-byte panels of an e4m3 row
+  // e4m3 rows: D / 128 panels of 128 bytes (SWIZZLE_128B); at D = 64 one panel of 64-byte rows
+  // (SWIZZLE_64B: 8-row groups of 512 bytes), as the FP8 forward's Q / K tiles.
+  static constexpr int kRowBytes8 = D < 128 ? D : 128;
+  static constexpr int kPanels8 = D / kRowBytes8;
+  static constexpr int kSteps8 = kRowBytes8 / 32;  // k32 steps per e4m3 panel row
+  static constexpr int kKey8PanelBytes = kBlockN * kRowBytes8;
+  static constexpr int kQ8PanelBytes = kBlockM * kRowBytes8;
   static constexpr int kPanels16 = D / 64;  // of a 16-bit row
   // Key side: k8, v8 [BN][D] bytes, k16 [BN][D] 16-bit; a panel is BN rows of 128 bytes.
-  static constexpr int kKeyPanelBytes = kBlockN * 128;
+  static constexpr int kKeyPanelBytes = kBlockN * 128;  // 16-bit panels
   static constexpr int kKey8Bytes = kBlockN * D;
   static constexpr int kKey16Bytes = kBlockN * D * 2;
   // Query side: an 8-bit slot holds q8, dO8 [BM][D] bytes; a 16-bit slot q16, dO16 [BM][D].
-  static constexpr int kQPanelBytes = kBlockM * 128;
+  static constexpr int kQPanelBytes = kBlockM * 128;  // 16-bit panels
   static constexpr int kQ8Bytes = kBlockM * D;
   static constexpr int kQ16Bytes = kBlockM * D * 2;
   static constexpr int kStages8 = 2;
@@ -129,6 +135,16 @@ __device__ __forceinline__ void tma_rows(uint32_t dst, const CUtensorMap* map, u
     sm90::tma_load_4d(dst, map, bar, c0, row, head, batch);
   else
     sm90::tma_load_4d(dst, map, bar, c0, head, row, batch);
+}
+
+// Descriptor of a K-major e4m3 operand: 128-byte swizzled rows (SBO 1024 = 8 rows), or at D = 64
+// 64-byte swizzled rows (layout type 2 in bits 62-63, SBO 512 = 8 rows); addresses in 16 bytes.
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t e4m3_desc(uint32_t addr) {
+  if constexpr (kRowBytes == 128)
+    return sm90::smem_desc(addr, 16, 1024);
+  else
+    return (sm90::smem_desc(addr, 16, 512) & ~(uint64_t{3} << 62)) | (uint64_t{2} << 62);
 }
 
 // P^T and dS^T of one warpgroup's 64 keys x 64 queries from the e4m3 products' accumulators s (raw
@@ -299,8 +315,8 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_arrive_expect_tx(bar_kv_full, 2 * Cfg::kKey8Bytes + Cfg::kKey16Bytes);
 #pragma unroll
       for (int c = 0; c < Cfg::kPanels8; ++c) {
-        tma_rows(sK8 + c * Cfg::kKeyPanelBytes, &maps.k8, bar_kv_full, axes.k8, 128 * c, k_row, hk, kb);
-        tma_rows(sV8 + c * Cfg::kKeyPanelBytes, &maps.v8, bar_kv_full, axes.v8, 128 * c, k_row, hk, kb);
+        tma_rows(sK8 + c * Cfg::kKey8PanelBytes, &maps.k8, bar_kv_full, axes.k8, 128 * c, k_row, hk, kb);
+        tma_rows(sV8 + c * Cfg::kKey8PanelBytes, &maps.v8, bar_kv_full, axes.v8, 128 * c, k_row, hk, kb);
       }
 #pragma unroll
       for (int c = 0; c < Cfg::kPanels16; ++c)
@@ -317,8 +333,8 @@ __global__ void __launch_bounds__(384, 1)
         sm90::mbar_arrive_expect_tx(b8, Cfg::kSlot8Bytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kPanels8; ++c) {
-          tma_rows(d8 + c * Cfg::kQPanelBytes, &maps.q8, b8, axes.q8, 128 * c, q_row, h, qb);
-          tma_rows(d8 + Cfg::kQ8Bytes + c * Cfg::kQPanelBytes, &maps.do8, b8, axes.do8, 128 * c, ws_row, h, 0);
+          tma_rows(d8 + c * Cfg::kQ8PanelBytes, &maps.q8, b8, axes.q8, 128 * c, q_row, h, qb);
+          tma_rows(d8 + Cfg::kQ8Bytes + c * Cfg::kQ8PanelBytes, &maps.do8, b8, axes.do8, 128 * c, ws_row, h, 0);
         }
         const uint32_t d16 = sRing16 + s16 * Cfg::kSlot16Bytes, b16 = bar_q16_full + 8 * s16;
         sm90::mbar_wait(bar_q16_empty + 8 * s16, ((j / S16) & 1) ^ 1);
@@ -398,13 +414,15 @@ __global__ void __launch_bounds__(384, 1)
   // read item item_j - 1's. (not kSplitD)
   constexpr int kDqCols = D / 2;
   auto dq_product_and_stage = [&](uint32_t ds_buf, int ds_index, int item_j, int slot16) {
+    // Column cw * D/2 of k16: a panel of its own at D = 128, 64 bytes into the 128-byte rows at D = 64.
+    const uint32_t dq_b_offset = D == 64 ? cw * 64 : cw * Cfg::kKeyPanelBytes;
     float dq[kDqCols / 2];
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       sm90::wgmma_ss_tt<T, kDqCols>(
           dq, sm90::smem_desc(ds_buf + kk * 16 * 128, Cfg::kDSPanelBytes, 1024),
-          sm90::smem_desc(sK16 + cw * Cfg::kKeyPanelBytes + kk * 16 * 128, Cfg::kKeyPanelBytes, 1024), kk > 0);
+          sm90::smem_desc(sK16 + dq_b_offset + kk * 16 * 128, Cfg::kKeyPanelBytes, 1024), kk > 0);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     sm90::pin_registers(dv);
@@ -437,21 +455,27 @@ __global__ void __launch_bounds__(384, 1)
       const uint32_t q16_slot = sRing16 + s16 * Cfg::kSlot16Bytes, do16_slot = q16_slot + Cfg::kQ16Bytes;
       sm90::mbar_wait(bar_q8_full + 8 * s8, (j / S8) & 1);
 
-      // S^T = k8 q8^T and dP^T = v8 dO8^T (e4m3; k32 step kk: panel kk / 4, 32 bytes per step inside
-      // the 128-byte rows): two groups, so P^T can start while dP^T still runs.
+      // S^T = k8 q8^T and dP^T = v8 dO8^T (e4m3; k32 step kk: panel kk / kSteps8, 32 bytes per step
+      // inside the panel's rows): two groups, so P^T can start while dP^T still runs.
       float s[BM / 2], dp[BM / 2];
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk)
         sm90::wgmma_e4m3_ss<BM>(
-            s, sm90::smem_desc(sK8 + (kk / 4) * Cfg::kKeyPanelBytes + key_base * 128 + (kk % 4) * 32, 16, 1024),
-            sm90::smem_desc(q8_slot + (kk / 4) * Cfg::kQPanelBytes + (kk % 4) * 32, 16, 1024), kk > 0);
+            s,
+            e4m3_desc<Cfg::kRowBytes8>(sK8 + (kk / Cfg::kSteps8) * Cfg::kKey8PanelBytes +
+                                       key_base * Cfg::kRowBytes8 + (kk % Cfg::kSteps8) * 32),
+            e4m3_desc<Cfg::kRowBytes8>(q8_slot + (kk / Cfg::kSteps8) * Cfg::kQ8PanelBytes + (kk % Cfg::kSteps8) * 32),
+            kk > 0);
       sm90::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk)
         sm90::wgmma_e4m3_ss<BM>(
-            dp, sm90::smem_desc(sV8 + (kk / 4) * Cfg::kKeyPanelBytes + key_base * 128 + (kk % 4) * 32, 16, 1024),
-            sm90::smem_desc(do8_slot + (kk / 4) * Cfg::kQPanelBytes + (kk % 4) * 32, 16, 1024), kk > 0);
+            dp,
+            e4m3_desc<Cfg::kRowBytes8>(sV8 + (kk / Cfg::kSteps8) * Cfg::kKey8PanelBytes +
+                                       key_base * Cfg::kRowBytes8 + (kk % Cfg::kSteps8) * 32),
+            e4m3_desc<Cfg::kRowBytes8>(do8_slot + (kk / Cfg::kSteps8) * Cfg::kQ8PanelBytes + (kk % Cfg::kSteps8) * 32),
+            kk > 0);
       sm90::wgmma_commit();
       sm90::mbar_wait(bar_ls_full + 8 * s8, (j / S8) & 1);
       sm90::wgmma_wait<0>();

@@ -8,7 +8,8 @@
 // bytes, rows, heads, batch) -- rows and heads swapped when the rows are the smaller stride, as TMA
 // wants increasing strides -- with a box of 128 bytes (the SWIZZLE_128B span: 128 e4m3 values or 64
 // 16-bit ones, one "column panel") x box_rows rows x 1 head x 1 batch. A 16-bit row of D = 128 is
-// two panels, loaded at byte coordinates 0 and 128. TMA copies bytes, so describing 16-bit data as
+// two panels, loaded at byte coordinates 0 and 128. An e4m3 row of D = 64 is one 64-byte box with
+// SWIZZLE_64B (as the FP8 forward's Q / K at D = 64). TMA copies bytes, so describing 16-bit data as
 // bytes changes nothing in shared memory; coordinates past a dimension read as zeros.
 #pragma once
 
@@ -25,13 +26,15 @@ namespace flashgrad::cuda_attn::fp8wb {
 using fp8w::EncodeTiled;
 
 // st in elements; false when TMA cannot describe the view (base or a byte stride not 16-byte
-// aligned, a stride past 2^40, a row that is not whole 128-byte panels). *rows_inner: 1 when the
+// aligned, a stride past 2^40, a row that is neither whole 128-byte panels nor 64 bytes). *rows_inner: 1 when the
 // rows are axis 1 (heads axis 2), 0 when swapped.
 inline bool make_panel_map(EncodeTiled encode, CUtensorMap* map, const void* base, const RowMajorStrides& st,
                            int elem_bytes, int64_t rows, int64_t heads, int64_t batches, int head_dim, int box_rows,
                            int* rows_inner) {
   const int64_t row_bytes = int64_t{head_dim} * elem_bytes;
-  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || row_bytes % 128 != 0) return false;
+  if (encode == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || (row_bytes % 128 != 0 && row_bytes != 64))
+    return false;
+  const int box_bytes = row_bytes < 128 ? 64 : 128;  // 64-byte rows (e4m3 at D = 64): SWIZZLE_64B
   const int64_t head_st = fp8w::map_usable_stride(st.head * elem_bytes, heads, row_bytes);
   const int64_t row_st = fp8w::map_usable_stride(st.row * elem_bytes, rows, heads * row_bytes);
   const int64_t batch_st = fp8w::map_usable_stride(st.batch * elem_bytes, batches, rows * heads * row_bytes);
@@ -42,11 +45,12 @@ inline bool make_panel_map(EncodeTiled encode, CUtensorMap* map, const void* bas
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(*rows_inner ? row_st : head_st),
                                  static_cast<cuuint64_t>(*rows_inner ? head_st : row_st),
                                  static_cast<cuuint64_t>(batch_st)};
-  const cuuint32_t box[4] = {128, static_cast<cuuint32_t>(*rows_inner ? box_rows : 1),
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_bytes), static_cast<cuuint32_t>(*rows_inner ? box_rows : 1),
                              static_cast<cuuint32_t>(*rows_inner ? 1 : box_rows), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -356,13 +356,16 @@ struct WgStage {
   std::abort();
 }
 
-// Address of byte kb of row `row` of a K-major operand (rows in groups of 8 SBO apart, 128-byte
-// rows), swizzled.
+// Address of byte kb of row `row` of a K-major operand (rows in groups of 8 SBO apart, rows of the
+// swizzle span: 128 bytes for layout type 1, 64 for type 2), swizzled.
 uint32_t kmajor_address(uint64_t desc, int row, int kb) {
   const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
   const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
-  if ((desc >> 62) != 1) emu_fail("wgmma descriptor without the 128-byte swizzle");
-  const uint32_t a = swizzle_address(start + static_cast<uint32_t>(row / 8) * sbo + static_cast<uint32_t>(row % 8) * 128 + kb, 128);
+  const int layout = static_cast<int>(desc >> 62);
+  if (layout != 1 && layout != 2) emu_fail("K-major wgmma descriptor without the 128- or 64-byte swizzle");
+  const uint32_t span = layout == 1 ? 128 : 64;
+  const uint32_t a = swizzle_address(start + static_cast<uint32_t>(row / 8) * sbo + static_cast<uint32_t>(row % 8) * span + kb,
+                                     static_cast<int>(span));
   if (a + 1 >= static_cast<uint32_t>(kSmemW)) emu_fail("wgmma operand outside shared memory");
   return a;
 }
@@ -865,6 +868,7 @@ void check_case(Fp8Config cfg, std::mt19937& rng) {
   // The kernel's head dims; a case named "... (lagged dQ)" runs the lagged-dQ schedule (hd 128).
   const bool lag = cfg.name.find("(lagged dQ)") != std::string::npos;
   const Fp8Outputs got = cfg.d == 256 ? run_emulated<256, false>(c)
+                         : cfg.d == 64 ? run_emulated<64, false>(c)
                          : lag        ? run_emulated<128, true>(c)
                                       : run_emulated<128, false>(c);
   const double r = cfg.softcap > 0.f ? 3.0 : 2.0;
@@ -888,7 +892,8 @@ int main(int argc, char** argv) {
   // "quick": one full-tile and one masked varlen GQA case.
   const std::vector<std::string> quick = {"none d128 Sq=70 Sk=130", "varlen causal d128 gqa 4/2 with empty sequences",
                                           "none d256 B2 gqa 4/2 Sq=150 Sk=140",
-                                          "causal d128 B2 mqa 3/1 Sq=Sk=200 (lagged dQ)"};
+                                          "causal d128 B2 mqa 3/1 Sq=Sk=200 (lagged dQ)",
+                                          "causal d64 B2 gqa 4/2 Sq=150 Sk=200"};
   auto add = [&](std::string name, Fp8Config c) {
     c.name = std::move(name);
     const bool pick = only == "quick" ? std::find(quick.begin(), quick.end(), c.name) != quick.end()
@@ -980,6 +985,35 @@ int main(int argc, char** argv) {
     c.sq = 40;
     c.sk = 1000;
     add("none d128 H1 Sq=40 Sk=1000", c);
+  }
+  // D = 64 (FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64=1): 64-byte e4m3 rows with SWIZZLE_64B.
+  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+    Fp8Config c;
+    c.d = 64;
+    c.mask = m;
+    c.batch = 2;
+    c.hq = 4;
+    c.hk = 2;
+    c.sq = 150;
+    c.sk = 200;
+    add(std::string(mask_name(m)) + " d64 B2 gqa 4/2 Sq=150 Sk=200", c);
+  }
+  {
+    Fp8Config c;
+    c.d = 64;
+    c.lens_q = {37, 0, 80, 5};
+    c.lens_k = {53, 0, 80, 0};
+    c.hq = 4;
+    c.hk = 2;
+    c.mask = MaskKind::causal;
+    c.softcap = 5.f;
+    c.with_dlse = true;
+    c.z_loss = 0.5f;
+    c.out_dtype = DType::f16;
+    add("varlen causal d64 gqa 4/2 softcap dlse z-loss fp16 out", c);
+    c.deterministic = true;
+    c.out_dtype = DType::bf16;
+    add("deterministic varlen causal d64 softcap", c);
   }
   // The lagged-dQ schedule (FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1).
   {
