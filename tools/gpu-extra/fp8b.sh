@@ -5,8 +5,9 @@
 #      (2x rule against the recipe's emulation, rel RMS vs fp32) with the backward main pass on the
 #      wgmma kernel (hd 128; hd 64 / 256 stay on mma.sync);
 #   2. the same with FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=1 too (hd 256 on the split-head-dim variant),
-#      in another process; then AttentionFp8Gpu.* with the lagged-dQ schedule
-#      (FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1, hd 128) in a third;
+#      in another process; the same with FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64=1 (hd 64: 64-byte e4m3 rows)
+#      in a third; then AttentionFp8Gpu.* with the lagged-dQ schedule (FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1,
+#      hd 128) in a fourth;
 #   3. bench/attention/fp8_bench.cu (built here against build-gpu's libflashgrad.a), B2 H16 S8192,
 #      hd 128 / 256, causal and not, with the switch on (wgmma backward; hd 256 too if 2 passed),
 #      on with the lagged schedule (if its tests passed) and off (mma.sync), each in its own
@@ -48,6 +49,12 @@ if [ -n "$tests" ]; then
   [ $rc = 0 ] && hd256_ok=1
   show "$OUT/extra/fp8b_tests_hd256.log" 60
   status+=("AttentionFp8* (wgmma bwd, hd128 + hd256) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8b_tests_hd256.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8b_tests_hd256.log") failed)")
+  echo "== fp8b: AttentionFp8* with FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64=1"
+  FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64=1 timeout -k 3 30 "$tests" \
+    --gtest_filter='AttentionFp8*' > "$OUT/extra/fp8b_tests_hd64.log" 2>&1
+  rc=$?
+  show "$OUT/extra/fp8b_tests_hd64.log" 60
+  status+=("AttentionFp8* (wgmma bwd, hd128 + hd64) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8b_tests_hd64.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8b_tests_hd64.log") failed)")
   echo "== fp8b: AttentionFp8Gpu.* with FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1"
   FLASHGRAD_ATTN_FP8_BACKWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1 timeout -k 3 30 "$tests" \
     --gtest_filter='AttentionFp8Gpu.*' > "$OUT/extra/fp8b_tests_lag.log" 2>&1
