@@ -14,7 +14,7 @@
 //     warp 1: the tile's lse (log2 units), shift = Delta - dLSE - z lse (the pre-pass's, Delta
 //       from deq(dO8)) and dP's scale descale_dO(h) descale_v into shared memory beside the 8-bit
 //       slot;
-//     warp 2: the dQ reduction (one cp.reduce.async.bulk per valid row into dq_accum; D = 128);
+//     warp 2: the dQ reduction (one cp.reduce.async.bulk per valid row into dq_accum; D <= 128);
 //   warpgroups 1 and 2, the consumers, 64 keys each (D = 256: all 64 keys, half of the head dim
 //   each, as the bf16 kernel's kSplitD; both compute the same S^T and dP^T). Per tile:
 //       S^T  = k8 q8^T      e4m3 wgmma m64n64k32 (A = k8, B = q8, both K-major as stored)
@@ -24,7 +24,7 @@
 //       dV  += P^T dO16     16-bit wgmma, A = P^T rounded to 16 bits in registers, B = dO MN-major
 //       dK  += dS^T q16     16-bit wgmma, A = dS^T in registers, B = q16 MN-major
 //       dS^T -> shared memory (16-bit, swizzled), then dQ = dS k16 (A = dS read transposed from
-//             dS^T, B = k16 MN-major), times descale_k: D = 128: 64 x D/2 per warpgroup staged in
+//             dS^T, B = k16 MN-major), times descale_k: D <= 128: 64 x D/2 per warpgroup staged in
 //             fp32 for the reducer warp; D = 256: 64 x 128 per warpgroup by float2 atomics (no
 //             room for staging). dq = scale dq_accum afterwards, as on the mma.sync path.
 //     dK (times scale descale_q) and dV are written once at the end.
@@ -33,7 +33,8 @@
 // Shared memory holds e4m3 and 16-bit tiles, all in the TMA 128-byte swizzle with 128-byte rows
 // ("panels"): an e4m3 row of D bytes is D / 128 panels (a k32 step = 32 bytes inside one, as a k16
 // step of 16-bit data, so the K-major descriptors are the bf16 kernel's), a 16-bit row D / 64 panels
-// of 64 columns. The tensor maps describe every tensor as bytes (fp8_wgmma_backward_maps.h).
+// of 64 columns; at D = 64 the e4m3 rows are 64 bytes with the 64-byte swizzle (as the FP8
+// forward's Q / K tiles there). The tensor maps describe every tensor as bytes (fp8_wgmma_backward_maps.h).
 //
 // One dS^T buffer (the shared-memory budget): before a tile's dS^T stores, named barrier 2 makes
 // sure both warpgroups' dQ products of the previous tile (which read the buffer) have completed.
@@ -91,7 +92,7 @@ struct Fp8WgmmaBackwardConfig {
   static constexpr int kDSPanelBytes = kBlockN * 128;
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;
   static constexpr int kDSBuffers = kLag ? 2 : 1;
-  // dQ staging (D = 128) rows padded by 8 floats (conflict-free float2 stores, 16-byte aligned rows).
+  // dQ staging (D <= 128) rows padded by 8 floats (conflict-free float2 stores, 16-byte aligned rows).
   static constexpr int kDqRowFloats = D + 8;
   static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * kDqRowFloats * 4;
   static constexpr int kOffK8 = 0;
