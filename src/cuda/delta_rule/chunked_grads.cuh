@@ -35,6 +35,7 @@
 
 #include <type_traits>
 
+#include "chunked_kda_mma.cuh"  // kda_key_rows_from
 #include "chunked_mma_tf32.cuh"
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
@@ -199,7 +200,15 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_grads_kernel(ChunkedArgs 
     sm.dG[tid] = 0.f;
     sm.dbeta[tid] = 0.f;
   }
-  if (tid < kChunkThreads) {  // for_each_key_row's layout is for 128 threads (warp-uniform condition)
+  if constexpr (WARPS == 8) {
+    // q by threads [0, 128) and k by [128, 256) at once, each with up to 4 passes' loads in flight
+    // (kda_key_rows_from: for_each_key_row's layout with batched loads).
+    const bool is_k = tid >= kChunkThreads;
+    float* dst = is_k ? sm.k : sm.q;
+    kda_key_rows_from<T, KMAX>(
+        is_k ? kChunkThreads : 0, is_k ? a.k : a.q, ci, head, a.l2norm, [](int, int) { return 0.f; },
+        [&](int r, int d, float x, float) { dst[r * LDK + d] = x; });
+  } else {
     for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) { sm.q[r * LDK + d] = x; });
     for_each_key_row<T, KMAX>(a.k, ci, head, a.l2norm, [&](int r, int d, float x) { sm.k[r * LDK + d] = x; });
   }
@@ -333,9 +342,31 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_grads_kernel(ChunkedArgs 
     for (int64_t col0 = 0; col0 < V; col0 += NW) {
       __syncthreads();
       stage_dvn(us, NL, NarrowW{}, col0);
-      stage_rows(ds, NL, NW, col0, do_at);
-      stage_rows(vns, NL, NW, col0, vn_at);
-      stage_rows(vs, NL, NW, col0, v_at);
+      if constexpr (WARPS == 8) {
+        // The three 16-bit slices together: all of a thread's loads in flight before any store.
+        constexpr int kPer = C * NW / THREADS;
+        static_assert(C * NW % THREADS == 0, "whole narrow slices per thread");
+        float x[3][kPer];
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int e = tid + i * THREADS, r = e / NW;
+          const int64_t col = col0 + e % NW;
+          x[0][i] = do_at(r, col);
+          x[1][i] = vn_at(r, col);
+          x[2][i] = v_at(r, col);
+        }
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int e = tid + i * THREADS, at = (e / NW) * NL + e % NW;
+          ds[at] = x[0][i];
+          vns[at] = x[1][i];
+          vs[at] = x[2][i];
+        }
+      } else {
+        stage_rows(ds, NL, NW, col0, do_at);
+        stage_rows(vns, NL, NW, col0, vn_at);
+        stage_rows(vs, NL, NW, col0, v_at);
+      }
       staged();
       gemm(accP, NW / 8, [&](int r, int kk) { return ds[r * NL + kk]; },
                           [&](int kk, int n) { return vns[n * NL + kk]; });
