@@ -51,13 +51,13 @@ void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int KMAX, int WARPS, bool kOutput = false>
+template <typename T, int KMAX, int WARPS, bool kOutput = false, int KSPLIT = 1>
 void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  using S = StateSmem<T, KMAX, WARPS, kOutput>;
+  using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
   constexpr int64_t bytes = S::bytes();
-  set_smem(chunk_state_kernel<T, KMAX, WARPS, kOutput>, bytes);
+  set_smem(chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
-  chunk_state_kernel<T, KMAX, WARPS, kOutput><<<grid, 32 * WARPS, bytes, s>>>(a);
+  chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT><<<grid, 32 * WARPS, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -68,7 +68,18 @@ inline int sm_count() {
   return sms;
 }
 
-inline int state_warps(const ChunkedArgs& a) { return a.num_seqs * a.HV * (a.V / 64) >= sm_count() ? 4 : 2; }
+// Stage 2's block shape by how many (sequence, value head) chains there are: 4 warps x 16 value
+// columns when V / 64 slices per chain give at least one block per SM; else 2 warps x 16 columns
+// (twice the blocks); else (few long sequences) 2 warps sharing 16 columns with half the key
+// channels each (chunk_state_kernel's KSPLIT: four times the blocks of the first shape, and each
+// warp's chain of mmas per chunk halved).
+enum class StateShape { four_warps, two_warps, channel_split };
+inline StateShape state_shape(const ChunkedArgs& a) {
+  const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
+  if (chains * (a.V / 64) >= sms) return StateShape::four_warps;
+  if (chains * (a.V / 32) >= sms) return StateShape::two_warps;
+  return StateShape::channel_split;
+}
 
 // Whether the forward runs stage 3 fused into stage 2 (chunked_state.cuh, kOutput): blocks of 8
 // warps (128 value columns), so V % 128 == 0, and by default only with enough (sequence, value
@@ -147,11 +158,17 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (state)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
-  const bool four = state_warps(a) == 4;
-  if (a.K == 64)
-    four ? launch_state_fixed<T, 64, 4>(a, s) : launch_state_fixed<T, 64, 2>(a, s);
-  else
-    four ? launch_state_fixed<T, 128, 4>(a, s) : launch_state_fixed<T, 128, 2>(a, s);
+  switch (state_shape(a)) {
+    case StateShape::four_warps:
+      a.K == 64 ? launch_state_fixed<T, 64, 4>(a, s) : launch_state_fixed<T, 128, 4>(a, s);
+      break;
+    case StateShape::two_warps:
+      a.K == 64 ? launch_state_fixed<T, 64, 2>(a, s) : launch_state_fixed<T, 128, 2>(a, s);
+      break;
+    case StateShape::channel_split:
+      a.K == 64 ? launch_state_fixed<T, 64, 2, false, 2>(a, s) : launch_state_fixed<T, 128, 2, false, 2>(a, s);
+      break;
+  }
 }
 
 template <typename T>

@@ -36,9 +36,11 @@ namespace flashgrad::cuda_detail::delta_rule {
 // whose slice is 16 x its warps).
 constexpr int kStateCols = 32;
 
-template <typename T, int KMAX, int WARPS, bool kOutput>
+template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1>
 struct StateSmem {
-  static constexpr int C = kChunkSize, BV = 16 * WARPS;
+  // WARPS / KSPLIT groups of 16 value columns; KSPLIT warps share a group, each with K / KSPLIT
+  // key channels of its state.
+  static constexpr int C = kChunkSize, BV = 16 * WARPS / KSPLIT;
   // Row pitches: +8 (16-bit) / +4 (fp32) elements, so that the 8 rows an ldmatrix (or the 4 x 8
   // pattern of u's reads) touches start in different banks; rows stay 16-byte aligned.
   static constexpr int LDK = KMAX + 8, LDU = BV + 4, LDP = C + 8;
@@ -49,6 +51,8 @@ struct StateSmem {
   // kOutput: each thread's 32 values of (h^T q^T) * rowscale, parked between the two halves of o.
   static constexpr int64_t kParkBytes = kOutput ? sizeof(float) * 32 * 32 * WARPS : 0;
   static constexpr int kRowArrays = kOutput ? 5 : 2;
+  // KSPLIT == 2: each thread's 32 partial sums of h^T w^T, exchanged with its partner warp.
+  static constexpr int64_t kSwapBytes = KSPLIT > 1 ? sizeof(float) * 32 * 32 * WARPS : 0;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   // Stage s (= chunk parity) of the double buffer, by address arithmetic (an array of pointers
   // indexed by the runtime parity would live in local memory):
@@ -65,14 +69,17 @@ struct StateSmem {
 
   float4* park;     // [8][THREADS] (kOutput): thread tid's i-th float4 at park[i * THREADS + tid]
 
+  float4* swap;     // [8][THREADS] (KSPLIT == 2): thread tid's i-th float4 at swap[i * THREADS + tid]
+
   static constexpr int64_t bytes() {
-    return 2 * kStageBytes + kPBytes + kParkBytes + sizeof(float) * kRowArrays * C;
+    return 2 * kStageBytes + kPBytes + kParkBytes + kSwapBytes + sizeof(float) * kRowArrays * C;
   }
   __device__ explicit StateSmem(unsigned char* r) : raw(r) {
     P = reinterpret_cast<T*>(raw + 2 * kStageBytes);
     P_lo = P + C * LDP;
     park = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kPBytes);
-    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes + kParkBytes);
+    swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kPBytes + kParkBytes);
+    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes + kParkBytes + kSwapBytes);
     colscale = G + C;
     rowscale = colscale + C;
     pscale = rowscale + C;
@@ -96,18 +103,25 @@ struct StateSmem {
 // slots) until v_new^T (fp32, hi + lo) is known as the A operand of the P product; so o needs
 // neither h_c nor v_new from memory, and h^T, v_new^T and o^T are never all in registers (213
 // registers at K = 128). Only with 8 warps (the whole 64-row P by 8 warps).
-template <typename T, int KMAX, int WARPS, bool kOutput>
+//
+// KSPLIT == 2 (for few long sequences, where each block's serial chain is the time): two warps
+// share each 16 value columns, warp wp holding key channels [K/2 (wp / groups), +K/2) of h^T; their
+// halves of h^T w^T are summed through shared memory (one more barrier per chunk), the state update
+// splits by channel without exchange. Each warp's mmas per chunk halve.
+template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) {
-  using S = StateSmem<T, KMAX, WARPS, kOutput>;
+  using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
-                NK = KMAX / 8;
+                KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
+  static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
   const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
-  const int vc0 = 16 * wp;  // the warp's first value column inside the slice
+  const int vc0 = 16 * (wp % NG);  // the warp's first value column inside the slice
+  const int kc0 = KH * (wp / NG);  // its first key channel (0 without the split)
   // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row),
   // column 2 tig + e % 2 of the tile (a key channel of h^T, a chunk row of v_new^T / o^T).
   auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
@@ -123,7 +137,8 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
   for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      hT[nk][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, 8 * nk + tcol(e), col0 + vcol(e))]
+      hT[nk][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, kc0 + 8 * nk + tcol(e),
+                                                                   col0 + vcol(e))]
                          : 0.f;
 
   const T* w = static_cast<const T*>(a.w);
@@ -222,7 +237,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
 #pragma unroll
       for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) hc[(8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+        for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
     }
 
     if constexpr (kOutput) {
@@ -256,7 +271,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
     // v_new^T = u^T - h^T w^T: p[j8] covers chunk rows [8 j8, 8 j8 + 8).
     float p[8][4] = {};
 #pragma unroll
-    for (int ks = 0; ks < KMAX / 16; ++ks) {
+    for (int ks = 0; ks < KH / 16; ++ks) {
       uint32_t ah[4], al[4];
       mma::acc_to_a_split<T>(hT[2 * ks], hT[2 * ks + 1], ah, al);
 #pragma unroll
@@ -264,12 +279,28 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         // Tiles: (rows 16 jp + [0, 8), channels 16 ks + [0, 8)), (same rows, + 8 channels),
         // (rows + 8, channels), (rows + 8, channels + 8): B fragments of chunk-row tiles 2 jp, 2 jp + 1.
         uint32_t b[4];
-        mma::ldmatrix_x4<false>(b, sm.w(s) + (16 * jp + nb_r) * LDK + 16 * ks + nb_c);
+        mma::ldmatrix_x4<false>(b, sm.w(s) + (16 * jp + nb_r) * LDK + kc0 + 16 * ks + nb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(p[2 * jp], ah, b0);
         mma::mma16816<T>(p[2 * jp], al, b0);
         mma::mma16816<T>(p[2 * jp + 1], ah, b1);
         mma::mma16816<T>(p[2 * jp + 1], al, b1);
+      }
+    }
+    if constexpr (KSPLIT == 2) {
+      // The two channel halves' sums: each warp parks its own, then adds its partner's (same lane
+      // layout). The barrier at the top of the next chunk orders these slots' next writes.
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
+      __syncthreads();
+      const int partner = tid ^ (32 * NG);  // same lane, the other channel half of the group
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) {
+        const float4 x = sm.swap[j8 * THREADS + partner];
+        p[j8][0] += x.x;
+        p[j8][1] += x.y;
+        p[j8][2] += x.z;
+        p[j8][3] += x.w;
       }
     }
     const float* us = sm.u(s);
@@ -279,7 +310,8 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       for (int e = 0; e < 4; ++e) {
         const int j = 8 * j8 + tcol(e);
         p[j8][e] = us[j * LDU + vcol(e)] - p[j8][e];
-        if (!kOutput && j < L) v_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
+        if (!kOutput && kc0 == 0 && j < L)
+          v_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
       }
 
     if constexpr (kOutput) {
@@ -341,7 +373,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         // Tiles (.trans): (chunk rows 16 js + [0, 8), channels 16 np + [0, 8)), (rows + 8, same
         // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles 2 np, 2 np + 1.
         uint32_t b[4];
-        mma::ldmatrix_x4<true>(b, sm.k(s) + (16 * js + tb_r) * LDK + 16 * np + tb_c);
+        mma::ldmatrix_x4<true>(b, sm.k(s) + (16 * js + tb_r) * LDK + kc0 + 16 * np + tb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(hT[2 * np], ah, b0);
         mma::mma16816<T>(hT[2 * np], al, b0);
@@ -356,7 +388,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
 #pragma unroll
     for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, 8 * nk + tcol(e), col0 + vcol(e))] = hT[nk][e];
+      for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = hT[nk][e];
   }
 }
 
