@@ -80,7 +80,9 @@ if [ -n "$lib" ]; then
       lim=$(( $(left) > 40 ? 35 : $(left) - 5 ))
       FLASHGRAD_ATTN_FP8_BACKWARD=$sw FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=$lag FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=$hd256_ok \
         timeout -k 3 $lim stdbuf -oL /tmp/fp8b_bench > "$OUT/extra/fp8b_bench_$mode.log" 2>&1
-      status+=("fp8_bench ($mode bwd$([ $mode != mma ] && echo ", hd256 wgmma=$hd256_ok")) rc=$?")
+      rc=$?
+      note=""; [ $mode != mma ] && note=", hd256 wgmma=$hd256_ok"
+      status+=("fp8_bench ($mode bwd$note) rc=$rc")
       cat "$OUT/extra/fp8b_bench_$mode.log"
       # rows: hd mask | fp8fwd bf16fwd ratio | fp8bwd bf16bwd ratio
       while read -r hd mask _ _ _ _ _ fb bb _; do
