@@ -70,6 +70,8 @@ declare -A bwd
 if [ -n "$lib" ]; then
   [ -n "${build_pid:-}" ] && wait "$build_pid"
   if [ -f /tmp/fp8b_bench_built ]; then
+    # Line-buffered, so that the rows before a trapping configuration reach the log.
+    linebuf=""; command -v stdbuf > /dev/null && linebuf="stdbuf -oL"
     modes="wgmma mma"
     [ $lag_ok = 1 ] && modes="wgmma mma lag"
     for mode in $modes; do
@@ -79,7 +81,7 @@ if [ -n "$lib" ]; then
       echo "== fp8b: fp8_bench with FLASHGRAD_ATTN_FP8_BACKWARD=$sw FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=$lag"
       lim=$(( $(left) > 40 ? 35 : $(left) - 5 ))
       FLASHGRAD_ATTN_FP8_BACKWARD=$sw FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=$lag FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD256=$hd256_ok \
-        timeout -k 3 $lim stdbuf -oL /tmp/fp8b_bench > "$OUT/extra/fp8b_bench_$mode.log" 2>&1
+        timeout -k 3 $lim $linebuf /tmp/fp8b_bench > "$OUT/extra/fp8b_bench_$mode.log" 2>&1
       rc=$?
       note=""; [ $mode != mma ] && note=", hd256 wgmma=$hd256_ok"
       status+=("fp8_bench ($mode bwd$note) rc=$rc")
