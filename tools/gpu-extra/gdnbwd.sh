@@ -4,8 +4,8 @@
 # install (cap 150 s, aims at < 60 s; $OUT/extra/ collects the logs):
 #   1. the chunked GPU tests (DeltaRuleChunked*, DeltaRuleGpu.Chunked*) with the new backward stages
 #      (B1 transposed, B2 with 8 warps: FLASHGRAD_CHUNKED_BACKWARD=new);
-#   2. chunk GDN B8 T4096 H16 K=V=128 bf16: the new backward's gradients against the legacy one's
-#      (relative RMS) and the backward's wall time with each;
+#   2. chunk GDN B8 T4096, B5 T2048 and B1 T32768, H16 K=V=128 bf16 (8 / 4 / 2-warp B1 blocks): the new
+#      backward's gradients against the legacy one's (relative RMS) and the backward's wall time with each;
 #   3. bench/profile_delta_rule.py (forward + backward per-kernel table) with the legacy and the new
 #      backward. Prints a compact table last.
 set -uo pipefail
@@ -34,41 +34,48 @@ else
   summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
 fi
 
-echo "== gdnbwd 2/3: new vs legacy backward at B8 T4096 H16 K=V=128"
-timeout -k 3 "$(cap 35)" python3 - > "$OUT/extra/gdnbwd_compare.log" 2>&1 <<'EOF'
+echo "== gdnbwd 2/3: new vs legacy backward at B8 T4096, B5 T2048, B1 T32768 (H16 K=V=128)"
+timeout -k 3 "$(cap 45)" python3 - > "$OUT/extra/gdnbwd_compare.log" 2>&1 <<'EOF'
 import os, torch, torch.nn.functional as F
 import flashgrad
-torch.manual_seed(0)
-B, T, H, K = 8, 4096, 16, 128
-dt, dev = torch.bfloat16, "cuda"
-q = torch.randn(B, T, H, K, device=dev, dtype=dt, requires_grad=True)
-k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt).requires_grad_()
-v = torch.randn(B, T, H, K, device=dev, dtype=dt, requires_grad=True)
-g = (F.logsigmoid(torch.randn(B, T, H, device=dev)) / 4).requires_grad_()
-beta = torch.rand(B, T, H, device=dev).sigmoid().to(dt).requires_grad_()
-h0 = (torch.randn(B, H, K, K, device=dev) * 0.1).requires_grad_()
-o, ht = flashgrad.chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True)
-do, dht = torch.randn_like(o), torch.randn_like(ht)
-ins = (q, k, v, g, beta, h0)
-def grads(which, reps=3):
-    os.environ["FLASHGRAD_CHUNKED_BACKWARD"] = which  # read by the launchers at every call
-    gs = torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(reps): torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
-    e1.record(); torch.cuda.synchronize()
-    return gs, e0.elapsed_time(e1) / reps
-gl, tl = grads("legacy", reps=2)
-gn, tn = grads("new")
-rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
-names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-print("ROW bwd wall (incl. recomputed fwd stages): legacy %.3f ms, new %.3f ms" % (tl, tn))
-print("ROW new vs legacy rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, gl))
-      + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
+
+def case(B, T, H=16, K=128):
+    torch.manual_seed(0)
+    dt, dev = torch.bfloat16, "cuda"
+    q = torch.randn(B, T, H, K, device=dev, dtype=dt, requires_grad=True)
+    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt).requires_grad_()
+    v = torch.randn(B, T, H, K, device=dev, dtype=dt, requires_grad=True)
+    g = (F.logsigmoid(torch.randn(B, T, H, device=dev)) / 4).requires_grad_()
+    beta = torch.rand(B, T, H, device=dev).sigmoid().to(dt).requires_grad_()
+    h0 = (torch.randn(B, H, K, K, device=dev) * 0.1).requires_grad_()
+    o, ht = flashgrad.chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0,
+                                             output_final_state=True)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    ins = (q, k, v, g, beta, h0)
+    def grads(which, reps):
+        os.environ["FLASHGRAD_CHUNKED_BACKWARD"] = which  # read by the launchers at every call
+        gs = torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(reps): torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
+        e1.record(); torch.cuda.synchronize()
+        return gs, e0.elapsed_time(e1) / reps
+    gl, tl = grads("legacy", 2)
+    gn, tn = grads("new", 3)
+    rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    tag = f"B{B} T{T} H{H} K=V={K}"
+    print(f"ROW {tag} bwd wall (incl. recomputed fwd stages): legacy {tl:.3f} ms, new {tn:.3f} ms")
+    print(f"ROW {tag} new vs legacy rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, gl))
+          + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
+
+case(8, 4096)   # 128 chains: 8-warp B1 blocks
+case(5, 2048)   # 80 chains: 4-warp B1 blocks
+case(1, 32768)  # 16 chains: 2-warp B1 blocks
 EOF
 rc=$?
-tail -8 "$OUT/extra/gdnbwd_compare.log"
+tail -12 "$OUT/extra/gdnbwd_compare.log"
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/gdnbwd_compare.log")
 [ $rc -eq 0 ] || summary+=("compare rc=$rc")
 

@@ -115,7 +115,8 @@ inline bool legacy_backward_wanted() {
 }
 
 // Transposed B1: 8 warps (128 value columns per block) when V allows and the (sequence, value
-// head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks).
+// head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks), else 2
+// (32 columns).
 template <typename T, int KMAX, int WARPS>
 void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
   using S = StateBackwardTSmem<T, KMAX, WARPS>;
@@ -129,10 +130,13 @@ void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
 template <typename T, int KMAX>
 void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
   if (!legacy_backward_wanted()) {
-    if (a.V % 128 == 0 && 4 * a.num_seqs * a.HV * (a.V / 128) >= 3 * sm_count())
+    const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
+    if (a.V % 128 == 0 && 4 * chains * (a.V / 128) >= 3 * sms)
       launch_state_backward_transposed<T, KMAX, 8>(a, s);
-    else
+    else if (chains * (a.V / 64) >= sms)
       launch_state_backward_transposed<T, KMAX, 4>(a, s);
+    else  // few long sequences (B1 T32768 H16: 64 blocks instead of 32)
+      launch_state_backward_transposed<T, KMAX, 2>(a, s);
     return;
   }
   constexpr int64_t bytes = StateBackwardSmem<T, KMAX>::bytes();

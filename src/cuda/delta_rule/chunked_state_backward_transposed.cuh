@@ -16,9 +16,9 @@
 //       A = do^T times rowscale_i = scale exp(G_i) rstd_qi per column (fp32, split hi + lo),
 //       B = q's raw rows (ldmatrix.trans); A = dv_new^T (accumulators, hi + lo, negated),
 //       B = w (ldmatrix.trans).
-// The block forms scale P once per chunk: work item it = (16-row block it % 4, column half it / 4)
-// of P's lower triangle per warp, over the 8 items (chunked_state.cuh's fused output does the same
-// with 8 warps).
+// The block forms scale P once per chunk: work items it = (16-row block it % 4, column half it / 4)
+// of P's lower triangle, 8 / WARPS per warp (chunked_state.cuh's fused output does the same with
+// 8 warps).
 //
 // q, k (raw rows), w and the slice's do rows arrive by cp.async one chunk ahead (two stages); rows
 // past the chunk's length are zero-filled. Barriers per chunk: (A) chunk c's tiles have landed and
@@ -90,7 +90,7 @@ __device__ __forceinline__ void scale_a_split(const uint32_t (&a)[4], const floa
 template <typename T, int KMAX, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
   using S = StateBackwardTSmem<T, KMAX, WARPS>;
-  static_assert(WARPS == 4 || WARPS == 8, "the P items and the row-scale lanes assume 4 or 8 warps");
+  static_assert(WARPS == 2 || WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
                 NK = KMAX / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
