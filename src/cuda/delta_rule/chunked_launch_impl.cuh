@@ -42,12 +42,24 @@ constexpr DType dtype_of() {
   return std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
 }
 
+inline int sm_count() {
+  int dev = 0, sms = 0;
+  FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
+  FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 template <typename T, int KMAX>
 void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
   const int64_t bytes = PrepareSmem<T, KMAX>::bytes(a.V);
   set_smem(chunk_prepare_kernel<T, KMAX>, bytes);
-  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
-  chunk_prepare_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  // As many blocks as fit at once (each loops over (chunk, value head) items), at most one per item.
+  int per_sm = 0;
+  FLASHGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chunk_prepare_kernel<T, KMAX>,
+                                                                    kChunkThreads, static_cast<size_t>(bytes)));
+  const int64_t items = a.num_chunks * a.HV;
+  const int64_t blocks = std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * sm_count());
+  chunk_prepare_kernel<T, KMAX><<<static_cast<unsigned>(blocks), kChunkThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -59,13 +71,6 @@ void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
   chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT><<<grid, 32 * WARPS, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
-}
-
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
-  FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
 }
 
 // Stage 2's block shape by how many (sequence, value head) chains there are: 4 warps x 16 value

@@ -1,10 +1,10 @@
-// Chunked stage 1 ("prepare"), one block of 128 threads (4 warps) per (chunk, value head):
+// Chunked stage 1 ("prepare"), blocks of 128 threads (4 warps) looping over (chunk, value head) items:
 //   G = cumsum(g) inside the chunk,  M_ij = beta_i exp(G_i - G_j) k_i.k_j (i > j),
 //   A = (I + M)^{-1},  w = A (beta exp(G) k),  u = A (beta v).
 // Writes G, A (fp32), w (T) and u (fp32) to the intermediates (layouts: chunked_stages.h).
 //
-// The raw rows of k and v (exact in T) are copied to shared memory with cp.async at the start
-// (v's copy lands while k k^T and the inverse run); with the in-kernel L2 norm, k's row rstd is
+// The raw rows of k and v (exact in T) are copied to shared memory with cp.async one item ahead
+// (each block loops over (chunk, value head) items); with the in-kernel L2 norm, k's row rstd is
 // applied in fp32 outside the products:
 //   k k^T:  M_ij = beta_i exp(G_i - G_j) rstd_i rstd_j (k_raw k_raw^T)_ij  (exact T products,
 //           fp32 accumulation: A fragments and B fragments by ldmatrix from k's rows);
@@ -25,15 +25,15 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Shared memory of stage 1; v's tile is V + 8 wide (V is a runtime size), so K = V = 128 takes
-// 74 KiB (three blocks per SM).
+// Shared memory of stage 1: M, A and the per-row arrays once, k's and v's raw rows twice (the
+// next (chunk, value head) item's copies land while this one computes); v's tile is V + 8 wide
+// (V is a runtime size), so K = V = 128 takes 106 KiB (two blocks per SM).
 template <typename T, int KMAX>
 struct PrepareSmem {
   static constexpr int C = kChunkSize, LDK = KMAX + 8, LDM = C + 4;
   static constexpr int64_t kKeyBytes = sizeof(T) * C * LDK, kMatBytes = sizeof(float) * C * LDM;
-  static constexpr int64_t kFixedBytes = kKeyBytes + 2 * kMatBytes + sizeof(float) * (16 * 48 + 4 * C);
-  static_assert(kFixedBytes % 16 == 0, "v's tile 16-byte aligned");
-  T* k;            // [C][LDK] k rows, raw
+  static constexpr int64_t kFixedBytes = 2 * kMatBytes + sizeof(float) * (16 * 48 + 4 * C);
+  static_assert(kFixedBytes % 16 == 0 && kKeyBytes % 16 == 0, "16-byte aligned tiles");
   float* M;        // [C][LDM] StrictLower(beta_i exp(G_i - G_j) k_i.k_j)
   float* A;        // [C][LDM] (I + M)^{-1}
   float* tmp;      // [16][48]: sum_m M_Im A_mJ of one block row
@@ -41,21 +41,25 @@ struct PrepareSmem {
   float* beta;     // [C] (0 past L)
   float* rstd;     // [C] k's row rstd (1 without the L2 norm)
   float* ws;       // [C] beta_j exp(G_j) rstd_j: w's column factor of A
-  T* v;            // [C][V + 8] v rows, raw
+  unsigned char* stages;  // 2 x ([C][LDK] k rows, raw; [C][V + 8] v rows, raw)
+  int64_t stage_bytes;
 
   __host__ __device__ static int ldv(int64_t V) { return static_cast<int>(V) + 8; }
-  __host__ __device__ static int64_t bytes(int64_t V) { return kFixedBytes + sizeof(T) * C * ldv(V); }
-  __device__ explicit PrepareSmem(unsigned char* raw) {
-    k = reinterpret_cast<T*>(raw);
-    M = reinterpret_cast<float*>(raw + kKeyBytes);
+  __host__ __device__ static int64_t stage_size(int64_t V) { return kKeyBytes + sizeof(T) * C * ldv(V); }
+  __host__ __device__ static int64_t bytes(int64_t V) { return kFixedBytes + 2 * stage_size(V); }
+  __device__ PrepareSmem(unsigned char* raw, int64_t V) {
+    M = reinterpret_cast<float*>(raw);
     A = M + C * LDM;
     tmp = A + C * LDM;
     G = tmp + 16 * 48;
     beta = G + C;
     rstd = beta + C;
     ws = rstd + C;
-    v = reinterpret_cast<T*>(raw + kFixedBytes);
+    stages = raw + kFixedBytes;
+    stage_bytes = stage_size(V);
   }
+  __device__ T* k(int s) const { return reinterpret_cast<T*>(stages + s * stage_bytes); }
+  __device__ T* v(int s) const { return reinterpret_cast<T*>(stages + s * stage_bytes + kKeyBytes); }
 };
 
 // Inclusive prefix sum of G[0..63] in place (threads 0..63; the whole block calls it).
@@ -213,126 +217,145 @@ __device__ __forceinline__ void scaled_rows_times_tile(float (&acc)[2 * NP][4], 
   }
 }
 
+// Each block loops over (chunk, value head) items blockIdx.x, + gridDim.x, ... (item = chunk * HV +
+// value head), copying the next item's k and v rows (cp.async) and g, beta (registers) while it
+// computes the current one: a block otherwise spends most of its time waiting on its loads.
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArgs a) {
   using S = PrepareSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDM = S::LDM;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  S sm(smem_raw);
-  const ChunkInfo ci = a.chunks[blockIdx.x];
-  const int64_t hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
-  const int64_t row0 = chunk_row0(ci, a.T);
+  const S sm(smem_raw, a.V);
+  const int tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
   const int ldv = S::ldv(a.V);
+  const int64_t items = a.num_chunks * a.HV;
+  const bool k_vec = key_rows_vectorizable(a.k), v_vec = key_rows_vectorizable(a.v);
 
-  // k's rows (group 0), then v's (group 1): v lands while k k^T and the inverse run.
-  view_rows_async<T, kChunkThreads>(a.k, ci, head, KMAX, key_rows_vectorizable(a.k), sm.k, LDK);
-  mma::cp_async_commit();
-  view_rows_async<T, kChunkThreads>(a.v, ci, hv, static_cast<int>(a.V), key_rows_vectorizable(a.v), sm.v, ldv);
-  mma::cp_async_commit();
-
-  // g and beta (zeros past L), then G = cumsum(g).
-  if (tid < C) {
-    float gi = 0.f, bi = 0.f;
-    if (tid < L) {
+  // Issues item's copies into stage s (one cp.async group); returns g and beta of row tid (zeros
+  // past the chunk's length) through gn, bn.
+  auto issue = [&](int64_t item, int s, float& gn, float& bn) {
+    const int64_t hv = item % a.HV, head = hv / (a.HV / a.H);
+    const ChunkInfo ci = a.chunks[item / a.HV];
+    view_rows_async<T, kChunkThreads>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
+    view_rows_async<T, kChunkThreads>(a.v, ci, hv, static_cast<int>(a.V), v_vec, sm.v(s), ldv);
+    mma::cp_async_commit();
+    gn = 0.f;
+    bn = 0.f;
+    if (tid < ci.len) {
       const int64_t tok = ci.t0 + tid;
-      bi = load_elem<T>(a.beta, off3(a.beta, ci.b, tok, hv));
-      if (a.g.p) gi = load_elem<T>(a.g, off3(a.g, ci.b, tok, hv));
+      bn = load_elem<T>(a.beta, off3(a.beta, ci.b, tok, hv));
+      if (a.g.p) gn = load_elem<T>(a.g, off3(a.g, ci.b, tok, hv));
     }
-    sm.G[tid] = gi;
-    sm.beta[tid] = bi;
-  }
-  __syncthreads();
-  chunk_cumsum64(sm.G);  // ends with a barrier
-  if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = sm.G[tid];
+  };
 
-  mma::cp_async_wait<1>();  // k's rows (this thread's copies)
-  __syncthreads();          // everyone's
-  {
-    const float rstd = tile_row_rstd<T, KMAX, kChunkThreads>(sm.k, LDK, a.l2norm);
-    constexpr int kLanes = kChunkThreads / C;
-    if (tid % kLanes == 0) {
-      const int j = tid / kLanes;
-      sm.rstd[j] = rstd;
-      sm.ws[j] = sm.beta[j] * expf(sm.G[j]) * rstd;  // beta = 0 past L
+  float gn = 0.f, bn = 0.f;
+  int s = 0;
+  if (blockIdx.x < items) issue(blockIdx.x, 0, gn, bn);
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, s ^= 1) {
+    const int64_t hv = item % a.HV;
+    const ChunkInfo ci = a.chunks[item / a.HV];
+    const int L = ci.len;
+    const int64_t row0 = chunk_row0(ci, a.T);
+    const T* ks = sm.k(s);
+    const T* vs = sm.v(s);
+
+    // This item's g, beta and rows in place (the previous item is done: barrier at the loop's
+    // end); then the next item's copies into the other stage.
+    if (tid < C) {
+      sm.G[tid] = gn;
+      sm.beta[tid] = bn;
     }
-  }
-  __syncthreads();
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    if (item + gridDim.x < items) issue(item + gridDim.x, s ^ 1, gn, bn);
 
-  // M = StrictLower(beta_i exp(G_i - G_j) rstd_i rstd_j (k k^T)_ij). Column tiles right of the
-  // warp's diagonal block are zero (and never read by the inverse).
-  {
-    float acc[8][4] = {};
-    const T* arow = sm.k + (16 * wp + (lane & 15)) * LDK + 8 * (lane >> 4);
-    const T* brow = sm.k + (8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
-#pragma unroll
-    for (int ks = 0; ks < KMAX / 16; ++ks) {
-      uint32_t af[4];
-      mma::ldmatrix_x4<false>(af, arow + 16 * ks);  // tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np > wp) continue;
-        uint32_t b[4];  // k rows 16 np + [0, 16) as B^T: chunk-column tiles 2 np, 2 np + 1
-        mma::ldmatrix_x4<false>(b, brow + 16 * np * LDK + 16 * ks);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma::mma16816<T>(acc[2 * np], af, b0);
-        mma::mma16816<T>(acc[2 * np + 1], af, b1);
+    chunk_cumsum64(sm.G);  // G = cumsum(g); ends with a barrier
+    if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = sm.G[tid];
+    {
+      const float rstd = tile_row_rstd<T, KMAX, kChunkThreads>(ks, LDK, a.l2norm);
+      constexpr int kLanes = kChunkThreads / C;
+      if (tid % kLanes == 0) {
+        const int j = tid / kLanes;
+        sm.rstd[j] = rstd;
+        sm.ws[j] = sm.beta[j] * expf(sm.G[j]) * rstd;  // beta = 0 past L
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-        // exp(G_i - G_j) with i > j only: bounded by 1 for g <= 0.
-        sm.M[i * LDM + j] =
-            i > j && i < L ? sm.beta[i] * expf(sm.G[i] - sm.G[j]) * sm.rstd[i] * sm.rstd[j] * acc[nt][e] : 0.f;
-      }
-  }
-  __syncthreads();
-  invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // ends with a barrier
-  mma::cp_async_wait<0>();  // v's rows
-  __syncthreads();
+    __syncthreads();
 
-  // A to the intermediates (rows < L; columns >= L are 0 there).
-  if (a.A)
-    for (int e = tid; e < L * C; e += kChunkThreads)
-      a.A[(row0 + e / C) * a.HV * C + hv * C + e % C] = sm.A[(e / C) * LDM + e % C];
-
-  const int i0 = 16 * wp + mma::grp(), c2 = 2 * mma::tig();  // this thread's rows i0, i0 + 8; column pair
-  // w = (A diag(ws)) k (A is lower triangular: column blocks kb <= wp only).
-  {
-    constexpr int NT = KMAX / 8;
-    float acc[NT][4] = {};
-    for (int kb = 0; kb <= wp; ++kb)
-      scaled_rows_times_tile<T, NT / 2>(acc, sm.A, LDM, sm.ws, 16 * wp, kb, sm.k, LDK);
-    T* w = static_cast<T*>(a.w);
+    // M = StrictLower(beta_i exp(G_i - G_j) rstd_i rstd_j (k k^T)_ij). Column tiles right of the
+    // warp's diagonal block are zero (and never read by the inverse).
+    {
+      float acc[8][4] = {};
+      const T* arow = ks + (16 * wp + (lane & 15)) * LDK + 8 * (lane >> 4);
+      const T* brow = ks + (8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int kk = 0; kk < KMAX / 16; ++kk) {
+        uint32_t af[4];
+        mma::ldmatrix_x4<false>(af, arow + 16 * kk);  // tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = i0 + 8 * half;
-        if (i < L) {
-          const uint32_t pair = mma::pack_floats<T>(acc[nt][2 * half], acc[nt][2 * half + 1]);
-          *reinterpret_cast<uint32_t*>(w + ((row0 + i) * a.HV + hv) * a.K + 8 * nt + c2) = pair;
+        for (int np = 0; np < 4; ++np) {
+          if (np > wp) continue;
+          uint32_t b[4];  // k rows 16 np + [0, 16) as B^T: chunk-column tiles 2 np, 2 np + 1
+          mma::ldmatrix_x4<false>(b, brow + 16 * np * LDK + 16 * kk);
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma::mma16816<T>(acc[2 * np], af, b0);
+          mma::mma16816<T>(acc[2 * np + 1], af, b1);
         }
       }
-  }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * wp + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+          // exp(G_i - G_j) with i > j only: bounded by 1 for g <= 0.
+          sm.M[i * LDM + j] =
+              i > j && i < L ? sm.beta[i] * expf(sm.G[i] - sm.G[j]) * sm.rstd[i] * sm.rstd[j] * acc[nt][e] : 0.f;
+        }
+    }
+    __syncthreads();
+    invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // ends with a barrier
 
-  // u = (A diag(beta)) v, 64 value columns at a time.
-  for (int c0 = 0; c0 < a.V; c0 += 64) {
-    float acc[8][4] = {};
-    for (int kb = 0; kb <= wp; ++kb)
-      scaled_rows_times_tile<T, 4>(acc, sm.A, LDM, sm.beta, 16 * wp, kb, sm.v + c0, ldv);
+    // A to the intermediates (rows < L; columns >= L are 0 there).
+    if (a.A)
+      for (int e = tid; e < L * C; e += kChunkThreads)
+        a.A[(row0 + e / C) * a.HV * C + hv * C + e % C] = sm.A[(e / C) * LDM + e % C];
+
+    const int i0 = 16 * wp + mma::grp(), c2 = 2 * mma::tig();  // this thread's rows i0, i0 + 8; column pair
+    // w = (A diag(ws)) k (A is lower triangular: column blocks kb <= wp only).
+    {
+      constexpr int NT = KMAX / 8;
+      float acc[NT][4] = {};
+      for (int kb = 0; kb <= wp; ++kb)
+        scaled_rows_times_tile<T, NT / 2>(acc, sm.A, LDM, sm.ws, 16 * wp, kb, ks, LDK);
+      T* w = static_cast<T*>(a.w);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = i0 + 8 * half;
-        if (i < L)
-          *reinterpret_cast<float2*>(a.u + ((row0 + i) * a.HV + hv) * a.V + c0 + 8 * nt + c2) =
-              make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
-      }
+        for (int half = 0; half < 2; ++half) {
+          const int i = i0 + 8 * half;
+          if (i < L) {
+            const uint32_t pair = mma::pack_floats<T>(acc[nt][2 * half], acc[nt][2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(w + ((row0 + i) * a.HV + hv) * a.K + 8 * nt + c2) = pair;
+          }
+        }
+    }
+
+    // u = (A diag(beta)) v, 64 value columns at a time.
+    for (int c0 = 0; c0 < a.V; c0 += 64) {
+      float acc[8][4] = {};
+      for (int kb = 0; kb <= wp; ++kb)
+        scaled_rows_times_tile<T, 4>(acc, sm.A, LDM, sm.beta, 16 * wp, kb, vs + c0, ldv);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = i0 + 8 * half;
+          if (i < L)
+            *reinterpret_cast<float2*>(a.u + ((row0 + i) * a.HV + hv) * a.V + c0 + 8 * nt + c2) =
+                make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
+        }
+    }
+    __syncthreads();  // M, A, G, beta and stage s are free for the next items
   }
 }
 

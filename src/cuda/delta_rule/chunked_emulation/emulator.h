@@ -22,8 +22,10 @@
 
 struct EmuDim { unsigned x = 0, y = 0, z = 0; };
 thread_local EmuDim emu_tid, emu_bid;
+EmuDim emu_gdim;  // the grid of the current launch (set by the harness's launch)
 #define threadIdx emu_tid
 #define blockIdx emu_bid
+#define gridDim emu_gdim
 std::barrier<>* g_block_bar;
 std::barrier<>* g_warp_bar[8];  // up to 256 threads per block
 struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[8];
