@@ -127,4 +127,18 @@ __device__ __forceinline__ void acc_to_a_split(const float (&c0)[4], const float
   split_pair<T>(c1[2], c1[3], hi[3], lo[3]);
 }
 
+// acc[t0 + 2 i] += a * (b[i][0], b[i][1]) and acc[t0 + 2 i + 1] += a * (b[i][2], b[i][3]) for i < N
+// (b[i]: an ldmatrix .x4 result holding the B fragments of two adjacent 8-column tiles), in that
+// order: 2N mmas on distinct accumulators back to back.
+template <typename T, int N, int M>
+__device__ __forceinline__ void mma_tiles(float (&acc)[M][4], const uint32_t (&a)[4], const uint32_t (&b)[N][4],
+                                          int t0 = 0) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t b0[2] = {b[i][0], b[i][1]}, b1[2] = {b[i][2], b[i][3]};
+    mma16816<T>(acc[t0 + 2 * i], a, b0);
+    mma16816<T>(acc[t0 + 2 * i + 1], a, b1);
+  }
+}
+
 }  // namespace flashgrad::cuda_detail::delta_rule::mma

@@ -170,18 +170,14 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
     for (int ks = 0; ks < KMAX / 16; ++ks) {
       uint32_t af[4];
       mma::ldmatrix_x4<false>(af, qrow + 16 * ks);
+      uint32_t bh[4][4], bl[4][4];  // h_c's hi and lo B fragments of the slice's 8 column tiles
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
-        uint32_t bh[4], bl[4];
-        mma::ldmatrix_x4<true>(bh, sm.hs + (16 * ks + tr) * LDH + 16 * np + tc);
-        mma::ldmatrix_x4<true>(bl, sm.hs_lo + (16 * ks + tr) * LDH + 16 * np + tc);
-        const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
-                       bl1[2] = {bl[2], bl[3]};
-        mma::mma16816<T>(acc[2 * np], af, bh0);
-        mma::mma16816<T>(acc[2 * np], af, bl0);
-        mma::mma16816<T>(acc[2 * np + 1], af, bh1);
-        mma::mma16816<T>(acc[2 * np + 1], af, bl1);
+        mma::ldmatrix_x4<true>(bh[np], sm.hs + (16 * ks + tr) * LDH + 16 * np + tc);
+        mma::ldmatrix_x4<true>(bl[np], sm.hs_lo + (16 * ks + tr) * LDH + 16 * np + tc);
       }
+      mma::mma_tiles<T, 4>(acc, af, bh);  // 8 mmas apart on each accumulator
+      mma::mma_tiles<T, 4>(acc, af, bl);
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -193,16 +189,11 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) {
       if (kb > wp) continue;  // P is lower triangular
+      uint32_t b[4][4];
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        mma::ldmatrix_x4<true>(b, sm.vn + (16 * kb + tr) * ldv + c0 + 16 * np + tc);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma::mma16816<T>(acc[2 * np], ph[kb], b0);
-        mma::mma16816<T>(acc[2 * np], pl[kb], b0);
-        mma::mma16816<T>(acc[2 * np + 1], ph[kb], b1);
-        mma::mma16816<T>(acc[2 * np + 1], pl[kb], b1);
-      }
+      for (int np = 0; np < 4; ++np) mma::ldmatrix_x4<true>(b[np], sm.vn + (16 * kb + tr) * ldv + c0 + 16 * np + tc);
+      mma::mma_tiles<T, 4>(acc, ph[kb], b);
+      mma::mma_tiles<T, 4>(acc, pl[kb], b);
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)

@@ -192,7 +192,7 @@ __device__ __forceinline__ void invert_unit_lower64_blocked(const float* M, floa
 // acc[2 np], acc[2 np + 1] += Xs (rows [r0, r0 + 16), columns [16 kb, 16 kb + 16)) times the
 // [16 kb, 16 kb + 16) x [16 np, 16 np + 16) block of the row-major T tile Y (ldmatrix.trans), for
 // np < NP, with Xs = X diag(s) (X fp32 row-major in shared memory, pitch ldx) split hi + lo.
-template <typename T, int NP>
+template <typename T, int NP>  // NP % 4 == 0
 __device__ __forceinline__ void scaled_rows_times_tile(float (&acc)[2 * NP][4], const float* X, int ldx,
                                                        const float* s, int r0, int kb, const T* Y, int ldy) {
   const int lane = threadIdx.x & 31, g = mma::grp(), t = mma::tig();
@@ -206,14 +206,12 @@ __device__ __forceinline__ void scaled_rows_times_tile(float (&acc)[2 * NP][4], 
   mma::acc_to_a_split<T>(c_lo, c_hi, f0, f1, ah, al);
   const T* yrow = Y + (16 * kb + 8 * ((lane >> 3) & 1) + (lane & 7)) * ldy + 8 * (lane >> 4);
 #pragma unroll
-  for (int np = 0; np < NP; ++np) {
-    uint32_t b[4];
-    mma::ldmatrix_x4<true>(b, yrow + 16 * np);
-    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-    mma::mma16816<T>(acc[2 * np], ah, b0);
-    mma::mma16816<T>(acc[2 * np], al, b0);
-    mma::mma16816<T>(acc[2 * np + 1], ah, b1);
-    mma::mma16816<T>(acc[2 * np + 1], al, b1);
+  for (int np = 0; np < NP; np += 4) {  // four B tile pairs at once: hi products, then lo (8 mmas apart)
+    uint32_t b[4][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) mma::ldmatrix_x4<true>(b[q], yrow + 16 * (np + q));
+    mma::mma_tiles<T, 4>(acc, ah, b, 2 * np);
+    mma::mma_tiles<T, 4>(acc, al, b, 2 * np);
   }
 }
 

@@ -146,9 +146,8 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
   const bool k_vec = key_rows_vectorizable(a.k), q_vec = kOutput && key_rows_vectorizable(a.q);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
-  // Issues chunk c's copies into stage s (one cp.async group) and returns G of row tid (tid < 64).
-  auto prefetch = [&](int64_t c, int s) {
-    const ChunkInfo ci = a.chunks[c];
+  // Issues the copies of chunk ci into stage s (one cp.async group) and returns G of row tid (tid < 64).
+  auto prefetch = [&](const ChunkInfo& ci, int s) {
     const int64_t row0 = chunk_row0(ci, a.T);
     intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
     key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
@@ -158,10 +157,18 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
 
-  float g_next = c_begin < c_end ? prefetch(c_begin, 0) : 0.f;
+  // The chunk plan's entries are read two chunks ahead (ci_next: the one the next prefetch
+  // copies), so no chunk waits on that load.
+  ChunkInfo ci_cur{}, ci_next{};
+  float g_next = 0.f;
+  if (c_begin < c_end) {
+    ci_cur = a.chunks[c_begin];
+    g_next = prefetch(ci_cur, 0);
+    if (c_begin + 1 < c_end) ci_next = a.chunks[c_begin + 1];
+  }
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int s = static_cast<int>((c - c_begin) & 1);
-    const ChunkInfo ci = a.chunks[c];
+    const ChunkInfo ci = ci_cur;
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
 
@@ -169,7 +176,11 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
     if (tid < C) sm.G[tid] = g_next;
     mma::cp_async_wait<0>();
     __syncthreads();
-    if (c + 1 < c_end) g_next = prefetch(c + 1, s ^ 1);
+    if (c + 1 < c_end) {
+      g_next = prefetch(ci_next, s ^ 1);
+      ci_cur = ci_next;
+      if (c + 2 < c_end) ci_next = a.chunks[c + 2];
+    }
 
     // kOutput: this warp's share of q k^T (raw rows; scaled after the next barrier).
     float praw[4][4] = {};
@@ -246,24 +257,22 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       // and o^T are never all in registers at once.
 #pragma unroll 1  // the quarters one after the other: unrolled, their accumulators would overlap
       for (int oh = 0; oh < 4; ++oh) {
-        float o[2][4] = {};
+        float o[2][4] = {}, olo[2][4] = {};  // hi and lo products apart: four independent chains
 #pragma unroll
         for (int ks = 0; ks < KMAX / 16; ++ks) {
           uint32_t ah[4], al[4];
           mma::acc_to_a_split<T>(hT[2 * ks], hT[2 * ks + 1], ah, al);
-          uint32_t bq[4];
-          mma::ldmatrix_x4<false>(bq, sm.q(s) + (16 * oh + nb_r) * LDK + 16 * ks + nb_c);
-          const uint32_t bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
-          mma::mma16816<T>(o[0], ah, bq0);
-          mma::mma16816<T>(o[0], al, bq0);
-          mma::mma16816<T>(o[1], ah, bq1);
-          mma::mma16816<T>(o[1], al, bq1);
+          uint32_t bq[1][4];
+          mma::ldmatrix_x4<false>(bq[0], sm.q(s) + (16 * oh + nb_r) * LDK + 16 * ks + nb_c);
+          mma::mma_tiles<T, 1>(o, ah, bq);
+          mma::mma_tiles<T, 1>(olo, al, bq);
         }
 #pragma unroll
         for (int i4 = 0; i4 < 2; ++i4) {
           const float2 r = *reinterpret_cast<const float2*>(&sm.rowscale[16 * oh + 8 * i4 + 2 * tig]);
-          sm.park[(2 * oh + i4) * THREADS + tid] = make_float4(o[i4][0] * r.x, o[i4][1] * r.y, o[i4][2] * r.x,
-                                                               o[i4][3] * r.y);
+          sm.park[(2 * oh + i4) * THREADS + tid] =
+              make_float4((o[i4][0] + olo[i4][0]) * r.x, (o[i4][1] + olo[i4][1]) * r.y,
+                          (o[i4][2] + olo[i4][2]) * r.x, (o[i4][3] + olo[i4][3]) * r.y);
         }
       }
     }
@@ -274,18 +283,16 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
     for (int ks = 0; ks < KH / 16; ++ks) {
       uint32_t ah[4], al[4];
       mma::acc_to_a_split<T>(hT[2 * ks], hT[2 * ks + 1], ah, al);
+      // Tiles: (rows 16 jp + [0, 8), channels 16 ks + [0, 8)), (same rows, + 8 channels),
+      // (rows + 8, channels), (rows + 8, channels + 8): B fragments of chunk-row tiles 2 jp, 2 jp + 1.
+      uint32_t b[4][4];
 #pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        // Tiles: (rows 16 jp + [0, 8), channels 16 ks + [0, 8)), (same rows, + 8 channels),
-        // (rows + 8, channels), (rows + 8, channels + 8): B fragments of chunk-row tiles 2 jp, 2 jp + 1.
-        uint32_t b[4];
-        mma::ldmatrix_x4<false>(b, sm.w(s) + (16 * jp + nb_r) * LDK + kc0 + 16 * ks + nb_c);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma::mma16816<T>(p[2 * jp], ah, b0);
-        mma::mma16816<T>(p[2 * jp], al, b0);
-        mma::mma16816<T>(p[2 * jp + 1], ah, b1);
-        mma::mma16816<T>(p[2 * jp + 1], al, b1);
-      }
+      for (int jp = 0; jp < 4; ++jp)
+        mma::ldmatrix_x4<false>(b[jp], sm.w(s) + (16 * jp + nb_r) * LDK + kc0 + 16 * ks + nb_c);
+      // All hi products, then all lo ones: an mma on the accumulator of the one just issued waits
+      // for it, so each accumulator's two mmas are 8 mmas apart.
+      mma::mma_tiles<T, 4>(p, ah, b);
+      mma::mma_tiles<T, 4>(p, al, b);
     }
     if constexpr (KSPLIT == 2) {
       // The two channel halves' sums: each warp parks its own, then adds its partner's (same lane
@@ -319,7 +326,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       // with js <= oh only (P is lower triangular). Stored for rows i < L.
 #pragma unroll 1
       for (int oh = 0; oh < 4; ++oh) {
-        float o[2][4];
+        float o[2][4], olo[2][4] = {};
 #pragma unroll
         for (int i4 = 0; i4 < 2; ++i4) {
           const float4 x = sm.park[(2 * oh + i4) * THREADS + tid];
@@ -333,18 +340,17 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
           if (js > oh) continue;
           uint32_t vh[4], vl[4];
           mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], vh, vl);
-          uint32_t bh[4], bl[4];
-          mma::ldmatrix_x4<false>(bh, sm.P + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
-          mma::ldmatrix_x4<false>(bl, sm.P_lo + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
-          const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
-                         bl1[2] = {bl[2], bl[3]};
-          mma::mma16816<T>(o[0], vh, bh0);
-          mma::mma16816<T>(o[0], vl, bh0);
-          mma::mma16816<T>(o[0], vh, bl0);
-          mma::mma16816<T>(o[1], vh, bh1);
-          mma::mma16816<T>(o[1], vl, bh1);
-          mma::mma16816<T>(o[1], vh, bl1);
+          uint32_t bh[1][4], bl[1][4];
+          mma::ldmatrix_x4<false>(bh[0], sm.P + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
+          mma::ldmatrix_x4<false>(bl[0], sm.P_lo + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
+          mma::mma_tiles<T, 1>(o, vh, bh);    // hi hi
+          mma::mma_tiles<T, 1>(olo, vl, bh);  // lo hi
+          mma::mma_tiles<T, 1>(o, vh, bl);    // hi lo
         }
+#pragma unroll
+        for (int i4 = 0; i4 < 2; ++i4)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[i4][e] += olo[i4][e];
 #pragma unroll
         for (int i4 = 0; i4 < 2; ++i4)
 #pragma unroll
@@ -369,16 +375,16 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       uint32_t ah[4], al[4];
       mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], f0, f1, ah, al);
 #pragma unroll
-      for (int np = 0; np < NK / 2; ++np) {
+      for (int np = 0; np < NK / 2; np += 2) {
         // Tiles (.trans): (chunk rows 16 js + [0, 8), channels 16 np + [0, 8)), (rows + 8, same
-        // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles 2 np, 2 np + 1.
-        uint32_t b[4];
-        mma::ldmatrix_x4<true>(b, sm.k(s) + (16 * js + tb_r) * LDK + kc0 + 16 * np + tb_c);
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma::mma16816<T>(hT[2 * np], ah, b0);
-        mma::mma16816<T>(hT[2 * np], al, b0);
-        mma::mma16816<T>(hT[2 * np + 1], ah, b1);
-        mma::mma16816<T>(hT[2 * np + 1], al, b1);
+        // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles
+        // 2 np, 2 np + 1; two such at once (hi products, then lo ones: 4 mmas apart).
+        uint32_t b[2][4];
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          mma::ldmatrix_x4<true>(b[q], sm.k(s) + (16 * js + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
+        mma::mma_tiles<T, 2>(hT, ah, b, 2 * np);
+        mma::mma_tiles<T, 2>(hT, al, b, 2 * np);
       }
     }
   }
