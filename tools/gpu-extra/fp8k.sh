@@ -16,7 +16,7 @@ fi
 echo "== fp8k: fp8 vs bf16 bench"
 if [ -n "$lib" ] && nvcc -O2 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
     bench/attention/fp8_bench.cu "$lib" -lcudart -o /tmp/fp8k_bench 2>/tmp/fp8k_bench_build.log; then
-  FLASHGRAD_ATTN_FP8_FORWARD=mma timeout 55 /tmp/fp8k_bench  # the mma.sync FP8 forward (fp8w.sh times the wgmma one)
+  FLASHGRAD_ATTN_FP8_FORWARD=mma FLASHGRAD_ATTN_FP8_BACKWARD=mma timeout 55 /tmp/fp8k_bench  # the mma.sync FP8 kernels (fp8w.sh / fp8b.sh time the wgmma ones)
 else
   echo "bench build failed (lib: ${lib:-none})"; tail -20 /tmp/fp8k_bench_build.log
 fi

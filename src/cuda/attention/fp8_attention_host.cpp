@@ -106,7 +106,7 @@ void fp8_attention_backward(const AttentionParams& p, const AttentionProblem& pr
   FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(f.base.dq_accum, 0, s.dq_accum + s.amax, stream));
   const int hd = static_cast<int>(pr.head_dim);
   cuda_attn::launch_fp8_backward_prepass(f, hd, stream);
-  // The wgmma main pass when FLASHGRAD_ATTN_FP8_BACKWARD=wgmma and it covers the case (fp8_wgmma_backward.h).
+  // The wgmma main pass where it covers the case, unless FLASHGRAD_ATTN_FP8_BACKWARD=mma (fp8_wgmma_backward.h).
   if (!cuda_attn::launch_fp8_backward_wgmma(f, pr, stream))
     pick(pr.head_dim, cuda_attn::launch_fp8_backward_main_hd64, cuda_attn::launch_fp8_backward_main_hd128,
          cuda_attn::launch_fp8_backward_main_hd256)(f, stream);
