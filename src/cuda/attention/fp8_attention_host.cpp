@@ -48,8 +48,14 @@ BackwardSizes backward_sizes(const AttentionParams& p, const AttentionProblem& p
   return s;
 }
 
-// descale_x [N, Hk] with free strides.
-void set_descales(Fp8KernelParams& f, const AttentionParams& p) {
+using Fp8Launcher = void (*)(const Fp8KernelParams&, cudaStream_t);
+Fp8Launcher pick(int64_t head_dim, Fp8Launcher hd64, Fp8Launcher hd128, Fp8Launcher hd256) {
+  return head_dim == 64 ? hd64 : head_dim == 128 ? hd128 : hd256;
+}
+
+}  // namespace
+
+void set_fp8_descales(cuda_attn::Fp8KernelParams& f, const AttentionParams& p) {
   f.descale_q = p.descale_q.ptr<const float>();
   f.descale_k = p.descale_k.ptr<const float>();
   f.descale_v = p.descale_v.ptr<const float>();
@@ -61,20 +67,13 @@ void set_descales(Fp8KernelParams& f, const AttentionParams& p) {
   f.dv_st_h = p.descale_v.stride[1];
 }
 
-using Fp8Launcher = void (*)(const Fp8KernelParams&, cudaStream_t);
-Fp8Launcher pick(int64_t head_dim, Fp8Launcher hd64, Fp8Launcher hd128, Fp8Launcher hd256) {
-  return head_dim == 64 ? hd64 : head_dim == 128 ? hd128 : hd256;
-}
-
-}  // namespace
-
 void fp8_attention_forward(const AttentionParams& p, const AttentionProblem& pr,
                            const cuda_attn::AttentionKernelParams& k, bool out_bf16, Workspace ws,
                            cudaStream_t stream) {
   Fp8KernelParams f;
   f.base = k;
   f.out_bf16 = out_bf16;
-  set_descales(f, p);
+  set_fp8_descales(f, p);
   f.vt_cols = cuda_attn::fp8::vt_columns(pr.varlen, pr.num_seqs, pr.seqlen_k, pr.total_k);
   const std::size_t bytes = vt_bytes(pr);
   cuda_detail::ScratchBuffer scratch(ws, bytes, stream);
@@ -91,7 +90,7 @@ void fp8_attention_backward(const AttentionParams& p, const AttentionProblem& pr
   Fp8KernelParams f;
   f.base = k;
   f.out_bf16 = out_bf16;
-  set_descales(f, p);
+  set_fp8_descales(f, p);
   f.total_k = pr.total_k;
   const BackwardSizes s = backward_sizes(p, pr);
   cuda_detail::ScratchBuffer scratch(ws, s.total(), stream);

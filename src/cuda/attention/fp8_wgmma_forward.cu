@@ -8,6 +8,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
+#include "fp8_attention_host.h"
 #include "fp8_wgmma_forward.h"
 #include "fp8_wgmma_forward_kernel.cuh"
 #include "fp8_wgmma_maps.h"
@@ -22,18 +23,6 @@ using cuda_attn::fp8w::Fp8wMapAxes;
 
 using cuda_attn::fp8w::EncodeTiled;
 
-// descale_x [N, Hk] with free strides (as fp8_attention_host.cpp).
-void set_descales(Fp8KernelParams& f, const AttentionParams& p) {
-  f.descale_q = p.descale_q.ptr<const float>();
-  f.descale_k = p.descale_k.ptr<const float>();
-  f.descale_v = p.descale_v.ptr<const float>();
-  f.dq_st_n = p.descale_q.stride[0];
-  f.dq_st_h = p.descale_q.stride[1];
-  f.dk_st_n = p.descale_k.stride[0];
-  f.dk_st_h = p.descale_k.stride[1];
-  f.dv_st_n = p.descale_v.stride[0];
-  f.dv_st_h = p.descale_v.stride[1];
-}
 
 template <int D>
 void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
@@ -142,7 +131,7 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   Fp8KernelParams f;
   f.base = k;
   f.out_bf16 = out_bf16;
-  set_descales(f, p);
+  set_fp8_descales(f, p);
   f.vt_cols = cuda_attn::fp8w::vt_columns(pr.varlen, pr.num_seqs, pr.seqlen_k, pr.total_k);
   const std::size_t bytes = fp8_wgmma_forward_workspace_bytes(pr);
   cuda_detail::ScratchBuffer scratch(ws, bytes, stream);
