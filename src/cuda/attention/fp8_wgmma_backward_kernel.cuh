@@ -53,6 +53,7 @@
 #include "fp8_kernel_params.h"
 #include "fp8_wgmma_primitives.cuh"
 #include "sequence_and_mask.cuh"
+#include "wgmma_backward_scores.cuh"
 #include "wgmma_primitives.cuh"
 
 namespace flashgrad::cuda_attn::fp8wb {
@@ -148,72 +149,8 @@ __device__ __forceinline__ uint64_t e4m3_desc(uint32_t addr) {
     return (sm90::smem_desc(addr, 16, 512) & ~(uint64_t{3} << 62)) | (uint64_t{2} << 62);
 }
 
-// P^T and dS^T of one warpgroup's 64 keys x 64 queries from the e4m3 products' accumulators s (raw
-// S^T) and dp (raw dP^T), packed straight into 16-bit A fragments chunk by chunk. Accumulator element
-// e = 4 i + 2 r + c sits at key row 16 warp + g + 8 r of the warpgroup's 64 and query column
-// 8 i + 2 t + c of the tile; it lands in word pa[i / 2][2 (i % 2) + r], half c (the m16n8k16 A layout
-// per 16-query k step). qk_scale = descale_q descale_k scale; dp_scale = descale_dO(h) descale_v.
-template <bool kGeneral, int BM, typename Ops>
-__device__ __forceinline__ void fp8_backward_scores(const float (&s)[BM / 2], const float (&dp)[BM / 2],
-                                                    uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
-                                                    const float* lse, const float* shift, float qk_scale,
-                                                    float dp_scale, const AttentionKernelParams& p,
-                                                    const SequenceView& sv, const MaskView& mask, int key0, int m0,
-                                                    int t) {
-  const float scale_log2 = qk_scale * kLog2e;
-  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
-  bool ranged = true;
-  if constexpr (kGeneral) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
-      q_lo[r] -= m0 + 2 * t;
-      q_hi[r] -= m0 + 2 * t;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < BM / 8; ++i) {
-    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
-    const float2 sh = *reinterpret_cast<const float2*>(shift + 8 * i + 2 * t);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float pr2[2], ds2[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int e = 4 * i + 2 * r + c;
-        const float lq = c ? l.y : l.x, shq = c ? sh.y : sh.x;
-        float pr, factor = 1.f;
-        if constexpr (kGeneral) {
-          const float x = apply_softcap(p.softcap_method, p.softcap, s[e] * qk_scale, factor);
-          pr = fast_exp2(x * kLog2e - lq);
-          const int ir = 8 * i + c;  // query - m0 - 2t
-          bool ok = ir >= q_lo[r] && ir < q_hi[r];
-          if (!ranged) {
-            const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
-            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
-          }
-          if (!ok) pr = 0.f;
-        } else {
-          pr = fast_exp2(s[e] * scale_log2 - lq);
-        }
-        pr2[c] = pr;
-        ds2[c] = pr * (dp[e] * dp_scale - shq) * factor;
-      }
-      pa[i / 2][2 * (i % 2) + r] = Ops::pack(pr2[0], pr2[1]);
-      pds[i / 2][2 * (i % 2) + r] = Ops::pack(ds2[0], ds2[1]);
-    }
-  }
-}
-
-// Keeps A-fragment registers alive (unmodified) until here: wgmma reads them asynchronously.
-template <int KK>
-__device__ __forceinline__ void fp8_pin_fragments(uint32_t (&a)[KK][4], uint32_t (&b)[KK][4]) {
-#pragma unroll
-  for (int kk = 0; kk < KK; ++kk) {
-    sm90::pin_words(a[kk]);
-    sm90::pin_words(b[kk]);
-  }
-}
+// P^T and dS^T from the e4m3 products' raw S^T and dP^T: backward_scores (wgmma_backward_scores.cuh)
+// with qk_scale = descale_q descale_k scale and dp_scale = descale_dO(h) descale_v.
 
 // kLag (D = 128, opt-in: FLASHGRAD_ATTN_FP8_WGMMA_BWD_LAG=1; the bf16 kernel's lagged-dQ schedule):
 // dQ of tile j is computed during tile j + 1, after that tile's dV / dK products are issued, instead
@@ -487,10 +424,10 @@ __global__ void __launch_bounds__(384, 1)
       const float dp_scale = dps_s[s8];
       uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
       if (cls == kTileFull && short_path_ok)
-        fp8_backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+        backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
                                             n0 + key_row, m0, t4);
       else
-        fp8_backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+        backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
                                            n0 + key_row, m0, t4);
       sm90::mbar_arrive(bar_q8_empty + 8 * s8);  // done with q8, dO8, lse, shift, dP's scale
       if constexpr (kLag)
@@ -544,7 +481,7 @@ __global__ void __launch_bounds__(384, 1)
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dv);
           sm90::pin_registers(dk);
-          fp8_pin_fragments(pa, pds);
+          sm90::pin_fragments(pa, pds);
           sm90::mbar_arrive(bar_q16_empty + 8 * s16);
           float dq[DC / 2];
           sm90::wgmma_fence();
@@ -580,16 +517,16 @@ __global__ void __launch_bounds__(384, 1)
             sm90::pin_registers(dk);
             sm90::mbar_arrive(bar_q16_empty + 8 * s16);
           }
-          fp8_pin_fragments(pa, pds);  // the tensor cores read them until the wait above
+          sm90::pin_fragments(pa, pds);  // the tensor cores read them until the wait above
         } else {
           dq_product_and_stage(sDS, 0, j, s16);
-          fp8_pin_fragments(pa, pds);  // the tensor cores read them until the wait above
+          sm90::pin_fragments(pa, pds);  // the tensor cores read them until the wait above
         }
       } else {
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
-        fp8_pin_fragments(pa, pds);
+        sm90::pin_fragments(pa, pds);
         sm90::mbar_arrive(bar_q16_empty + 8 * s16);
       }
       // Found after the tile, not before: nothing of the walk stays live through the products.

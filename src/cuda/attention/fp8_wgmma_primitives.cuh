@@ -133,12 +133,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// Keeps the compiler from moving reads of these registers (P's A fragment) across an in-flight wgmma.
-__device__ __forceinline__ void pin_words(uint32_t (&a)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
-}
-
 // Named barriers with the id as an immediate (ids 1..15; 0 is __syncthreads): with a register id
 // ptxas reserves all 16 barriers and keeps the id live.
 template <int kId>

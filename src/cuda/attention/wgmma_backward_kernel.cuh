@@ -38,6 +38,7 @@
 #include <cmath>
 
 #include "attention_backward_kernel.cuh"
+#include "wgmma_backward_scores.cuh"
 #include "wgmma_forward_kernel.cuh"
 #include "wgmma_primitives.cuh"
 
@@ -54,7 +55,6 @@ struct WgmmaBackwardConfig {
   // 2-slot Q / dO ring.
   static constexpr bool kSplitD = D == 256;
   static constexpr int kBlockN = kSplitD ? 64 : 128;  // keys per CTA
-  static constexpr int kKeysPerWg = 64;               // M of the S^T / dP^T / dK / dV products
   static constexpr int kColsPerWg = kSplitD ? D / 2 : D;  // columns of dK / dV per warpgroup
   // Queries per tile: 64, or 128 at D = 64, where the products per tile are half as large and the
   // per-tile fixed work (exp, dS^T store, barrier, dQ staging, handshakes) would dominate; S^T and
@@ -110,73 +110,6 @@ struct BackwardTile {
 };
 __device__ __forceinline__ BackwardTile backward_tile(const QueryWalk& walk, int it, int hk, int group, int bm) {
   return {hk * group + it / walk.num_mb, (it % walk.num_mb) * bm};
-}
-
-// P^T and dS^T of one warpgroup's 64 keys x BM queries from S^T (s) and dP^T (dp), straight into
-// 16-bit A fragments (pa, pds: 16 queries = two 8-column accumulator chunks per k step), each chunk
-// packed as soon as it is computed so that the fp32 scores die early (at D = 64, BM = 128, S^T and
-// dP^T alone take 128 registers). Accumulator element e = 4 i + 2 r + c sits at key row
-// 16 warp + g + 8 r of the warpgroup's 64 and query column 8 i + 2 t + c of the tile; it lands in
-// word pa[i / 2][2 (i % 2) + r], half c. kGeneral: per-element mask and softcap; otherwise a full
-// tile without softcap (raw S, scale folded into the exponent).
-template <bool kGeneral, int BM, typename Ops>
-__device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const float (&dp)[BM / 2],
-                                                uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
-                                                const float* lse, const float* shift,
-                                                const AttentionKernelParams& p, const SequenceView& sv,
-                                                const MaskView& mask, int key0, int m0, int t) {
-  const float scale_log2 = p.scale * kLog2e;
-  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
-  bool ranged = true;
-  if constexpr (kGeneral) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
-      q_lo[r] -= m0 + 2 * t;
-      q_hi[r] -= m0 + 2 * t;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < BM / 8; ++i) {
-    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
-    const float2 sh = *reinterpret_cast<const float2*>(shift + 8 * i + 2 * t);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float pr2[2], ds2[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int e = 4 * i + 2 * r + c;
-        const float lq = c ? l.y : l.x, shq = c ? sh.y : sh.x;
-        float pr, factor = 1.f;
-        if constexpr (kGeneral) {
-          const float x = apply_softcap(p.softcap_method, p.softcap, s[e] * p.scale, factor);
-          pr = fast_exp2(x * kLog2e - lq);
-          const int ir = 8 * i + c;  // query - m0 - 2t
-          bool ok = ir >= q_lo[r] && ir < q_hi[r];
-          if (!ranged) {
-            const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
-            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
-          }
-          if (!ok) pr = 0.f;
-        } else {
-          pr = fast_exp2(s[e] * scale_log2 - lq);
-        }
-        pr2[c] = pr;
-        ds2[c] = pr * (dp[e] - shq) * factor;
-      }
-      pa[i / 2][2 * (i % 2) + r] = Ops::pack(pr2[0], pr2[1]);
-      pds[i / 2][2 * (i % 2) + r] = Ops::pack(ds2[0], ds2[1]);
-    }
-  }
-}
-
-// Keeps A-fragment registers alive (unmodified) until here: wgmma reads them asynchronously.
-template <int KK>
-__device__ __forceinline__ void pin_fragments(uint32_t (&a)[KK][4], uint32_t (&b)[KK][4]) {
-#pragma unroll
-  for (int kk = 0; kk < KK; ++kk)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[kk][q]), "+r"(b[kk][q])::"memory");
 }
 
 // kLagDq (D <= 128, opt-in: FLASHGRAD_ATTN_BWD_LAGGED_DQ=1): dQ of tile j is computed during tile
@@ -421,9 +354,11 @@ __global__ void __launch_bounds__(384, 1)
       const float* shift = shift_s + slot * BM;
       uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
       if (cls == kTileFull && short_path_ok)
-        backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
+        backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask, n0 + key_row, tile.m0,
+                                        t4);
       else
-        backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, p, sv, mask, n0 + key_row, tile.m0, t4);
+        backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask, n0 + key_row, tile.m0,
+                                       t4);
       if constexpr (kLagDq)
         if (cw == 0 && j == 0) sm90::named_barrier_arrive(2, 256);
       // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim), columns
@@ -473,7 +408,7 @@ __global__ void __launch_bounds__(384, 1)
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dv);
           sm90::pin_registers(dk);
-          pin_fragments(pa, pds);
+          sm90::pin_fragments(pa, pds);
           sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
           float dq[DC / 2];
           sm90::wgmma_fence();
@@ -515,12 +450,12 @@ __global__ void __launch_bounds__(384, 1)
         } else {
           dq_product_and_stage(ds_buf, j & 1, j, slot);
         }
-        pin_fragments(pa, pds);  // the tensor cores read them until the wait above
+        sm90::pin_fragments(pa, pds);  // the tensor cores read them until the wait above
       } else {
         sm90::wgmma_wait<0>();
         sm90::pin_registers(dv);
         sm90::pin_registers(dk);
-        pin_fragments(pa, pds);
+        sm90::pin_fragments(pa, pds);
         sm90::mbar_arrive(bar_q_empty + 8 * slot);
       }
       // Found after the tile, not before: nothing of the walk stays live through the products.

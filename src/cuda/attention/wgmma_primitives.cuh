@@ -140,6 +140,21 @@ __device__ __forceinline__ void pin_registers(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Keeps A-fragment registers (P, dS as wgmma's register operand) alive and unmodified until here:
+// the tensor cores read them asynchronously until the wait that precedes the call.
+__device__ __forceinline__ void pin_words(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+template <int KK>
+__device__ __forceinline__ void pin_fragments(uint32_t (&a)[KK][4], uint32_t (&b)[KK][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk) {
+    pin_words(a[kk]);
+    pin_words(b[kk]);
+  }
+}
+
 #define FG_ACC8(d, i)                                                                          \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])

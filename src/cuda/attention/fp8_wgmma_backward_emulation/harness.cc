@@ -608,6 +608,8 @@ inline void wgmma_wait() {}
 template <int N>
 inline void pin_registers(float (&)[N]) {}
 inline void pin_words(uint32_t (&)[4]) {}
+template <int KK>
+inline void pin_fragments(uint32_t (&)[KK][4], uint32_t (&)[KK][4]) {}
 
 template <int BN>
 inline void wgmma_e4m3_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {

@@ -1,0 +1,73 @@
+// The score step of the Hopper attention backwards (wgmma_backward_kernel.cuh, bf16 / fp16, and
+// fp8_wgmma_backward_kernel.cuh, e4m3): S^T and dP^T accumulators -> P^T and dS^T as 16-bit A
+// fragments. No inline PTX here, so the FP8 kernel's host emulation compiles it as it is.
+#pragma once
+
+#include <cstdint>
+
+#include "attention_forward_kernel.cuh"
+#include "sequence_and_mask.cuh"
+
+namespace flashgrad::cuda_attn {
+
+// P^T and dS^T of one warpgroup's 64 keys x BM queries from S^T (s) and dP^T (dp), straight into
+// 16-bit A fragments (pa, pds: 16 queries = two 8-column accumulator chunks per k step), each chunk
+// packed as soon as it is computed so that the fp32 scores die early (at D = 64, BM = 128, S^T and
+// dP^T alone take 128 registers). Accumulator element e = 4 i + 2 r + c sits at key row
+// 16 warp + g + 8 r of the warpgroup's 64 and query column 8 i + 2 t + c of the tile; it lands in
+// word pa[i / 2][2 (i % 2) + r], half c. kGeneral: per-element mask and softcap; otherwise a full
+// tile without softcap (raw S, scale folded into the exponent). qk_scale turns the raw S^T into
+// scaled scores and dp_scale the raw dP^T into dP: the softmax scale and 1 for 16-bit inputs, with
+// the e4m3 descales folded in for FP8 (descale_q descale_k scale, descale_dO descale_v).
+template <bool kGeneral, int BM, typename Ops>
+__device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const float (&dp)[BM / 2],
+                                                uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
+                                                const float* lse, const float* shift, float qk_scale,
+                                                float dp_scale, const AttentionKernelParams& p, const SequenceView& sv,
+                                                const MaskView& mask, int key0, int m0, int t) {
+  const float scale_log2 = qk_scale * kLog2e;
+  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
+  bool ranged = true;
+  if constexpr (kGeneral) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
+      q_lo[r] -= m0 + 2 * t;
+      q_hi[r] -= m0 + 2 * t;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+    const float2 sh = *reinterpret_cast<const float2*>(shift + 8 * i + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float pr2[2], ds2[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = 4 * i + 2 * r + c;
+        const float lq = c ? l.y : l.x, shq = c ? sh.y : sh.x;
+        float pr, factor = 1.f;
+        if constexpr (kGeneral) {
+          const float x = apply_softcap(p.softcap_method, p.softcap, s[e] * qk_scale, factor);
+          pr = fast_exp2(x * kLog2e - lq);
+          const int ir = 8 * i + c;  // query - m0 - 2t
+          bool ok = ir >= q_lo[r] && ir < q_hi[r];
+          if (!ranged) {
+            const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
+            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
+          }
+          if (!ok) pr = 0.f;
+        } else {
+          pr = fast_exp2(s[e] * scale_log2 - lq);
+        }
+        pr2[c] = pr;
+        ds2[c] = pr * (dp[e] * dp_scale - shq) * factor;
+      }
+      pa[i / 2][2 * (i % 2) + r] = Ops::pack(pr2[0], pr2[1]);
+      pds[i / 2][2 * (i % 2) + r] = Ops::pack(ds2[0], ds2[1]);
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_attn
