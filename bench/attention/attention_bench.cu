@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -198,7 +199,15 @@ int main(int argc, char** argv) {
        {512, 1024, 2048, 4096, 8192, 300, 700, 1500, 3000, 6000, 100, 2500, 3500, 5000, 7000, 1}, 0, 0, 0, 0},
   };
   if (quick) rows.resize(4);
-  if (g_profile) rows = {rows[3]};
+  if (g_profile) {  // FLASHGRAD_PROFILE_ROW picks the row (index into the list above; default 3)
+    const char* pick = std::getenv("FLASHGRAD_PROFILE_ROW");
+    const int i = pick ? std::atoi(pick) : 3;
+    if (i < 0 || i >= static_cast<int>(rows.size())) {
+      std::fprintf(stderr, "FLASHGRAD_PROFILE_ROW=%d: must be in [0, %zu)\n", i, rows.size());
+      return 2;
+    }
+    rows = {rows[i]};
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   int driver = 0, runtime = 0;
