@@ -3,11 +3,12 @@
 # Runs on the H200 from the repo root after tools/gpu-check's build into build-gpu and the package
 # install (cap 150 s, aims at < 60 s; $OUT/extra/ collects the logs):
 #   1. the chunked GPU tests (DeltaRuleChunked*, DeltaRuleGpu.Chunked*) with the new backward stages
-#      (B1 transposed, B2 with 8 warps: FLASHGRAD_CHUNKED_BACKWARD=new);
-#   2. chunk GDN B8 T4096, B5 T2048 and B1 T32768, H16 K=V=128 bf16 (8 / 4 / 2-warp B1 blocks): the new
-#      backward's gradients against the legacy one's (relative RMS) and the backward's wall time with each;
-#   3. bench/profile_delta_rule.py (forward + backward per-kernel table) with the legacy and the new
-#      backward. Prints a compact table last.
+#      (B1 transposed, B2 on ldmatrix bf16 fragments: FLASHGRAD_CHUNKED_BACKWARD=new, FLASHGRAD_CHUNKED_B2=mma);
+#   2. chunk GDN B8 T4096, B5 T2048 and B1 T32768, H16 K=V=128 bf16 (8 / 4 / 2-warp B1 blocks), in one
+#      process: the backward's wall time with the legacy stages, with the session-4 B2 (8-warp TF32,
+#      FLASHGRAD_CHUNKED_B2=v8) and with the session-5 B2 (mma); the mma gradients against both (rel RMS);
+#   3. bench/profile_delta_rule.py (forward + backward per-kernel table) with B2 v8 and B2 mma.
+#      Prints a compact table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -20,7 +21,7 @@ summary=()
 echo "== gdnbwd 1/3: chunked GPU tests with the new backward"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
-  FLASHGRAD_CHUNKED_BACKWARD=new timeout -k 3 "$(cap 45)" "$tests" \
+  FLASHGRAD_CHUNKED_BACKWARD=new FLASHGRAD_CHUNKED_B2=mma timeout -k 3 "$(cap 45)" "$tests" \
     --gtest_filter='DeltaRuleChunked*:DeltaRuleGpu.Chunked*' > "$OUT/extra/gdnbwd_tests.log" 2>&1
   rc=$?
   grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
@@ -34,8 +35,8 @@ else
   summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
 fi
 
-echo "== gdnbwd 2/3: new vs legacy backward at B8 T4096, B5 T2048, B1 T32768 (H16 K=V=128)"
-timeout -k 3 "$(cap 45)" python3 - > "$OUT/extra/gdnbwd_compare.log" 2>&1 <<'EOF'
+echo "== gdnbwd 2/3: legacy / new with B2 v8 / new with B2 mma at B8 T4096, B5 T2048, B1 T32768 (H16 K=V=128)"
+timeout -k 3 "$(cap 50)" python3 - > "$OUT/extra/gdnbwd_compare.log" 2>&1 <<'EOF'
 import os, torch, torch.nn.functional as F
 import flashgrad
 
@@ -52,8 +53,9 @@ def case(B, T, H=16, K=128):
                                              output_final_state=True)
     do, dht = torch.randn_like(o), torch.randn_like(ht)
     ins = (q, k, v, g, beta, h0)
-    def grads(which, reps):
+    def grads(which, reps, b2="mma"):
         os.environ["FLASHGRAD_CHUNKED_BACKWARD"] = which  # read by the launchers at every call
+        os.environ["FLASHGRAD_CHUNKED_B2"] = b2
         gs = torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
         torch.cuda.synchronize()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -62,13 +64,16 @@ def case(B, T, H=16, K=128):
         e1.record(); torch.cuda.synchronize()
         return gs, e0.elapsed_time(e1) / reps
     gl, tl = grads("legacy", 2)
-    gn, tn = grads("new", 3)
+    g8, t8 = grads("new", 2, "v8")
+    gn, tn = grads("new", 3, "mma")
     rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
     names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     tag = f"B{B} T{T} H{H} K=V={K}"
-    print(f"ROW {tag} bwd wall (incl. recomputed fwd stages): legacy {tl:.3f} ms, new {tn:.3f} ms")
-    print(f"ROW {tag} new vs legacy rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, gl))
+    print(f"ROW {tag} bwd wall (incl. recomputed fwd stages): legacy {tl:.3f} ms, new+B2 v8 {t8:.3f} ms, "
+          f"new+B2 mma {tn:.3f} ms")
+    print(f"ROW {tag} mma vs legacy rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, gl))
           + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
+    print(f"ROW {tag} mma vs v8 rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, g8)))
 
 case(8, 4096)   # 128 chains: 8-warp B1 blocks
 case(5, 2048)   # 80 chains: 4-warp B1 blocks
@@ -79,9 +84,9 @@ tail -12 "$OUT/extra/gdnbwd_compare.log"
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/gdnbwd_compare.log")
 [ $rc -eq 0 ] || summary+=("compare rc=$rc")
 
-echo "== gdnbwd 3/3: bench/profile_delta_rule.py, legacy then new backward"
-for which in legacy new; do
-  FLASHGRAD_CHUNKED_BACKWARD=$which timeout -k 3 "$(cap 30)" python3 bench/profile_delta_rule.py \
+echo "== gdnbwd 3/3: bench/profile_delta_rule.py, new backward with B2 v8 then B2 mma"
+for which in v8 mma; do
+  FLASHGRAD_CHUNKED_BACKWARD=new FLASHGRAD_CHUNKED_B2=$which timeout -k 3 "$(cap 30)" python3 bench/profile_delta_rule.py \
     --B 8 --T 4096 --H 16 --K 128 --reps 2 > "$OUT/extra/gdnbwd_profile_$which.log" 2>&1
   rc=$?
   echo "-- $which (rc=$rc)"

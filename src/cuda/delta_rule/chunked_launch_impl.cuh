@@ -7,6 +7,7 @@
 #include <string>
 
 #include "chunked_grads.cuh"
+#include "chunked_grads_mma.cuh"
 #include "finish_kernels.cuh"
 #include "chunked_output.cuh"
 #include "chunked_prepare.cuh"
@@ -226,9 +227,33 @@ void launch_grads_warps(const ChunkedArgs& a, cudaStream_t s) {
   chunk_grads_kernel<T, KMAX, WARPS><<<grid, 32 * WARPS, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
+// B2 on bf16 / fp16 tensor cores with ldmatrix fragments (chunked_grads_mma.cuh, session 5).
+template <typename T, int KMAX>
+void launch_grads_mma(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t bytes = GradsMmaSmem<T, KMAX>::bytes();
+  set_smem(chunk_grads_mma_kernel<T, KMAX>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
+  chunk_grads_mma_kernel<T, KMAX><<<grid, 256, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+// Which B2 the new backward runs: the ldmatrix kernel ("mma", the default) or the session-4 8-warp TF32
+// one ("v8"), by FLASHGRAD_CHUNKED_B2 (read per call, so one process can time both). The legacy
+// backward (FLASHGRAD_CHUNKED_BACKWARD=legacy) keeps its 4-warp TF32 B2.
+constexpr bool kMmaGradsByDefault = true;  // the emulation's whole set passes with it
+inline bool mma_grads_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_B2");
+  if (env && std::string(env) == "v8") return false;
+  if (env && std::string(env) == "mma") return true;
+  return kMmaGradsByDefault;
+}
 template <typename T, int KMAX>
 void launch_grads_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  legacy_backward_wanted() ? launch_grads_warps<T, KMAX, 4>(a, s) : launch_grads_warps<T, KMAX, 8>(a, s);
+  if (legacy_backward_wanted())
+    launch_grads_warps<T, KMAX, 4>(a, s);
+  else if (mma_grads_wanted())
+    launch_grads_mma<T, KMAX>(a, s);
+  else
+    launch_grads_warps<T, KMAX, 8>(a, s);
 }
 
 template <typename T>

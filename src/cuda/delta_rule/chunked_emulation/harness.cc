@@ -26,6 +26,7 @@
 #include "cuda/delta_rule/chunked_state_backward.cuh"
 #include "cuda/delta_rule/chunked_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_grads.cuh"
+#include "cuda/delta_rule/chunked_grads_mma.cuh"
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
@@ -200,10 +201,15 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   bdq.up(zeros); bdk.up(zeros);
   a.dq_acc = (float*)bdq.p(); a.dk_acc = (float*)bdk.p(); a.dv = (float*)bdv.p(); a.dbeta = (float*)bdb.p();
   a.dg = gate ? (float*)bdg.p() : nullptr;
+  // B2: the ldmatrix kernel (chunked_grads_mma.cuh), or with FLASHGRAD_CHUNKED_B2=v8 the 8-warp TF32
+  // one, or with the legacy backward the 4-warp TF32 one (as the launcher).
+  const char* b2_env = std::getenv("FLASHGRAD_CHUNKED_B2");
   if (legacy_bwd)
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 4>(a); });
-  else
+  else if (b2_env && std::string(b2_env) == "v8")
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 8>(a); }, 256);
+  else
+    launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM>(a); }, 256);
   std::vector<double> rdq(rows*H*K, 0.0), rdk(rows*H*K, 0.0);
   Pairs pG, pA, pw, pu, pvn, ph, pht, po; double h0mis = 0;
   Pairs pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;

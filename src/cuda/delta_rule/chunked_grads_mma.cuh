@@ -1,0 +1,707 @@
+// Chunked backward stage B2 ("grads") on bf16 / fp16 tensor cores with ldmatrix fragments (session 5;
+// the TF32 kernel of chunked_grads.cuh stays selectable, see chunked_launch_impl.cuh). One block of 8
+// warps per (chunk c, value head hv); same gradients and notation as chunked_grads.cuh's header:
+//   X = v_new dh_{c+1}^T, Y = do h_c^T, Z = dv_new h_c^T  (contract over the value dim V)
+//   dP = do v_new^T, du = dv_new v^T, dUb = A^T dv_new     (over V / over the chunk)
+//   QK = q k^T, WK = dw k^T, KK = k k^T                     (over K)
+//   (dP o Gam) k, (dP o Gam)^T q, A^T dw, dA A^T, A^T tmp, (dKk o Gam) k + (dKk o Gam)^T k  (over the chunk)
+//
+// Why this shape (the TF32 kernel spent ~185 us per block for ~10 us of tensor work: scalar fp32
+// fragment loads with cvt per element, every V slice loaded, waited for and then computed):
+//   - every operand reaches the tensor cores as 16-bit pairs: tensors that are 16-bit in memory (q, k,
+//     v, v_new, do) exactly, by cp.async into shared memory and ldmatrix; fp32 ones (h, dh, dv_new, A
+//     and the in-kernel products dw, dP o Gam, dA, tmp, dKk o Gam) as hi = T(x), lo = T(x - hi) pairs,
+//     each product issuing hi*hi, hi*lo and lo*hi (or hi, lo against an exact operand);
+//   - the V-contracted products X, Y, Z run transposed (X^T = dh v_new^T, ...): key-role warps own 16
+//     rows of h / dh, so h and dh go from global memory straight into A fragments in registers (float2
+//     loads, split in registers; each element loaded once per pass, never staged in shared memory);
+//   - the V slices (32 columns of do, v_new, v, dv_new) are double-buffered: slice s + 1's copies are in
+//     flight while slice s computes;
+//   - the L2 norm's rstd stays an fp32 row / column factor: q, k are used raw (exact), the factors are
+//     folded into the fp32 operand that meets them (see S and S2 below).
+//
+// Warp roles (wp = warp index 0..7, lane = 4 grp + tig):
+//   row role: rs = wp % 4, hf = wp / 4: output rows [16 rs, +16) and column half hf of a product
+//     (64-column products: columns [32 hf, +32), 4 tiles; K-column products: [hf K / 2, +K / 2),
+//     K / 16 tiles; dUb slices: [16 hf, +16)). dq, dk rows are updated by their row-role owner only
+//     after pass 2, so no barrier separates those updates.
+//   key role (passes 1 and 2): kst = wp % (K / 16) owns key rows [16 kst, +16) of X^T, Y^T, Z^T,
+//     cg = wp / (K / 16) the chunk rows [cg 64 / CG, +64 / CG) (CG = 8 / (K / 16): 1 for K = 128, 2 for 64).
+//
+// Order (barriers "|"):
+//   prologue: q, k, slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta | rstd of q, k
+//   pass 1 over V slices: Y^T, Z^T (key role), dP, du (row role, kept in registers), dUb -> dv, dbeta
+//     | dq = scale e Y, dw = -Z (hi / lo)
+//   pass 2 over V slices: X^T, <h, dh> | dk = kd X | row sums: dG_i += q.dq - k.dk, dG_{L-1} += ...
+//   mid (row role): QK, WK -> S = (dP o Gam) rq_i rk_j and dA (hi / lo), dG terms of dP o P |
+//   S3 (row role): dq += (S k_raw) / rq_i, dk += (S^T q_raw) / rk_j, dWb = A^T dw -> dk, dbeta, dG
+//   S5: tmp = dA A^T | dM = -StrictLower(A^T tmp), KK -> S2 = (dKk o Gam) rk_i rk_j, dbeta, dG terms |
+//   S6: dk += (S2 k_raw + S2^T k_raw) / rk_r | outputs.
+// Why S = (dP o Gam) rq_i rk_j: dq_id += sum_j (dP o Gam)_ij k_jd with k_jd = rk_j kraw_jd, and
+// dk_jd += sum_i (dP o Gam)_ij rq_i qraw_id; with both factors in S, S kraw = rq_i (dq term) and
+// S^T qraw = rk_j (dk term), so one stored operand serves both and the outputs divide by the row's
+// rstd (1 / rstd = sqrt(sum of squares + eps) > 0). S2 likewise with rk_i rk_j for the two k products.
+#pragma once
+
+#include <algorithm>
+
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
+#include "chunked_mma_tf32.cuh"  // zero_acc, add_row_sums, add_column_sums
+#include "chunked_output.cuh"    // store_split
+#include "chunked_stages.h"
+#include "chunked_tiles.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Shared memory of chunk_grads_mma_kernel (T = 16-bit input type). Row pitches are +8 elements
+// (+4 floats): the 8 rows an ldmatrix (or an 8-row fragment access) touches start in different banks,
+// and T rows stay 16-byte aligned.
+template <typename T, int KMAX>
+struct GradsMmaSmem {
+  static constexpr int C = kChunkSize, VS = 32;  // VS: value columns per slice of passes 1 and 2
+  static constexpr int LDK = KMAX + 8, LDP = C + 8, LDS = VS + 8, LDF = KMAX + 4;
+  static constexpr int64_t kKeyTile = sizeof(T) * C * LDK;    // q, k, dw hi, dw lo
+  static constexpr int64_t kPTile = sizeof(T) * C * LDP;      // A, S, dA, tmp (hi and lo each)
+  static constexpr int64_t kSliceTile = sizeof(T) * C * LDS;  // do, v_new, v, dv_new hi, dv_new lo
+  static constexpr int64_t kStage = 5 * kSliceTile;
+  static constexpr int64_t kFloatTile = sizeof(float) * C * LDF;  // dq, dk (fp32 accumulators)
+  // Region R: the two slice stages during passes 1 - 2, then S, dA, tmp (hi, lo each).
+  static constexpr int64_t kRegion = std::max<int64_t>(2 * kStage, 6 * kPTile);
+  static constexpr int kSmallArrays = 8;  // G, beta, dG, dbeta, rq, rk, 1/rq, 1/rk
+  static_assert(kKeyTile % 16 == 0 && kPTile % 16 == 0 && kSliceTile % 16 == 0 && kFloatTile % 16 == 0,
+                "16-byte aligned tiles");
+  static constexpr int64_t bytes() {
+    return 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile + kRegion + sizeof(float) * kSmallArrays * C;
+  }
+  unsigned char* raw;
+  T *q, *k, *dw_hi, *dw_lo, *A_hi, *A_lo;
+  float *dq, *dk;
+  float *G, *beta, *dG, *dbeta, *rq, *rk, *irq, *irk;
+  __device__ explicit GradsMmaSmem(unsigned char* r) : raw(r) {
+    q = reinterpret_cast<T*>(raw);
+    k = reinterpret_cast<T*>(raw + kKeyTile);
+    dw_hi = reinterpret_cast<T*>(raw + 2 * kKeyTile);
+    dw_lo = reinterpret_cast<T*>(raw + 3 * kKeyTile);
+    A_hi = reinterpret_cast<T*>(raw + 4 * kKeyTile);
+    A_lo = reinterpret_cast<T*>(raw + 4 * kKeyTile + kPTile);
+    dq = reinterpret_cast<float*>(raw + 4 * kKeyTile + 2 * kPTile);
+    dk = reinterpret_cast<float*>(raw + 4 * kKeyTile + 2 * kPTile + kFloatTile);
+    G = reinterpret_cast<float*>(raw + 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile + kRegion);
+    beta = G + C;
+    dG = beta + C;
+    dbeta = dG + C;
+    rq = dbeta + C;
+    rk = rq + C;
+    irq = rk + C;
+    irk = irq + C;
+  }
+  __device__ unsigned char* region() const { return raw + 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile; }
+  // Slice stage b (0 / 1): tile m = 0 do, 1 v_new, 2 v, 3 dv_new hi, 4 dv_new lo, each [C][LDS].
+  __device__ T* slice(int b, int m) const { return reinterpret_cast<T*>(region() + b * kStage + m * kSliceTile); }
+  // After pass 2: m = 0 S hi, 1 S lo, 2 dA hi, 3 dA lo, 4 tmp hi, 5 tmp lo, each [C][LDP].
+  __device__ T* ptile(int m) const { return reinterpret_cast<T*>(region() + m * kPTile); }
+};
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) {
+  using S = GradsMmaSmem<T, KMAX>;
+  constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS,
+                LDF = S::LDF;
+  constexpr int KS = KMAX / 16, CG = 8 / KS, NTV = 8 / CG;  // key role: strips, column groups, tiles
+  constexpr int NKH = KMAX / 16;                             // row role: tiles of a K half
+  static_assert(KS * CG == 8 && NTV % 2 == 0 && NKH % 2 == 0, "K = 64 or 128 over 8 warps");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
+  const int rs = wp & 3, hf = wp >> 2;        // row role
+  const int kst = wp % KS, cgp = wp / KS;     // key role
+  const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
+  const int NS = static_cast<int>(V / VS);
+  const float scale = a.scale;
+  // ldmatrix lane addresses (chunked_state_backward_transposed.cuh): a_* non-trans A fragments
+  // (rows +8 by (lane / 8) % 2, columns +8 by lane / 16); nb_* non-trans B fragments of two 8-column
+  // tiles and .trans A fragments; tb_* .trans B fragments.
+  const int a_r = lane & 15, a_c = 8 * (lane >> 4);
+  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
+  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
+  // A[r][kk] = X[r0 + r][k0 + kk] (X row-major, pitch ld).
+  auto lda = [&](uint32_t(&f)[4], const T* X, int ld, int r0, int k0) {
+    mma::ldmatrix_x4<false>(f, X + (r0 + a_r) * ld + k0 + a_c);
+  };
+  // A[r][kk] = X[k0 + kk][r0 + r].
+  auto lda_t = [&](uint32_t(&f)[4], const T* X, int ld, int r0, int k0) {
+    mma::ldmatrix_x4<true>(f, X + (k0 + nb_r) * ld + r0 + nb_c);
+  };
+  // B fragments of the two 8-column tiles n0 / 8, n0 / 8 + 1: B[kk][n] = Y[n0 + n][k0 + kk].
+  auto ldb = [&](uint32_t(&f)[4], const T* Y, int ld, int k0, int n0) {
+    mma::ldmatrix_x4<false>(f, Y + (n0 + nb_r) * ld + k0 + nb_c);
+  };
+  // B[kk][n] = X[k0 + kk][n0 + n].
+  auto ldb_t = [&](uint32_t(&f)[4], const T* X, int ld, int k0, int n0) {
+    mma::ldmatrix_x4<true>(f, X + (k0 + tb_r) * ld + n0 + tb_c);
+  };
+  // acc[t] += a * (first tile of b), acc[t + 1] += a * (second tile of b).
+  auto mma2 = [](float(&c0)[4], float(&c1)[4], const uint32_t(&af)[4], const uint32_t(&b)[4]) {
+    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    mma::mma16816<T>(c0, af, b0);
+    mma::mma16816<T>(c1, af, b1);
+  };
+  // Accumulator element e of a 16 x 8 tile: row grp + 8 (e / 2), column 2 tig + e % 2.
+  auto erow = [&](int e) { return grp + 8 * (e >> 1); };
+  auto ecol = [&](int e) { return 2 * tig + (e & 1); };
+
+  const T* vn = static_cast<const T*>(a.v_new);
+  const float* dvn = a.dv_new;
+  const float* hc = a.h + (c * HV + hv) * a.K * V;    // h_c [K][V]
+  const float* dhc = a.dh + (c * HV + hv) * a.K * V;  // dL/dh_{c+1} [K][V]
+  const bool do_vec = key_rows_vectorizable(a.dout), v_vec = key_rows_vectorizable(a.v);
+
+  // Slice s (value columns [32 s, +32)) of do, v_new (and v in pass 1) into stage b by cp.async (one
+  // group); rows past L are zero-filled. The column offset keeps the views 16-byte aligned.
+  auto issue_slice = [&](int s, int b, bool with_do_v) {
+    const int64_t col0 = static_cast<int64_t>(s) * VS;
+    intermediate_tile_async<T, VS, THREADS>(vn, row0, HV, hv, V, col0, L, sm.slice(b, 1), LDS);
+    if (with_do_v) {
+      View d = a.dout, v = a.v;
+      d.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
+      v.p = static_cast<T*>(a.v.p) + col0 * a.v.s3;
+      view_rows_async<T, THREADS>(d, ci, hv, VS, do_vec, sm.slice(b, 0), LDS);
+      view_rows_async<T, THREADS>(v, ci, hv, VS, v_vec, sm.slice(b, 2), LDS);
+    }
+    mma::cp_async_commit();
+  };
+  // dv_new's slice s in registers (fp32, two float4 per thread: piece e = tid + 256 p is row e / 8,
+  // columns 4 (e % 8) + [0, 4)), then split into the hi / lo tiles of stage b.
+  auto load_dvn = [&](int s, float4(&x)[2]) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const int e = tid + THREADS * p, r = e >> 3;
+      x[p] = r < L ? *reinterpret_cast<const float4*>(dvn + ((row0 + r) * HV + hv) * V + s * VS + 4 * (e & 7))
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  auto store_dvn = [&](int b, const float4(&x)[2]) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const int e = tid + THREADS * p, at = (e >> 3) * LDS + 4 * (e & 7);
+      uint2 hi, lo;
+      mma::split_pair<T>(x[p].x, x[p].y, hi.x, lo.x);
+      mma::split_pair<T>(x[p].z, x[p].w, hi.y, lo.y);
+      *reinterpret_cast<uint2*>(sm.slice(b, 3) + at) = hi;
+      *reinterpret_cast<uint2*>(sm.slice(b, 4) + at) = lo;
+    }
+  };
+  // A fragment of rows [16 kst, +16), columns [col, +16) of a [K][V] fp32 state, raw: register m of
+  // the fragment (row grp + 8 (m % 2), columns col + 2 tig + 8 (m / 2) + {0, 1}) as a float2.
+  auto load_state_frag = [&](const float* st, int64_t col, float2(&x)[4]) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      x[m] = *reinterpret_cast<const float2*>(st + (16 * kst + grp + 8 * (m & 1)) * V + col + 2 * tig + 8 * (m >> 1));
+  };
+  auto split_frag = [](const float2(&x)[4], uint32_t(&hi)[4], uint32_t(&lo)[4]) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) mma::split_pair<T>(x[m].x, x[m].y, hi[m], lo[m]);
+  };
+
+  // ---- Prologue.
+  {
+    const bool q_vec = key_rows_vectorizable(a.q), k_vec = key_rows_vectorizable(a.k);
+    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q, LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k, LDK);
+    issue_slice(0, 0, true);
+    float4 x[2];
+    load_dvn(0, x);
+    // A: rows i < L, columns j <= i (the stored rows hold zeros right of L; the mask also drops
+    // anything above the diagonal). Piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4).
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
+      float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < L && j0 <= i) y = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
+      const float m[4] = {y.x, j0 + 1 <= i ? y.y : 0.f, j0 + 2 <= i ? y.z : 0.f, j0 + 3 <= i ? y.w : 0.f};
+      uint2 hi, lo;
+      mma::split_pair<T>(m[0], m[1], hi.x, lo.x);
+      mma::split_pair<T>(m[2], m[3], hi.y, lo.y);
+      *reinterpret_cast<uint2*>(sm.A_hi + i * LDP + j0) = hi;
+      *reinterpret_cast<uint2*>(sm.A_lo + i * LDP + j0) = lo;
+    }
+    store_dvn(0, x);
+    if (tid < C) {
+      const bool ok = tid < L;
+      sm.G[tid] = (a.G && ok) ? a.G[(row0 + tid) * HV + hv] : 0.f;
+      sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+      sm.dG[tid] = 0.f;
+      sm.dbeta[tid] = 0.f;
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    // rstd of the raw q, k rows (4 lanes per row; 1 without the norm), and their inverses.
+    const float rq = tile_row_rstd<T, KMAX, THREADS>(sm.q, LDK, a.l2norm);
+    const float rk = tile_row_rstd<T, KMAX, THREADS>(sm.k, LDK, a.l2norm);
+    if ((tid & 3) == 0) {
+      const int r = tid >> 2;
+      sm.rq[r] = rq;
+      sm.rk[r] = rk;
+      sm.irq[r] = 1.f / rq;
+      sm.irk[r] = 1.f / rk;
+    }
+    // (no barrier: the first reads of these follow pass 1's barriers)
+  }
+  const float gl = sm.G[L - 1];
+
+  // ---- Pass 1 over V slices. Key role: Y^T = h do^T, Z^T = h dv_new^T (rows: key channels of the
+  // strip, columns: the group's chunk rows). Row role: dP = do v_new^T, du = dv_new v^T (kept for
+  // mid), dUb = A^T dv_new of the slice -> dv, dbeta.
+  float accP[4][4], accU[4][4];
+  mma::zero_acc(accP);
+  mma::zero_acc(accU);
+  {
+    float accY[NTV][4], accZ[NTV][4];
+    mma::zero_acc(accY);
+    mma::zero_acc(accZ);
+    const int n0k = cgp * 8 * NTV;  // first chunk row of the key-role warp's columns
+    for (int s = 0; s < NS; ++s) {
+      const int b = s & 1;
+      const int64_t col0 = static_cast<int64_t>(s) * VS;
+      float2 hr[2][4];  // h fragments of the slice's two 16-column steps, in flight over the barrier
+      load_state_frag(hc, col0, hr[0]);
+      load_state_frag(hc, col0 + 16, hr[1]);
+      mma::cp_async_wait<0>();
+      __syncthreads();  // slice s landed; every warp is done with stage b ^ 1 (slice s - 1)
+      float4 xn[2];
+      if (s + 1 < NS) {
+        issue_slice(s + 1, b ^ 1, true);
+        load_dvn(s + 1, xn);
+      }
+      const T* sdo = sm.slice(b, 0);
+      const T* svn = sm.slice(b, 1);
+      const T* sv = sm.slice(b, 2);
+      const T* sdh = sm.slice(b, 3);
+      const T* sdl = sm.slice(b, 4);
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        // Row role: dP (exact operands) and du (dv_new hi / lo); column blocks right of the
+        // diagonal block are never used.
+        uint32_t ado[4], auh[4], aul[4];
+        lda(ado, sdo, LDS, 16 * rs, 16 * k2);
+        lda(auh, sdh, LDS, 16 * rs, 16 * k2);
+        lda(aul, sdl, LDS, 16 * rs, 16 * k2);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          if (2 * hf + np > rs) continue;
+          uint32_t bvn[4], bv[4];
+          ldb(bvn, svn, LDS, 16 * k2, 32 * hf + 16 * np);
+          ldb(bv, sv, LDS, 16 * k2, 32 * hf + 16 * np);
+          mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
+          mma2(accU[2 * np], accU[2 * np + 1], auh, bv);
+          mma2(accU[2 * np], accU[2 * np + 1], aul, bv);
+        }
+        // Key role.
+        uint32_t hh[4], hl[4];
+        split_frag(hr[k2], hh, hl);
+#pragma unroll
+        for (int np = 0; np < NTV / 2; ++np) {
+          uint32_t bd[4], bh[4], bl[4];
+          ldb(bd, sdo, LDS, 16 * k2, n0k + 16 * np);
+          ldb(bh, sdh, LDS, 16 * k2, n0k + 16 * np);
+          ldb(bl, sdl, LDS, 16 * k2, n0k + 16 * np);
+          mma2(accY[2 * np], accY[2 * np + 1], hh, bd);
+          mma2(accY[2 * np], accY[2 * np + 1], hl, bd);
+          mma2(accZ[2 * np], accZ[2 * np + 1], hh, bh);
+          mma2(accZ[2 * np], accZ[2 * np + 1], hl, bh);
+          mma2(accZ[2 * np], accZ[2 * np + 1], hh, bl);
+        }
+      }
+      // Row role: dUb[j][n] = sum_i A_ij dv_new[i][col0 + n] for rows j of the strip, columns
+      // [16 hf, +16) of the slice; A_ij = 0 for i < j, so only chunk steps kq >= rs.
+      {
+        float acc[2][4];
+        mma::zero_acc(acc);
+        for (int kq = rs; kq < 4; ++kq) {
+          uint32_t ah[4], al[4], bh[4], bl[4];
+          lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+          lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+          ldb_t(bh, sdh, LDS, 16 * kq, 16 * hf);
+          ldb_t(bl, sdl, LDS, 16 * kq, 16 * hf);
+          mma2(acc[0], acc[1], ah, bh);
+          mma2(acc[0], acc[1], ah, bl);
+          mma2(acc[0], acc[1], al, bh);
+        }
+        float rsum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = 16 * rs + erow(e), n = 16 * hf + 8 * nt + ecol(e);
+            if (j < L) a.dv[((row0 + j) * HV + hv) * V + col0 + n] = sm.beta[j] * acc[nt][e];
+            rsum[e >> 1] += to_f<T>(sv[j * LDS + n]) * acc[nt][e];
+          }
+        mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
+      }
+      if (s + 1 < NS) store_dvn(b ^ 1, xn);
+    }
+    // dq = scale exp(G_i) Y, dw = -Z (hi / lo), element (chunk row i, key channel d).
+#pragma unroll
+    for (int nt = 0; nt < NTV; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
+        sm.dq[i * LDF + d] = scale * expf(sm.G[i]) * accY[nt][e];
+        store_split<T>(-accZ[nt][e], &sm.dw_hi[i * LDK + d], &sm.dw_lo[i * LDK + d]);
+      }
+  }
+  __syncthreads();  // every warp is done with the stages
+
+  // ---- Pass 2 over V slices (v_new only): X^T = dh v_new^T and <h_c, dh_{c+1}>.
+  {
+    float accX[NTV][4];
+    mma::zero_acc(accX);
+    float hdh = 0.f;
+    const int n0k = cgp * 8 * NTV;
+    issue_slice(0, 0, false);
+    for (int s = 0; s < NS; ++s) {
+      const int b = s & 1;
+      const int64_t col0 = static_cast<int64_t>(s) * VS;
+      float2 dr[2][4], hr[2][4];
+      load_state_frag(dhc, col0, dr[0]);
+      load_state_frag(dhc, col0 + 16, dr[1]);
+      if (cgp == 0) {  // each (key channel, value column) once: the first column group's warps
+        load_state_frag(hc, col0, hr[0]);
+        load_state_frag(hc, col0 + 16, hr[1]);
+      }
+      mma::cp_async_wait<0>();
+      __syncthreads();
+      if (s + 1 < NS) issue_slice(s + 1, b ^ 1, false);
+      const T* svn = sm.slice(b, 1);
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        uint32_t xh[4], xl[4];
+        split_frag(dr[k2], xh, xl);
+#pragma unroll
+        for (int np = 0; np < NTV / 2; ++np) {
+          uint32_t bv[4];
+          ldb(bv, svn, LDS, 16 * k2, n0k + 16 * np);
+          mma2(accX[2 * np], accX[2 * np + 1], xh, bv);
+          mma2(accX[2 * np], accX[2 * np + 1], xl, bv);
+        }
+        if (cgp == 0)
+#pragma unroll
+          for (int m = 0; m < 4; ++m) hdh += hr[k2][m].x * dr[k2][m].x + hr[k2][m].y * dr[k2][m].y;
+      }
+    }
+    // dk = exp(G_last - G_i) X.
+#pragma unroll
+    for (int nt = 0; nt < NTV; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
+        sm.dk[i * LDF + d] = expf(gl - sm.G[i]) * accX[nt][e];
+      }
+    hdh = group_sum<32>(hdh);
+    if (lane == 0 && cgp == 0) atomicAdd(&sm.dG[L - 1], expf(gl) * hdh);
+  }
+  __syncthreads();  // dq, dk (first terms), dw complete; the stages are free
+
+  // Row sums of the first terms: dG_i += q_i . dq_i - s_i with s_i = k_i . dk_i (normalized q, k;
+  // rows < L), dG_{L-1} += sum_i s_i. Four lanes per row, KMAX / 4 channels each.
+  {
+    const int r = tid >> 2, d0 = (tid & 3) * (KMAX / 4);
+    float sq = 0.f, sk = 0.f;
+#pragma unroll 8
+    for (int d = d0; d < d0 + KMAX / 4; ++d) {
+      sq += sm.dq[r * LDF + d] * to_f<T>(sm.q[r * LDK + d]);
+      sk += sm.dk[r * LDF + d] * to_f<T>(sm.k[r * LDK + d]);
+    }
+    sq = group_sum<4>(sq) * sm.rq[r];
+    sk = group_sum<4>(sk) * sm.rk[r];
+    if ((tid & 3) == 0 && r < L) {
+      atomicAdd(&sm.dG[r], sq - sk);
+      atomicAdd(&sm.dG[L - 1], sk);
+    }
+  }
+
+  // ---- Mid (row role, elements (i, j) of the strip's column half): QK = q_raw k_raw^T,
+  // WK = dw k_raw^T; with dP, du -> S, dA, and the dP o P terms of dG.
+  T* S_hi = sm.ptile(0);
+  T* S_lo = sm.ptile(1);
+  T* dA_hi = sm.ptile(2);
+  T* dA_lo = sm.ptile(3);
+  T* tmp_hi = sm.ptile(4);
+  T* tmp_lo = sm.ptile(5);
+  {
+    float accQ[4][4], accW[4][4];
+    mma::zero_acc(accQ);
+    mma::zero_acc(accW);
+#pragma unroll
+    for (int kq = 0; kq < KMAX / 16; ++kq) {
+      uint32_t aq[4], awh[4], awl[4];
+      lda(aq, sm.q, LDK, 16 * rs, 16 * kq);
+      lda(awh, sm.dw_hi, LDK, 16 * rs, 16 * kq);
+      lda(awl, sm.dw_lo, LDK, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        if (2 * hf + np > rs) continue;
+        uint32_t bk[4];
+        ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
+        mma2(accQ[2 * np], accQ[2 * np + 1], aq, bk);
+        mma2(accW[2 * np], accW[2 * np + 1], awh, bk);
+        mma2(accW[2 * np], accW[2 * np + 1], awl, bk);
+      }
+    }
+    float rsum[2] = {0.f, 0.f}, csum[4][2] = {};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
+        float sv = 0.f, da = 0.f;
+        if (i < L && j <= i) {
+          const float gam = expf(sm.G[i] - sm.G[j]), rqk = sm.rq[i] * sm.rk[j];
+          const float dpg = scale * accP[nt][e] * gam;    // (dP o Gam)_ij
+          const float dPP = dpg * accQ[nt][e] * rqk;      // (dP o P)_ij
+          rsum[e >> 1] += dPP;
+          csum[nt][e & 1] -= dPP;
+          da = sm.beta[j] * (accU[nt][e] + expf(sm.G[j]) * sm.rk[j] * accW[nt][e]);
+          sv = dpg * rqk;
+        }
+        const int at = i * LDP + j;
+        store_split<T>(sv, &S_hi[at], &S_lo[at]);
+        store_split<T>(da, &dA_hi[at], &dA_lo[at]);
+      }
+    mma::add_row_sums(sm.dG, 16 * rs, rsum);
+    mma::add_column_sums(sm.dG + 32 * hf, csum);
+  }
+  __syncthreads();
+
+  // ---- S3 (row role; K columns [d0, d0 + K / 2)).
+  const int d0 = hf * (KMAX / 2);
+  {
+    float acc[NKH][4];
+    // dq_i += (sum_j S_ij k_raw_j) / rq_i  (S_ij = 0 for j > i: chunk steps kq <= rs).
+    mma::zero_acc(acc);
+    for (int kq = 0; kq <= rs; ++kq) {
+      uint32_t sh[4], sl[4];
+      lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
+      lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) {
+        uint32_t bk[4];
+        ldb_t(bk, sm.k, LDK, 16 * kq, d0 + 16 * np);
+        mma2(acc[2 * np], acc[2 * np + 1], sh, bk);
+        mma2(acc[2 * np], acc[2 * np + 1], sl, bk);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
+        sm.dq[i * LDF + d] += acc[nt][e] * sm.irq[i];
+      }
+    // dk_j += (sum_i S_ij q_raw_i) / rk_j  (i >= j: kq >= rs).
+    mma::zero_acc(acc);
+    for (int kq = rs; kq < 4; ++kq) {
+      uint32_t sh[4], sl[4];
+      lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
+      lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) {
+        uint32_t bq[4];
+        ldb_t(bq, sm.q, LDK, 16 * kq, d0 + 16 * np);
+        mma2(acc[2 * np], acc[2 * np + 1], sh, bq);
+        mma2(acc[2 * np], acc[2 * np + 1], sl, bq);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
+        sm.dk[j * LDF + d] += acc[nt][e] * sm.irk[j];
+      }
+    // dWb = A^T dw (A_ij = 0 for i < j: kq >= rs) -> dk_r += beta_r e_r dWb_r, dbeta_r += (e k o dWb)_r,
+    // dG_r += beta_r (e k o dWb)_r.
+    mma::zero_acc(acc);
+    for (int kq = rs; kq < 4; ++kq) {
+      uint32_t ah[4], al[4];
+      lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+      lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) {
+        uint32_t bh[4], bl[4];
+        ldb_t(bh, sm.dw_hi, LDK, 16 * kq, d0 + 16 * np);
+        ldb_t(bl, sm.dw_lo, LDK, 16 * kq, d0 + 16 * np);
+        mma2(acc[2 * np], acc[2 * np + 1], ah, bh);
+        mma2(acc[2 * np], acc[2 * np + 1], ah, bl);
+        mma2(acc[2 * np], acc[2 * np + 1], al, bh);
+      }
+    }
+    float rsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
+        const float er = expf(sm.G[r]);
+        sm.dk[r * LDF + d] += sm.beta[r] * er * acc[nt][e];
+        rsum[e >> 1] += er * to_f<T>(sm.k[r * LDK + d]) * acc[nt][e];
+      }
+    const int r0 = 16 * rs + grp;
+    rsum[0] *= sm.rk[r0];
+    rsum[1] *= sm.rk[r0 + 8];
+    const float rb[2] = {sm.beta[r0] * rsum[0], sm.beta[r0 + 8] * rsum[1]};
+    mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
+    mma::add_row_sums(sm.dG, 16 * rs, rb);
+  }
+
+  // ---- S5: tmp = dA A^T (dA_ij = 0 for j > i: kq <= rs), into shared memory as hi / lo.
+  {
+    float acc[4][4];
+    mma::zero_acc(acc);
+    for (int kq = 0; kq <= rs; ++kq) {
+      uint32_t ah[4], al[4];
+      lda(ah, dA_hi, LDP, 16 * rs, 16 * kq);
+      lda(al, dA_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t bh[4], bl[4];
+        ldb(bh, sm.A_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+        ldb(bl, sm.A_lo, LDP, 16 * kq, 32 * hf + 16 * np);
+        mma2(acc[2 * np], acc[2 * np + 1], ah, bh);
+        mma2(acc[2 * np], acc[2 * np + 1], ah, bl);
+        mma2(acc[2 * np], acc[2 * np + 1], al, bh);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int at = (16 * rs + erow(e)) * LDP + 32 * hf + 8 * nt + ecol(e);
+        store_split<T>(acc[nt][e], &tmp_hi[at], &tmp_lo[at]);
+      }
+  }
+  __syncthreads();  // tmp complete; S and dA are no longer read
+
+  // ---- S5b / S6: dM = -StrictLower(A^T tmp), KK = k_raw k_raw^T -> S2 = (dKk o Gam) rk_i rk_j (where
+  // S was), dbeta += rowsum(dM o Kk), dG += rowsum - colsum of dKk o Kk.
+  {
+    float accM[4][4], accK[4][4];
+    mma::zero_acc(accM);
+    mma::zero_acc(accK);
+    for (int kq = rs; kq < 4; ++kq) {  // (A^T)_im = A_mi = 0 for m < i
+      uint32_t ah[4], al[4];
+      lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+      lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        if (2 * hf + np > rs) continue;
+        uint32_t bh[4], bl[4];
+        ldb_t(bh, tmp_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+        ldb_t(bl, tmp_lo, LDP, 16 * kq, 32 * hf + 16 * np);
+        mma2(accM[2 * np], accM[2 * np + 1], ah, bh);
+        mma2(accM[2 * np], accM[2 * np + 1], ah, bl);
+        mma2(accM[2 * np], accM[2 * np + 1], al, bh);
+      }
+    }
+#pragma unroll
+    for (int kq = 0; kq < KMAX / 16; ++kq) {
+      uint32_t ak[4];
+      lda(ak, sm.k, LDK, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        if (2 * hf + np > rs) continue;
+        uint32_t bk[4];
+        ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
+        mma2(accK[2 * np], accK[2 * np + 1], ak, bk);
+      }
+    }
+    float rb[2] = {0.f, 0.f}, rg[2] = {0.f, 0.f}, cgs[4][2] = {};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
+        float out = 0.f;
+        if (i < L && j < i) {
+          const float gam = expf(sm.G[i] - sm.G[j]), rkk = sm.rk[i] * sm.rk[j];
+          const float Kk = accK[nt][e] * rkk * gam, dM = -accM[nt][e], dKk = sm.beta[i] * dM;
+          rb[e >> 1] += dM * Kk;
+          rg[e >> 1] += dKk * Kk;
+          cgs[nt][e & 1] -= dKk * Kk;
+          out = dKk * gam * rkk;
+        }
+        const int at = i * LDP + j;
+        store_split<T>(out, &S_hi[at], &S_lo[at]);
+      }
+    mma::add_row_sums(sm.dbeta, 16 * rs, rb);
+    mma::add_row_sums(sm.dG, 16 * rs, rg);
+    mma::add_column_sums(sm.dG + 32 * hf, cgs);
+  }
+  __syncthreads();
+
+  // ---- S6b: dk_r += (sum_j S2_rj k_raw_j + sum_i S2_ir k_raw_i) / rk_r (S2 strictly lower).
+  {
+    float acc[NKH][4];
+    mma::zero_acc(acc);
+    for (int kq = 0; kq < 4; ++kq) {
+      uint32_t sh[4], sl[4];
+      const bool below = kq <= rs, above = kq >= rs;  // S2 rows of the strip / S2^T rows of the strip
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 0 && !below) continue;
+        if (pass == 1 && !above) continue;
+        if (pass == 0) {
+          lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
+          lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
+        } else {
+          lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
+          lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
+        }
+#pragma unroll
+        for (int np = 0; np < NKH / 2; ++np) {
+          uint32_t bk[4];
+          ldb_t(bk, sm.k, LDK, 16 * kq, d0 + 16 * np);
+          mma2(acc[2 * np], acc[2 * np + 1], sh, bk);
+          mma2(acc[2 * np], acc[2 * np + 1], sl, bk);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
+        sm.dk[r * LDF + d] += acc[nt][e] * sm.irk[r];
+      }
+  }
+  __syncthreads();
+
+  // ---- Outputs. dg = reverse cumsum of dG inside the chunk (one thread: 64 adds).
+  if (tid == 0 && a.dg) {
+    float acc = 0.f;
+    for (int i = L - 1; i >= 0; --i) {
+      acc += sm.dG[i];
+      a.dg[(row0 + i) * HV + hv] = acc;
+    }
+  }
+  if (tid < L) a.dbeta[(row0 + tid) * HV + hv] = sm.dbeta[tid];
+  // dq, dk: with one value head per key head this block's values are the sums (stored); otherwise
+  // added over the group's value heads.
+  const bool sole = a.H == a.HV;
+  for (int e = tid; e < L * KMAX; e += THREADS) {
+    const int r = e / KMAX, d = e % KMAX;
+    const int64_t at = ((row0 + r) * a.H + head) * a.K + d;
+    if (sole) {
+      a.dq_acc[at] = sm.dq[r * LDF + d];
+      a.dk_acc[at] = sm.dk[r * LDF + d];
+    } else {
+      atomicAdd(&a.dq_acc[at], sm.dq[r * LDF + d]);
+      atomicAdd(&a.dk_acc[at], sm.dk[r * LDF + d]);
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
