@@ -27,23 +27,23 @@ bool lagged_dq() {
 
 template <typename T, int D, bool kLagDq>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mdo,
-                    const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
+                    const CUtensorMap& mdq, const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
   using Cfg = WgmmaBackwardConfig<D>;
   const int nblocks = (p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
   if (nblocks == 0 || p.num_seqs == 0 || p.heads_k == 0) return;
   auto kernel = attention_backward_wgmma_kernel<T, D, kLagDq>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.num_seqs) * nblocks), static_cast<unsigned>(p.heads_k));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, mdo, p, axes, nblocks);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, mdo, mdq, p, axes, nblocks);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int D>
 void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mdo,
-            const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
+            const CUtensorMap& mdq, const AttentionKernelParams& p, const WgmmaBackwardAxes& axes, cudaStream_t stream) {
   if constexpr (D <= 128)
-    if (lagged_dq()) return launch_variant<T, D, true>(mq, mk, mv, mdo, p, axes, stream);
-  launch_variant<T, D, false>(mq, mk, mv, mdo, p, axes, stream);
+    if (lagged_dq()) return launch_variant<T, D, true>(mq, mk, mv, mdo, mdq, p, axes, stream);
+  launch_variant<T, D, false>(mq, mk, mv, mdo, mdq, p, axes, stream);
 }
 
 }  // namespace
@@ -61,7 +61,7 @@ bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf
   const int64_t batches = varlen ? 1 : p.num_seqs;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
   if (batches == 0 || rows_q == 0 || rows_k == 0) return false;
-  CUtensorMap mq, mk, mv, mdo;
+  CUtensorMap mq, mk, mv, mdo, mdq;
   WgmmaBackwardAxes axes;
   const int kQRows = head_dim == 64    ? WgmmaBackwardConfig<64>::kBlockM
                      : head_dim == 128 ? WgmmaBackwardConfig<128>::kBlockM
@@ -74,15 +74,21 @@ bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf
       !make_tma_map_16bit(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, kKRows, &axes.k_rows_inner) ||
       !make_tma_map_16bit(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, kKRows, &axes.v_rows_inner))
     return false;
+  // The dQ accumulator's map (D <= 128 without the deterministic pass: the kernel adds staged tiles
+  // through it); unused otherwise, so left zeroed.
+  std::memset(&mdq, 0, sizeof mdq);
+  if (!p.deterministic && head_dim <= 128 &&
+      !make_tma_map_dq_accum(&mdq, p.dq_accum, p.total_q, p.heads_q, head_dim, kQRows))
+    return false;
   if (head_dim == 64)
-    bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, mdo, p, axes, stream)
-         : launch<__half, 64>(mq, mk, mv, mdo, p, axes, stream);
+    bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, mdo, mdq, p, axes, stream)
+         : launch<__half, 64>(mq, mk, mv, mdo, mdq, p, axes, stream);
   else if (head_dim == 256)
-    bf16 ? launch<__nv_bfloat16, 256>(mq, mk, mv, mdo, p, axes, stream)
-         : launch<__half, 256>(mq, mk, mv, mdo, p, axes, stream);
+    bf16 ? launch<__nv_bfloat16, 256>(mq, mk, mv, mdo, mdq, p, axes, stream)
+         : launch<__half, 256>(mq, mk, mv, mdo, mdq, p, axes, stream);
   else
-    bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, mdo, p, axes, stream)
-         : launch<__half, 128>(mq, mk, mv, mdo, p, axes, stream);
+    bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, mdo, mdq, p, axes, stream)
+         : launch<__half, 128>(mq, mk, mv, mdo, mdq, p, axes, stream);
   return true;
 }
 

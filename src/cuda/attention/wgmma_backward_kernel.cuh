@@ -70,10 +70,12 @@ struct WgmmaBackwardConfig {
   // dS^T as kBlockM / 64 panels of [128 keys][64 queries] (128-byte rows).
   static constexpr int kDSPanelBytes = kBlockN * 128;
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;
-  // dQ staging rows padded by 8 floats: the consumers' float2 stores (8 rows x 4 column pairs per
-  // half warp) then hit 32 distinct banks; 16-byte aligned rows for the bulk reduction.
-  static constexpr int kDqRowFloats = D + 8;
-  static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * kDqRowFloats * 4;
+  // dQ staging: D / 32 boxes of [kBlockM rows][32 floats], each the box of the dq_accum tensor map
+  // (tma_map.h) with its 128-byte swizzle: the 16-byte chunk c (columns 4c .. 4c + 3 of the box) of
+  // row r sits at chunk c ^ (r % 8). The reducer warp adds a whole tile with D / 32 TMA reductions;
+  // the swizzle keeps the consumers' float2 stores at two wavefronts per warp (8 rows x 8 chunks).
+  static constexpr int kDqBoxBytes = kBlockM * 128;
+  static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * D * 4;
   // Layout from a 1024-byte aligned base: K, V, Q ring, dO ring, dS^T x 2, dQ staging, lse ring,
   // shift ring, mbarriers.
   static constexpr int kOffK = 0;
@@ -89,6 +91,7 @@ struct WgmmaBackwardConfig {
   static constexpr int kNumBars = 3 + 3 * kStages + 4;
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
   static_assert(kOffDS % 1024 == 0 && kDSBytes % 1024 == 0, "dS^T buffers on swizzle-atom boundaries");
+  static_assert(kOffDq % 1024 == 0 && kDqBoxBytes % 1024 == 0, "dQ staging boxes on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
   // setmaxnreg split of the registers the CTA launched with (168 per thread x 384, what
   // __launch_bounds__(384, 1) gives): an increase beyond that pool never completes (the first D = 64
@@ -123,7 +126,8 @@ __global__ void __launch_bounds__(384, 1)
     attention_backward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                     const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v,
-                                    const __grid_constant__ CUtensorMap map_do, const AttentionKernelParams p,
+                                    const __grid_constant__ CUtensorMap map_do,
+                                    const __grid_constant__ CUtensorMap map_dq, const AttentionKernelParams p,
                                     const WgmmaBackwardAxes axes, int num_n_blocks) {
   using Cfg = WgmmaBackwardConfig<D>;
   using Ops = ElementOps<T>;
@@ -137,7 +141,6 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t sDq = smem0 + Cfg::kOffDq;
   float* lse_s = reinterpret_cast<float*>(base + Cfg::kOffLse);      // [ST][BM]
   float* shift_s = reinterpret_cast<float*>(base + Cfg::kOffShift);  // [ST][BM]
-  float* dq_s = reinterpret_cast<float*>(base + Cfg::kOffDq);        // [BM][kDqRowFloats]
   const uint32_t bar_kv_full = smem0 + Cfg::kOffBar;
   const uint32_t bar_q_full = bar_kv_full + 8;        // x ST
   const uint32_t bar_ls_full = bar_q_full + 8 * ST;   // x ST
@@ -196,6 +199,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::tma_prefetch_map(&map_k);
       sm90::tma_prefetch_map(&map_v);
       sm90::tma_prefetch_map(&map_do);
+      if (with_dq && !Cfg::kSplitD) sm90::tma_prefetch_map(&map_dq);
       const int qb = static_cast<int>(sv.q_batch), kb = static_cast<int>(sv.k_batch);
       const int k_row = static_cast<int>(sv.k_row0) + n0;
       sm90::mbar_arrive_expect_tx(bar_kv_full, 2 * Cfg::kKVBytes);
@@ -240,21 +244,20 @@ __global__ void __launch_bounds__(384, 1)
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
         sm90::mbar_wait(bar_dq_full, j & 1);
+        if (lane == 0) {
+          // dq_accum rows scratch_row0 + m0 .. + BM - 1 of head h, columns 32 b .. 32 b + 31 from box b.
+          // Rows past the sequence were staged as zeros (they may be the next sequence's rows);
+          // rows past the accumulator are skipped by TMA.
+          const int row = static_cast<int>(sv.scratch_row0) + tile.m0;
 #pragma unroll
-        for (int part = 0; part < BM / 32; ++part) {
-          const int r = lane + 32 * part;
-          if (tile.m0 + r < sv.len_q) {
-            // dq_accum is [total_q, Hq, D] fp32: row (scratch row, head) holds D contiguous floats.
-            float* dst = p.dq_accum + ((sv.scratch_row0 + tile.m0 + r) * p.heads_q + tile.h) * static_cast<int64_t>(D);
-            sm90::bulk_reduce_add_f32(dst, sDq + r * Cfg::kDqRowFloats * 4, D * 4);
-          }
+          for (int b = 0; b < D / 32; ++b) sm90::tma_reduce_add_3d(&map_dq, sDq + b * Cfg::kDqBoxBytes, 32 * b, tile.h, row);
+          sm90::bulk_commit();
+          sm90::bulk_wait_read_all();  // the staging buffer may be overwritten once TMA has read it
+          sm90::mbar_arrive(bar_dq_empty);
         }
-        sm90::bulk_commit();
-        sm90::bulk_wait_read_all();  // the staging buffer may be overwritten once every lane's reads are done
         __syncwarp();
-        if (lane == 0) sm90::mbar_arrive(bar_dq_empty);
       }
-      sm90::bulk_wait_all();
+      if (lane == 0) sm90::bulk_wait_all();
     }
     return;
   }
@@ -285,7 +288,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool kRowsPerWg = BM == 128;
   constexpr int kDqCols = kRowsPerWg ? D : D / 2;
   static_assert(Cfg::kSplitD || kDqCols == 64, "one 64-column K panel per warpgroup");
-  auto dq_product_and_stage = [&](uint32_t ds_buf, int ds_index, int item_j, int slot) {
+  auto dq_product_and_stage = [&](uint32_t ds_buf, int ds_index, int item_j, int slot, int rows_left) {
     const int dq_panel = kRowsPerWg ? cw : 0;  // dS^T panel = 64-query M tile
     const int dq_col0 = kRowsPerWg ? 0 : cw * kDqCols;
     float dq[kDqCols / 2];
@@ -305,13 +308,25 @@ __global__ void __launch_bounds__(384, 1)
     if (slot >= 0) sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
     if constexpr (kLagDq) sm90::mbar_arrive(bar_ds_empty + 8 * ds_index);
     sm90::mbar_wait(bar_dq_empty, (item_j & 1) ^ 1);
+    // Row qrow (+8 r) of the tile, columns col = dq_col0 + 8 i + 2 t (+1): box col / 32 =
+    // dq_col0 / 32 + i / 4, chunk (col % 32) / 4 = 2 (i % 4) + t / 2 stored at chunk ^ (row % 8) =
+    // (2 (i % 4)) ^ (t / 2) ^ g (the two terms of the chunk have disjoint bits), word 2 (t % 2) of
+    // the chunk. The lane's part is in `lane_addr`; the i-dependent chunk bits are XORed in (a
+    // 1024-byte aligned box and + 1024 for r leave bits 4 - 6 alone). Rows past the sequence are
+    // written as zeros: the TMA add of the whole box lands on them too.
     const int qrow = dq_panel * 64 + warp_in_wg * 16 + g;
+    const uint32_t lane_addr =
+        sDq + (dq_col0 / 32) * Cfg::kDqBoxBytes + qrow * 128 + ((((t4 >> 1) ^ g)) << 4) + (t4 & 1) * 8;
 #pragma unroll
-    for (int i = 0; i < kDqCols / 8; ++i)
+    for (int r = 0; r < 2; ++r) {
+      const bool valid = qrow + 8 * r < rows_left;  // rows_left = len_q - m0
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + dq_col0 + 8 * i + 2 * t4) =
-            make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]);
+      for (int i = 0; i < kDqCols / 8; ++i) {
+        const uint32_t addr = (lane_addr + (i / 4) * Cfg::kDqBoxBytes + r * 1024) ^ ((2 * (i % 4)) << 4);
+        const float x = valid ? dq[4 * i + 2 * r] : 0.f, y = valid ? dq[4 * i + 2 * r + 1] : 0.f;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+      }
+    }
     sm90::fence_proxy_async_shared();
     __syncwarp();
     if (lane == 0) sm90::mbar_arrive(bar_dq_full);
@@ -322,6 +337,7 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kLagDq)
       if (cw == 1) sm90::named_barrier_sync(2, 256);  // start after warpgroup 1's first scores
     int j = 0;
+    int prev_m0 = 0;  // kLagDq: first query row of the previous tile, whose dQ is staged a tile late
     for (int it = first; it >= 0; ++j) {
       const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
       const int slot = j % ST;
@@ -440,7 +456,7 @@ __global__ void __launch_bounds__(384, 1)
           if (j > 0) {  // dQ of the previous tile, whose dS^T both warpgroups wrote (completion (j-1)/2)
             const int pj = j - 1;
             sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
-            dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, slot);
+            dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, slot, sv.len_q - prev_m0);
           } else {
             sm90::wgmma_wait<0>();
             sm90::pin_registers(dv);
@@ -448,7 +464,7 @@ __global__ void __launch_bounds__(384, 1)
             sm90::mbar_arrive(bar_q_empty + 8 * slot);
           }
         } else {
-          dq_product_and_stage(ds_buf, j & 1, j, slot);
+          dq_product_and_stage(ds_buf, j & 1, j, slot, sv.len_q - tile.m0);
         }
         sm90::pin_fragments(pa, pds);  // the tensor cores read them until the wait above
       } else {
@@ -458,6 +474,7 @@ __global__ void __launch_bounds__(384, 1)
         sm90::pin_fragments(pa, pds);
         sm90::mbar_arrive(bar_q_empty + 8 * slot);
       }
+      prev_m0 = tile.m0;
       // Found after the tile, not before: nothing of the walk stays live through the products.
       it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
     }
@@ -465,7 +482,7 @@ __global__ void __launch_bounds__(384, 1)
       if (with_dq) {  // the last tile's dQ (j tiles were done)
         const int pj = j - 1;
         sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
-        dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, -1);
+        dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, -1, sv.len_q - prev_m0);
       }
     }
   }

@@ -93,6 +93,18 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, ui
                "r"(src), "r"(bytes)
                : "memory");
 }
+// global box at (c0, c1, c2) of a 3-D tensor map += the box in shared memory at `src` (laid out as
+// the map's swizzle says), fp32 adds done in L2, element-wise atomic (cp.reduce.async.bulk.tensor).
+// One instruction for a whole box: the backward's dQ tile goes out in D / 32 of them instead of one
+// bulk op per row, each of which the compiler issues lane by lane. Coordinates past the map's
+// extent are skipped. Tracked by the bulk async-group like bulk_reduce_add_f32.
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until this thread's committed bulk groups have finished reading their shared-memory source.
 __device__ __forceinline__ void bulk_wait_read_all() {
