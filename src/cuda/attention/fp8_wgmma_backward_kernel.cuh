@@ -423,12 +423,15 @@ __global__ void __launch_bounds__(384, 1)
       const float* shift = shift_s + s8 * BM;
       const float dp_scale = dps_s[s8];
       uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
-      if (cls == kTileFull && short_path_ok)
-        backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
-                                            n0 + key_row, m0, t4);
+      if (!short_path_ok)
+        backward_scores<kBwdScoresSoftcap, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+                                                    n0 + key_row, m0, t4);
+      else if (cls == kTileFull)
+        backward_scores<kBwdScoresFull, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+                                                 n0 + key_row, m0, t4);
       else
-        backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
-                                           n0 + key_row, m0, t4);
+        backward_scores<kBwdScoresMasked, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+                                                   n0 + key_row, m0, t4);
       sm90::mbar_arrive(bar_q8_empty + 8 * s8);  // done with q8, dO8, lse, shift, dP's scale
       if constexpr (kLag)
         if (cw == 0 && j == 0) sm90::named_barrier_arrive_id<2>(256);

@@ -369,12 +369,15 @@ __global__ void __launch_bounds__(384, 1)
       const float* lse = lse_s + slot * BM;
       const float* shift = shift_s + slot * BM;
       uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
-      if (cls == kTileFull && short_path_ok)
-        backward_scores<false, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask, n0 + key_row, tile.m0,
-                                        t4);
+      if (!short_path_ok)
+        backward_scores<kBwdScoresSoftcap, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
+                                                    n0 + key_row, tile.m0, t4);
+      else if (cls == kTileFull)
+        backward_scores<kBwdScoresFull, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
+                                                 n0 + key_row, tile.m0, t4);
       else
-        backward_scores<true, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask, n0 + key_row, tile.m0,
-                                       t4);
+        backward_scores<kBwdScoresMasked, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
+                                                   n0 + key_row, tile.m0, t4);
       if constexpr (kLagDq)
         if (cw == 0 && j == 0) sm90::named_barrier_arrive(2, 256);
       // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim), columns

@@ -15,27 +15,30 @@ namespace flashgrad::cuda_attn {
 // packed as soon as it is computed so that the fp32 scores die early (at D = 64, BM = 128, S^T and
 // dP^T alone take 128 registers). Accumulator element e = 4 i + 2 r + c sits at key row
 // 16 warp + g + 8 r of the warpgroup's 64 and query column 8 i + 2 t + c of the tile; it lands in
-// word pa[i / 2][2 (i % 2) + r], half c. kGeneral: per-element mask and softcap; otherwise a full
-// tile without softcap (raw S, scale folded into the exponent). qk_scale turns the raw S^T into
+// word pa[i / 2][2 (i % 2) + r], half c. Three modes (BackwardScoreMode), each inlined only where
+// its tiles need it: full tiles without softcap (raw S, scale folded into the exponent), masked
+// tiles without softcap (the same, then P = 0 outside the mask), and softcap (per element tanh /
+// soft_sign and mask). The masked mode is separate from the softcap one because a causal walk
+// alternates full and diagonal tiles: with the softcap code inlined into the diagonal tiles' path
+// the loop no longer fit the instruction cache (ncu, hd64 causal: 19% of warp samples stalled on
+// "no instruction"). qk_scale turns the raw S^T into
 // scaled scores and dp_scale the raw dP^T into dP: the softmax scale and 1 for 16-bit inputs, with
 // the e4m3 descales folded in for FP8 (descale_q descale_k scale, descale_dO descale_v).
-template <bool kGeneral, int BM, typename Ops>
-__device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const float (&dp)[BM / 2],
-                                                uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
-                                                const float* lse, const float* shift, float qk_scale,
-                                                float dp_scale, const AttentionKernelParams& p, const SequenceView& sv,
-                                                const MaskView& mask, int key0, int m0, int t) {
+enum BackwardScoreMode : int { kBwdScoresFull = 0, kBwdScoresMasked = 1, kBwdScoresSoftcap = 2 };
+
+// The element loop of backward_scores. kRangeOnly: the mask of both key rows is a query range
+// [q_lo, q_hi) (relative to m0 + 2t; MaskView::key_queries said so), checked by two compares per
+// element; otherwise (masked mode) every element asks MaskView::allowed, or (softcap mode) picks
+// one of the two at run time. Kept as separate unrolled copies so the causal diagonal tiles run a
+// short straight-line loop, not one that jumps over the general code of every element.
+template <int kMode, bool kRangeOnly, int BM, typename Ops>
+__device__ __forceinline__ void backward_scores_loop(const float (&s)[BM / 2], const float (&dp)[BM / 2],
+                                                     uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
+                                                     const float* lse, const float* shift, float qk_scale,
+                                                     float dp_scale, const AttentionKernelParams& p,
+                                                     const SequenceView& sv, const MaskView& mask, int key0, int m0,
+                                                     int t, const int (&q_lo)[2], const int (&q_hi)[2], bool ranged) {
   const float scale_log2 = qk_scale * kLog2e;
-  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
-  bool ranged = true;
-  if constexpr (kGeneral) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
-      q_lo[r] -= m0 + 2 * t;
-      q_hi[r] -= m0 + 2 * t;
-    }
-  }
 #pragma unroll
   for (int i = 0; i < BM / 8; ++i) {
     const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
@@ -48,18 +51,23 @@ __device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const 
         const int e = 4 * i + 2 * r + c;
         const float lq = c ? l.y : l.x, shq = c ? sh.y : sh.x;
         float pr, factor = 1.f;
-        if constexpr (kGeneral) {
+        if constexpr (kMode == kBwdScoresSoftcap) {
           const float x = apply_softcap(p.softcap_method, p.softcap, s[e] * qk_scale, factor);
           pr = fast_exp2(x * kLog2e - lq);
-          const int ir = 8 * i + c;  // query - m0 - 2t
-          bool ok = ir >= q_lo[r] && ir < q_hi[r];
-          if (!ranged) {
-            const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
-            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
-          }
-          if (!ok) pr = 0.f;
         } else {
           pr = fast_exp2(s[e] * scale_log2 - lq);
+        }
+        if constexpr (kMode != kBwdScoresFull) {
+          const int ir = 8 * i + c;  // query - m0 - 2t
+          const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
+          bool ok;
+          if constexpr (kRangeOnly)
+            ok = ir >= q_lo[r] && ir < q_hi[r];
+          else if constexpr (kMode == kBwdScoresMasked)
+            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
+          else
+            ok = ranged ? ir >= q_lo[r] && ir < q_hi[r] : qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
+          if (!ok) pr = 0.f;
         }
         pr2[c] = pr;
         ds2[c] = pr * (dp[e] * dp_scale - shq) * factor;
@@ -68,6 +76,30 @@ __device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const 
       pds[i / 2][2 * (i % 2) + r] = Ops::pack(ds2[0], ds2[1]);
     }
   }
+}
+
+template <int kMode, int BM, typename Ops>
+__device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const float (&dp)[BM / 2],
+                                                uint32_t (&pa)[BM / 16][4], uint32_t (&pds)[BM / 16][4],
+                                                const float* lse, const float* shift, float qk_scale,
+                                                float dp_scale, const AttentionKernelParams& p, const SequenceView& sv,
+                                                const MaskView& mask, int key0, int m0, int t) {
+  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
+  bool ranged = true;
+  if constexpr (kMode != kBwdScoresFull) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
+      q_lo[r] -= m0 + 2 * t;
+      q_hi[r] -= m0 + 2 * t;
+    }
+  }
+  if (kMode == kBwdScoresMasked && ranged)
+    backward_scores_loop<kMode, true, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask, key0, m0,
+                                               t, q_lo, q_hi, ranged);
+  else
+    backward_scores_loop<kMode, false, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask, key0,
+                                                m0, t, q_lo, q_hi, ranged);
 }
 
 }  // namespace flashgrad::cuda_attn
