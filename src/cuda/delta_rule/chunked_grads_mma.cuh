@@ -206,6 +206,12 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     for (int m = 0; m < 4; ++m) mma::split_pair<T>(x[m].x, x[m].y, hi[m], lo[m]);
   };
 
+  // h fragments of pass 1's first slice, in flight during the prologue (later slices: loaded right
+  // after the previous slice's use, in flight over the barrier and the row-role work).
+  float2 hr[2][4];
+  load_state_frag(hc, 0, hr[0]);
+  load_state_frag(hc, 16, hr[1]);
+
   // ---- Prologue.
   {
     const bool q_vec = key_rows_vectorizable(a.q), k_vec = key_rows_vectorizable(a.k);
@@ -216,12 +222,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     load_dvn(0, x);
     // A: rows i < L, columns j <= i (the stored rows hold zeros right of L; the mask also drops
     // anything above the diagonal). Piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4).
+    // All four loads first, so that they are in flight together.
+    float4 y[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
-      float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < L && j0 <= i) y = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
-      const float m[4] = {y.x, j0 + 1 <= i ? y.y : 0.f, j0 + 2 <= i ? y.z : 0.f, j0 + 3 <= i ? y.w : 0.f};
+      y[p] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < L && j0 <= i) y[p] = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
+    }
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
+      const float m[4] = {y[p].x, j0 + 1 <= i ? y[p].y : 0.f, j0 + 2 <= i ? y[p].z : 0.f, j0 + 3 <= i ? y[p].w : 0.f};
       uint2 hi, lo;
       mma::split_pair<T>(m[0], m[1], hi.x, lo.x);
       mma::split_pair<T>(m[2], m[3], hi.y, lo.y);
@@ -258,6 +270,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   float accP[4][4], accU[4][4];
   mma::zero_acc(accP);
   mma::zero_acc(accU);
+  // Pass 2's dh (and, for the first column group, h) fragments of a slice, two slices in registers:
+  // p2d[buffer][16-column step][fragment register].
+  float2 p2d[2][2][4], p2h[2][2][4];
+  auto load_pass2 = [&](int s, float2(&d)[2][4], float2(&h)[2][4]) {
+    const int64_t col0 = static_cast<int64_t>(s) * VS;
+    load_state_frag(dhc, col0, d[0]);
+    load_state_frag(dhc, col0 + 16, d[1]);
+    if (cgp == 0) {  // <h, dh>: each (key channel, value column) once, by the first column group's warps
+      load_state_frag(hc, col0, h[0]);
+      load_state_frag(hc, col0 + 16, h[1]);
+    }
+  };
   {
     float accY[NTV][4], accZ[NTV][4];
     mma::zero_acc(accY);
@@ -266,15 +290,14 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     for (int s = 0; s < NS; ++s) {
       const int b = s & 1;
       const int64_t col0 = static_cast<int64_t>(s) * VS;
-      float2 hr[2][4];  // h fragments of the slice's two 16-column steps, in flight over the barrier
-      load_state_frag(hc, col0, hr[0]);
-      load_state_frag(hc, col0 + 16, hr[1]);
       mma::cp_async_wait<0>();
       __syncthreads();  // slice s landed; every warp is done with stage b ^ 1 (slice s - 1)
       float4 xn[2];
       if (s + 1 < NS) {
         issue_slice(s + 1, b ^ 1, true);
         load_dvn(s + 1, xn);
+      } else {
+        issue_slice(0, b ^ 1, false);  // pass 2's first v_new slice (stage b ^ 1's last reader was slice s - 1)
       }
       const T* sdo = sm.slice(b, 0);
       const T* svn = sm.slice(b, 1);
@@ -295,8 +318,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           uint32_t bvn[4], bv[4];
           ldb(bvn, svn, LDS, 16 * k2, 32 * hf + 16 * np);
           ldb(bv, sv, LDS, 16 * k2, 32 * hf + 16 * np);
-          mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
           mma2(accU[2 * np], accU[2 * np + 1], auh, bv);
+          mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
           mma2(accU[2 * np], accU[2 * np + 1], aul, bv);
         }
         // Key role.
@@ -308,18 +331,24 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           ldb(bd, sdo, LDS, 16 * k2, n0k + 16 * np);
           ldb(bh, sdh, LDS, 16 * k2, n0k + 16 * np);
           ldb(bl, sdl, LDS, 16 * k2, n0k + 16 * np);
+          // Issue order: the mmas on one accumulator 4 (Y) / 4 and 2 (Z) apart.
           mma2(accY[2 * np], accY[2 * np + 1], hh, bd);
-          mma2(accY[2 * np], accY[2 * np + 1], hl, bd);
           mma2(accZ[2 * np], accZ[2 * np + 1], hh, bh);
+          mma2(accY[2 * np], accY[2 * np + 1], hl, bd);
           mma2(accZ[2 * np], accZ[2 * np + 1], hl, bh);
           mma2(accZ[2 * np], accZ[2 * np + 1], hh, bl);
         }
       }
+      if (s + 1 < NS) {
+        load_state_frag(hc, col0 + VS, hr[0]);
+        load_state_frag(hc, col0 + VS + 16, hr[1]);
+      }
       // Row role: dUb[j][n] = sum_i A_ij dv_new[i][col0 + n] for rows j of the strip, columns
       // [16 hf, +16) of the slice; A_ij = 0 for i < j, so only chunk steps kq >= rs.
       {
-        float acc[2][4];
+        float acc[2][4], accl[2][4];  // hi * hi; the lo terms (two chains of dependent mmas)
         mma::zero_acc(acc);
+        mma::zero_acc(accl);
         for (int kq = rs; kq < 4; ++kq) {
           uint32_t ah[4], al[4], bh[4], bl[4];
           lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
@@ -327,9 +356,13 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           ldb_t(bh, sdh, LDS, 16 * kq, 16 * hf);
           ldb_t(bl, sdl, LDS, 16 * kq, 16 * hf);
           mma2(acc[0], acc[1], ah, bh);
-          mma2(acc[0], acc[1], ah, bl);
-          mma2(acc[0], acc[1], al, bh);
+          mma2(accl[0], accl[1], ah, bl);
+          mma2(accl[0], accl[1], al, bh);
         }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] += accl[nt][e];
         float rsum[2] = {0.f, 0.f};
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -343,6 +376,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
       if (s + 1 < NS) store_dvn(b ^ 1, xn);
     }
+    // Pass 2's first dh (and h) fragments, in flight during this epilogue.
+    load_pass2(0, p2d[0], p2h[0]);
     // dq = scale exp(G_i) Y, dw = -Z (hi / lo), element (chunk row i, key channel d).
 #pragma unroll
     for (int nt = 0; nt < NTV; ++nt)
@@ -353,44 +388,42 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         store_split<T>(-accZ[nt][e], &sm.dw_hi[i * LDK + d], &sm.dw_lo[i * LDK + d]);
       }
   }
-  __syncthreads();  // every warp is done with the stages
 
-  // ---- Pass 2 over V slices (v_new only): X^T = dh v_new^T and <h_c, dh_{c+1}>.
+  // ---- Pass 2 over V slices (v_new only): X^T = dh v_new^T and <h_c, dh_{c+1}>. No barrier after
+  // pass 1: its stage 0 was refilled with this pass's first slice in its last step, and the loop's
+  // first barrier orders the rest. dh / h fragments two slices deep in registers (NS is even:
+  // V % 64 == 0), so a slice's loads are in flight during the previous slice's products.
   {
     float accX[NTV][4];
     mma::zero_acc(accX);
     float hdh = 0.f;
     const int n0k = cgp * 8 * NTV;
-    issue_slice(0, 0, false);
-    for (int s = 0; s < NS; ++s) {
+    auto step = [&](int s, const float2(&d)[2][4], const float2(&h)[2][4]) {
       const int b = s & 1;
-      const int64_t col0 = static_cast<int64_t>(s) * VS;
-      float2 dr[2][4], hr[2][4];
-      load_state_frag(dhc, col0, dr[0]);
-      load_state_frag(dhc, col0 + 16, dr[1]);
-      if (cgp == 0) {  // each (key channel, value column) once: the first column group's warps
-        load_state_frag(hc, col0, hr[0]);
-        load_state_frag(hc, col0 + 16, hr[1]);
-      }
       mma::cp_async_wait<0>();
       __syncthreads();
       if (s + 1 < NS) issue_slice(s + 1, b ^ 1, false);
       const T* svn = sm.slice(b, 1);
 #pragma unroll
       for (int k2 = 0; k2 < 2; ++k2) {
-        uint32_t xh[4], xl[4];
-        split_frag(dr[k2], xh, xl);
+        uint32_t xh[4], xl[4], bv[NTV / 2][4];
+        split_frag(d[k2], xh, xl);
 #pragma unroll
-        for (int np = 0; np < NTV / 2; ++np) {
-          uint32_t bv[4];
-          ldb(bv, svn, LDS, 16 * k2, n0k + 16 * np);
-          mma2(accX[2 * np], accX[2 * np + 1], xh, bv);
-          mma2(accX[2 * np], accX[2 * np + 1], xl, bv);
-        }
+        for (int np = 0; np < NTV / 2; ++np) ldb(bv[np], svn, LDS, 16 * k2, n0k + 16 * np);
+#pragma unroll
+        for (int np = 0; np < NTV / 2; ++np) mma2(accX[2 * np], accX[2 * np + 1], xh, bv[np]);
+#pragma unroll
+        for (int np = 0; np < NTV / 2; ++np) mma2(accX[2 * np], accX[2 * np + 1], xl, bv[np]);
         if (cgp == 0)
 #pragma unroll
-          for (int m = 0; m < 4; ++m) hdh += hr[k2][m].x * dr[k2][m].x + hr[k2][m].y * dr[k2][m].y;
+          for (int m = 0; m < 4; ++m) hdh += h[k2][m].x * d[k2][m].x + h[k2][m].y * d[k2][m].y;
       }
+    };
+    for (int s = 0; s < NS; s += 2) {
+      load_pass2(s + 1, p2d[1], p2h[1]);
+      step(s, p2d[0], p2h[0]);
+      if (s + 2 < NS) load_pass2(s + 2, p2d[0], p2h[0]);
+      step(s + 1, p2d[1], p2h[1]);
     }
     // dk = exp(G_last - G_i) X.
 #pragma unroll
@@ -446,8 +479,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         if (2 * hf + np > rs) continue;
         uint32_t bk[4];
         ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
-        mma2(accQ[2 * np], accQ[2 * np + 1], aq, bk);
         mma2(accW[2 * np], accW[2 * np + 1], awh, bk);
+        mma2(accQ[2 * np], accQ[2 * np + 1], aq, bk);
         mma2(accW[2 * np], accW[2 * np + 1], awl, bk);
       }
     }
@@ -482,17 +515,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     float acc[NKH][4];
     // dq_i += (sum_j S_ij k_raw_j) / rq_i  (S_ij = 0 for j > i: chunk steps kq <= rs).
     mma::zero_acc(acc);
+    // (In these products every B fragment of a chunk step is loaded first, then the hi products of all
+    // tiles, then the lo ones: the mmas on one accumulator are NKH apart.)
     for (int kq = 0; kq <= rs; ++kq) {
-      uint32_t sh[4], sl[4];
+      uint32_t sh[4], sl[4], bk[NKH / 2][4];
       lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
       lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) {
-        uint32_t bk[4];
-        ldb_t(bk, sm.k, LDK, 16 * kq, d0 + 16 * np);
-        mma2(acc[2 * np], acc[2 * np + 1], sh, bk);
-        mma2(acc[2 * np], acc[2 * np + 1], sl, bk);
-      }
+      for (int np = 0; np < NKH / 2; ++np) ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sh, bk[np]);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
     }
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
@@ -504,16 +538,15 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     // dk_j += (sum_i S_ij q_raw_i) / rk_j  (i >= j: kq >= rs).
     mma::zero_acc(acc);
     for (int kq = rs; kq < 4; ++kq) {
-      uint32_t sh[4], sl[4];
+      uint32_t sh[4], sl[4], bq[NKH / 2][4];
       lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
       lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) {
-        uint32_t bq[4];
-        ldb_t(bq, sm.q, LDK, 16 * kq, d0 + 16 * np);
-        mma2(acc[2 * np], acc[2 * np + 1], sh, bq);
-        mma2(acc[2 * np], acc[2 * np + 1], sl, bq);
-      }
+      for (int np = 0; np < NKH / 2; ++np) ldb_t(bq[np], sm.q, LDK, 16 * kq, d0 + 16 * np);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sh, bq[np]);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bq[np]);
     }
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
@@ -529,15 +562,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       uint32_t ah[4], al[4];
       lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
       lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+      uint32_t bh[NKH / 2][4], bl[NKH / 2][4];
 #pragma unroll
       for (int np = 0; np < NKH / 2; ++np) {
-        uint32_t bh[4], bl[4];
-        ldb_t(bh, sm.dw_hi, LDK, 16 * kq, d0 + 16 * np);
-        ldb_t(bl, sm.dw_lo, LDK, 16 * kq, d0 + 16 * np);
-        mma2(acc[2 * np], acc[2 * np + 1], ah, bh);
-        mma2(acc[2 * np], acc[2 * np + 1], ah, bl);
-        mma2(acc[2 * np], acc[2 * np + 1], al, bh);
+        ldb_t(bh[np], sm.dw_hi, LDK, 16 * kq, d0 + 16 * np);
+        ldb_t(bl[np], sm.dw_lo, LDK, 16 * kq, d0 + 16 * np);
       }
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bh[np]);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bl[np]);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
     }
     float rsum[2] = {0.f, 0.f};
 #pragma unroll
@@ -565,15 +601,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       uint32_t ah[4], al[4];
       lda(ah, dA_hi, LDP, 16 * rs, 16 * kq);
       lda(al, dA_lo, LDP, 16 * rs, 16 * kq);
+      uint32_t bh[2][4], bl[2][4];
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
-        uint32_t bh[4], bl[4];
-        ldb(bh, sm.A_hi, LDP, 16 * kq, 32 * hf + 16 * np);
-        ldb(bl, sm.A_lo, LDP, 16 * kq, 32 * hf + 16 * np);
-        mma2(acc[2 * np], acc[2 * np + 1], ah, bh);
-        mma2(acc[2 * np], acc[2 * np + 1], ah, bl);
-        mma2(acc[2 * np], acc[2 * np + 1], al, bh);
+        ldb(bh[np], sm.A_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+        ldb(bl[np], sm.A_lo, LDP, 16 * kq, 32 * hf + 16 * np);
       }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bh[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bl[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
     }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -595,16 +634,23 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       uint32_t ah[4], al[4];
       lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
       lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+      const int nps = std::min(2, rs - 2 * hf + 1);  // column blocks 2 hf + np <= rs only
+      uint32_t bh[2][4], bl[2][4];
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        if (2 * hf + np > rs) continue;
-        uint32_t bh[4], bl[4];
-        ldb_t(bh, tmp_hi, LDP, 16 * kq, 32 * hf + 16 * np);
-        ldb_t(bl, tmp_lo, LDP, 16 * kq, 32 * hf + 16 * np);
-        mma2(accM[2 * np], accM[2 * np + 1], ah, bh);
-        mma2(accM[2 * np], accM[2 * np + 1], ah, bl);
-        mma2(accM[2 * np], accM[2 * np + 1], al, bh);
-      }
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) {
+          ldb_t(bh[np], tmp_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+          ldb_t(bl[np], tmp_lo, LDP, 16 * kq, 32 * hf + 16 * np);
+        }
+#pragma unroll
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) mma2(accM[2 * np], accM[2 * np + 1], ah, bh[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) mma2(accM[2 * np], accM[2 * np + 1], ah, bl[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) mma2(accM[2 * np], accM[2 * np + 1], al, bh[np]);
     }
 #pragma unroll
     for (int kq = 0; kq < KMAX / 16; ++kq) {
@@ -647,12 +693,14 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     float acc[NKH][4];
     mma::zero_acc(acc);
     for (int kq = 0; kq < 4; ++kq) {
-      uint32_t sh[4], sl[4];
-      const bool below = kq <= rs, above = kq >= rs;  // S2 rows of the strip / S2^T rows of the strip
+      uint32_t bk[NKH / 2][4];
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
-        if (pass == 0 && !below) continue;
-        if (pass == 1 && !above) continue;
+        // pass 0: S2's rows of the strip (columns kq <= rs); pass 1: S2^T's (rows kq >= rs).
+        if (pass == 0 ? kq > rs : kq < rs) continue;
+        uint32_t sh[4], sl[4];
         if (pass == 0) {
           lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
           lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
@@ -661,12 +709,9 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
         }
 #pragma unroll
-        for (int np = 0; np < NKH / 2; ++np) {
-          uint32_t bk[4];
-          ldb_t(bk, sm.k, LDK, 16 * kq, d0 + 16 * np);
-          mma2(acc[2 * np], acc[2 * np + 1], sh, bk);
-          mma2(acc[2 * np], acc[2 * np + 1], sl, bk);
-        }
+        for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sh, bk[np]);
+#pragma unroll
+        for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
       }
     }
 #pragma unroll
