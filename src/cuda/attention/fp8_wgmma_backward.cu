@@ -68,7 +68,8 @@ bool launch_fp8_backward_wgmma(const Fp8KernelParams& f, const AttentionProblem&
   Fp8WgmmaBackwardMaps maps;
   Fp8WgmmaBackwardAxes axes;
   const fp8wb::MapSet set{&maps.q8, &maps.k8, &maps.v8, &maps.do8, &maps.q16, &maps.do16, &maps.k16,
-                          &axes.q8, &axes.k8, &axes.v8, &axes.do8, &axes.q16, &axes.do16, &axes.k16};
+                          &axes.q8, &axes.k8, &axes.v8, &axes.do8, &axes.q16, &axes.do16, &axes.k16,
+                          &maps.dq};
   if (!fp8wb::make_backward_maps(tensor_map_encoder(), f, rows_q, rows_k, batches, hd, block_m, block_n, set))
     return false;
   const int nb = static_cast<int>(nblocks);

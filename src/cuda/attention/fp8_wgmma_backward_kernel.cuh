@@ -54,6 +54,7 @@
 #include "fp8_wgmma_primitives.cuh"
 #include "sequence_and_mask.cuh"
 #include "wgmma_backward_scores.cuh"
+#include "wgmma_dq_staging.cuh"
 #include "wgmma_primitives.cuh"
 
 namespace flashgrad::cuda_attn::fp8wb {
@@ -93,9 +94,8 @@ struct Fp8WgmmaBackwardConfig {
   static constexpr int kDSPanelBytes = kBlockN * 128;
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;
   static constexpr int kDSBuffers = kLag ? 2 : 1;
-  // dQ staging (D <= 128) rows padded by 8 floats (conflict-free float2 stores, 16-byte aligned rows).
-  static constexpr int kDqRowFloats = D + 8;
-  static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * kDqRowFloats * 4;
+  // dQ staging (D <= 128): the swizzled boxes of wgmma_dq_staging.cuh, added by TMA reductions.
+  static constexpr int kDqBytes = kSplitD ? 0 : DqStaging<kBlockM>::bytes(D);
   static constexpr int kOffK8 = 0;
   static constexpr int kOffV8 = kKey8Bytes;
   static constexpr int kOffK16 = 2 * kKey8Bytes;
@@ -115,6 +115,7 @@ struct Fp8WgmmaBackwardConfig {
                     kKey8Bytes % 1024 == 0 && kDSBytes % 1024 == 0,
                 "TMA / wgmma tiles on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
+  static_assert(kOffDq % 1024 == 0, "dQ staging boxes on swizzle-atom boundaries");
   // setmaxnreg split of the 168 x 384 registers the CTA launches with (wgmma_backward_kernel.cuh).
   static constexpr int kConsumerRegs = 232;
   static constexpr int kProducerRegs = 40;
@@ -129,6 +130,7 @@ struct Fp8WgmmaBackwardAxes {
 
 struct Fp8WgmmaBackwardMaps {
   CUtensorMap q8, k8, v8, do8, q16, do16, k16;
+  CUtensorMap dq;  // the fp32 dQ accumulator (dq_accum_map.h); zeroed when unused (deterministic, D = 256)
 };
 
 __device__ __forceinline__ void tma_rows(uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows_inner, int c0,
@@ -180,7 +182,6 @@ __global__ void __launch_bounds__(384, 1)
   float* lse_s = reinterpret_cast<float*>(base + Cfg::kOffLse);      // [S8][BM]
   float* shift_s = reinterpret_cast<float*>(base + Cfg::kOffShift);  // [S8][BM]
   float* dps_s = reinterpret_cast<float*>(base + Cfg::kOffDpScale);  // [S8]
-  float* dq_s = reinterpret_cast<float*>(base + Cfg::kOffDq);        // [BM][kDqRowFloats]
   unsigned char* ds_s = base + Cfg::kOffDS;                          // dS^T, generic view
   const uint32_t bar_kv_full = smem0 + Cfg::kOffBar;
   const uint32_t bar_q8_full = bar_kv_full + 8;         // x S8
@@ -307,21 +308,13 @@ __global__ void __launch_bounds__(384, 1)
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
         sm90::mbar_wait(bar_dq_full, j & 1);
-#pragma unroll
-        for (int part = 0; part < BM / 32; ++part) {
-          const int r = lane + 32 * part;
-          if (m0 + r < sv.len_q) {
-            // dq_accum is [total_q, Hq, D] fp32: row (scratch row, head) holds D contiguous floats.
-            float* dst = p.dq_accum + ((sv.scratch_row0 + m0 + r) * p.heads_q + h) * static_cast<int64_t>(D);
-            sm90::bulk_reduce_add_f32(dst, sDq + r * Cfg::kDqRowFloats * 4, D * 4);
-          }
+        if (lane == 0) {  // rows scratch_row0 + m0 .. of head h (past the sequence: staged zeros)
+          reduce_dq_tile<BM, D>(&maps.dq, sDq, static_cast<int>(sv.scratch_row0) + m0, h);
+          sm90::mbar_arrive(bar_dq_empty);  // TMA has read the staging tile
         }
-        sm90::bulk_commit();
-        sm90::bulk_wait_read_all();  // the staging buffer may be overwritten once every lane's reads are done
         __syncwarp();
-        if (lane == 0) sm90::mbar_arrive(bar_dq_empty);
       }
-      sm90::bulk_wait_all();
+      if (lane == 0) sm90::bulk_wait_all();
     }
     return;
   }
@@ -351,7 +344,7 @@ __global__ void __launch_bounds__(384, 1)
   // (if >= 0) and, with kLag, dS^T buffer ds_index; then stages dQ for the reducer warp once it has
   // read item item_j - 1's. (not kSplitD)
   constexpr int kDqCols = D / 2;
-  auto dq_product_and_stage = [&](uint32_t ds_buf, int ds_index, int item_j, int slot16) {
+  auto dq_product_and_stage = [&](uint32_t ds_buf, int ds_index, int item_j, int slot16, int rows_left) {
     // Column cw * D/2 of k16: a panel of its own at D = 128, 64 bytes into the 128-byte rows at D = 64.
     const uint32_t dq_b_offset = D == 64 ? cw * 64 : cw * Cfg::kKeyPanelBytes;
     float dq[kDqCols / 2];
@@ -369,13 +362,8 @@ __global__ void __launch_bounds__(384, 1)
     if (slot16 >= 0) sm90::mbar_arrive(bar_q16_empty + 8 * slot16);  // done with q16, dO16
     if constexpr (kLag) sm90::mbar_arrive(bar_ds_empty + 8 * ds_index);
     sm90::mbar_wait(bar_dq_empty, (item_j & 1) ^ 1);
-    const int qrow = warp_in_wg * 16 + g;
-#pragma unroll
-    for (int i = 0; i < kDqCols / 8; ++i)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(dq_s + (qrow + 8 * r) * Cfg::kDqRowFloats + cw * kDqCols + 8 * i + 2 * t4) =
-            make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk);
+    // Rows at or past rows_left = len_q - m0 are staged as zeros (wgmma_dq_staging.cuh).
+    stage_dq_tile<BM, kDqCols>(sDq, dq, cw * kDqCols, warp_in_wg * 16 + g, g, t4, rows_left, dsk);
     sm90::fence_proxy_async_shared();
     __syncwarp();
     if (lane == 0) sm90::mbar_arrive(bar_dq_full);
@@ -386,6 +374,7 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kLag)
       if (cw == 1) sm90::named_barrier_sync_id<2>(256);  // start after warpgroup 1's first scores
     int j = 0;
+    int prev_m0 = 0;  // kLag: first query row of the previous tile, whose dQ is staged a tile late
     for (int it = first; it >= 0; ++j) {
       const int m0 = (it % walk.num_mb) * BM;
       const int s8 = j % S8, s16 = j % S16;
@@ -513,7 +502,7 @@ __global__ void __launch_bounds__(384, 1)
           if (j > 0) {  // dQ of the previous tile, whose dS^T both warpgroups wrote (completion (j-1)/2)
             const int pj = j - 1;
             sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
-            dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, s16);
+            dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, s16, sv.len_q - prev_m0);
           } else {
             sm90::wgmma_wait<0>();
             sm90::pin_registers(dv);
@@ -522,7 +511,7 @@ __global__ void __launch_bounds__(384, 1)
           }
           sm90::pin_fragments(pa, pds);  // the tensor cores read them until the wait above
         } else {
-          dq_product_and_stage(sDS, 0, j, s16);
+          dq_product_and_stage(sDS, 0, j, s16, sv.len_q - m0);
           sm90::pin_fragments(pa, pds);  // the tensor cores read them until the wait above
         }
       } else {
@@ -532,6 +521,7 @@ __global__ void __launch_bounds__(384, 1)
         sm90::pin_fragments(pa, pds);
         sm90::mbar_arrive(bar_q16_empty + 8 * s16);
       }
+      prev_m0 = m0;
       // Found after the tile, not before: nothing of the walk stays live through the products.
       it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
     }
@@ -539,7 +529,7 @@ __global__ void __launch_bounds__(384, 1)
       if (with_dq) {  // the last tile's dQ (j tiles were done, j >= 1)
         const int pj = j - 1;
         sm90::mbar_wait(bar_ds_full + 8 * (pj & 1), (pj >> 1) & 1);
-        dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, -1);
+        dq_product_and_stage(sDS + (pj & 1) * Cfg::kDSBytes, pj & 1, pj, -1, sv.len_q - prev_m0);
       }
     }
   }

@@ -16,8 +16,10 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "attention_kernel_params.h"
+#include "dq_accum_map.h"
 #include "fp8_kernel_params.h"
 #include "fp8_wgmma_maps.h"
 
@@ -64,7 +66,7 @@ inline bool make_workspace_map(EncodeTiled encode, CUtensorMap* map, const void*
   return make_panel_map(encode, map, base, st, elem_bytes, rows, heads, 1, head_dim, box_rows, rows_inner);
 }
 
-// The seven maps of the kernel (struct Fp8WgmmaBackwardMaps / Fp8WgmmaBackwardAxes of the kernel
+// The maps of the kernel (struct Fp8WgmmaBackwardMaps / Fp8WgmmaBackwardAxes of the kernel
 // header, passed as their members so that this header needs no device code): q8, dO16 by the
 // caller's strides (64-row boxes), k8, v8 (128-row boxes), and the workspace's dO8, q16 (64 rows),
 // k16 (128 rows). rows_q / rows_k: the token extent of the q / k tensors (Sq, Sk padded; Tq, Tk
@@ -73,11 +75,16 @@ struct MapSet {
   CUtensorMap *q8, *k8, *v8, *do8, *q16, *do16, *k16;
   int *q8_rows_inner, *k8_rows_inner, *v8_rows_inner, *do8_rows_inner, *q16_rows_inner, *do16_rows_inner,
       *k16_rows_inner;
+  CUtensorMap* dq;  // the dQ accumulator (D <= 128, not deterministic), else zeroed
 };
 inline bool make_backward_maps(EncodeTiled encode, const Fp8KernelParams& f, int64_t rows_q, int64_t rows_k,
                                int64_t batches, int head_dim, int box_q, int box_k, const MapSet& m) {
   const AttentionKernelParams& p = f.base;
   const int eb16 = 2;
+  std::memset(m.dq, 0, sizeof(CUtensorMap));
+  if (!p.deterministic && head_dim <= 128 &&
+      !make_dq_accum_map(encode, m.dq, p.dq_accum, p.total_q, p.heads_q, head_dim, box_q))
+    return false;
   return make_panel_map(encode, m.q8, p.q, p.q_st, 1, rows_q, p.heads_q, batches, head_dim, box_q, m.q8_rows_inner) &&
          make_panel_map(encode, m.k8, p.k, p.k_st, 1, rows_k, p.heads_k, batches, head_dim, box_k, m.k8_rows_inner) &&
          make_panel_map(encode, m.v8, p.v, p.v_st, 1, rows_k, p.heads_k, batches, head_dim, box_k, m.v8_rows_inner) &&

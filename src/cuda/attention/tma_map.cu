@@ -1,6 +1,8 @@
 // Host side of the TMA tensor maps (tma_map.h).
 #include "tma_map.h"
 
+#include "dq_accum_map.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -57,21 +59,7 @@ bool make_tma_map_16bit(CUtensorMap* map, const void* base, const RowMajorStride
 }
 
 bool make_tma_map_dq_accum(CUtensorMap* map, float* base, int64_t rows, int64_t heads, int head_dim, int box_rows) {
-  const TensorMapEncoder encode = tensor_map_encoder();
-  if (encode == nullptr || base == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0) return false;
-  if (rows <= 0 || rows >= (int64_t{1} << 31) || heads <= 0 || head_dim % 32 != 0) return false;
-  // Element (d, h, r) at base + (r * heads + h) * head_dim + d.
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_dim) * 4,
-                                 static_cast<cuuint64_t>(heads) * static_cast<cuuint64_t>(head_dim) * 4};
-  if (strides[1] >= (cuuint64_t{1} << 40)) return false;
-  const cuuint32_t box[3] = {32, 1, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
+  return make_dq_accum_map(tensor_map_encoder(), map, base, rows, heads, head_dim, box_rows);
 }
 
 }  // namespace flashgrad::cuda_attn

@@ -28,10 +28,7 @@ TensorMapEncoder tensor_map_encoder();
 bool make_tma_map_16bit(CUtensorMap* map, const void* base, const RowMajorStrides& st, int64_t rows, int64_t heads,
                         int64_t batches, int head_dim, bool bf16, int box_rows, int* rows_inner);
 
-// The backward's fp32 dQ accumulator [rows, heads, head_dim] (rows = scratch rows) as a 3-D map
-// (head_dim, heads, rows) with a box of 32 columns (128 bytes, the SWIZZLE_128B span) x 1 head x
-// box_rows rows, for cp.reduce.async.bulk.tensor adds of a staged dQ tile. False when TMA cannot
-// describe it (base not 16-byte aligned, rows past 2^31, no driver entry point).
+// The map of the backward's fp32 dQ accumulator (dq_accum_map.h) with the driver's encoder.
 bool make_tma_map_dq_accum(CUtensorMap* map, float* base, int64_t rows, int64_t heads, int head_dim, int box_rows);
 
 }  // namespace flashgrad::cuda_attn

@@ -39,6 +39,7 @@
 
 #include "attention_backward_kernel.cuh"
 #include "wgmma_backward_scores.cuh"
+#include "wgmma_dq_staging.cuh"
 #include "wgmma_forward_kernel.cuh"
 #include "wgmma_primitives.cuh"
 
@@ -70,12 +71,9 @@ struct WgmmaBackwardConfig {
   // dS^T as kBlockM / 64 panels of [128 keys][64 queries] (128-byte rows).
   static constexpr int kDSPanelBytes = kBlockN * 128;
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;
-  // dQ staging: D / 32 boxes of [kBlockM rows][32 floats], each the box of the dq_accum tensor map
-  // (tma_map.h) with its 128-byte swizzle: the 16-byte chunk c (columns 4c .. 4c + 3 of the box) of
-  // row r sits at chunk c ^ (r % 8). The reducer warp adds a whole tile with D / 32 TMA reductions;
-  // the swizzle keeps the consumers' float2 stores at two wavefronts per warp (8 rows x 8 chunks).
-  static constexpr int kDqBoxBytes = kBlockM * 128;
-  static constexpr int kDqBytes = kSplitD ? 0 : kBlockM * D * 4;
+  // dQ staging: the swizzled boxes of wgmma_dq_staging.cuh, added to dq_accum by TMA reductions.
+  static constexpr int kDqBoxBytes = DqStaging<kBlockM>::kBoxBytes;
+  static constexpr int kDqBytes = kSplitD ? 0 : DqStaging<kBlockM>::bytes(D);
   // Layout from a 1024-byte aligned base: K, V, Q ring, dO ring, dS^T x 2, dQ staging, lse ring,
   // shift ring, mbarriers.
   static constexpr int kOffK = 0;
@@ -244,16 +242,9 @@ __global__ void __launch_bounds__(384, 1)
       for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
         const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
         sm90::mbar_wait(bar_dq_full, j & 1);
-        if (lane == 0) {
-          // dq_accum rows scratch_row0 + m0 .. + BM - 1 of head h, columns 32 b .. 32 b + 31 from box b.
-          // Rows past the sequence were staged as zeros (they may be the next sequence's rows);
-          // rows past the accumulator are skipped by TMA.
-          const int row = static_cast<int>(sv.scratch_row0) + tile.m0;
-#pragma unroll
-          for (int b = 0; b < D / 32; ++b) sm90::tma_reduce_add_3d(&map_dq, sDq + b * Cfg::kDqBoxBytes, 32 * b, tile.h, row);
-          sm90::bulk_commit();
-          sm90::bulk_wait_read_all();  // the staging buffer may be overwritten once TMA has read it
-          sm90::mbar_arrive(bar_dq_empty);
+        if (lane == 0) {  // rows scratch_row0 + m0 .. of head h (past the sequence: staged zeros)
+          reduce_dq_tile<BM, D>(&map_dq, sDq, static_cast<int>(sv.scratch_row0) + tile.m0, tile.h);
+          sm90::mbar_arrive(bar_dq_empty);  // TMA has read the staging tile
         }
         __syncwarp();
       }
@@ -308,25 +299,8 @@ __global__ void __launch_bounds__(384, 1)
     if (slot >= 0) sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
     if constexpr (kLagDq) sm90::mbar_arrive(bar_ds_empty + 8 * ds_index);
     sm90::mbar_wait(bar_dq_empty, (item_j & 1) ^ 1);
-    // Row qrow (+8 r) of the tile, columns col = dq_col0 + 8 i + 2 t (+1): box col / 32 =
-    // dq_col0 / 32 + i / 4, chunk (col % 32) / 4 = 2 (i % 4) + t / 2 stored at chunk ^ (row % 8) =
-    // (2 (i % 4)) ^ (t / 2) ^ g (the two terms of the chunk have disjoint bits), word 2 (t % 2) of
-    // the chunk. The lane's part is in `lane_addr`; the i-dependent chunk bits are XORed in (a
-    // 1024-byte aligned box and + 1024 for r leave bits 4 - 6 alone). Rows past the sequence are
-    // written as zeros: the TMA add of the whole box lands on them too.
-    const int qrow = dq_panel * 64 + warp_in_wg * 16 + g;
-    const uint32_t lane_addr =
-        sDq + (dq_col0 / 32) * Cfg::kDqBoxBytes + qrow * 128 + ((((t4 >> 1) ^ g)) << 4) + (t4 & 1) * 8;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const bool valid = qrow + 8 * r < rows_left;  // rows_left = len_q - m0
-#pragma unroll
-      for (int i = 0; i < kDqCols / 8; ++i) {
-        const uint32_t addr = (lane_addr + (i / 4) * Cfg::kDqBoxBytes + r * 1024) ^ ((2 * (i % 4)) << 4);
-        const float x = valid ? dq[4 * i + 2 * r] : 0.f, y = valid ? dq[4 * i + 2 * r + 1] : 0.f;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-      }
-    }
+    stage_dq_tile<BM, kDqCols>(sDq, dq, dq_col0, dq_panel * 64 + warp_in_wg * 16 + g, g, t4, rows_left,
+                               1.f);
     sm90::fence_proxy_async_shared();
     __syncwarp();
     if (lane == 0) sm90::mbar_arrive(bar_dq_full);

@@ -79,6 +79,12 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// Two floats to shared memory at a 32-bit shared address (8-byte aligned): the dQ staging stores,
+// kept on 32-bit addresses (a generic pointer costs the consumer registers it does not have).
+__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
 // Orders this thread's ordinary shared-memory stores before later reads by the async proxy (wgmma
 // operands, bulk copies): the backward writes dS^T and the dQ tile with st.shared, then wgmma / a
 // bulk reduction reads them.

@@ -257,8 +257,9 @@ struct EmuMap {
   const uint8_t* base;
   int rank;
   int swizzle;  // bytes of the swizzle span: 128, 64, 32, or 0
+  int elem;     // bytes per element: 1 (UINT8: the operand maps) or 4 (FLOAT32: the dQ accumulator)
   int64_t dims[5];
-  int64_t strides[5];  // bytes; strides[0] = 1 (one-byte elements)
+  int64_t strides[5];  // bytes; strides[0] = elem
   uint32_t box[5];
 };
 static_assert(sizeof(EmuMap) <= sizeof(CUtensorMap), "the emulated map must fit in a CUtensorMap");
@@ -275,8 +276,10 @@ CUresult emu_encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
                    : swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 64
                    : swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 32
                                                           : 0;
-  bool ok = type == CU_TENSOR_MAP_DATA_TYPE_UINT8 && rank >= 1 && rank <= 5 &&
-            reinterpret_cast<std::uintptr_t>(base) % 16 == 0 && (span == 0 || box[0] <= static_cast<cuuint32_t>(span));
+  const int elem = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 1;
+  bool ok = (type == CU_TENSOR_MAP_DATA_TYPE_UINT8 || type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32) && rank >= 1 &&
+            rank <= 5 && reinterpret_cast<std::uintptr_t>(base) % 16 == 0 &&
+            (span == 0 || box[0] * elem <= static_cast<cuuint32_t>(span));
   for (cuuint32_t i = 0; ok && i < rank; ++i) {
     ok = dims[i] >= 1 && dims[i] < (cuuint64_t{1} << 32) && box[i] >= 1 && box[i] <= 256 && elem_strides[i] == 1;
     if (i + 1 < rank) ok = ok && strides[i] % 16 == 0 && strides[i] < (cuuint64_t{1} << 40);
@@ -288,7 +291,8 @@ CUresult emu_encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
   m.base = static_cast<const uint8_t*>(base);
   m.rank = static_cast<int>(rank);
   m.swizzle = span;
-  m.strides[0] = 1;
+  m.elem = elem;
+  m.strides[0] = elem;
   for (int i = 0; i < m.rank; ++i) {
     m.dims[i] = static_cast<int64_t>(dims[i]);
     m.box[i] = box[i];
@@ -520,7 +524,7 @@ inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int 
   const int c[4] = {c0, c1, c2, c3};
   EmuMap m;
   std::memcpy(&m, map, sizeof(m));
-  if (m.rank != 4) emu_fail("TMA load with a map of another rank");
+  if (m.rank != 4 || m.elem != 1) emu_fail("TMA load with a map of another rank or element size");
   int64_t volume = 1;
   for (int i = 0; i < 4; ++i) volume *= m.box[i];
   if ((dst % 1024) != 0 && m.swizzle == 128) emu_fail("TMA SWIZZLE_128B destination not 1024-byte aligned");
@@ -554,6 +558,38 @@ inline void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
     std::memcpy(&x, smem_w + src + 4 * i, 4);
     std::atomic_ref<float>(dst[i]).fetch_add(x);
   }
+}
+// global box at (c0, c1, c2) of a 3-D fp32 map += the box in shared memory at src (element l of the
+// box, in box order, at the swizzled address of src + 4 l), element-wise atomically (done at
+// issue); elements outside the map's extent are skipped, as TMA does.
+inline void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  const int c[3] = {c0, c1, c2};
+  EmuMap m;
+  std::memcpy(&m, map, sizeof(m));
+  if (m.rank != 3 || m.elem != 4) emu_fail("TMA reduce-add with a map that is not 3-D fp32");
+  if ((src % 1024) != 0 && m.swizzle == 128) emu_fail("TMA SWIZZLE_128B source not 1024-byte aligned");
+  const int64_t volume = int64_t{m.box[0]} * m.box[1] * m.box[2];
+  for (int64_t l = 0; l < volume; ++l) {
+    int64_t rem = l, off = 0;
+    bool inside = true;
+    for (int i = 0; i < 3; ++i) {
+      const int64_t idx = c[i] + rem % m.box[i];
+      rem /= m.box[i];
+      inside = inside && idx >= 0 && idx < m.dims[i];
+      off += idx * m.strides[i];
+    }
+    const uint32_t a = swizzle_address(src + static_cast<uint32_t>(4 * l), m.swizzle);
+    if (a + 4 > static_cast<uint32_t>(kSmemW)) emu_fail("TMA reduce source outside shared memory");
+    if (!inside) continue;
+    float x;
+    std::memcpy(&x, smem_w + a, 4);
+    std::atomic_ref<float>(*reinterpret_cast<float*>(const_cast<uint8_t*>(m.base) + off)).fetch_add(x);
+  }
+}
+inline void st_shared_v2_f32(uint32_t addr, float x, float y) {
+  if (addr % 8 != 0 || addr + 8 > static_cast<uint32_t>(kSmemW)) emu_fail("st.shared.v2.f32 misaligned or outside");
+  std::memcpy(smem_w + addr, &x, 4);
+  std::memcpy(smem_w + addr + 4, &y, 4);
 }
 inline void bulk_commit() {}
 inline void bulk_wait_read_all() {}
@@ -814,7 +850,8 @@ Fp8Outputs run_emulated(Fp8Case& c) {
   fp8wb::Fp8WgmmaBackwardMaps maps;
   fp8wb::Fp8WgmmaBackwardAxes axes;
   const fp8wb::MapSet set{&maps.q8, &maps.k8, &maps.v8, &maps.do8, &maps.q16, &maps.do16, &maps.k16,
-                          &axes.q8, &axes.k8, &axes.v8, &axes.do8, &axes.q16, &axes.do16, &axes.k16};
+                          &axes.q8, &axes.k8, &axes.v8, &axes.do8, &axes.q16, &axes.do16, &axes.k16,
+                          &maps.dq};
   const int64_t batches = c.varlen ? 1 : c.n;
   const int64_t rows_q = c.varlen ? c.tq : c.max_q, rows_k = c.varlen ? c.tk : c.max_k;
   if (!fp8wb::make_backward_maps(emu_encode, f, rows_q, rows_k, batches, D, WCfg::kBlockM, WCfg::kBlockN, set)) {
