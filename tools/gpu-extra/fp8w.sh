@@ -13,7 +13,9 @@
 #   4. bench/attention/fp8_wgmma_bench.cu (built here against build-gpu's libflashgrad.a): forward
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256 / 64,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
-#      output difference on the timed inputs (the variants whose tests passed in 3);
+#      output difference on the timed inputs (the variants whose tests passed in 3); first the
+#      default (w) beside w4, the same schedule on session 4's instruction stream
+#      (FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0), so the session-5 instruction cut is timed in one process;
 #   5. with the time left: ncu of one default-variant forward per head dim (pipes, stalls, issue).
 # A compact summary comes last.
 set -uo pipefail
@@ -59,9 +61,9 @@ bench_ready() {  # waits for the background build once; true when the forward be
 }
 # The default variant's numbers first (the variants below could trap and end a bench process).
 if [ -n "$lib" ] && bench_ready && [ "$(left)" -gt 30 ]; then
-  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default)"
-  timeout -k 3 30 /tmp/fp8w_bench w > "$OUT/extra/fp8w_bench_default.log" 2>&1
-  status+=("fp8_wgmma_bench w rc=$?")
+  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default w, session-4 stream w4)"
+  timeout -k 3 35 /tmp/fp8w_bench w w4 > "$OUT/extra/fp8w_bench_default.log" 2>&1
+  status+=("fp8_wgmma_bench w w4 rc=$?")
   cat "$OUT/extra/fp8w_bench_default.log"
   table=$(cat "$OUT/extra/fp8w_bench_default.log")
 elif [ -n "$lib" ]; then

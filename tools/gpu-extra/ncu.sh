@@ -5,7 +5,8 @@
 # warp-state stalls, instruction mix, per-SASS-line stall samples), exported as the
 # text and the SASS source page (csv, the report itself is dropped: too large to bring back).
 #   rows (bench/attention/attention_bench.cu, profile mode): 4 = B4 H16 S4096 d64 non-causal,
-#   5 = the same causal, 2 = B2 H16 S8192 d128 non-causal; FP8 forward hd128 B2 H16 S8192.
+#   5 = the same causal, 2 = B2 H16 S8192 d128 non-causal, 6 = B2 H16 S8192 d256; the FP8 backward
+#   (bench/attention/fp8_bench.cu: its first call, hd128 non-causal) and forward hd128 B2 H16 S8192.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -43,8 +44,18 @@ profile() {  # profile NAME KERNEL_REGEX CMD...
     tail -5 "$OUT/extra/ncu/$name.run.log"
   fi
 }
-FLASHGRAD_PROFILE_ROW=4 profile bwd_d64 attention_backward_wgmma /tmp/ncu_attn_bench /tmp profile
-FLASHGRAD_PROFILE_ROW=5 profile bwd_d64_causal attention_backward_wgmma /tmp/ncu_attn_bench /tmp profile
-FLASHGRAD_PROFILE_ROW=2 profile bwd_d128 attention_backward_wgmma /tmp/ncu_attn_bench /tmp profile
-profile fp8_fwd_d128 fp8_attention_forward_wgmma /tmp/ncu_fp8_bench 2 16 8192 w d128 none
+# FLASHGRAD_NCU_SET picks the kernels (default: all below, in this order).
+set_=${FLASHGRAD_NCU_SET:-"bwd_d64_causal bwd_d64 bwd_d256 bwd_d128 fwd_d128 fp8_bwd_d128 fp8_fwd_d128"}
+nvcc $flags bench/attention/fp8_bench.cu "$lib" -lcuda -o /tmp/ncu_fp8_fb_bench >> "$OUT/extra/ncu/build.log" 2>&1
+for k in $set_; do
+  case $k in
+    bwd_d64) FLASHGRAD_PROFILE_ROW=4 profile $k attention_backward_wgmma /tmp/ncu_attn_bench /tmp profile ;;
+    bwd_d64_causal) FLASHGRAD_PROFILE_ROW=5 profile $k attention_backward_wgmma /tmp/ncu_attn_bench /tmp profile ;;
+    bwd_d128) FLASHGRAD_PROFILE_ROW=2 profile $k attention_backward_wgmma /tmp/ncu_attn_bench /tmp profile ;;
+    bwd_d256) FLASHGRAD_PROFILE_ROW=6 profile $k attention_backward_wgmma /tmp/ncu_attn_bench /tmp profile ;;
+    fwd_d128) FLASHGRAD_PROFILE_ROW=2 profile $k attention_forward_wgmma /tmp/ncu_attn_bench /tmp profile ;;
+    fp8_bwd_d128) profile $k fp8_attention_backward_wgmma /tmp/ncu_fp8_fb_bench 2 16 8192 ;;
+    fp8_fwd_d128) profile $k fp8_attention_forward_wgmma /tmp/ncu_fp8_bench 2 16 8192 w d128 none ;;
+  esac
+done
 echo "== ncu done ($(( $(date +%s) - t0 )) s)"

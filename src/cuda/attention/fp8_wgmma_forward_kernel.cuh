@@ -145,7 +145,11 @@ __device__ __forceinline__ float fp8w_exp2_poly(float x) {
 // -inf outside the row's key range [lo, hi) (and diag).
 // kPolyExp: every fourth 8-key column group's exponentials on the FMA pipe (fp8w_exp2_poly) instead
 // of MUFU, which the exponentials and the e4m3 conversions share.
-template <int kMode, int BN, bool kPolyExp = false>
+// kLean (session 5, the default; false = session 4's instruction stream, for timing both in one
+// process): the partial max / sum chains start from their first elements instead of -inf / 0
+// (fmaxf(-inf, x) and 0 + x cannot be folded away by the compiler: NaN and -0 semantics), 16
+// instructions fewer per block.
+template <int kMode, int BN, bool kPolyExp = false, bool kLean = false>
 __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                    float (&rescale)[2], const AttentionKernelParams& p,
                                                    float qk_scale, const MaskView& mask, int row0, int n0, int t) {
@@ -180,12 +184,24 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
   const float mul = kGeneral ? 1.f : scale_log2;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    // 4 interleaved partial chains (two consumer warps per scheduler cannot hide one long chain).
-    float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float mx;
+    if constexpr (kLean) {
+      // 4 interleaved partial chains (two consumer warps per scheduler cannot hide one long chain),
+      // each starting at its first pair.
+      float part[4];
 #pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
-      part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-    float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+      for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * r], s[4 * k + 2 * r + 1]);
+#pragma unroll
+      for (int nt = 4; nt < BN / 8; ++nt)
+        part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+      mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    } else {
+      float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+        part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+      mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    }
     mx = fmaxf(quad_max(mx) * mul, row_max[r]);
     // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
     const float base = mx == -INFINITY ? 0.f : mx;
@@ -202,7 +218,10 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
         s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base448);
         s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base448);
       }
-      sum[nt % 4] += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+      if (kLean && nt < 4)
+        sum[nt] = s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];  // each chain starts at its first pair
+      else
+        sum[nt % 4] += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
     }
     row_sum[r] = row_sum[r] * rescale[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
   }
@@ -222,6 +241,37 @@ __device__ __forceinline__ void fp8w_pack_p(const float (&s)[BN / 2], uint32_t (
     a[ks][2] = fp8::pack_e4m3x4(c[8], c[9], c[12], c[13]);
     a[ks][3] = fp8::pack_e4m3x4(c[10], c[11], c[14], c[15]);
   }
+}
+
+// A descriptor whose start address is `units` * 16 bytes further on. The start address is the
+// descriptor's low field, bits 0-13 = (addr & 0x3FFFF) >> 4; every shared address the kernel forms
+// stays below 2^18 bytes (the 227 KB window), so the field never carries into bit 14 and a 32-bit
+// add on the low word is exact. Keeping the high word (SBO, layout type) as it is lets the compiler
+// hold it once: one uniform add per wgmma operand instead of rebuilding the descriptor from the
+// address (and, mask, shift, or: five dependent uniform instructions per operand in session 4).
+__device__ __forceinline__ uint64_t fp8w_desc_add(uint64_t desc, uint32_t units) {
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + units);
+}
+
+// End of the run of key blocks (of LN keys) that are kTileFull for the CTA's query rows [m0, m1),
+// computed once, so that the hot loop steps through them without MaskView::classify (about 30
+// instructions and two indirect branches per block on the mask kind). 0 where no such closed form
+// is used (window, prefix-LM, candidate masks; rows past the sequence): every block then takes
+// next_key_block. Block nb (keys [nb LN, (nb + 1) LN)) is full, by classify, iff the rows are
+// inside (m1 <= len_q), its keys are inside ((nb + 1) LN <= len_k, i.e. nb < len_k / LN) and the
+// mask allows every pair: always for kMaskNone; for kMaskCausal iff its last key (nb + 1) LN - 1 is
+// at most the first row's last key a0 = m0 + offset, i.e. nb + 1 <= (a0 + 1) / LN (a0 + 1 >= 0).
+// Full blocks are never empty. Blocks from `first` below the returned end are all full.
+template <int LN>
+__device__ __forceinline__ int fp8w_full_run_end(const MaskView& mask, int m0, int m1) {
+  if (m1 > mask.len_q) return 0;
+  const int inside = mask.len_k / LN;
+  if (mask.kind == kMaskNone) return inside;
+  if (mask.kind == kMaskCausal) {
+    const int a1 = m0 + mask.offset + 1;  // a0 + 1
+    return a1 <= 0 ? 0 : imin(inside, a1 / LN);
+  }
+  return 0;
 }
 
 __device__ __forceinline__ float fp8w_descale(const float* d, int64_t st_n, int64_t st_h, int n, int hk) {
@@ -259,7 +309,11 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // outside the turns.
 // kSchedule: see Fp8wForwardConfig; kSerial with kPingpong is FA3's inter-warpgroup schedule alone.
 // kPolyExp: see fp8w_softmax_block.
-template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false>
+// kLean (session 5; default true): the consumer loop's instruction count cut (descriptors built once
+// and advanced by fp8w_desc_add, full key blocks stepped through without classify, ring slot and
+// phase kept incrementally, max / sum chains without -inf / 0 starts); the
+// same products, schedule and numerics. false: session 4's instruction stream, for timing both.
+template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -368,15 +422,33 @@ __global__ void __launch_bounds__(384, 1)
   float ob[kOne ? 1 : NC / 2];
   uint32_t pa[BN / 32][4];
 
-  // S = Q K^T of sub-block `sub` of a slot, issued (not waited for).
+  // kLean: the descriptors of this warpgroup's Q rows, of K slot 0 and of V^T slot 0, advanced
+  // by fp8w_desc_add (offsets in 16-byte units) to the operand each wgmma reads.
+  constexpr int RB = Cfg::kRowBytes, SR = Cfg::kStepsPerRow;
+  const uint64_t q_desc = fp8w_qk_desc<RB>(sQ + cw * 64 * RB);
+  const uint64_t k_desc = fp8w_qk_desc<RB>(sK);
+  const uint64_t vt_desc = sm90::smem_desc(sVt, 16, 1024);
+
+  // S = Q K^T of sub-block `sub` of a slot, issued (not waited for). k32 step kk reads bytes
+  // [32 (kk % SR), +32) of the rows of panel kk / SR, in Q and K alike.
   auto issue_qk = [&](int slot, int sub) {
     sm90::wgmma_fence();
+    if constexpr (kLean) {
+      // K slot `slot`, sub-block `sub`: rows sub BN .. sub BN + BN - 1 of the slot's 128-row panels.
+      const uint64_t kd = fp8w_desc_add(k_desc, slot * (Cfg::kKBytes >> 4) + sub * (BN * RB >> 4));
+      const uint64_t qd = sm90::opaque_u64(q_desc);  // one register pair live across the loop, not four
 #pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk) {
-      constexpr int RB = Cfg::kRowBytes, SR = Cfg::kStepsPerRow;
-      const uint32_t a = sQ + (kk / SR) * Cfg::kPanelBytes + cw * 64 * RB + (kk % SR) * 32;
-      const uint32_t b = sK + slot * Cfg::kKBytes + (kk / SR) * Cfg::kPanelBytes + sub * BN * RB + (kk % SR) * 32;
-      sm90::wgmma_e4m3_ss<BN>(s, fp8w_qk_desc<RB>(a), fp8w_qk_desc<RB>(b), kk > 0);
+      for (int kk = 0; kk < D / 32; ++kk) {
+        const uint32_t step = ((kk / SR) * Cfg::kPanelBytes + (kk % SR) * 32) >> 4;
+        sm90::wgmma_e4m3_ss<BN>(s, fp8w_desc_add(qd, step), fp8w_desc_add(kd, step), kk > 0);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk) {
+        const uint32_t a = sQ + (kk / SR) * Cfg::kPanelBytes + cw * 64 * RB + (kk % SR) * 32;
+        const uint32_t b = sK + slot * Cfg::kKBytes + (kk / SR) * Cfg::kPanelBytes + sub * BN * RB + (kk % SR) * 32;
+        sm90::wgmma_e4m3_ss<BN>(s, fp8w_qk_desc<RB>(a), fp8w_qk_desc<RB>(b), kk > 0);
+      }
     }
     sm90::wgmma_commit();
   };
@@ -387,11 +459,19 @@ __global__ void __launch_bounds__(384, 1)
     sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < BN / 32; ++ks) {
-      const uint32_t b = sVt + slot * Cfg::kVtBytes + c * NC * 128 + (sub * (BN / 32) + ks) * 32;
+      // V^T slot `slot`, rows (head dims) [NC c, NC (c + 1)) of 128 bytes, keys of k32 step
+      // sub BN / 32 + ks at byte 32 (sub BN / 32 + ks) of each row.
+      uint64_t vd;
+      if constexpr (kLean) {
+        vd = fp8w_desc_add(vt_desc, slot * (Cfg::kVtBytes >> 4) + c * (NC * 128 >> 4) + (sub * (BN / 32) + ks) * 2);
+      } else {
+        const uint32_t b = sVt + slot * Cfg::kVtBytes + c * NC * 128 + (sub * (BN / 32) + ks) * 32;
+        vd = sm90::smem_desc(b, 16, 1024);
+      }
       if constexpr (kOne)
-        sm90::wgmma_e4m3_rs<D>(o, pa[ks], sm90::smem_desc(b, 16, 1024), 1);
+        sm90::wgmma_e4m3_rs<D>(o, pa[ks], vd, 1);
       else
-        sm90::wgmma_e4m3_rs<NC>(ob, pa[ks], sm90::smem_desc(b, 16, 1024), ks > 0);
+        sm90::wgmma_e4m3_rs<NC>(ob, pa[ks], vd, ks > 0);
     }
     sm90::wgmma_commit();
   };
@@ -426,18 +506,29 @@ __global__ void __launch_bounds__(384, 1)
   auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
     const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;
     if (tile_cls == kTileFull && short_path_ok)
-      fp8w_softmax_block<kFp8wFull, BN, kPolyExp>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+      fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
+                                                         n0, t4);
     else if (p.softcap_method == kSoftcapOff)
-      fp8w_softmax_block<kFp8wMasked, BN, kPolyExp>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
+      fp8w_softmax_block<kFp8wMasked, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
+                                                           n0, t4);
     else
-      fp8w_softmax_block<kFp8wSoftcap, BN, kPolyExp>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0,
-                                                     t4);
+      fp8w_softmax_block<kFp8wSoftcap, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
+                                                            n0, t4);
   };
 
   // Items are (key block nb, sub-block sub); `it` counts key blocks (ring position) as the producer
   // does. Per item j (P(j) in registers, rescale(j) kept in rs_prev):
   //   issue S(j+1); issue P(j) V(j) chunk 0; wait for S(j+1); softmax(j+1) -> rs_next while chunk 0
   //   runs; wait; fold chunk 0 with rs_prev; the other chunks issued and folded in turn; pack P(j+1).
+  // The key block after nb and its class; kLean: blocks below full_end by the closed form.
+  const int full_end = kLean ? fp8w_full_run_end<LN>(w.mask, m0, m0 + BM) : 0;
+  auto next_block = [&](int nb, int& next_cls) {
+    if (kLean && nb + 1 < full_end) {
+      next_cls = kTileFull;
+      return nb + 1;
+    }
+    return next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, next_cls);
+  };
   int cls = kTileEmpty;
   int nb = next_key_block<LN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
   if (kSchedule == kSerial && nb >= 0) {
@@ -451,7 +542,7 @@ __global__ void __launch_bounds__(384, 1)
       const int slot = it % ST;
       const uint32_t phase = (it / ST) & 1;
       int n_cls = kTileEmpty;
-      const int n_nb = next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, n_cls);
+      const int n_nb = next_block(nb, n_cls);
 #pragma unroll 1
       for (int sub = 0; sub < SUB; ++sub) {
         sm90::mbar_wait(bar_k_full + 8 * slot, phase);
@@ -481,7 +572,10 @@ __global__ void __launch_bounds__(384, 1)
       cls = n_cls;
     }
   } else if (nb >= 0) {
-    int it = 0, sub = 0;
+    // Ring position of the current item's key block: slot = it % ST, phase = (it / ST) & 1 (kLean:
+    // advanced incrementally with the block; else recomputed from it, as session 4 did).
+    int it = 0, sub = 0, slot = 0;
+    uint32_t phase = 0;
     sm90::mbar_wait(bar_q_full, 0);
     sm90::mbar_wait(bar_k_full, 0);
     if constexpr (kPingpong)
@@ -498,16 +592,26 @@ __global__ void __launch_bounds__(384, 1)
 
     for (;;) {
       // The next item: the next sub-block of this key block, or the next key block's first.
-      int n_nb = nb, n_sub = sub + 1, n_it = it, n_cls = cls;
+      int n_nb = nb, n_sub = sub + 1, n_it = it, n_cls = cls, n_slot = slot;
+      uint32_t n_phase = phase;
       if (n_sub == SUB) {
         n_sub = 0;
-        n_nb = next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, n_cls);
+        n_nb = next_block(nb, n_cls);
         n_it = it + 1;
         if (n_nb < 0) break;
+        if constexpr (kLean) {
+          n_slot = slot + 1 == ST ? 0 : slot + 1;
+          n_phase = n_slot == 0 ? phase ^ 1u : phase;
+        }
       }
-      const int slot = it % ST, n_slot = n_it % ST;
-      sm90::mbar_wait(bar_k_full + 8 * n_slot, (n_it / ST) & 1);
-      sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+      if constexpr (!(kLean)) {
+        slot = it % ST;
+        phase = (it / ST) & 1;
+        n_slot = n_it % ST;
+        n_phase = (n_it / ST) & 1;
+      }
+      sm90::mbar_wait(bar_k_full + 8 * n_slot, n_phase);
+      sm90::mbar_wait(bar_v_full + 8 * slot, phase);
       wait_turn();
       issue_qk(n_slot, n_sub);
       issue_pv(slot, sub, 0);
@@ -535,10 +639,11 @@ __global__ void __launch_bounds__(384, 1)
       sub = n_sub;
       it = n_it;
       cls = n_cls;
+      slot = n_slot;
+      phase = n_phase;
     }
     // The last item's P V (its sub-block is the last of its key block).
-    const int slot = it % ST;
-    sm90::mbar_wait(bar_v_full + 8 * slot, (it / ST) & 1);
+    sm90::mbar_wait(bar_v_full + 8 * slot, phase);
     wait_turn();
     issue_pv(slot, sub, 0);
     pass_turn(true);

@@ -123,6 +123,14 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t
     wgmma_e4m3_rs_n64(d, a, b_desc, scale_d);
 }
 
+// x, which the compiler may not assume it knows: a loop-invariant value passed through here inside
+// the loop is recomputed from one register there instead of hoisted as several derived values that
+// would each hold a register across the loop (the FP8 forward's four Q descriptors: 8 registers).
+__device__ __forceinline__ uint64_t opaque_u64(uint64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
 // One box of a 3-D tensor map into shared memory; completion is counted on `bar` in bytes.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2) {

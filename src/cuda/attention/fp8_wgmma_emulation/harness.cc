@@ -428,6 +428,9 @@ template <int N>
 inline void pin_registers(float (&)[N]) {}
 inline void pin_words(uint32_t (&)[4]) {}
 
+// fp8_wgmma_primitives.cuh's opaque value: the identity.
+inline uint64_t opaque_u64(uint64_t x) { return x; }
+
 template <int BN>
 inline void wgmma_e4m3_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
   emu_wgmma(d, BN, nullptr, a_desc, b_desc, scale_d);
@@ -517,7 +520,7 @@ std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h,
 
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
 // bhsd (padded cases): q, k, v stored [B, H, S, D].
-template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false>
+template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -606,8 +609,9 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   launch(c.n * key_blocks, cfg.hk, 256, [&] { fp8w::fp8w_transpose_v_kernel<D>(f, key_blocks); });
   const int mblocks = (c.max_q + 127) / 128;
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
-  launch(tiles, 1, 384,
-         [&] { fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp>(mq, mk, mvt, f, axes, mblocks); });
+  launch(tiles, 1, 384, [&] {
+    fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean>(mq, mk, mvt, f, axes, mblocks);
+  });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
   return true;
@@ -629,12 +633,15 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
               what, rms, rms_emu, err, base, atol, ok ? "ok" : "FAIL");
 }
 
-// The kernel variant: bit 0 ping-pong, bit 1 serial, bit 3 one-level (Fp8wSchedule); bit 2: inputs
+// The kernel variant: bit 0 ping-pong, bit 1 serial, bit 3 one-level (Fp8wSchedule), bit 4 polynomial
+// exp2 (on session 4's stream, as the host launches it), bit 5 session 4's instruction stream
+// (kLean = false; overlapped schedule); bit 2: inputs
 // stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   const bool bhsd = variant & 4;
-  if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true>(c, r, bhsd);
+  if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false, false>(c, r, bhsd);
+  if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
   if (variant & 8)
     return variant & 1 ? run_emulated<D, true, fp8w::kOneLevel>(c, r, bhsd)
                        : run_emulated<D, false, fp8w::kOneLevel>(c, r, bhsd);
@@ -654,6 +661,7 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   const char* names[4] = {"", " (ping-pong)", " (serial)", " (serial ping-pong)"};
   std::printf("  case %s%s%s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 8 ? " (one-level P V)" : "",
               variant & 16 ? " (polynomial exp2)" : "", variant & 4 ? " [B, H, S, D] inputs" : "");
+  if (variant & 32) std::printf("    (session 4 instruction stream: kLean = false)\n");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -781,6 +789,35 @@ int main(int argc, char** argv) {
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c);
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 8);
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 16);
+  }
+  {
+    // Runs of full key blocks (kLean steps through them by fp8w_full_run_end): rows inside the
+    // sequence (Sq a multiple of 128 per CTA), Sk not a multiple of 128 (a partial last block), and
+    // causal with Sk > Sq (offset > 0: full blocks up to the diagonal shifted right) and Sk < Sq
+    // (offset < 0: the first row blocks see no full block). Each also on session 4's stream (32).
+    Fp8Config c;
+    c.batch = 1;
+    c.hq = 2;
+    c.hk = 1;
+    c.sq = 256;
+    c.sk = 700;
+    for (int d : {64, 128, 256}) {
+      c.d = d;
+      c.mask = MaskKind::none;
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c);
+      c.mask = MaskKind::causal;
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c);
+    }
+    c.d = 128;
+    add("causal d128 Sq=256 Sk=700 (full-block runs)", c, 32);
+    c.mask = MaskKind::none;
+    add("none d128 Sq=256 Sk=700 (full-block runs)", c, 32);
+    c.mask = MaskKind::causal;
+    c.sq = 640;
+    c.sk = 300;
+    add("causal d128 Sq=640 Sk=300 (offset < 0)", c);
+    c.d = 256;
+    add("causal d256 Sq=640 Sk=300 (offset < 0)", c);
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
