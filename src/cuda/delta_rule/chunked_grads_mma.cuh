@@ -21,7 +21,8 @@
 //     folded into the fp32 operand that meets them (see S and S2 below).
 //
 // Warp roles (wp = warp index 0..7, lane = 4 grp + tig):
-//   row role: rs = wp % 4, hf = wp / 4: output rows [16 rs, +16) and column half hf of a product
+//   row role: hf = wp / 4, rs = wp % 4 (hf = 0) or 3 - wp % 4 (hf = 1): output rows [16 rs, +16) and
+//     column half hf of a product
 //     (64-column products: columns [32 hf, +32), 4 tiles; K-column products: [hf K / 2, +K / 2),
 //     K / 16 tiles; dUb slices: [16 hf, +16)). dq, dk rows are updated by their row-role owner only
 //     after pass 2, so no barrier separates those updates.
@@ -116,7 +117,9 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
   const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
-  const int rs = wp & 3, hf = wp >> 2;        // row role
+  // Row role: warps wp and wp + 4 share a scheduler (SM sub-partition wp % 4); giving them strips
+  // rs and 3 - rs balances the triangular products (work ~ rs + 1 or 4 - rs) across schedulers.
+  const int hf = wp >> 2, rs = hf == 0 ? (wp & 3) : 3 - (wp & 3);
   const int kst = wp % KS, cgp = wp / KS;     // key role
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
   const int NS = static_cast<int>(V / VS);
@@ -439,12 +442,13 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   __syncthreads();  // dq, dk (first terms), dw complete; the stages are free
 
   // Row sums of the first terms: dG_i += q_i . dq_i - s_i with s_i = k_i . dk_i (normalized q, k;
-  // rows < L), dG_{L-1} += sum_i s_i. Four lanes per row, KMAX / 4 channels each.
+  // rows < L), dG_{L-1} += sum_i s_i. Four lanes per row, channels d = lane % 4 + 4 t (the 32 lanes'
+  // fp32 reads fall in 32 banks: row pitch = 4 mod 32).
   {
-    const int r = tid >> 2, d0 = (tid & 3) * (KMAX / 4);
+    const int r = tid >> 2;
     float sq = 0.f, sk = 0.f;
 #pragma unroll 8
-    for (int d = d0; d < d0 + KMAX / 4; ++d) {
+    for (int d = tid & 3; d < KMAX; d += 4) {
       sq += sm.dq[r * LDF + d] * to_f<T>(sm.q[r * LDK + d]);
       sk += sm.dk[r * LDF + d] * to_f<T>(sm.k[r * LDK + d]);
     }
@@ -735,14 +739,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   if (tid < L) a.dbeta[(row0 + tid) * HV + hv] = sm.dbeta[tid];
   // dq, dk: with one value head per key head this block's values are the sums (stored); otherwise
   // added over the group's value heads.
-  const bool sole = a.H == a.HV;
-  for (int e = tid; e < L * KMAX; e += THREADS) {
-    const int r = e / KMAX, d = e % KMAX;
-    const int64_t at = ((row0 + r) * a.H + head) * a.K + d;
-    if (sole) {
-      a.dq_acc[at] = sm.dq[r * LDF + d];
-      a.dk_acc[at] = sm.dk[r * LDF + d];
-    } else {
+  if (a.H == a.HV) {
+    // 16-byte pieces: row r = e / (K / 4), channels 4 (e % (K / 4)) + [0, 4) (K, LDF multiples of 4).
+    for (int e = tid; e < L * (KMAX / 4); e += THREADS) {
+      const int r = e / (KMAX / 4), d = 4 * (e % (KMAX / 4));
+      const int64_t at = ((row0 + r) * a.H + head) * a.K + d;
+      *reinterpret_cast<float4*>(a.dq_acc + at) = *reinterpret_cast<const float4*>(&sm.dq[r * LDF + d]);
+      *reinterpret_cast<float4*>(a.dk_acc + at) = *reinterpret_cast<const float4*>(&sm.dk[r * LDF + d]);
+    }
+  } else {
+    for (int e = tid; e < L * KMAX; e += THREADS) {
+      const int r = e / KMAX, d = e % KMAX;
+      const int64_t at = ((row0 + r) * a.H + head) * a.K + d;
       atomicAdd(&a.dq_acc[at], sm.dq[r * LDF + d]);
       atomicAdd(&a.dk_acc[at], sm.dk[r * LDF + d]);
     }
