@@ -261,7 +261,7 @@ __device__ __forceinline__ uint64_t fp8w_desc_add(uint64_t desc, uint32_t units)
 // inside (m1 <= len_q), its keys are inside ((nb + 1) LN <= len_k, i.e. nb < len_k / LN) and the
 // mask allows every pair: always for kMaskNone; for kMaskCausal iff its last key (nb + 1) LN - 1 is
 // at most the first row's last key a0 = m0 + offset, i.e. nb + 1 <= (a0 + 1) / LN (a0 + 1 >= 0).
-// Full blocks are never empty. Blocks from `first` below the returned end are all full.
+// Full blocks are never empty. Every block below the returned end is full.
 template <int LN>
 __device__ __forceinline__ int fp8w_full_run_end(const MaskView& mask, int m0, int m1) {
   if (m1 > mask.len_q) return 0;
@@ -311,8 +311,8 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // kPolyExp: see fp8w_softmax_block.
 // kLean (session 5; default true): the consumer loop's instruction count cut (descriptors built once
 // and advanced by fp8w_desc_add, full key blocks stepped through without classify, ring slot and
-// phase kept incrementally, max / sum chains without -inf / 0 starts); the
-// same products, schedule and numerics. false: session 4's instruction stream, for timing both.
+// phase kept incrementally, max / sum chains without -inf / 0 starts); the same products, schedule
+// and numerics. false: session 4's instruction stream, for timing both.
 template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -516,10 +516,6 @@ __global__ void __launch_bounds__(384, 1)
                                                             n0, t4);
   };
 
-  // Items are (key block nb, sub-block sub); `it` counts key blocks (ring position) as the producer
-  // does. Per item j (P(j) in registers, rescale(j) kept in rs_prev):
-  //   issue S(j+1); issue P(j) V(j) chunk 0; wait for S(j+1); softmax(j+1) -> rs_next while chunk 0
-  //   runs; wait; fold chunk 0 with rs_prev; the other chunks issued and folded in turn; pack P(j+1).
   // The key block after nb and its class; kLean: blocks below full_end by the closed form.
   const int full_end = kLean ? fp8w_full_run_end<LN>(w.mask, m0, m0 + BM) : 0;
   auto next_block = [&](int nb, int& next_cls) {
@@ -572,6 +568,11 @@ __global__ void __launch_bounds__(384, 1)
       cls = n_cls;
     }
   } else if (nb >= 0) {
+    // Items are (key block nb, sub-block sub); `it` counts key blocks (ring position) as the
+    // producer does. Per item j (P(j) in registers, rescale(j) kept in rs_prev):
+    //   issue S(j+1); issue P(j) V(j) chunk 0; wait for S(j+1); softmax(j+1) -> rs_next while chunk
+    //   0 runs; wait; fold chunk 0 with rs_prev; the other chunks issued and folded in turn; pack
+    //   P(j+1).
     // Ring position of the current item's key block: slot = it % ST, phase = (it / ST) & 1 (kLean:
     // advanced incrementally with the block; else recomputed from it, as session 4 did).
     int it = 0, sub = 0, slot = 0;
@@ -604,7 +605,7 @@ __global__ void __launch_bounds__(384, 1)
           n_phase = n_slot == 0 ? phase ^ 1u : phase;
         }
       }
-      if constexpr (!(kLean)) {
+      if constexpr (!kLean) {
         slot = it % ST;
         phase = (it / ST) & 1;
         n_slot = n_it % ST;
