@@ -74,11 +74,10 @@ bool launch_backward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf
       !make_tma_map_16bit(&mk, p.k, p.k_st, rows_k, p.heads_k, batches, head_dim, bf16, kKRows, &axes.k_rows_inner) ||
       !make_tma_map_16bit(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, kKRows, &axes.v_rows_inner))
     return false;
-  // The dQ accumulator's map (D <= 128 without the deterministic pass: the kernel adds staged tiles
-  // through it); unused otherwise, so left zeroed.
+  // The dQ accumulator's map (without the deterministic pass: the kernel adds staged tiles through
+  // it); unused otherwise, so left zeroed.
   std::memset(&mdq, 0, sizeof mdq);
-  if (!p.deterministic && head_dim <= 128 &&
-      !make_tma_map_dq_accum(&mdq, p.dq_accum, p.total_q, p.heads_q, head_dim, kQRows))
+  if (!p.deterministic && !make_tma_map_dq_accum(&mdq, p.dq_accum, p.total_q, p.heads_q, head_dim, kQRows))
     return false;
   if (head_dim == 64)
     bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, mdo, mdq, p, axes, stream)

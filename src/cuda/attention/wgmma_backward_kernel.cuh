@@ -51,9 +51,13 @@ struct WgmmaBackwardConfig {
   // kSplitD (D = 256): dK and dV of 64 keys x 256 columns do not fit one warpgroup's registers, so
   // the CTA takes 64 keys and each consumer warpgroup owns half of the head dim (128 columns of dK,
   // dV and dQ); both compute the same S^T and dP^T (the one product the halves cannot split
-  // without a shared-memory exchange: 4 of the 14 products per tile are this duplicate). dQ goes
-  // out by float2 atomics from registers: a 64 x 256 fp32 staging tile would not fit beside the
-  // 2-slot Q / dO ring.
+  // without a shared-memory exchange: 4 of the 14 products per tile are this duplicate). A 64 x 256
+  // fp32 dQ staging tile would not fit beside the 2-slot Q / dO ring, so each warpgroup stages its
+  // 64 x 128 dQ half in the Q / dO slot the tile came in, in the four 64-row panels only it still
+  // reads (Q and dO columns [col0, col0 + 128): its dK / dV operands; both warpgroups' S^T / dP^T
+  // reads of the slot are over by the dS^T barrier), and the reducer warp frees the slot after
+  // adding them by TMA (float2 atomics from registers before: ncu showed 19% of warp samples
+  // throttled on the global-memory queue).
   static constexpr bool kSplitD = D == 256;
   static constexpr int kBlockN = kSplitD ? 64 : 128;  // keys per CTA
   static constexpr int kColsPerWg = kSplitD ? D / 2 : D;  // columns of dK / dV per warpgroup
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bar_dq_full = bar_q_empty + 8 * ST;
   const uint32_t bar_dq_empty = bar_dq_full + 8;
   const uint32_t bar_ds_full = bar_dq_empty + 8;   // x 2 (kLagDq)
+  const uint32_t bar_dq_half_full = bar_ds_full;   // x 2 (kSplitD: warpgroup cw's dQ half staged)
   const uint32_t bar_ds_empty = bar_ds_full + 16;  // x 2 (kLagDq)
   static_assert(!kLagDq || !Cfg::kSplitD, "the lagged dQ is for D <= 128");
 
@@ -170,12 +175,15 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_init(bar_ls_full + 8 * s, 32);  // every lane of the lse warp
       // Every consumer thread arrives: an arrival releases only its own thread's earlier shared
       // reads (of lse / shift), which the lse warp's next stores into the slot must follow.
-      sm90::mbar_init(bar_q_empty + 8 * s, 256);
+      // kSplitD with dQ: + the reducer warp, once TMA has read the dQ halves staged in the slot.
+      sm90::mbar_init(bar_q_empty + 8 * s, Cfg::kSplitD && with_dq ? 257 : 256);
     }
     sm90::mbar_init(bar_dq_full, 8);
     sm90::mbar_init(bar_dq_empty, 1);
     for (int b = 0; b < 2; ++b) {
-      sm90::mbar_init(bar_ds_full + 8 * b, 256);  // every consumer thread, after its dS^T stores
+      // kLagDq: every consumer thread, after its dS^T stores; kSplitD: warpgroup b's threads,
+      // after their dQ staging stores.
+      sm90::mbar_init(bar_ds_full + 8 * b, Cfg::kSplitD ? 128 : 256);
       sm90::mbar_init(bar_ds_empty + 8 * b, 256);  // every consumer thread, after its dQ read it
     }
     sm90::mbar_init_fence();
@@ -197,7 +205,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::tma_prefetch_map(&map_k);
       sm90::tma_prefetch_map(&map_v);
       sm90::tma_prefetch_map(&map_do);
-      if (with_dq && !Cfg::kSplitD) sm90::tma_prefetch_map(&map_dq);
+      if (with_dq) sm90::tma_prefetch_map(&map_dq);
       const int qb = static_cast<int>(sv.q_batch), kb = static_cast<int>(sv.k_batch);
       const int k_row = static_cast<int>(sv.k_row0) + n0;
       sm90::mbar_arrive_expect_tx(bar_kv_full, 2 * Cfg::kKVBytes);
@@ -245,6 +253,30 @@ __global__ void __launch_bounds__(384, 1)
         if (lane == 0) {  // rows scratch_row0 + m0 .. of head h (past the sequence: staged zeros)
           reduce_dq_tile<BM, D>(&map_dq, sDq, static_cast<int>(sv.scratch_row0) + tile.m0, tile.h);
           sm90::mbar_arrive(bar_dq_empty);  // TMA has read the staging tile
+        }
+        __syncwarp();
+      }
+      if (lane == 0) sm90::bulk_wait_all();
+    } else if (warp == 2 && with_dq) {  // kSplitD: the two dQ halves staged in the tile's Q / dO slot
+      static_assert(DqStaging<BM>::kBoxBytes == Cfg::kPanelBytesQ, "a dQ box is one 64-row panel");
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
+        if (lane == 0) {
+          const int slot = j % ST, row = static_cast<int>(sv.scratch_row0) + tile.m0;
+          const uint32_t q_slot = sQ + slot * Cfg::kQBytes, do_slot = sDO + slot * Cfg::kQBytes;
+          for (int cw = 0; cw < 2; ++cw) {
+            // Warpgroup cw's columns [128 cw, 128 cw + 128): 32 each from Q panels 2 cw, 2 cw + 1,
+            // then dO panels 2 cw, 2 cw + 1.
+            sm90::mbar_wait(bar_dq_half_full + 8 * cw, j & 1);
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+              sm90::tma_reduce_add_3d(&map_dq, (b < 2 ? q_slot : do_slot) + (2 * cw + b % 2) * Cfg::kPanelBytesQ,
+                                      128 * cw + 32 * b, tile.h, row);
+          }
+          sm90::bulk_commit();
+          sm90::bulk_wait_read_all();
+          sm90::mbar_arrive(bar_q_empty + 8 * slot);  // the slot may be refilled
         }
         __syncwarp();
       }
@@ -397,12 +429,12 @@ __global__ void __launch_bounds__(384, 1)
 
         if constexpr (Cfg::kSplitD) {
           // dV / dK first (frees P^T, dS^T and the slot), then dQ[64 queries x 128 columns from col0]
-          // = dS K over the block's 64 keys, added into dq_accum by float2 atomics from registers.
+          // = dS K over the block's 64 keys, staged in this warpgroup's panels of the slot for the
+          // reducer warp's TMA adds (see WgmmaBackwardConfig::kSplitD).
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dv);
           sm90::pin_registers(dk);
           sm90::pin_fragments(pa, pds);
-          sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift
           float dq[DC / 2];
           sm90::wgmma_fence();
 #pragma unroll
@@ -415,16 +447,16 @@ __global__ void __launch_bounds__(384, 1)
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dq);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int q = tile.m0 + warp_in_wg * 16 + g + 8 * r;
-            if (q >= sv.len_q) continue;
-            // dq_accum is [total_q, Hq, D] fp32.
-            float* row = p.dq_accum + ((sv.scratch_row0 + q) * p.heads_q + tile.h) * static_cast<int64_t>(D) + col0;
-#pragma unroll
-            for (int i = 0; i < DC / 8; ++i)
-              atomicAdd(reinterpret_cast<float2*>(row + 8 * i + 2 * t4), make_float2(dq[4 * i + 2 * r], dq[4 * i + 2 * r + 1]));
-          }
+          // Columns [0, 64) of the half (accumulator values 0 .. 31) into Q panels 2 cw, 2 cw + 1,
+          // columns [64, 128) (values 32 .. 63) into dO panels 2 cw, 2 cw + 1.
+          const int qrow = warp_in_wg * 16 + g, rows_left = sv.len_q - tile.m0;
+          stage_dq_tile<BM, 64>(q_slot + 2 * cw * Cfg::kPanelBytesQ, *reinterpret_cast<const float(*)[32]>(dq), 0, qrow,
+                                g, t4, rows_left, 1.f);
+          stage_dq_tile<BM, 64>(do_slot + 2 * cw * Cfg::kPanelBytesQ, *reinterpret_cast<const float(*)[32]>(dq + 32),
+                                0, qrow, g, t4, rows_left, 1.f);
+          sm90::fence_proxy_async_shared();
+          sm90::mbar_arrive(bar_dq_half_full + 8 * cw);
+          sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift (and the staging stores)
           it = walk.next(mask, it + 1, n0, n0 + BN, BM, cls);
           continue;
         }
