@@ -15,7 +15,8 @@
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
 #      output difference on the timed inputs (the variants whose tests passed in 3); first the
 #      default (w) beside w4, the same schedule on session 4's instruction stream
-#      (FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0), so the session-5 instruction cut is timed in one process;
+#      (FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0), and wspin, w with the producer spinning in its waits
+#      (FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0), so the session-5 changes are timed in one process;
 #   5. with the time left: ncu of one default-variant forward per head dim (pipes, stalls, issue).
 # A compact summary comes last.
 set -uo pipefail
@@ -61,9 +62,9 @@ bench_ready() {  # waits for the background build once; true when the forward be
 }
 # The default variant's numbers first (the variants below could trap and end a bench process).
 if [ -n "$lib" ] && bench_ready && [ "$(left)" -gt 30 ]; then
-  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default w, session-4 stream w4)"
-  timeout -k 3 35 /tmp/fp8w_bench w w4 > "$OUT/extra/fp8w_bench_default.log" 2>&1
-  status+=("fp8_wgmma_bench w w4 rc=$?")
+  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default w, session-4 stream w4, spinning producer wspin)"
+  timeout -k 3 40 /tmp/fp8w_bench w w4 wspin d128 d256 > "$OUT/extra/fp8w_bench_default.log" 2>&1
+  status+=("fp8_wgmma_bench w w4 wspin rc=$?")
   cat "$OUT/extra/fp8w_bench_default.log"
   table=$(cat "$OUT/extra/fp8w_bench_default.log")
 elif [ -n "$lib" ]; then

@@ -72,7 +72,9 @@ bool env_switch(const char* name, bool fallback) {
 // exponentials on the FMA pipe (overlapped schedule without ping-pong only);
 // FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: the overlapped schedule without ping-pong on session 4's
 // instruction stream (the kernel's kLean = false: same products and numerics, the consumer loop
-// before session 5 cut its instruction count), to time old against new in one process.
+// before session 5 cut its instruction count), to time old against new in one process;
+// FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: the producer spins in its empty-slot waits (session 4)
+// instead of sleeping in them (Fp8wMapAxes::producer_sleep; with kLean only).
 template <int D>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                     const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
@@ -129,6 +131,7 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   const int64_t rows_k = pr.varlen ? pr.total_k : pr.seqlen_k;
   CUtensorMap mq, mk, mvt;
   Fp8wMapAxes axes;
+  axes.producer_sleep = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", true) ? 1 : 0;
   const EncodeTiled encode = cuda_attn::tensor_map_encoder();  // shared lookup (tma_map.h)
   if (!cuda_attn::fp8w::make_rows_map(encode, &mq, k.q, k.q_st, rows_q, pr.heads_q, batches, hd, &axes.q_rows_inner) ||
       !cuda_attn::fp8w::make_rows_map(encode, &mk, k.k, k.k_st, rows_k, pr.heads_k, batches, hd, &axes.k_rows_inner))

@@ -48,6 +48,10 @@ namespace flashgrad::cuda_attn::fp8w {
 // orders them by increasing stride, as TMA wants).
 struct Fp8wMapAxes {
   int q_rows_inner = 1, k_rows_inner = 1;
+  // Not an axis but a launch option carried along: whether the producer sleeps in its waits for
+  // empty ring slots (sm90::mbar_wait_suspend; kLean only). 0 spins as session 4 did, so both can be
+  // timed on one instance (FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP).
+  int producer_sleep = 1;
 };
 
 #ifndef FLASHGRAD_FP8W_PV_CHUNK_256
@@ -371,25 +375,37 @@ __global__ void __launch_bounds__(384, 1)
     for (int c = 0; c < Cfg::kPanels; ++c)
       fp8w_tma_tile(sQ + c * Cfg::kPanelBytes, &map_q, bar_q_full, axes.q_rows_inner, Cfg::kRowBytes * c, q_row,
                     w.h, qb);
-    for (int it = 0; nb >= 0; nb = next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, cls), ++it) {
+    // kLean: the blocks below full_end follow each other without classify, as in the consumers.
+    const int full_end = kLean ? fp8w_full_run_end<LN>(w.mask, m0, m0 + BM) : 0;
+    for (int it = 0; nb >= 0; ++it) {
       const int slot = it % ST;
       const uint32_t phase = (it / ST) & 1;
-      sm90::mbar_wait(bar_k_empty + 8 * slot, phase ^ 1);
+      if (kLean && axes.producer_sleep)
+        sm90::mbar_wait_suspend(bar_k_empty + 8 * slot, phase ^ 1);
+      else
+        sm90::mbar_wait(bar_k_empty + 8 * slot, phase ^ 1);
       sm90::mbar_arrive_expect_tx(bar_k_full + 8 * slot, Cfg::kKBytes);
 #pragma unroll
       for (int c = 0; c < Cfg::kPanels; ++c)
         fp8w_tma_tile(sK + slot * Cfg::kKBytes + c * Cfg::kPanelBytes, &map_k, bar_k_full + 8 * slot,
                       axes.k_rows_inner, Cfg::kRowBytes * c, k_row0 + nb * LN, w.hk, kb);
-      sm90::mbar_wait(bar_v_empty + 8 * slot, phase ^ 1);
+      if (kLean && axes.producer_sleep)
+        sm90::mbar_wait_suspend(bar_v_empty + 8 * slot, phase ^ 1);
+      else
+        sm90::mbar_wait(bar_v_empty + 8 * slot, phase ^ 1);
       sm90::mbar_arrive_expect_tx(bar_v_full + 8 * slot, Cfg::kVtBytes);
       fp8w_tma_vt(sVt + slot * Cfg::kVtBytes, &map_vt, bar_v_full + 8 * slot, vt_c0 + nb * LN, w.hk);
+      nb = nb + 1 < full_end ? nb + 1 : next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, cls);
     }
     return;
   }
 
   // ---- consumers ----
   sm90::regs_increase<Cfg::kConsumerRegs>();
-  const int cw = warpgroup - 1;  // 64-row half of the tile
+  // 64-row half of the tile. kLean: broadcast from lane 0 so that ptxas knows it is warp-uniform:
+  // the Q descriptor derived from it then lives in uniform registers (session 4: a regular register
+  // pair, IADD3 + MOV + 2 R2UR before every S wgmma).
+  const int cw = kLean ? __shfl_sync(0xffffffffu, warpgroup - 1, 0) : warpgroup - 1;
   const int lane = tid & 31, warp_in_wg = (tid / 32) & 3;
   const int t4 = lane & 3;
   const int row_in_block = cw * 64 + warp_in_wg * 16 + (lane >> 2);  // this thread's first row; second +8
@@ -422,8 +438,8 @@ __global__ void __launch_bounds__(384, 1)
   float ob[kOne ? 1 : NC / 2];
   uint32_t pa[BN / 32][4];
 
-  // kLean: the descriptors of this warpgroup's Q rows, of K slot 0 and of V^T slot 0, advanced
-  // by fp8w_desc_add (offsets in 16-byte units) to the operand each wgmma reads.
+  // kLean: the descriptors of this warpgroup's Q rows, of K slot 0 and of V^T slot 0 (uniform
+  // registers), advanced by fp8w_desc_add (offsets in 16-byte units) to the operand each wgmma reads.
   constexpr int RB = Cfg::kRowBytes, SR = Cfg::kStepsPerRow;
   const uint64_t q_desc = fp8w_qk_desc<RB>(sQ + cw * 64 * RB);
   const uint64_t k_desc = fp8w_qk_desc<RB>(sK);
@@ -436,11 +452,10 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kLean) {
       // K slot `slot`, sub-block `sub`: rows sub BN .. sub BN + BN - 1 of the slot's 128-row panels.
       const uint64_t kd = fp8w_desc_add(k_desc, slot * (Cfg::kKBytes >> 4) + sub * (BN * RB >> 4));
-      const uint64_t qd = sm90::opaque_u64(q_desc);  // one register pair live across the loop, not four
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
         const uint32_t step = ((kk / SR) * Cfg::kPanelBytes + (kk % SR) * 32) >> 4;
-        sm90::wgmma_e4m3_ss<BN>(s, fp8w_desc_add(qd, step), fp8w_desc_add(kd, step), kk > 0);
+        sm90::wgmma_e4m3_ss<BN>(s, fp8w_desc_add(q_desc, step), fp8w_desc_add(kd, step), kk > 0);
       }
     } else {
 #pragma unroll

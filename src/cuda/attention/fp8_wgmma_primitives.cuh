@@ -123,12 +123,22 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t
     wgmma_e4m3_rs_n64(d, a, b_desc, scale_d);
 }
 
-// x, which the compiler may not assume it knows: a loop-invariant value passed through here inside
-// the loop is recomputed from one register there instead of hoisted as several derived values that
-// would each hold a register across the loop (the FP8 forward's four Q descriptors: 8 registers).
-__device__ __forceinline__ uint64_t opaque_u64(uint64_t x) {
-  asm volatile("" : "+l"(x));
-  return x;
+// mbarrier wait for the FP8 forward's producer thread: try_wait with a suspend-time hint (10^7 ns,
+// as CUTLASS's ClusterBarrier::wait), so the warp sleeps in the instruction until the phase
+// completes instead of returning after the short system default and spinning. Without the hint
+// the producer, which waits on the ring's empty slots most of the time, ran ~70 try_wait loop
+// rounds (6 instructions each) per key block on scheduler 0, beside that scheduler's two consumer
+// warps (ncu, session 5). No deadlock trap: were the consumers stuck, they trap at their own waits.
+__device__ __forceinline__ void mbar_wait_suspend(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity), "r"(10000000u)
+      : "memory");
 }
 
 // One box of a 3-D tensor map into shared memory; completion is counted on `bar` in bytes.

@@ -94,6 +94,15 @@ inline float __int_as_float(int i) {
   std::memcpy(&f, &i, 4);
   return f;
 }
+// Lane `src`'s x to every lane of the warp (the kernel broadcasts its warpgroup index).
+inline int __shfl_sync(unsigned, int x, int src) {
+  WarpBuf& w = g_warp[emu_warp()];
+  w.f[emu_lane()] = __int_as_float(x);
+  emu_syncwarp();
+  const int y = __float_as_int(w.f[src]);
+  emu_syncwarp();
+  return y;
+}
 
 // ---- PTX of the 16-bit / mma.sync headers the kernel includes but this path never calls ------------
 inline uint64_t emu_shared_offset(const void* p) {
@@ -343,6 +352,8 @@ inline void mbar_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
+inline void mbar_wait_suspend(uint32_t bar, uint32_t parity) { mbar_wait(bar, parity); }
+
 // A TMA tile load: the box at coordinates c of the map into shared memory at dst (box elements in
 // order, innermost first, each byte at its swizzled address), zeros outside the tensor; then the
 // box's bytes complete on the mbarrier.
@@ -427,9 +438,6 @@ inline void wgmma_wait() {}
 template <int N>
 inline void pin_registers(float (&)[N]) {}
 inline void pin_words(uint32_t (&)[4]) {}
-
-// fp8_wgmma_primitives.cuh's opaque value: the identity.
-inline uint64_t opaque_u64(uint64_t x) { return x; }
 
 template <int BN>
 inline void wgmma_e4m3_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
