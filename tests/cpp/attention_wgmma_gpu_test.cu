@@ -531,6 +531,7 @@ void check_variant_cases() {
   check(named("window GQA softcap", c));
   c.d = 256;
   c.mask = MaskKind::causal;
+  c.wl = c.wr = -1;  // the window is only valid with the sliding-window mask (the API rejects it otherwise)
   c.softcap = 0.f;
   c.hq = 2;
   c.hk = 1;
