@@ -16,7 +16,7 @@
 //     rows of h / dh, so h and dh go from global memory straight into A fragments in registers (float2
 //     loads, split in registers; each element loaded once per pass, never staged in shared memory);
 //   - the V slices (32 columns of do, v_new, v, dv_new) are double-buffered: slice s + 1's copies are in
-//     flight while slice s computes;
+//     flight while slice s computes; h / dh fragments are loaded a slice ahead too;
 //   - the L2 norm's rstd stays an fp32 row / column factor: q, k are used raw (exact), the factors are
 //     folded into the fp32 operand that meets them (see S and S2 below).
 //
@@ -31,9 +31,10 @@
 //
 // Order (barriers "|"):
 //   prologue: q, k, slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta | rstd of q, k
-//   pass 1 over V slices: Y^T, Z^T (key role), dP, du (row role, kept in registers), dUb -> dv, dbeta
-//     | dq = scale e Y, dw = -Z (hi / lo)
-//   pass 2 over V slices: X^T, <h, dh> | dk = kd X | row sums: dG_i += q.dq - k.dk, dG_{L-1} += ...
+//   pass 1 over V slices (a barrier per slice): Y^T, Z^T (key role), dP, du (row role, kept in
+//     registers), dUb -> dv, dbeta; then dq = scale e Y, dw = -Z (hi / lo) (read after pass 2's barriers)
+//   pass 2 over V slices (a barrier per slice): X^T, <h, dh>; dk = kd X | row sums: dG_i += q.dq - k.dk,
+//     dG_{L-1} += sum_i k.dk
 //   mid (row role): QK, WK -> S = (dP o Gam) rq_i rk_j and dA (hi / lo), dG terms of dP o P |
 //   S3 (row role): dq += (S k_raw) / rq_i, dk += (S^T q_raw) / rk_j, dWb = A^T dw -> dk, dbeta, dG
 //   S5: tmp = dA A^T | dM = -StrictLower(A^T tmp), KK -> S2 = (dKk o Gam) rk_i rk_j, dbeta, dG terms |
@@ -155,6 +156,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   // Accumulator element e of a 16 x 8 tile: row grp + 8 (e / 2), column 2 tig + e % 2.
   auto erow = [&](int e) { return grp + 8 * (e >> 1); };
   auto ecol = [&](int e) { return 2 * tig + (e & 1); };
+  // x[e] (an accumulator tile's four values) split into hi / lo T tiles of pitch LDP at rows r0 + grp,
+  // r0 + grp + 8, columns c0 + 2 tig + {0, 1}: one 32-bit store per pair of adjacent columns.
+  auto store_tile_split = [&](T* hi, T* lo, int r0, int c0, const float(&x)[4]) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      uint32_t ph, pl;
+      mma::split_pair<T>(x[2 * h2], x[2 * h2 + 1], ph, pl);
+      const int at = (r0 + grp + 8 * h2) * LDP + c0 + 2 * tig;
+      *reinterpret_cast<uint32_t*>(hi + at) = ph;
+      *reinterpret_cast<uint32_t*>(lo + at) = pl;
+    }
+  };
 
   const T* vn = static_cast<const T*>(a.v_new);
   const float* dvn = a.dv_new;
@@ -490,7 +503,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     }
     float rsum[2] = {0.f, 0.f}, csum[4][2] = {};
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4; ++nt) {
+      float svs[4], das[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
@@ -504,10 +518,12 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           da = sm.beta[j] * (accU[nt][e] + expf(sm.G[j]) * sm.rk[j] * accW[nt][e]);
           sv = dpg * rqk;
         }
-        const int at = i * LDP + j;
-        store_split<T>(sv, &S_hi[at], &S_lo[at]);
-        store_split<T>(da, &dA_hi[at], &dA_lo[at]);
+        svs[e] = sv;
+        das[e] = da;
       }
+      store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, svs);
+      store_tile_split(dA_hi, dA_lo, 16 * rs, 32 * hf + 8 * nt, das);
+    }
     mma::add_row_sums(sm.dG, 16 * rs, rsum);
     mma::add_column_sums(sm.dG + 32 * hf, csum);
   }
@@ -619,12 +635,7 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       for (int np = 0; np < 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int at = (16 * rs + erow(e)) * LDP + 32 * hf + 8 * nt + ecol(e);
-        store_split<T>(acc[nt][e], &tmp_hi[at], &tmp_lo[at]);
-      }
+    for (int nt = 0; nt < 4; ++nt) store_tile_split(tmp_hi, tmp_lo, 16 * rs, 32 * hf + 8 * nt, acc[nt]);
   }
   __syncthreads();  // tmp complete; S and dA are no longer read
 
@@ -670,7 +681,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     }
     float rb[2] = {0.f, 0.f}, rg[2] = {0.f, 0.f}, cgs[4][2] = {};
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4; ++nt) {
+      float outs[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
@@ -683,9 +695,10 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           cgs[nt][e & 1] -= dKk * Kk;
           out = dKk * gam * rkk;
         }
-        const int at = i * LDP + j;
-        store_split<T>(out, &S_hi[at], &S_lo[at]);
+        outs[e] = out;
       }
+      store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, outs);
+    }
     mma::add_row_sums(sm.dbeta, 16 * rs, rb);
     mma::add_row_sums(sm.dG, 16 * rs, rg);
     mma::add_column_sums(sm.dG + 32 * hf, cgs);
