@@ -108,8 +108,8 @@ struct Fp8WgmmaBackwardConfig {
   static constexpr int kOffDpScale = kOffShift + kStages8 * kBlockM * 4;  // [kStages8] (16 bytes)
   static constexpr int kOffBar = kOffDpScale + 16;
   // kv full; q8 full, lse full, q8 empty x kStages8; q16 full, q16 empty x kStages16; dq full, dq empty;
-  // kLag: dS^T full, dS^T empty x 2
-  static constexpr int kNumBars = 3 + 3 * kStages8 + 2 * kStages16 + (kLag ? 4 : 0);
+  // kLag: dS^T full, dS^T empty x 2; kSplitD: dQ half staged x 2 (in the dS^T-full places)
+  static constexpr int kNumBars = 3 + 3 * kStages8 + 2 * kStages16 + (kLag ? 4 : kSplitD ? 2 : 0);
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars + 1024;
   static_assert(kOffRing8 % 1024 == 0 && kOffRing16 % 1024 == 0 && kOffDS % 1024 == 0 && kQ8Bytes % 1024 == 0 &&
                     kKey8Bytes % 1024 == 0 && kDSBytes % 1024 == 0,
@@ -130,7 +130,7 @@ struct Fp8WgmmaBackwardAxes {
 
 struct Fp8WgmmaBackwardMaps {
   CUtensorMap q8, k8, v8, do8, q16, do16, k16;
-  CUtensorMap dq;  // the fp32 dQ accumulator (dq_accum_map.h); zeroed when unused (deterministic, D = 256)
+  CUtensorMap dq;  // the fp32 dQ accumulator (dq_accum_map.h); zeroed when unused (deterministic)
 };
 
 __device__ __forceinline__ void tma_rows(uint32_t dst, const CUtensorMap* map, uint32_t bar, int rows_inner, int c0,
@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bar_dq_full = bar_q16_empty + 8 * S16;
   const uint32_t bar_dq_empty = bar_dq_full + 8;
   const uint32_t bar_ds_full = bar_dq_empty + 8;   // x 2 (kLag)
+  const uint32_t bar_dq_half_full = bar_ds_full;   // x 2 (kSplitD: warpgroup cw's dQ half staged)
   const uint32_t bar_ds_empty = bar_ds_full + 16;  // x 2 (kLag)
 
   const int seq = blockIdx.x / num_n_blocks;
@@ -218,7 +219,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int s = 0; s < S16; ++s) {
       sm90::mbar_init(bar_q16_full + 8 * s, 1);
-      sm90::mbar_init(bar_q16_empty + 8 * s, 256);
+      // kSplitD with dQ: + the reducer warp, once TMA has read the dQ halves staged in the slot.
+      sm90::mbar_init(bar_q16_empty + 8 * s, Cfg::kSplitD && with_dq ? 257 : 256);
     }
     sm90::mbar_init(bar_dq_full, 8);
     sm90::mbar_init(bar_dq_empty, 1);
@@ -228,6 +230,8 @@ __global__ void __launch_bounds__(384, 1)
         sm90::mbar_init(bar_ds_empty + 8 * b, 256);  // every consumer thread, after its dQ read it
       }
     }
+    if constexpr (Cfg::kSplitD)
+      for (int b = 0; b < 2; ++b) sm90::mbar_init(bar_dq_half_full + 8 * b, 128);  // warpgroup b's threads
     sm90::mbar_init_fence();
   }
   __syncthreads();
@@ -247,6 +251,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::tma_prefetch_map(&maps.do8);
       sm90::tma_prefetch_map(&maps.q16);
       sm90::tma_prefetch_map(&maps.do16);
+      if (with_dq) sm90::tma_prefetch_map(&maps.dq);
       const int qb = static_cast<int>(sv.q_batch), kb = static_cast<int>(sv.k_batch);
       const int k_row = static_cast<int>(sv.k_row0) + n0;
       // k16 rows of the workspace [total_k, Hk, D]: (batch * Sk + row) or the varlen token.
@@ -311,6 +316,30 @@ __global__ void __launch_bounds__(384, 1)
         if (lane == 0) {  // rows scratch_row0 + m0 .. of head h (past the sequence: staged zeros)
           reduce_dq_tile<BM, D>(&maps.dq, sDq, static_cast<int>(sv.scratch_row0) + m0, h);
           sm90::mbar_arrive(bar_dq_empty);  // TMA has read the staging tile
+        }
+        __syncwarp();
+      }
+      if (lane == 0) sm90::bulk_wait_all();
+    } else if (warp == 2 && with_dq) {  // kSplitD: the two dQ halves staged in the tile's 16-bit slot
+      static_assert(DqStaging<BM>::kBoxBytes == Cfg::kQPanelBytes, "a dQ box is one 64-row 16-bit panel");
+      int j = 0, c2 = 0;
+      for (int it = first; it >= 0; it = walk.next(mask, it + 1, n0, n0 + BN, BM, c2), ++j) {
+        const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
+        if (lane == 0) {
+          const int s16 = j % S16, row = static_cast<int>(sv.scratch_row0) + m0;
+          const uint32_t q16_slot = sRing16 + s16 * Cfg::kSlot16Bytes, do16_slot = q16_slot + Cfg::kQ16Bytes;
+          for (int cw = 0; cw < 2; ++cw) {
+            // Warpgroup cw's columns [128 cw, 128 cw + 128): 32 each from q16 panels 2 cw, 2 cw + 1,
+            // then dO16 panels 2 cw, 2 cw + 1 (bf16 kernel: WgmmaBackwardConfig::kSplitD).
+            sm90::mbar_wait(bar_dq_half_full + 8 * cw, j & 1);
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+              sm90::tma_reduce_add_3d(&maps.dq, (b < 2 ? q16_slot : do16_slot) + (2 * cw + b % 2) * Cfg::kQPanelBytes,
+                                      128 * cw + 32 * b, h, row);
+          }
+          sm90::bulk_commit();
+          sm90::bulk_wait_read_all();
+          sm90::mbar_arrive(bar_q16_empty + 8 * s16);  // the slot may be refilled
         }
         __syncwarp();
       }
@@ -468,13 +497,14 @@ __global__ void __launch_bounds__(384, 1)
           sm90::named_barrier_sync_id<1>(256);  // both warpgroups' parts of dS^T are in place
 
         if constexpr (Cfg::kSplitD) {
-          // dV / dK first (frees P^T, dS^T and the 16-bit slot), then dQ[64 queries x 128 columns from
-          // col0] = dS k16 over the block's 64 keys, times descale_k, into dq_accum by float2 atomics.
+          // dV / dK first (frees P^T and dS^T), then dQ[64 queries x 128 columns from col0] = dS k16
+          // over the block's 64 keys, times descale_k, staged in this warpgroup's panels of the 16-bit
+          // slot (only its own dV / dK products read them) for the reducer warp's TMA adds, which
+          // free the slot; the bf16 kernel's scheme (WgmmaBackwardConfig::kSplitD).
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dv);
           sm90::pin_registers(dk);
           sm90::pin_fragments(pa, pds);
-          sm90::mbar_arrive(bar_q16_empty + 8 * s16);
           float dq[DC / 2];
           sm90::wgmma_fence();
 #pragma unroll
@@ -486,18 +516,16 @@ __global__ void __launch_bounds__(384, 1)
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dq);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int q = m0 + warp_in_wg * 16 + g + 8 * r;
-            if (q >= sv.len_q) continue;
-            const int h = hk * group + it / walk.num_mb;
-            // dq_accum is [total_q, Hq, D] fp32.
-            float* row = p.dq_accum + ((sv.scratch_row0 + q) * p.heads_q + h) * static_cast<int64_t>(D) + col0;
-#pragma unroll
-            for (int i = 0; i < DC / 8; ++i)
-              atomicAdd(reinterpret_cast<float2*>(row + 8 * i + 2 * t4),
-                        make_float2(dq[4 * i + 2 * r] * dsk, dq[4 * i + 2 * r + 1] * dsk));
-          }
+          // Columns [0, 64) of the half (values 0 .. 31) into q16 panels 2 cw, 2 cw + 1, columns
+          // [64, 128) (values 32 .. 63) into dO16 panels 2 cw, 2 cw + 1.
+          const int qrow = warp_in_wg * 16 + g, rows_left = sv.len_q - m0;
+          stage_dq_tile<BM, 64>(q16_slot + 2 * cw * Cfg::kQPanelBytes, *reinterpret_cast<const float(*)[32]>(dq), 0,
+                                qrow, g, t4, rows_left, dsk);
+          stage_dq_tile<BM, 64>(do16_slot + 2 * cw * Cfg::kQPanelBytes,
+                                *reinterpret_cast<const float(*)[32]>(dq + 32), 0, qrow, g, t4, rows_left, dsk);
+          sm90::fence_proxy_async_shared();
+          sm90::mbar_arrive(bar_dq_half_full + 8 * cw);
+          sm90::mbar_arrive(bar_q16_empty + 8 * s16);  // done with q16, dO16 (and the staging stores)
         } else if constexpr (kLag) {
           if (j > 0) {  // dQ of the previous tile, whose dS^T both warpgroups wrote (completion (j-1)/2)
             const int pj = j - 1;

@@ -75,15 +75,14 @@ struct MapSet {
   CUtensorMap *q8, *k8, *v8, *do8, *q16, *do16, *k16;
   int *q8_rows_inner, *k8_rows_inner, *v8_rows_inner, *do8_rows_inner, *q16_rows_inner, *do16_rows_inner,
       *k16_rows_inner;
-  CUtensorMap* dq;  // the dQ accumulator (D <= 128, not deterministic), else zeroed
+  CUtensorMap* dq;  // the dQ accumulator (not deterministic), else zeroed
 };
 inline bool make_backward_maps(EncodeTiled encode, const Fp8KernelParams& f, int64_t rows_q, int64_t rows_k,
                                int64_t batches, int head_dim, int box_q, int box_k, const MapSet& m) {
   const AttentionKernelParams& p = f.base;
   const int eb16 = 2;
   std::memset(m.dq, 0, sizeof(CUtensorMap));
-  if (!p.deterministic && head_dim <= 128 &&
-      !make_dq_accum_map(encode, m.dq, p.dq_accum, p.total_q, p.heads_q, head_dim, box_q))
+  if (!p.deterministic && !make_dq_accum_map(encode, m.dq, p.dq_accum, p.total_q, p.heads_q, head_dim, box_q))
     return false;
   return make_panel_map(encode, m.q8, p.q, p.q_st, 1, rows_q, p.heads_q, batches, head_dim, box_q, m.q8_rows_inner) &&
          make_panel_map(encode, m.k8, p.k, p.k_st, 1, rows_k, p.heads_k, batches, head_dim, box_k, m.k8_rows_inner) &&
