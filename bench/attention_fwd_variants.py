@@ -9,6 +9,8 @@ Per row, TFLOP/s (4 B H S^2 D, / 2 causal), each the median of triton's do_bench
              host overhead between the kernels)
   persist  : nograd with FLASHGRAD_ATTN_WGMMA_PERSISTENT=1 (one CTA per SM, heaviest tiles first
              from a counter; the forward reads the switch at every call)
+  pgraph   : persist captured in a CUDA graph (its tile counter comes from the workspace or a
+             stream-ordered allocation, both legal inside capture)
   pingpong : nograd with FLASHGRAD_ATTN_WGMMA_PINGPONG=1
   fa2, cudnn: torch SDPA backends, no grad
 Each flashgrad mode is timed twice (in two rounds) to show the spread within the process.
@@ -25,7 +27,8 @@ from triton.testing import do_bench
 import flashgrad
 
 ROWS = [(8, 16, 2048, 128, True), (8, 16, 2048, 128, False), (2, 16, 8192, 128, True),
-        (4, 16, 4096, 64, True), (2, 16, 8192, 256, True)]
+        (2, 16, 8192, 128, False), (4, 16, 4096, 64, True), (4, 16, 4096, 64, False), (2, 16, 8192, 256, True),
+        (2, 16, 8192, 256, False)]
 
 
 def ms(fn):
@@ -65,7 +68,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cols = ["grad", "nograd", "graph", "persist", "pingpong"]
+    cols = ["grad", "nograd", "graph", "persist", "pgraph", "pingpong"]
     lines = [f"# wgmma forward: variants and measurement modes, TFLOP/s — {torch.cuda.get_device_name()}, "
              f"{time.strftime('%Y-%m-%d %H:%M')}, torch {torch.__version__}", "",
              "| row | causal | " + " | ".join(f"{c} (r1 / r2)" for c in cols) + " | FA2 | cuDNN |",
@@ -87,6 +90,7 @@ def main():
             "nograd": lambda: ms(nograd_call),
             "graph": lambda: graph_ms(nograd_call),
             "persist": lambda: ms(with_env("FLASHGRAD_ATTN_WGMMA_PERSISTENT", "1", nograd_call)),
+            "pgraph": lambda: graph_ms(with_env("FLASHGRAD_ATTN_WGMMA_PERSISTENT", "1", nograd_call)),
             "pingpong": lambda: ms(with_env("FLASHGRAD_ATTN_WGMMA_PINGPONG", "1", nograd_call)),
         }
         res = {c: [] for c in cols}

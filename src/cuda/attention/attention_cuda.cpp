@@ -196,7 +196,7 @@ void attention_forward(const AttentionParams& p, const AttentionProblem& pr, con
   }
   // The Hopper wgmma kernel where it applies (it declines, launching nothing, otherwise).
   if (cuda_attn::launch_forward_wgmma(k, static_cast<int>(pr.head_dim), p.q.dtype == DType::bf16,
-                                      pr.varlen ? pr.total_k : pr.seqlen_k, stream))
+                                      pr.varlen ? pr.total_k : pr.seqlen_k, ws, stream))
     return;
   pick(pr.head_dim, cuda_attn::launch_forward_hd64, cuda_attn::launch_forward_hd128,
        cuda_attn::launch_forward_hd256)(k, p.q.dtype == DType::bf16, stream);
@@ -261,7 +261,7 @@ std::size_t attention_workspace_bytes(const AttentionParams& p, const AttentionP
   if (p.q.dtype == DType::e4m3)  // the forward's V^T copy: enough for the mma.sync and the wgmma kernel
     return std::max(fp8_attention_workspace_bytes(p, pr, pass),
                     pass == Pass::forward ? fp8_wgmma_forward_workspace_bytes(pr) : std::size_t{0});
-  if (pass == Pass::forward) return 0;
+  if (pass == Pass::forward) return 256;  // the persistent wgmma forward's tile counter (one int)
   const BackwardScratch s = backward_scratch(p, pr);
   return 2 * s.lse_bytes + s.dq_bytes;
 }

@@ -13,11 +13,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
 #include "tma_map.h"
 #include "wgmma_forward.h"
 #include "wgmma_forward_kernel.cuh"
@@ -33,25 +31,6 @@ int sm_count() {
   if (dev >= 64) dev = 63;
   if (counts[dev] == 0) FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev));
   return counts[dev];
-}
-
-// The persistent grid's tile counter: one int per (device, stream), allocated on first use and
-// zeroed on the stream before each launch (stream order keeps calls on one stream apart; other
-// streams get their own). Not for the first call of a stream inside CUDA graph capture (cudaMalloc).
-int* tile_counter(cudaStream_t stream) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, int*> counters;
-  int dev = 0;
-  FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
-  int* counter = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    int*& slot = counters[{dev, stream}];
-    if (slot == nullptr) FLASHGRAD_CUDA_CHECK(cudaMalloc(&slot, sizeof(int)));
-    counter = slot;
-  }
-  FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
-  return counter;
 }
 
 // Defaults of the two variant switches (environment, read at every call): "0" / "1" override
@@ -73,7 +52,7 @@ int64_t env_int(const char* name, int64_t fallback) {
 // several tiles on small problems).
 template <typename T, int D, bool kPingpong>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
-                    const AttentionKernelParams& p, const WgmmaMapAxes& axes, cudaStream_t stream) {
+                    const AttentionKernelParams& p, const WgmmaMapAxes& axes, Workspace ws, cudaStream_t stream) {
   using Cfg = WgmmaForwardConfig<D>;
   const int mblocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (mblocks == 0 || p.num_seqs == 0) return;
@@ -87,7 +66,15 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
     ctas = std::min<int64_t>(tiles, cap);
   else if (cap == 1 || tiles > 0x7fffffff)
     ctas = std::min<int64_t>(tiles, sm_count());
-  int* counter = ctas < tiles ? tile_counter(stream) : nullptr;  // fewer CTAs than tiles: schedule
+  // Fewer CTAs than tiles: the tiles after the first grid's are handed out by a counter, an int of
+  // the caller's workspace (or a stream-ordered allocation, freed after the launch in stream order:
+  // both are legal inside CUDA-graph capture), zeroed on the stream before the launch.
+  cuda_detail::ScratchBuffer scratch(ws, ctas < tiles ? sizeof(int) : 0, stream);
+  int* counter = nullptr;
+  if (ctas < tiles) {
+    counter = scratch.take<int>(sizeof(int));
+    FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+  }
   kernel<<<dim3(static_cast<unsigned>(ctas)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mv, p, axes,
                                                                                       mblocks, tiles, counter);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
@@ -97,16 +84,16 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
 // every call so the bench can time both in one process).
 template <typename T, int D>
 void launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const AttentionKernelParams& p,
-            const WgmmaMapAxes& axes, cudaStream_t stream) {
+            const WgmmaMapAxes& axes, Workspace ws, cudaStream_t stream) {
   if (env_int("FLASHGRAD_ATTN_WGMMA_PINGPONG", kPingpongByDefault ? 1 : 0) == 1)
-    launch_variant<T, D, true>(mq, mk, mv, p, axes, stream);
+    launch_variant<T, D, true>(mq, mk, mv, p, axes, ws, stream);
   else
-    launch_variant<T, D, false>(mq, mk, mv, p, axes, stream);
+    launch_variant<T, D, false>(mq, mk, mv, p, axes, ws, stream);
 }
 
 }  // namespace
 
-bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf16, int64_t rows_k,
+bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf16, int64_t rows_k, Workspace ws,
                           cudaStream_t stream) {
   const char* env = std::getenv("FLASHGRAD_ATTN_FORWARD");
   if (env != nullptr && std::strcmp(env, "legacy") == 0) return false;
@@ -123,13 +110,14 @@ bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf1
       !make_tma_map_16bit(&mv, p.v, p.v_st, rows_k, p.heads_k, batches, head_dim, bf16, key_rows, &axes.v_rows_inner))
     return false;
   if (head_dim == 64)
-    bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, p, axes, stream) : launch<__half, 64>(mq, mk, mv, p, axes, stream);
+    bf16 ? launch<__nv_bfloat16, 64>(mq, mk, mv, p, axes, ws, stream)
+         : launch<__half, 64>(mq, mk, mv, p, axes, ws, stream);
   else if (head_dim == 256)  // one variant: FA3 too keeps the turn-taking for D <= 128
-    bf16 ? launch_variant<__nv_bfloat16, 256, false>(mq, mk, mv, p, axes, stream)
-         : launch_variant<__half, 256, false>(mq, mk, mv, p, axes, stream);
+    bf16 ? launch_variant<__nv_bfloat16, 256, false>(mq, mk, mv, p, axes, ws, stream)
+         : launch_variant<__half, 256, false>(mq, mk, mv, p, axes, ws, stream);
   else
-    bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, p, axes, stream)
-         : launch<__half, 128>(mq, mk, mv, p, axes, stream);
+    bf16 ? launch<__nv_bfloat16, 128>(mq, mk, mv, p, axes, ws, stream)
+         : launch<__half, 128>(mq, mk, mv, p, axes, ws, stream);
   return true;
 }
 

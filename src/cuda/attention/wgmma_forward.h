@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "attention_kernel_params.h"
+#include "flashgrad/common.h"
 
 namespace flashgrad::cuda_attn {
 
@@ -16,7 +17,9 @@ namespace flashgrad::cuda_attn {
 // aligned, a stride past 2^40 bytes), or FLASHGRAD_ATTN_FORWARD=legacy in the environment (read at
 // every call, so one process can time both kernels). rows_k: the k / v tensors' token extent
 // (Sk padded, Tk varlen), which the tensor maps need and AttentionKernelParams does not carry.
-bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf16, int64_t rows_k,
+// ws: the caller's workspace (attention_workspace_bytes' forward share: the persistent grid's tile
+// counter), or empty for a stream-ordered allocation.
+bool launch_forward_wgmma(const AttentionKernelParams& p, int head_dim, bool bf16, int64_t rows_k, Workspace ws,
                           cudaStream_t stream);
 
 }  // namespace flashgrad::cuda_attn
