@@ -7,7 +7,8 @@
 #   2. chunk GDN B8 T4096, B5 T2048 and B1 T32768, H16 K=V=128 bf16 (8 / 4 / 2-warp B1 blocks), in one
 #      process: the backward's wall time with the legacy stages, with the session-4 B2 (8-warp TF32,
 #      FLASHGRAD_CHUNKED_B2=v8) and with the session-5 B2 (mma); the mma gradients against both (rel RMS);
-#   3. bench/profile_delta_rule.py (forward + backward per-kernel table) with B2 v8 and B2 mma.
+#   3. bench/profile_delta_rule.py (forward + backward per-kernel table) with B2 v8 and B2 mma;
+#   4. if >= 40 s are left: ncu (speed of light, memory, warp stalls, pipes) of one launch of the new B2.
 #      Prints a compact table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -95,6 +96,25 @@ for which in v8 mma; do
   while IFS= read -r l; do summary+=("$which: $l"); done < <(
     python3 tools/gpu-extra/gdnbwd_profile_ms.py "$OUT/extra/gdnbwd_profile_$which.log" 2)
 done
+
+echo "== gdnbwd 4/4: ncu of one chunk_grads_mma_kernel launch (B8 T4096 H16 K=V=128), if time is left"
+ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ -n "$ncu_bin" ] && [ "$(left)" -gt 40 ]; then
+  # (the metric regexes of tools/gpu-extra/ncu.sh, known to work there)
+  metrics='regex:sm__pipe_.*cycles_active\.avg\.pct_of_peak_sustained_active$,regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
+  FLASHGRAD_CHUNKED_BACKWARD=new FLASHGRAD_CHUNKED_B2=mma timeout -k 3 "$(( $(left) - 5 ))" "$ncu_bin" --clock-control none \
+    -k regex:chunk_grads_mma --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy --metrics "$metrics" \
+    python3 bench/profile_delta_rule.py --B 8 --T 4096 --H 16 --K 128 --reps 1 --no-profiler \
+    > "$OUT/extra/gdnbwd_ncu_b2.txt" 2>&1
+  echo "rc=$?"
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|pipe_|issue_stalled|issue_active|Shared" \
+    "$OUT/extra/gdnbwd_ncu_b2.txt" | grep -vE " 0(\.0+)?$| 0\.0[0-9]$" | head -40
+  d=$(grep -E "^ +Duration" "$OUT/extra/gdnbwd_ncu_b2.txt" | head -1 | awk '{print $(NF-1), $NF}')
+  summary+=("ncu chunk_grads_mma_kernel: duration ${d:-?} (details: extra/gdnbwd_ncu_b2.txt)")
+else
+  summary+=("ncu: skipped (no ncu or < 40 s left)")
+fi
 
 echo "== gdnbwd summary (commit $(git rev-parse --short HEAD 2>/dev/null), $(( $(date +%s) - t0 )) s)"
 for s in "${summary[@]}"; do echo "  $s"; done
