@@ -7,8 +7,9 @@ OBJECT_OR_SASS: an object holding one instance of fp8_attention_forward_wgmma_ke
 schedule, no ping-pong, kLean: the session-4 stream has no fast next-block step to walk), e.g.
 compiled from a .cu that instantiates only it, or its `cuobjdump -sass` text. The walk
 (docs/perf/attention_fp8_wgmma.md, session 5):
-  - the loop's issue of S and P V (the first QGMMA with its A operand in registers) ends at the first `@P0 BRA P4, T` (the softmax-mode dispatch); T is the short
-    (full tile) softmax block, which runs on to the loop's back edge `BRA TOP`;
+  - the loop's issue of S and P V (the first QGMMA with its A operand in registers) and the wait
+    for S (WARPGROUP.DEPBAR) end at the next branch, the softmax-mode dispatch; its target T is the
+    short (full tile) softmax block, which runs on to the loop's back edge `BRA TOP`;
   - from TOP the first branch skips to the issue for an item inside the key block (hd 256 path A:
     sub-block 0 -> 1), the second one (hd 128's first) to the issue after the fast next-block
     step (path B: next key block through fp8w_full_run_end);
@@ -52,7 +53,8 @@ def main():
     # The loop's P V issue (QGMMA with its A operand in registers) comes first in the code; before
     # the loop only S is issued.
     first_pv = next(i for i, (_, t) in enumerate(ins) if re.match(r"QGMMA\S* R\d+, R\d+, gdesc", t))
-    issue_end = next(i for i in range(first_pv, len(ins)) if re.search(r"BRA P4, 0x", ins[i][1]))
+    depbar = next(i for i in range(first_pv, len(ins)) if ins[i][1].startswith("WARPGROUP.DEPBAR"))
+    issue_end = next(i for i in range(depbar, len(ins)) if "BRA" in ins[i][1])
     soft = target(issue_end)
     back = next(i for i in range(soft, len(ins)) if re.fullmatch(r"BRA 0x[0-9a-f]+", ins[i][1]) and target(i) < issue_end)
     top = target(back)

@@ -12,8 +12,9 @@
 //   ping-pong), e (FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on the FMA
 //   pipe), w4 (FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: w on session 4's instruction stream, before the
 //   consumer loop's instruction count was cut), wspin (FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: w
-//   with the producer spinning in its empty-slot waits, as session 4's did); each timed in the order
-//   given (a turn-taking bug would trap and end the process).
+//   with the producer spinning in its empty-slot waits, as session 4's did), pv
+//   (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's P V chunks pipelined; other head dims as w); each
+//   timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -121,6 +122,7 @@ void set_switch(const std::string& variant) {
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", variant == "e" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", variant == "w4" ? "0" : "1", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", variant == "wspin" ? "0" : "1", 1);
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", variant == "pv" ? "1" : "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma too (off by default until timed)
 }
 
@@ -209,7 +211,8 @@ int main(int argc, char** argv) {
   int mask_only = -1;  // -1 both, 0 none, 1 causal
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin")
+    if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin" ||
+        a == "pv")
       variants.push_back(a);
     else if (a == "d64" || a == "d128" || a == "d256")
       head_dims.push_back(std::atoi(a.c_str() + 1));

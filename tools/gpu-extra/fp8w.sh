@@ -76,13 +76,14 @@ sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma
 bench_variants="w"
 # (pp was timed in run 4: slower than the default at every row; timed again first since session 5's
 # leaner consumers may change that; opp not worth the time)
-for v in pp s spp o e; do
+# pv (session 5): hd 256's P V chunks pipelined (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1).
+for v in pv pp s spp o e; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
-  pp=0; serial=0; one=0; poly=0
-  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; esac
-  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly)"
+  pp=0; serial=0; one=0; poly=0; pvpipe=0
+  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;; esac
+  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe)"
   FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=$pp FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=$serial \
-    FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=$poly \
+    FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=$poly FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=$pvpipe \
     timeout -k 3 15 "$tests" --gtest_filter="$sub_filter" \
     > "$OUT/extra/fp8w_${v}_tests.log" 2>&1
   rc=$?

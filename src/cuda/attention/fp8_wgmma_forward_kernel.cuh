@@ -67,8 +67,12 @@ struct Fp8wMapAxes {
 //   kOneLevel: kOverlap's schedule with O accumulated inside the tensor cores across key blocks (the
 //     bf16 kernel's scheme: O rescaled in fp32 between blocks, no ob; 64-key steps at D = 256).
 //     NOT the recipe's numerics (the ~13-bit accumulator input, see above): for measuring what the
-//     two-level accumulation costs.
-enum Fp8wSchedule : int { kOverlap = 0, kSerial = 1, kOneLevel = 2 };
+//     two-level accumulation costs;
+//   kOverlapPvPipe (D = 256; session 5): kOverlap with P V in 8 chunks of 32 head-dim columns in two
+//     alternating accumulators (ob[2][16], the registers of kOverlap's one 64-column ob): chunk c + 1
+//     runs on the tensor cores while chunk c is folded, where kOverlap issues, waits for and folds
+//     its chunks 1-3 one after the other. Same numerics as kOverlap.
+enum Fp8wSchedule : int { kOverlap = 0, kSerial = 1, kOneLevel = 2, kOverlapPvPipe = 3 };
 
 template <int D, int kSchedule = kOverlap>
 struct Fp8wForwardConfig {
@@ -81,8 +85,11 @@ struct Fp8wForwardConfig {
   static constexpr int kSub = kLoadN / kBlockN;
   // Head-dim columns per P V accumulator chunk (registers: S kBlockN / 2, O D / 2, ob kPvChunk / 2);
   // kOneLevel: all D columns straight into O.
-  static constexpr int kPvChunk =
-      kSchedule == kOneLevel ? D : D == 256 ? (kSchedule == kSerial ? 128 : FLASHGRAD_FP8W_PV_CHUNK_256) : D;
+  static constexpr int kPvChunk256 =
+      kSchedule == kSerial ? 128 : kSchedule == kOverlapPvPipe ? 32 : FLASHGRAD_FP8W_PV_CHUNK_256;
+  static constexpr int kPvChunk = kSchedule == kOneLevel ? D : D == 256 ? kPvChunk256 : D;
+  // Accumulators of P V chunks in flight at once (kOverlapPvPipe at D = 256: two).
+  static constexpr int kPvBuffers = kSchedule == kOverlapPvPipe && D == 256 ? 2 : 1;
   static constexpr int kPvChunks = D / kPvChunk;
   // Q / K tiles: rows of 128 bytes (SWIZZLE_128B) in D / 128 column panels; at D = 64 one panel of
   // 64-byte rows (SWIZZLE_64B: chunk c of row r at c ^ ((r / 2) % 4), 8-row groups of 512 bytes).
@@ -325,6 +332,7 @@ __global__ void __launch_bounds__(384, 1)
                                        const Fp8wMapAxes axes, int num_m_blocks) {
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
   constexpr bool kOne = kSchedule == kOneLevel;
+  constexpr bool kPipe = Cfg::kPvBuffers == 2;
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
   constexpr int NC = Cfg::kPvChunk, CH = Cfg::kPvChunks;
@@ -412,6 +420,9 @@ __global__ void __launch_bounds__(384, 1)
   const float qk_scale = fp8w_descale(fp.descale_q, fp.dq_st_n, fp.dq_st_h, w.seq, w.hk) *
                          fp8w_descale(fp.descale_k, fp.dk_st_n, fp.dk_st_h, w.seq, w.hk) * p.scale;
   const bool short_path_ok = p.softcap_method == kSoftcapOff && qk_scale > 0.f;
+  // The class whose tiles take the short softmax: kTileFull when short_path_ok, else none (-1); one
+  // compare per block instead of re-deriving short_path_ok (kLean; ptxas rematerializes the bool).
+  const int full_short_cls = short_path_ok ? kTileFull : -1;
   auto wait_turn = [&] {
     if constexpr (kPingpong) {
       if (cw == 0)
@@ -435,7 +446,7 @@ __global__ void __launch_bounds__(384, 1)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
   float s[BN / 2];
-  float ob[kOne ? 1 : NC / 2];
+  float ob[Cfg::kPvBuffers][kOne ? 1 : NC / 2];  // ob[b]: P V chunks c with c % kPvBuffers == b
   uint32_t pa[BN / 32][4];
 
   // kLean: the descriptors of this warpgroup's Q rows, of K slot 0 and of V^T slot 0 (uniform
@@ -486,11 +497,12 @@ __global__ void __launch_bounds__(384, 1)
       if constexpr (kOne)
         sm90::wgmma_e4m3_rs<D>(o, pa[ks], vd, 1);
       else
-        sm90::wgmma_e4m3_rs<NC>(ob, pa[ks], vd, ks > 0);
+        sm90::wgmma_e4m3_rs<NC>(ob[c % Cfg::kPvBuffers], pa[ks], vd, ks > 0);
     }
     sm90::wgmma_commit();
   };
-  // O chunk c = O chunk c * rescale + ob (rows g: elements 0, 1; g + 8: 2, 3 of each 8-column group).
+  // O chunk c = O chunk c * rescale + ob[c % kPvBuffers] (rows g: elements 0, 1; g + 8: 2, 3 of each
+  // 8-column group).
   // kOneLevel: O (all of it) *= rescale, once its P V has left the tensor cores.
   auto fold = [&](int c, const float (&rs)[2]) {
     if constexpr (kOne) {
@@ -503,14 +515,15 @@ __global__ void __launch_bounds__(384, 1)
         o[4 * i + 3] *= rs[1];
       }
     } else {
-      sm90::pin_registers(ob);
+      float(&acc)[NC / 2] = ob[c % Cfg::kPvBuffers];
+      sm90::pin_registers(acc);
 #pragma unroll
       for (int i = 0; i < NC / 8; ++i) {
         float* oc = o + c * (NC / 2) + 4 * i;
-        oc[0] = fmaf(oc[0], rs[0], ob[4 * i + 0]);
-        oc[1] = fmaf(oc[1], rs[0], ob[4 * i + 1]);
-        oc[2] = fmaf(oc[2], rs[1], ob[4 * i + 2]);
-        oc[3] = fmaf(oc[3], rs[1], ob[4 * i + 3]);
+        oc[0] = fmaf(oc[0], rs[0], acc[4 * i + 0]);
+        oc[1] = fmaf(oc[1], rs[0], acc[4 * i + 1]);
+        oc[2] = fmaf(oc[2], rs[1], acc[4 * i + 2]);
+        oc[3] = fmaf(oc[3], rs[1], acc[4 * i + 3]);
       }
     }
   };
@@ -518,9 +531,24 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int ks = 0; ks < BN / 32; ++ks) sm90::pin_words(pa[ks]);
   };
+  // kPipe: chunks 0 and 1 of P(j) V(j) are in flight (issued in that order, after anything else
+  // still pending is waited for by the caller's earlier waits); folds every chunk with rs, issuing
+  // chunk c + 2 into the accumulator chunk c has just left. wgmma groups complete in issue order, so
+  // with chunks c and c + 1 pending, wait_group 1 means chunk c is done.
+  auto fold_chunks_pipelined = [&](int slot, int sub, const float (&rs)[2]) {
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+      if (c + 1 < CH)
+        sm90::wgmma_wait<1>();
+      else
+        sm90::wgmma_wait<0>();
+      fold(c, rs);
+      if (c + 2 < CH) issue_pv(slot, sub, c + 2);
+    }
+  };
   auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
     const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;
-    if (tile_cls == kTileFull && short_path_ok)
+    if (kLean ? tile_cls == full_short_cls : tile_cls == kTileFull && short_path_ok)
       fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
                                                          n0, t4);
     else if (p.softcap_method == kSoftcapOff)
@@ -631,20 +659,29 @@ __global__ void __launch_bounds__(384, 1)
       wait_turn();
       issue_qk(n_slot, n_sub);
       issue_pv(slot, sub, 0);
+      if constexpr (kPipe) issue_pv(slot, sub, 1);
       pass_turn(false);
-      sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
+      // S(j+1) done; P(j) V(j) (its first chunk, or kPipe's first two) may still run.
+      if constexpr (kPipe)
+        sm90::wgmma_wait<2>();
+      else
+        sm90::wgmma_wait<1>();
       sm90::pin_registers(s);
       if (n_sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * n_slot);
       softmax(rs_next, n_cls, n_nb, n_sub);
-      sm90::wgmma_wait<0>();
-      // Two-level: O (in block j-1's max) * rescale(j) + P(j) V(j). One-level: O (P(j) V(j) added in
-      // the tensor cores, in block j's max) * rescale(j+1), ready for P(j+1) V(j+1).
-      fold(0, kOne ? rs_next : rs_prev);
-#pragma unroll
-      for (int c = 1; c < CH; ++c) {
-        issue_pv(slot, sub, c);
+      if constexpr (kPipe) {
+        fold_chunks_pipelined(slot, sub, rs_prev);
+      } else {
         sm90::wgmma_wait<0>();
-        fold(c, rs_prev);
+        // Two-level: O (in block j-1's max) * rescale(j) + P(j) V(j). One-level: O (P(j) V(j) added
+        // in the tensor cores, in block j's max) * rescale(j+1), ready for P(j+1) V(j+1).
+        fold(0, kOne ? rs_next : rs_prev);
+#pragma unroll
+        for (int c = 1; c < CH; ++c) {
+          issue_pv(slot, sub, c);
+          sm90::wgmma_wait<0>();
+          fold(c, rs_prev);
+        }
       }
       pin_p();  // the tensor cores read P(j) from these registers until now
       if (sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
@@ -662,15 +699,20 @@ __global__ void __launch_bounds__(384, 1)
     sm90::mbar_wait(bar_v_full + 8 * slot, phase);
     wait_turn();
     issue_pv(slot, sub, 0);
+    if constexpr (kPipe) issue_pv(slot, sub, 1);
     pass_turn(true);
+    if constexpr (kPipe) {
+      fold_chunks_pipelined(slot, sub, rs_prev);
+    } else {
 #pragma unroll
-    for (int c = 0; c < CH; ++c) {
-      if (c > 0) issue_pv(slot, sub, c);
-      sm90::wgmma_wait<0>();
-      if constexpr (kOne)
-        sm90::pin_registers(o);  // the last block's P V: no rescale after it
-      else
-        fold(c, rs_prev);
+      for (int c = 0; c < CH; ++c) {
+        if (c > 0) issue_pv(slot, sub, c);
+        sm90::wgmma_wait<0>();
+        if constexpr (kOne)
+          sm90::pin_registers(o);  // the last block's P V: no rescale after it
+        else
+          fold(c, rs_prev);
+      }
     }
     pin_p();
     if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);

@@ -111,7 +111,19 @@ __device__ __forceinline__ void wgmma_e4m3_rs_n64(float (&d)[32], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
 }
 
-// One N chunk (64, 128 or 256 head-dim columns) of O += P V, one k32 step.
+// D[64 x 32] (=|+=) A[64 x 32] B[32 x 32], A in registers, B K-major in shared memory.
+__device__ __forceinline__ void wgmma_e4m3_rs_n32(float (&d)[16], const uint32_t (&a)[4], uint64_t b_desc,
+                                                  int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+      ", {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : FG8_ACC8(d, 0), FG8_ACC8(d, 8)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+}
+
+// One N chunk (32, 64, 128 or 256 head-dim columns) of O += P V, one k32 step.
 template <int NC>
 __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t (&a)[4], uint64_t b_desc,
                                               int scale_d) {
@@ -119,8 +131,10 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NC / 2], const uint32_t
     wgmma_e4m3_rs_n256(d, a, b_desc, scale_d);
   else if constexpr (NC == 128)
     wgmma_e4m3_rs_n128(d, a, b_desc, scale_d);
-  else
+  else if constexpr (NC == 64)
     wgmma_e4m3_rs_n64(d, a, b_desc, scale_d);
+  else
+    wgmma_e4m3_rs_n32(d, a, b_desc, scale_d);
 }
 
 // mbarrier wait for the FP8 forward's producer thread: try_wait with a suspend-time hint (10^7 ns,
