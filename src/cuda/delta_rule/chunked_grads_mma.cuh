@@ -177,27 +177,48 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 
   // Slice s (value columns [32 s, +32)) of do, v_new (and v in pass 1) into stage b by cp.async (one
   // group); rows past L are zero-filled. The column offset keeps the views 16-byte aligned.
+  // A [64][32] slice of 16-bit rows is 256 pieces of 16 bytes: thread tid copies row pr = tid / 4,
+  // piece pp = tid % 4 of every tile. Its source addresses for slice 0 are formed once here (rows past
+  // L point at row 0 and are zero-filled); slice s adds 32 s elements.
+  static_assert(C * VS / 8 == THREADS, "one 16-byte piece per thread and tile");
+  const int pr = tid >> 2, pp = tid & 3;
+  const bool pr_ok = pr < L;
+  const int pr_src = pr_ok ? pr : 0;
+  const T* vn_src = vn + ((row0 + pr_src) * HV + hv) * V + 8 * pp;
+  const T* do_src = static_cast<const T*>(a.dout.p) + off3(a.dout, ci.b, ci.t0 + pr_src, hv) + 8 * pp;
+  const T* v_src = static_cast<const T*>(a.v.p) + off3(a.v, ci.b, ci.t0 + pr_src, hv) + 8 * pp;
+  const int p_at = pr * LDS + 8 * pp;
   auto issue_slice = [&](int s, int b, bool with_do_v) {
     const int64_t col0 = static_cast<int64_t>(s) * VS;
-    intermediate_tile_async<T, VS, THREADS>(vn, row0, HV, hv, V, col0, L, sm.slice(b, 1), LDS);
+    mma::cp_async16(sm.slice(b, 1) + p_at, vn_src + col0, pr_ok);
     if (with_do_v) {
-      View d = a.dout, v = a.v;
-      d.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
-      v.p = static_cast<T*>(a.v.p) + col0 * a.v.s3;
-      view_rows_async<T, THREADS>(d, ci, hv, VS, do_vec, sm.slice(b, 0), LDS);
-      view_rows_async<T, THREADS>(v, ci, hv, VS, v_vec, sm.slice(b, 2), LDS);
+      if (do_vec) {
+        mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
+      } else {  // element by element (view_rows_async's fallback)
+        View d = a.dout;
+        d.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
+        view_rows_async<T, THREADS>(d, ci, hv, VS, false, sm.slice(b, 0), LDS);
+      }
+      if (v_vec) {
+        mma::cp_async16(sm.slice(b, 2) + p_at, v_src + col0, pr_ok);
+      } else {
+        View v = a.v;
+        v.p = static_cast<T*>(a.v.p) + col0 * a.v.s3;
+        view_rows_async<T, THREADS>(v, ci, hv, VS, false, sm.slice(b, 2), LDS);
+      }
     }
     mma::cp_async_commit();
   };
   // dv_new's slice s in registers (fp32, two float4 per thread: piece e = tid + 256 p is row e / 8,
   // columns 4 (e % 8) + [0, 4)), then split into the hi / lo tiles of stage b.
+  // (Row tid / 8 + 32 p; the sources of slice 0 formed once.)
+  const float* dvn_src[2] = {dvn + ((row0 + (tid >> 3)) * HV + hv) * V + 4 * (tid & 7),
+                             dvn + ((row0 + 32 + (tid >> 3)) * HV + hv) * V + 4 * (tid & 7)};
+  const bool dvn_ok[2] = {(tid >> 3) < L, 32 + (tid >> 3) < L};
   auto load_dvn = [&](int s, float4(&x)[2]) {
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const int e = tid + THREADS * p, r = e >> 3;
-      x[p] = r < L ? *reinterpret_cast<const float4*>(dvn + ((row0 + r) * HV + hv) * V + s * VS + 4 * (e & 7))
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    for (int p = 0; p < 2; ++p)
+      x[p] = dvn_ok[p] ? *reinterpret_cast<const float4*>(dvn_src[p] + s * VS) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   auto store_dvn = [&](int b, const float4(&x)[2]) {
 #pragma unroll
@@ -212,10 +233,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   };
   // A fragment of rows [16 kst, +16), columns [col, +16) of a [K][V] fp32 state, raw: register m of
   // the fragment (row grp + 8 (m % 2), columns col + 2 tig + 8 (m / 2) + {0, 1}) as a float2.
+  const int64_t frag_at = (16 * kst + grp) * V + 2 * tig;  // register 0's first element
   auto load_state_frag = [&](const float* st, int64_t col, float2(&x)[4]) {
+    const float* p = st + frag_at + col;
 #pragma unroll
-    for (int m = 0; m < 4; ++m)
-      x[m] = *reinterpret_cast<const float2*>(st + (16 * kst + grp + 8 * (m & 1)) * V + col + 2 * tig + 8 * (m >> 1));
+    for (int m = 0; m < 4; ++m) x[m] = *reinterpret_cast<const float2*>(p + 8 * (m & 1) * V + 8 * (m >> 1));
   };
   auto split_frag = [](const float2(&x)[4], uint32_t(&hi)[4], uint32_t(&lo)[4]) {
 #pragma unroll
@@ -286,6 +308,9 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   float accP[4][4], accU[4][4];
   mma::zero_acc(accP);
   mma::zero_acc(accU);
+  // dv rows 16 rs + grp (+ 8) of the row-role warp, from its dUb columns' start 16 hf (+ 2 tig).
+  float* const dv_row[2] = {a.dv + ((row0 + 16 * rs + grp) * HV + hv) * V + 16 * hf,
+                            a.dv + ((row0 + 16 * rs + grp + 8) * HV + hv) * V + 16 * hf};
   // Pass 2's dh (and, for the first column group, h) fragments of a slice, two slices in registers:
   // p2d[buffer][16-column step][fragment register].
   float2 p2d[2][2][4], p2h[2][2][4];
@@ -385,7 +410,7 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = 16 * rs + erow(e), n = 16 * hf + 8 * nt + ecol(e);
-            if (j < L) a.dv[((row0 + j) * HV + hv) * V + col0 + n] = sm.beta[j] * acc[nt][e];
+            if (j < L) dv_row[e >> 1][col0 + 8 * nt + ecol(e)] = sm.beta[j] * acc[nt][e];
             rsum[e >> 1] += to_f<T>(sv[j * LDS + n]) * acc[nt][e];
           }
         mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
