@@ -70,7 +70,7 @@ struct GradsMmaSmem {
   static constexpr int64_t kFloatTile = sizeof(float) * C * LDF;  // dq, dk (fp32 accumulators)
   // Region R: the two slice stages during passes 1 - 2, then S, dA, tmp (hi, lo each).
   static constexpr int64_t kRegion = std::max<int64_t>(2 * kStage, 6 * kPTile);
-  static constexpr int kSmallArrays = 8;  // G, beta, dG, dbeta, rq, rk, 1/rq, 1/rk
+  static constexpr int kSmallArrays = 10;  // G, beta, dG, dbeta, rq, rk, 1/rq, 1/rk, exp(G), exp(G_last - G)
   static_assert(kKeyTile % 16 == 0 && kPTile % 16 == 0 && kSliceTile % 16 == 0 && kFloatTile % 16 == 0,
                 "16-byte aligned tiles");
   static constexpr int64_t bytes() {
@@ -79,7 +79,7 @@ struct GradsMmaSmem {
   unsigned char* raw;
   T *q, *k, *dw_hi, *dw_lo, *A_hi, *A_lo;
   float *dq, *dk;
-  float *G, *beta, *dG, *dbeta, *rq, *rk, *irq, *irk;
+  float *G, *beta, *dG, *dbeta, *rq, *rk, *irq, *irk, *eG, *kd;
   __device__ explicit GradsMmaSmem(unsigned char* r) : raw(r) {
     q = reinterpret_cast<T*>(raw);
     k = reinterpret_cast<T*>(raw + kKeyTile);
@@ -97,6 +97,8 @@ struct GradsMmaSmem {
     rk = rq + C;
     irq = rk + C;
     irk = irq + C;
+    eG = irk + C;
+    kd = eG + C;
   }
   __device__ unsigned char* region() const { return raw + 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile; }
   // Slice stage b (0 / 1): tile m = 0 do, 1 v_new, 2 v, 3 dv_new hi, 4 dv_new lo, each [C][LDS].
@@ -281,7 +283,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     store_dvn(0, x);
     if (tid < C) {
       const bool ok = tid < L;
-      sm.G[tid] = (a.G && ok) ? a.G[(row0 + tid) * HV + hv] : 0.f;
+      const float g = (a.G && ok) ? a.G[(row0 + tid) * HV + hv] : 0.f;
+      const float g_last = a.G ? a.G[(row0 + L - 1) * HV + hv] : 0.f;
+      sm.G[tid] = g;
+      sm.eG[tid] = expf(g);
+      sm.kd[tid] = expf(g_last - g);  // exp arguments <= 0 for gates g <= 0
       sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
       sm.dG[tid] = 0.f;
       sm.dbeta[tid] = 0.f;
@@ -421,13 +427,15 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     load_pass2(0, p2d[0], p2h[0]);
     // dq = scale exp(G_i) Y, dw = -Z (hi / lo), element (chunk row i, key channel d).
 #pragma unroll
-    for (int nt = 0; nt < NTV; ++nt)
+    for (int nt = 0; nt < NTV; ++nt) {
+      const float2 ei = *reinterpret_cast<const float2*>(&sm.eG[n0k + 8 * nt + 2 * tig]);  // rows i, i + 1
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
-        sm.dq[i * LDF + d] = scale * expf(sm.G[i]) * accY[nt][e];
+        sm.dq[i * LDF + d] = scale * ((e & 1) ? ei.y : ei.x) * accY[nt][e];
         store_split<T>(-accZ[nt][e], &sm.dw_hi[i * LDK + d], &sm.dw_lo[i * LDK + d]);
       }
+    }
   }
 
   // ---- Pass 2 over V slices (v_new only): X^T = dh v_new^T and <h_c, dh_{c+1}>. No barrier after
@@ -468,12 +476,14 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     }
     // dk = exp(G_last - G_i) X.
 #pragma unroll
-    for (int nt = 0; nt < NTV; ++nt)
+    for (int nt = 0; nt < NTV; ++nt) {
+      const float2 ki = *reinterpret_cast<const float2*>(&sm.kd[n0k + 8 * nt + 2 * tig]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
-        sm.dk[i * LDF + d] = expf(gl - sm.G[i]) * accX[nt][e];
+        sm.dk[i * LDF + d] = ((e & 1) ? ki.y : ki.x) * accX[nt][e];
       }
+    }
     hdh = group_sum<32>(hdh);
     if (lane == 0 && cgp == 0) atomicAdd(&sm.dG[L - 1], expf(gl) * hdh);
   }
@@ -527,20 +537,28 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
     }
     float rsum[2] = {0.f, 0.f}, csum[4][2] = {};
+    // Row factors of the thread's rows 16 rs + grp (+ 8), column factors of its columns j, j + 1.
+    const int i0 = 16 * rs + grp;
+    const float Gi[2] = {sm.G[i0], sm.G[i0 + 8]}, rqi[2] = {sm.rq[i0], sm.rq[i0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
+      const int j0 = 32 * hf + 8 * nt + 2 * tig;
+      const float2 Gj = *reinterpret_cast<const float2*>(&sm.G[j0]), rkj = *reinterpret_cast<const float2*>(&sm.rk[j0]),
+                   bj = *reinterpret_cast<const float2*>(&sm.beta[j0]), ej = *reinterpret_cast<const float2*>(&sm.eG[j0]);
       float svs[4], das[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
+        const int i = i0 + 8 * (e >> 1), j = j0 + (e & 1);
+        const float G_j = (e & 1) ? Gj.y : Gj.x, rk_j = (e & 1) ? rkj.y : rkj.x, b_j = (e & 1) ? bj.y : bj.x,
+                    e_j = (e & 1) ? ej.y : ej.x;
         float sv = 0.f, da = 0.f;
         if (i < L && j <= i) {
-          const float gam = expf(sm.G[i] - sm.G[j]), rqk = sm.rq[i] * sm.rk[j];
+          const float gam = expf(Gi[e >> 1] - G_j), rqk = rqi[e >> 1] * rk_j;
           const float dpg = scale * accP[nt][e] * gam;    // (dP o Gam)_ij
           const float dPP = dpg * accQ[nt][e] * rqk;      // (dP o P)_ij
           rsum[e >> 1] += dPP;
           csum[nt][e & 1] -= dPP;
-          da = sm.beta[j] * (accU[nt][e] + expf(sm.G[j]) * sm.rk[j] * accW[nt][e]);
+          da = b_j * (accU[nt][e] + e_j * rk_j * accW[nt][e]);
           sv = dpg * rqk;
         }
         svs[e] = sv;
@@ -554,8 +572,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   }
   __syncthreads();
 
-  // ---- S3 (row role; K columns [d0, d0 + K / 2)).
+  // ---- S3 (row role; K columns [d0, d0 + K / 2)). dk's terms from here on are summed in registers
+  // (dkr, rows 16 rs + grp (+ 8)) and added to shared memory once, after S6b.
   const int d0 = hf * (KMAX / 2);
+  const int r0 = 16 * rs + grp;
+  float dkr[NKH][4];
   {
     float acc[NKH][4];
     // dq_i += (sum_j S_ij k_raw_j) / rq_i  (S_ij = 0 for j > i: chunk steps kq <= rs).
@@ -573,13 +594,16 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 #pragma unroll
       for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
     }
+    {
+      const float f[2] = {sm.irq[16 * rs + grp], sm.irq[16 * rs + grp + 8]};
 #pragma unroll
-    for (int nt = 0; nt < NKH; ++nt)
+      for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        sm.dq[i * LDF + d] += acc[nt][e] * sm.irq[i];
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
+          sm.dq[i * LDF + d] += acc[nt][e] * f[e >> 1];
+        }
+    }
     // dk_j += (sum_i S_ij q_raw_i) / rk_j  (i >= j: kq >= rs).
     mma::zero_acc(acc);
     for (int kq = rs; kq < 4; ++kq) {
@@ -593,13 +617,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 #pragma unroll
       for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bq[np]);
     }
+    const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        sm.dk[j * LDF + d] += acc[nt][e] * sm.irk[j];
-      }
+      for (int e = 0; e < 4; ++e) dkr[nt][e] = acc[nt][e] * irk[e >> 1];
     // dWb = A^T dw (A_ij = 0 for i < j: kq >= rs) -> dk_r += beta_r e_r dWb_r, dbeta_r += (e k o dWb)_r,
     // dG_r += beta_r (e k o dWb)_r.
     mma::zero_acc(acc);
@@ -621,19 +643,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
     }
     float rsum[2] = {0.f, 0.f};
+    const float er[2] = {sm.eG[r0], sm.eG[r0 + 8]}, br[2] = {sm.beta[r0], sm.beta[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        const float er = expf(sm.G[r]);
-        sm.dk[r * LDF + d] += sm.beta[r] * er * acc[nt][e];
-        rsum[e >> 1] += er * to_f<T>(sm.k[r * LDK + d]) * acc[nt][e];
+        const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
+        dkr[nt][e] += br[e >> 1] * er[e >> 1] * acc[nt][e];
+        rsum[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * acc[nt][e];
       }
-    const int r0 = 16 * rs + grp;
-    rsum[0] *= sm.rk[r0];
-    rsum[1] *= sm.rk[r0 + 8];
-    const float rb[2] = {sm.beta[r0] * rsum[0], sm.beta[r0 + 8] * rsum[1]};
+    rsum[0] *= er[0] * sm.rk[r0];
+    rsum[1] *= er[1] * sm.rk[r0 + 8];
+    const float rb[2] = {br[0] * rsum[0], br[1] * rsum[1]};
     mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
     mma::add_row_sums(sm.dG, 16 * rs, rb);
   }
@@ -705,16 +726,20 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
     }
     float rb[2] = {0.f, 0.f}, rg[2] = {0.f, 0.f}, cgs[4][2] = {};
+    const float Gi[2] = {sm.G[r0], sm.G[r0 + 8]}, rki[2] = {sm.rk[r0], sm.rk[r0 + 8]},
+                bi[2] = {sm.beta[r0], sm.beta[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
+      const int j0 = 32 * hf + 8 * nt + 2 * tig;
+      const float2 Gj = *reinterpret_cast<const float2*>(&sm.G[j0]), rkj = *reinterpret_cast<const float2*>(&sm.rk[j0]);
       float outs[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
+        const int i = r0 + 8 * (e >> 1), j = j0 + (e & 1);
         float out = 0.f;
         if (i < L && j < i) {
-          const float gam = expf(sm.G[i] - sm.G[j]), rkk = sm.rk[i] * sm.rk[j];
-          const float Kk = accK[nt][e] * rkk * gam, dM = -accM[nt][e], dKk = sm.beta[i] * dM;
+          const float gam = expf(Gi[e >> 1] - ((e & 1) ? Gj.y : Gj.x)), rkk = rki[e >> 1] * ((e & 1) ? rkj.y : rkj.x);
+          const float Kk = accK[nt][e] * rkk * gam, dM = -accM[nt][e], dKk = bi[e >> 1] * dM;
           rb[e >> 1] += dM * Kk;
           rg[e >> 1] += dKk * Kk;
           cgs[nt][e & 1] -= dKk * Kk;
@@ -756,12 +781,13 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
       }
     }
+    const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        sm.dk[r * LDF + d] += acc[nt][e] * sm.irk[r];
+        const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
+        sm.dk[r * LDF + d] += dkr[nt][e] + acc[nt][e] * irk[e >> 1];
       }
   }
   __syncthreads();
