@@ -71,15 +71,22 @@ struct GradsMmaSmem {
   // Region R: the two slice stages during passes 1 - 2, then S, dA, tmp (hi, lo each).
   static constexpr int64_t kRegion = std::max<int64_t>(2 * kStage, 6 * kPTile);
   static constexpr int kSmallArrays = 10;  // G, beta, dG, dbeta, rq, rk, 1/rq, 1/rk, exp(G), exp(G_last - G)
+  // Partial sums of dG / dbeta, added once at the end in a fixed order (no float atomics: on sm_90
+  // a shared-memory float atomicAdd is a compare-and-swap loop, and the order of the adds would vary):
+  // [0, 1] dG row terms of the row-role warps with hf = 0 / 1, [2, 3] dbeta likewise, [4 .. 7] dG
+  // column terms of the warps with rs = 0 .. 3, [8] the row-sum pass; then 16 per-warp scalars
+  // (8 shares of sum_i s_i, 8 of exp(G_last) <h, dh>), both for dG_{L-1}.
+  static constexpr int kPartRows = 9, kWarpScalars = 16;
   static_assert(kKeyTile % 16 == 0 && kPTile % 16 == 0 && kSliceTile % 16 == 0 && kFloatTile % 16 == 0,
                 "16-byte aligned tiles");
   static constexpr int64_t bytes() {
-    return 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile + kRegion + sizeof(float) * kSmallArrays * C;
+    return 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile + kRegion +
+           sizeof(float) * ((kSmallArrays + kPartRows) * C + kWarpScalars);
   }
   unsigned char* raw;
   T *q, *k, *dw_hi, *dw_lo, *A_hi, *A_lo;
   float *dq, *dk;
-  float *G, *beta, *dG, *dbeta, *rq, *rk, *irq, *irk, *eG, *kd;
+  float *G, *beta, *dG, *dbeta, *rq, *rk, *irq, *irk, *eG, *kd, *part, *wsum;
   __device__ explicit GradsMmaSmem(unsigned char* r) : raw(r) {
     q = reinterpret_cast<T*>(raw);
     k = reinterpret_cast<T*>(raw + kKeyTile);
@@ -99,6 +106,8 @@ struct GradsMmaSmem {
     irk = irq + C;
     eG = irk + C;
     kd = eG + C;
+    part = kd + C;  // [kPartRows][C]
+    wsum = part + kPartRows * C;
   }
   __device__ unsigned char* region() const { return raw + 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile; }
   // Slice stage b (0 / 1): tile m = 0 do, 1 v_new, 2 v, 3 dv_new hi, 4 dv_new lo, each [C][LDS].
@@ -289,8 +298,6 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       sm.eG[tid] = expf(g);
       sm.kd[tid] = expf(g_last - g);  // exp arguments <= 0 for gates g <= 0
       sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
-      sm.dG[tid] = 0.f;
-      sm.dbeta[tid] = 0.f;
     }
     mma::cp_async_wait<0>();
     __syncthreads();
@@ -314,6 +321,9 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   float accP[4][4], accU[4][4];
   mma::zero_acc(accP);
   mma::zero_acc(accU);
+  // Row-role sums kept per thread until the end: dG and dbeta terms of rows r0 = 16 rs + grp and
+  // r0 + 8 (this thread's share: its columns), dG column terms of columns 32 hf + 8 nt + 2 tig + p.
+  float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   // dv rows 16 rs + grp (+ 8) of the row-role warp, from its dUb columns' start 16 hf (+ 2 tig).
   float* const dv_row[2] = {a.dv + ((row0 + 16 * rs + grp) * HV + hv) * V + 16 * hf,
                             a.dv + ((row0 + 16 * rs + grp + 8) * HV + hv) * V + 16 * hf};
@@ -419,7 +429,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
             if (j < L) dv_row[e >> 1][col0 + 8 * nt + ecol(e)] = sm.beta[j] * acc[nt][e];
             rsum[e >> 1] += to_f<T>(sv[j * LDS + n]) * acc[nt][e];
           }
-        mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
+        rowB[0] += rsum[0];
+        rowB[1] += rsum[1];
       }
       if (s + 1 < NS) store_dvn(b ^ 1, xn);
     }
@@ -485,7 +496,7 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
     }
     hdh = group_sum<32>(hdh);
-    if (lane == 0 && cgp == 0) atomicAdd(&sm.dG[L - 1], expf(gl) * hdh);
+    if (lane == 0) sm.wsum[8 + wp] = cgp == 0 ? expf(gl) * hdh : 0.f;
   }
   __syncthreads();  // dq, dk (first terms), dw complete; the stages are free
 
@@ -502,10 +513,9 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     }
     sq = group_sum<4>(sq) * sm.rq[r];
     sk = group_sum<4>(sk) * sm.rk[r];
-    if ((tid & 3) == 0 && r < L) {
-      atomicAdd(&sm.dG[r], sq - sk);
-      atomicAdd(&sm.dG[L - 1], sk);
-    }
+    if ((tid & 3) == 0) sm.part[8 * C + r] = r < L ? sq - sk : 0.f;
+    const float sk_w = group_sum<32>(((tid & 3) == 0 && r < L) ? sk : 0.f);  // the warp's 8 rows
+    if (lane == 0) sm.wsum[wp] = sk_w;
   }
 
   // ---- Mid (row role, elements (i, j) of the strip's column half): QK = q_raw k_raw^T,
@@ -567,8 +577,12 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, svs);
       store_tile_split(dA_hi, dA_lo, 16 * rs, 32 * hf + 8 * nt, das);
     }
-    mma::add_row_sums(sm.dG, 16 * rs, rsum);
-    mma::add_column_sums(sm.dG + 32 * hf, csum);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rowG[h] += rsum[h];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) colG[nt][q] += csum[nt][q];
   }
   __syncthreads();
 
@@ -655,8 +669,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     rsum[0] *= er[0] * sm.rk[r0];
     rsum[1] *= er[1] * sm.rk[r0 + 8];
     const float rb[2] = {br[0] * rsum[0], br[1] * rsum[1]};
-    mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
-    mma::add_row_sums(sm.dG, 16 * rs, rb);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rowB[h] += rsum[h];
+      rowG[h] += rb[h];
+    }
   }
 
   // ---- S5: tmp = dA A^T (dA_ij = 0 for j > i: kq <= rs), into shared memory as hi / lo.
@@ -749,9 +766,15 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
       store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, outs);
     }
-    mma::add_row_sums(sm.dbeta, 16 * rs, rb);
-    mma::add_row_sums(sm.dG, 16 * rs, rg);
-    mma::add_column_sums(sm.dG + 32 * hf, cgs);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rowB[h] += rb[h];
+      rowG[h] += rg[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) colG[nt][q] += cgs[nt][q];
   }
   __syncthreads();
 
@@ -792,15 +815,54 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   }
   __syncthreads();
 
-  // ---- Outputs. dg = reverse cumsum of dG inside the chunk (one thread: 64 adds).
-  if (tid == 0 && a.dg) {
-    float acc = 0.f;
-    for (int i = L - 1; i >= 0; --i) {
-      acc += sm.dG[i];
-      a.dg[(row0 + i) * HV + hv] = acc;
+  // ---- Outputs. The row-role sums: quad sums (the 4 lanes of a row) and column sums (the 8 lanes
+  // of a column) into their slots of part, then dG and dbeta per row in a fixed order.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float g = mma::quad_sum(rowG[h]), be = mma::quad_sum(rowB[h]);
+    if (tig == 0) {
+      sm.part[hf * C + r0 + 8 * h] = g;
+      sm.part[(2 + hf) * C + r0 + 8 * h] = be;
     }
   }
-  if (tid < L) a.dbeta[(row0 + tid) * HV + hv] = sm.dbeta[tid];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const float g = mma::column_sum(colG[nt][q]);
+      if (grp == 0) sm.part[(4 + rs) * C + 32 * hf + 8 * nt + 2 * tig + q] = g;
+    }
+  __syncthreads();
+  if (tid < C) {
+    const int i = tid;
+    float g = 0.f;
+#pragma unroll
+    for (int m = 0; m < S::kPartRows; ++m) {
+      if (m == 2 || m == 3) continue;  // dbeta's rows
+      g += sm.part[m * C + i];
+    }
+    if (i == L - 1)
+#pragma unroll
+      for (int w = 0; w < 16; ++w) g += sm.wsum[w];
+    sm.dG[i] = i < L ? g : 0.f;
+    if (i < L) a.dbeta[(row0 + i) * HV + hv] = sm.part[2 * C + i] + sm.part[3 * C + i];
+  }
+  __syncthreads();
+  // dg = reverse cumsum of dG inside the chunk, by warp 0: lane l holds rows 62 - 2 l and 63 - 2 l
+  // (zeros past L), an inclusive prefix sum over the lanes of their pair sums is the sum of rows
+  // >= 62 - 2 l.
+  if (wp == 0 && a.dg) {
+    const int i0 = 62 - 2 * lane, i1 = 63 - 2 * lane;
+    const float x0 = sm.dG[i0], x1 = sm.dG[i1];
+    float sum = x0 + x1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float t = __shfl_up_sync(0xffffffffu, sum, o);
+      if (lane >= o) sum += t;
+    }
+    if (i0 < L) a.dg[(row0 + i0) * HV + hv] = sum;
+    if (i1 < L) a.dg[(row0 + i1) * HV + hv] = sum - x0;
+  }
   // dq, dk: with one value head per key head this block's values are the sums (stored); otherwise
   // added over the group's value heads.
   if (a.H == a.HV) {
