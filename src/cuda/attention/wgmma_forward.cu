@@ -34,10 +34,14 @@ int sm_count() {
 }
 
 // Defaults of the two variant switches (environment, read at every call): "0" / "1" override
-// them, so the bench and the tests can run every combination whatever the default is. Both off
-// until an H200 run shows them correct and faster (tools/gpu-extra/wgmma.sh measures them).
+// them, so the bench and the tests can run every combination whatever the default is. Ping-pong
+// stays off (no gain on the H200: tools/gpu-extra/fwdsched.sh).
 constexpr bool kPingpongByDefault = false;
-constexpr int64_t kPersistentByDefault = 0;  // 0: one CTA per tile; 1: one CTA per SM
+// 1 (one CTA per SM, tiles from a counter) at D <= 128, 0 (one CTA per tile) at D = 256: the H200
+// run of 2026-11-30 02:08 (docs/perf/attention.md) measured the persistent grid 2-5% faster at
+// D <= 128 and 0-15% slower at D = 256.
+template <int D>
+constexpr int64_t kPersistentByDefault = D <= 128 ? 1 : 0;
 
 // The integer value of a switch, or `fallback` when it is not set.
 int64_t env_int(const char* name, int64_t fallback) {
@@ -45,9 +49,9 @@ int64_t env_int(const char* name, int64_t fallback) {
   return env == nullptr || *env == '\0' ? fallback : std::atoll(env);
 }
 
-// One CTA per tile, or (FLASHGRAD_ATTN_WGMMA_PERSISTENT=1, or more tiles than a grid holds) one
-// CTA per SM drawing tiles from a counter (heaviest first, dynamically balanced), which overlaps
-// each tile's Q and first K / V loads with the previous tile's last P V and epilogue.
+// One CTA per SM drawing tiles from a counter (the default at D <= 128, or FLASHGRAD_ATTN_WGMMA_PERSISTENT=1, or
+// more tiles than a grid holds; heaviest first, dynamically balanced), which overlaps each tile's Q and first
+// K / V loads with the previous tile's last P V and epilogue, or one CTA per tile (=0; D = 256 by default).
 // FLASHGRAD_ATTN_WGMMA_PERSISTENT=N >= 2 caps the grid at N CTAs (tests use it to give every CTA
 // several tiles on small problems).
 template <typename T, int D, bool kPingpong>
@@ -61,7 +65,7 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const int64_t tiles = static_cast<int64_t>(p.num_seqs) * mblocks * p.heads_q;
   int64_t ctas = tiles;
-  const int64_t cap = env_int("FLASHGRAD_ATTN_WGMMA_PERSISTENT", kPersistentByDefault);
+  const int64_t cap = env_int("FLASHGRAD_ATTN_WGMMA_PERSISTENT", kPersistentByDefault<D>);
   if (cap >= 2)
     ctas = std::min<int64_t>(tiles, cap);
   else if (cap == 1 || tiles > 0x7fffffff)
