@@ -14,7 +14,8 @@
 //     warp 1: the tile's lse (log2 units), shift = Delta - dLSE - z lse (the pre-pass's, Delta
 //       from deq(dO8)) and dP's scale descale_dO(h) descale_v into shared memory beside the 8-bit
 //       slot;
-//     warp 2: the dQ reduction (one cp.reduce.async.bulk per valid row into dq_accum; D <= 128);
+//     warp 2: the dQ reduction: D / 32 TMA tensor reduce-adds of the staged tile into dq_accum
+//       (wgmma_dq_staging.cuh), which then free the staging buffer (D = 256: the 16-bit slot);
 //   warpgroups 1 and 2, the consumers, 64 keys each (D = 256: all 64 keys, half of the head dim
 //   each, as the bf16 kernel's kSplitD; both compute the same S^T and dP^T). Per tile:
 //       S^T  = k8 q8^T      e4m3 wgmma m64n64k32 (A = k8, B = q8, both K-major as stored)
@@ -25,8 +26,9 @@
 //       dK  += dS^T q16     16-bit wgmma, A = dS^T in registers, B = q16 MN-major
 //       dS^T -> shared memory (16-bit, swizzled), then dQ = dS k16 (A = dS read transposed from
 //             dS^T, B = k16 MN-major), times descale_k: D <= 128: 64 x D/2 per warpgroup staged in
-//             fp32 for the reducer warp; D = 256: 64 x 128 per warpgroup by float2 atomics (no
-//             room for staging). dq = scale dq_accum afterwards, as on the mma.sync path.
+//             fp32 for the reducer warp; D = 256: 64 x 128 per warpgroup staged in its four
+//             panels of the 16-bit slot (no room for a staging tile; only its own dV / dK read
+//             them). dq = scale dq_accum afterwards, as on the mma.sync path.
 //     dK (times scale descale_q) and dV are written once at the end.
 // In deterministic mode the kernel skips dQ; fp8_dq_kernel.cuh computes it in a fixed order.
 //

@@ -11,8 +11,9 @@
 //     warp 1: the tile's kBlockM lse (log2 units) and shift = rowsum(dO * O) - dLSE - z lse values
 //       into shared memory beside the slot (+inf / 0 for rows past the sequence: P = 0 there);
 //     warp 2: the dQ reduction: once the consumers have put the tile's dQ (fp32, kBlockM x D) into
-//       shared memory, one bulk reduce-add per valid row into the fp32 dq accumulator in global
-//       memory (cp.reduce.async.bulk: no per-element atomics), then frees the staging buffer;
+//       the shared staging tile (wgmma_dq_staging.cuh; at D = 256 into their panels of the tile's
+//       Q / dO slot), D / 32 TMA tensor reduce-adds into the fp32 dq accumulator in global memory
+//       (no per-element atomics, no per-row ops), then frees the staging buffer (or the slot);
 //   warpgroups 1 and 2, the consumers: each owns 64 of the block's keys (at D = 256: all 64 keys
 //     and half of the head dim, see WgmmaBackwardConfig::kSplitD). Per tile, with wgmma
 //     (M = 64 keys per warpgroup, accumulators in registers):
