@@ -7,13 +7,16 @@
 // FLOPs: 4 B H S^2 D, halved when causal.
 // usage: fp8_wgmma_bench [B H S] [variant ...] [d64|d128|d256 ...] [none|causal]
 // (default 2 16 8192 w, head dims 128 256 64, both masks), variants of the wgmma kernel:
-//   w (default), pp (FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1),
-//   spp (both), o (FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o and
-//   ping-pong), e (FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on the FMA
-//   pipe), w4 (FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: w on session 4's instruction stream, before the
-//   consumer loop's instruction count was cut), wspin (FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: w
-//   with the producer spinning in its empty-slot waits, as session 4's did), pv
-//   (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's P V chunks pipelined; other head dims as w); each
+//   w (the library's defaults: since session 5 the serial schedule at hd 256, the overlapped one
+//   at hd 64 / 128), ov (overlapped schedule at every head dim: FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=0),
+//   pp (ov with FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1), spp
+//   (both), o (ov with FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o
+//   and ping-pong), e (ov with FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on
+//   the FMA pipe), w4 (ov with FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: session 4's default, its
+//   instruction stream before session 5 cut the consumer loop), wspin (w with
+//   FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: the producer spinning in its empty-slot waits, as
+//   session 4's did), pv (ov with FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's P V chunks
+//   pipelined; other head dims as ov); each
 //   timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
@@ -116,13 +119,23 @@ void set_switch(const std::string& variant) {
     setenv("FLASHGRAD_ATTN_FP8_FORWARD", "mma", 1);
   else
     setenv("FLASHGRAD_ATTN_FP8_FORWARD", "wgmma", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", variant == "pp" || variant == "spp" || variant == "opp" ? "1" : "0", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", variant == "s" || variant == "spp" ? "1" : "0", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", variant == "o" || variant == "opp" ? "1" : "0", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", variant == "e" ? "1" : "0", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", variant == "w4" ? "0" : "1", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", variant == "wspin" ? "0" : "1", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", variant == "pv" ? "1" : "0", 1);
+  // Every switch unset (the library's defaults: "w"), then the variant's own; the schedule variants
+  // set SERIAL either way, since its default differs by head dim.
+  for (const char* name : {"FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "FLASHGRAD_ATTN_FP8_WGMMA_SERIAL",
+                           "FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP",
+                           "FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP",
+                           "FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE"})
+    unsetenv(name);
+  if (variant == "pp" || variant == "spp" || variant == "opp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "1", 1);
+  if (variant == "s" || variant == "spp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "1", 1);
+  if (variant == "ov" || variant == "pp" || variant == "o" || variant == "opp" || variant == "e" || variant == "w4" ||
+      variant == "pv")
+    setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "0", 1);
+  if (variant == "o" || variant == "opp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "1", 1);
+  if (variant == "e") setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", "1", 1);
+  if (variant == "w4") setenv("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "0", 1);
+  if (variant == "wspin") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", "0", 1);
+  if (variant == "pv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "1", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma too (off by default until timed)
 }
 
@@ -212,7 +225,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin" ||
-        a == "pv")
+        a == "pv" || a == "ov")
       variants.push_back(a);
     else if (a == "d64" || a == "d128" || a == "d256")
       head_dims.push_back(std::atoi(a.c_str() + 1));

@@ -14,9 +14,10 @@
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256 / 64,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
 #      output difference on the timed inputs (the variants whose tests passed in 3); first the
-#      default (w) beside w4, the same schedule on session 4's instruction stream
-#      (FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0), and wspin, w with the producer spinning in its waits
-#      (FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0), so the session-5 changes are timed in one process;
+#      default (w: serial at hd 256 since session 5) beside ov (the overlapped schedule), w4 (session
+#      4's default: ov on session 4's instruction stream, FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0), and wspin
+#      (w with the producer spinning in its waits, FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0), so the
+#      session-5 changes are timed in one process;
 #   5. with the time left: ncu of one default-variant forward per head dim (pipes, stalls, issue).
 # A compact summary comes last.
 set -uo pipefail
@@ -62,9 +63,9 @@ bench_ready() {  # waits for the background build once; true when the forward be
 }
 # The default variant's numbers first (the variants below could trap and end a bench process).
 if [ -n "$lib" ] && bench_ready && [ "$(left)" -gt 30 ]; then
-  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default w, session-4 stream w4, spinning producer wspin)"
-  timeout -k 3 40 /tmp/fp8w_bench w w4 wspin d128 d256 > "$OUT/extra/fp8w_bench_default.log" 2>&1
-  status+=("fp8_wgmma_bench w w4 wspin rc=$?")
+  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default w, overlapped ov, session-4 default w4, spinning producer wspin)"
+  timeout -k 3 40 /tmp/fp8w_bench w ov w4 wspin d128 d256 > "$OUT/extra/fp8w_bench_default.log" 2>&1
+  status+=("fp8_wgmma_bench w ov w4 wspin rc=$?")
   cat "$OUT/extra/fp8w_bench_default.log"
   table=$(cat "$OUT/extra/fp8w_bench_default.log")
 elif [ -n "$lib" ]; then
@@ -76,8 +77,9 @@ sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma
 bench_variants="w"
 # (pp was timed in run 4: slower than the default at every row; timed again first since session 5's
 # leaner consumers may change that; opp not worth the time)
-# pv (session 5): hd 256's P V chunks pipelined (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1).
-for v in pv pp s spp o e; do
+# pv (session 5): hd 256's P V chunks pipelined (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1); ov: the
+# overlapped schedule (SERIAL=0), no longer the default at hd 256 (serial is, tested above).
+for v in pv pp ov spp o e; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
   pp=0; serial=0; one=0; poly=0; pvpipe=0
   case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;; esac

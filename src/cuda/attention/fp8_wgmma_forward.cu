@@ -48,13 +48,17 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
 
 // The variants' defaults, one constant each (per head dim for the schedule), so that flipping one
 // after an H200 run is a one-line change that keeps every path reachable: the switches below take
-// "1" / "0" to override them (read at every call; the bench and fp8w.sh set them all explicitly).
-// H200 run 4: the overlapped schedule without ping-pong is the fastest measured at every head dim.
+// "1" / "0" to override them (read at every call; the bench's variants set what they change).
+// H200 run 4 (session 4): the overlapped schedule without ping-pong was the fastest measured at
+// every head dim. Session 5, run 4 (bench/results/attention_h200_session5_runs.md), on the leaner
+// consumers: at hd 256 the serial schedule (128-key blocks, 128-column P V chunks: half the O folds
+// per key) 1056 / 878 TFLOP/s (none / causal) against the overlapped 853 / 731; at hd 128 serial
+// 720 against 799. Hence serial at hd 256, overlapped at hd 64 / 128.
 constexpr bool kHd64ByDefault = false;  // hd 64 passed every FP8 test on the H200 (run 4); not timed yet
 constexpr bool kPingpongByDefault = false;
 constexpr bool kPolyExpByDefault = false;
 template <int D>
-constexpr int kScheduleByDefault = cuda_attn::fp8w::kOverlap;
+constexpr int kScheduleByDefault = D == 256 ? cuda_attn::fp8w::kSerial : cuda_attn::fp8w::kOverlap;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
