@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   const int hf = wp >> 2, rs = hf == 0 ? (wp & 3) : 3 - (wp & 3);
   const int kst = wp % KS, cgp = wp / KS;     // key role
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
-  const int NS = static_cast<int>(V / VS);
+  const int NS = static_cast<int>(V / VS);  // even: V % 64 == 0
+  const bool vn_whole = NS <= 5;             // pass 2's v_new slices all fit in one stage's five tiles
   const float scale = a.scale;
   // ldmatrix lane addresses (chunked_state_backward_transposed.cuh): a_* non-trans A fragments
   // (rows +8 by (lane / 8) % 2, columns +8 by lane / 16); nb_* non-trans B fragments of two 8-column
@@ -354,7 +355,15 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         issue_slice(s + 1, b ^ 1, true);
         load_dvn(s + 1, xn);
       } else {
-        issue_slice(0, b ^ 1, false);  // pass 2's first v_new slice (stage b ^ 1's last reader was slice s - 1)
+        // Pass 2's v_new (stage b ^ 1 = 0 is free: its last reader was slice s - 1): all NS slices
+        // in its five tile slots when they fit (V <= 160), so pass 2 needs one barrier, not one per slice;
+        // else its first slice.
+        if (vn_whole) {
+          for (int t = 0; t < NS; ++t) mma::cp_async16(sm.slice(b ^ 1, t) + p_at, vn_src + t * VS, pr_ok);
+          mma::cp_async_commit();
+        } else {
+          issue_slice(0, b ^ 1, false);
+        }
       }
       const T* sdo = sm.slice(b, 0);
       const T* svn = sm.slice(b, 1);
@@ -450,20 +459,30 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   }
 
   // ---- Pass 2 over V slices (v_new only): X^T = dh v_new^T and <h_c, dh_{c+1}>. No barrier after
-  // pass 1: its stage 0 was refilled with this pass's first slice in its last step, and the loop's
-  // first barrier orders the rest. dh / h fragments two slices deep in registers (NS is even:
-  // V % 64 == 0), so a slice's loads are in flight during the previous slice's products.
+  // pass 1: its last step refilled stage 0 with this pass's v_new (all slices when V <= 160, then a
+  // single barrier; else the first slice, and one barrier per slice as in pass 1). dh / h fragments
+  // two slices deep in registers (NS is even: V % 64 == 0), so a slice's loads are in flight during
+  // the previous slice's products.
   {
     float accX[NTV][4];
     mma::zero_acc(accX);
     float hdh = 0.f;
     const int n0k = cgp * 8 * NTV;
     auto step = [&](int s, const float2(&d)[2][4], const float2(&h)[2][4]) {
-      const int b = s & 1;
-      mma::cp_async_wait<0>();
-      __syncthreads();
-      if (s + 1 < NS) issue_slice(s + 1, b ^ 1, false);
-      const T* svn = sm.slice(b, 1);
+      const T* svn;
+      if (vn_whole) {  // slice s in stage 0's tile slot s; one wait and barrier for all of them
+        if (s == 0) {
+          mma::cp_async_wait<0>();
+          __syncthreads();
+        }
+        svn = sm.slice(0, s);
+      } else {
+        const int b = s & 1;
+        mma::cp_async_wait<0>();
+        __syncthreads();
+        if (s + 1 < NS) issue_slice(s + 1, b ^ 1, false);
+        svn = sm.slice(b, 1);
+      }
 #pragma unroll
       for (int k2 = 0; k2 < 2; ++k2) {
         uint32_t xh[4], xl[4], bv[NTV / 2][4];
