@@ -16,7 +16,8 @@
 //   instruction stream before session 5 cut the consumer loop), wspin (w with
 //   FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: the producer spinning in its empty-slot waits, as
 //   session 4's did), pv (ov with FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's P V chunks
-//   pipelined; other head dims as ov); each
+//   pipelined; other head dims as ov), spv (s with FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's
+//   serial P V in 4 pipelined chunks; other head dims as s); each
 //   timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
@@ -127,7 +128,7 @@ void set_switch(const std::string& variant) {
                            "FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE"})
     unsetenv(name);
   if (variant == "pp" || variant == "spp" || variant == "opp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "1", 1);
-  if (variant == "s" || variant == "spp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "1", 1);
+  if (variant == "s" || variant == "spp" || variant == "spv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "1", 1);
   if (variant == "ov" || variant == "pp" || variant == "o" || variant == "opp" || variant == "e" || variant == "w4" ||
       variant == "pv")
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "0", 1);
@@ -135,7 +136,7 @@ void set_switch(const std::string& variant) {
   if (variant == "e") setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", "1", 1);
   if (variant == "w4") setenv("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "0", 1);
   if (variant == "wspin") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", "0", 1);
-  if (variant == "pv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "1", 1);
+  if (variant == "pv" || variant == "spv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "1", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma too (off by default until timed)
 }
 
@@ -225,7 +226,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin" ||
-        a == "pv" || a == "ov")
+        a == "pv" || a == "ov" || a == "spv")
       variants.push_back(a);
     else if (a == "d64" || a == "d128" || a == "d256")
       head_dims.push_back(std::atoi(a.c_str() + 1));

@@ -77,12 +77,14 @@ sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma
 bench_variants="w"
 # (pp was timed in run 4: slower than the default at every row; timed again first since session 5's
 # leaner consumers may change that; opp not worth the time)
-# pv (session 5): hd 256's P V chunks pipelined (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1); ov: the
-# overlapped schedule (SERIAL=0), no longer the default at hd 256 (serial is, tested above).
-for v in pv pp ov spp o e; do
+# spv / pv (session 5): hd 256's P V chunks pipelined (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1) in the
+# serial (the hd 256 default) / overlapped schedule; ov: the overlapped schedule (SERIAL=0), no
+# longer the default at hd 256 (serial is, tested above).
+for v in spv pv pp ov spp o e; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
   pp=0; serial=0; one=0; poly=0; pvpipe=0
-  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;; esac
+  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;;
+    spv) serial=1; pvpipe=1 ;; esac
   echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe)"
   FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=$pp FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=$serial \
     FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=$poly FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=$pvpipe \

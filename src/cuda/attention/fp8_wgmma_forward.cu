@@ -79,9 +79,10 @@ bool env_switch(const char* name, bool fallback) {
 // before session 5 cut its instruction count), to time old against new in one process;
 // FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: the producer spins in its empty-slot waits (session 4)
 // instead of sleeping in them (Fp8wMapAxes::producer_sleep; with kLean only);
-// FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1 (hd 256, overlapped schedule without ping-pong): P V in 32-column
-// chunks through two alternating accumulators, each chunk's fold beside the next chunk's products
-// (Fp8wSchedule kOverlapPvPipe).
+// FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1 (hd 256, without ping-pong): P V in chunks through two
+// alternating accumulators, each chunk's fold beside the next chunk's products (Fp8wSchedule
+// kOverlapPvPipe: 32-column chunks of the overlapped schedule; kSerialPvPipe: 64-column chunks of
+// the serial one).
 template <int D>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                     const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
@@ -98,8 +99,12 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   if (schedule == kOverlap && !pingpong && !env_switch("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", true))
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if constexpr (D == 256)
-    if (schedule == kOverlap && !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", false))
-      return launch_kernel<D, false, cuda_attn::fp8w::kOverlapPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+    if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", false)) {
+      if (schedule == kOverlap)
+        return launch_kernel<D, false, cuda_attn::fp8w::kOverlapPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+      if (schedule == kSerial)
+        return launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+    }
   if (schedule == kSerial)
     pingpong ? launch_kernel<D, true, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
              : launch_kernel<D, false, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream);

@@ -71,8 +71,13 @@ struct Fp8wMapAxes {
 //   kOverlapPvPipe (D = 256; session 5): kOverlap with P V in 8 chunks of 32 head-dim columns in two
 //     alternating accumulators (ob[2][16], the registers of kOverlap's one 64-column ob): chunk c + 1
 //     runs on the tensor cores while chunk c is folded, where kOverlap issues, waits for and folds
-//     its chunks 1-3 one after the other. Same numerics as kOverlap.
-enum Fp8wSchedule : int { kOverlap = 0, kSerial = 1, kOneLevel = 2, kOverlapPvPipe = 3 };
+//     its chunks 1-3 one after the other. Same numerics as kOverlap;
+//   kSerialPvPipe (D = 256; session 5): kSerial (128-key blocks) with P V in 4 chunks of 64 columns
+//     in two alternating 32-register accumulators (kSerial's one 128-column ob), pipelined as in
+//     kOverlapPvPipe: chunk c + 1 runs while chunk c is folded, where kSerial waits for each of its
+//     two chunks in turn. (Chunk 1 in the S registers instead, dead after the pack, does not fit:
+//     S, ob and O of 128 are live together, 436 B spill.) Same numerics as kSerial.
+enum Fp8wSchedule : int { kOverlap = 0, kSerial = 1, kOneLevel = 2, kOverlapPvPipe = 3, kSerialPvPipe = 4 };
 
 template <int D, int kSchedule = kOverlap>
 struct Fp8wForwardConfig {
@@ -81,15 +86,17 @@ struct Fp8wForwardConfig {
   static constexpr int kLoadN = 128;     // keys per TMA block (one 128-byte V^T row)
   // Keys per S / softmax / P V step: 64 where S, O and ob (or O alone at 128 per thread) would not fit
   // beside 128-key S registers.
-  static constexpr int kBlockN = D == 256 && kSchedule != kSerial ? 64 : 128;
+  static constexpr bool kSerialLike = kSchedule == kSerial || kSchedule == kSerialPvPipe;
+  static constexpr int kBlockN = D == 256 && !kSerialLike ? 64 : 128;
   static constexpr int kSub = kLoadN / kBlockN;
   // Head-dim columns per P V accumulator chunk (registers: S kBlockN / 2, O D / 2, ob kPvChunk / 2);
   // kOneLevel: all D columns straight into O.
   static constexpr int kPvChunk256 =
-      kSchedule == kSerial ? 128 : kSchedule == kOverlapPvPipe ? 32 : FLASHGRAD_FP8W_PV_CHUNK_256;
+      kSchedule == kSerial ? 128 : kSchedule == kOverlapPvPipe ? 32 : kSchedule == kSerialPvPipe ? 64
+                                                                                           : FLASHGRAD_FP8W_PV_CHUNK_256;
   static constexpr int kPvChunk = kSchedule == kOneLevel ? D : D == 256 ? kPvChunk256 : D;
-  // Accumulators of P V chunks in flight at once (kOverlapPvPipe at D = 256: two).
-  static constexpr int kPvBuffers = kSchedule == kOverlapPvPipe && D == 256 ? 2 : 1;
+  // Accumulators of P V chunks in flight at once (kOverlapPvPipe, kSerialPvPipe at D = 256: two).
+  static constexpr int kPvBuffers = (kSchedule == kOverlapPvPipe || kSchedule == kSerialPvPipe) && D == 256 ? 2 : 1;
   static constexpr int kPvChunks = D / kPvChunk;
   // Q / K tiles: rows of 128 bytes (SWIZZLE_128B) in D / 128 column panels; at D = 64 one panel of
   // 64-byte rows (SWIZZLE_64B: chunk c of row r at c ^ ((r / 2) % 4), 8-row groups of 512 bytes).
@@ -570,7 +577,7 @@ __global__ void __launch_bounds__(384, 1)
   };
   int cls = kTileEmpty;
   int nb = next_key_block<LN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
-  if (kSchedule == kSerial && nb >= 0) {
+  if (Cfg::kSerialLike && nb >= 0) {
     // Per item: S, softmax, P V (its chunks in turn), each waited for before the next; O = O rescale
     // + ob with this item's own rescale. Turns (kPingpong): one for S, one for P V's first chunk.
     sm90::mbar_wait(bar_q_full, 0);
@@ -596,12 +603,17 @@ __global__ void __launch_bounds__(384, 1)
         sm90::mbar_wait(bar_v_full + 8 * slot, phase);
         wait_turn();
         issue_pv(slot, sub, 0);
+        if constexpr (kPipe) issue_pv(slot, sub, 1);
         pass_turn(n_nb < 0 && sub == SUB - 1);
+        if constexpr (kPipe) {
+          fold_chunks_pipelined(slot, sub, rs);
+        } else {
 #pragma unroll
-        for (int c = 0; c < CH; ++c) {
-          if (c > 0) issue_pv(slot, sub, c);
-          sm90::wgmma_wait<0>();
-          fold(c, rs);
+          for (int c = 0; c < CH; ++c) {
+            if (c > 0) issue_pv(slot, sub, c);
+            sm90::wgmma_wait<0>();
+            fold(c, rs);
+          }
         }
         pin_p();
         if (sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);

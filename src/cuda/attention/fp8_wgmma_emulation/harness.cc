@@ -643,7 +643,8 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
 
 // The kernel variant: bit 0 ping-pong, bit 1 serial, bit 3 one-level (Fp8wSchedule), bit 4 polynomial
 // exp2 (on session 4's stream, as the host launches it), bit 5 session 4's instruction stream
-// (kLean = false; overlapped schedule), bit 6 P V chunks pipelined (kOverlapPvPipe); bit 2: inputs
+// (kLean = false; overlapped schedule), bit 6 P V chunks pipelined (kOverlapPvPipe), bit 7 the serial
+// schedule's P V chunks pipelined (kSerialPvPipe); bit 2: inputs
 // stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
@@ -651,6 +652,7 @@ bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false, false>(c, r, bhsd);
   if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
   if (variant & 64) return run_emulated<D, false, fp8w::kOverlapPvPipe>(c, r, bhsd);
+  if (variant & 128) return run_emulated<D, false, fp8w::kSerialPvPipe>(c, r, bhsd);
   if (variant & 8)
     return variant & 1 ? run_emulated<D, true, fp8w::kOneLevel>(c, r, bhsd)
                        : run_emulated<D, false, fp8w::kOneLevel>(c, r, bhsd);
@@ -672,6 +674,7 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
               variant & 16 ? " (polynomial exp2)" : "", variant & 4 ? " [B, H, S, D] inputs" : "");
   if (variant & 32) std::printf("    (session 4 instruction stream: kLean = false)\n");
   if (variant & 64) std::printf("    (P V chunks pipelined: kOverlapPvPipe)\n");
+  if (variant & 128) std::printf("    (serial, P V chunks pipelined: kSerialPvPipe)\n");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -697,7 +700,7 @@ int main(int argc, char** argv) {
   struct Entry {
     Fp8Config cfg;
     int variant;  // bit 0 ping-pong, bit 1 serial, bit 3 one-level, bit 4 polynomial exp2, bit 5 session-4
-                  // stream, bit 6 P V chunks pipelined, bit 2 [B, H, S, D] inputs
+                  // stream, bit 6 / 7 P V chunks pipelined (overlapped / serial), bit 2 [B, H, S, D] inputs
   };
   std::vector<Entry> cases;
   const std::vector<std::string> quick = {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"};
@@ -727,7 +730,7 @@ int main(int argc, char** argv) {
     c.sq = c.sk = 260;
     for (int variant : {0, 1, 2, 3, 8, 9, 16}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
     c.d = 256;
-    for (int variant : {1, 2, 3, 8, 9, 16, 64}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {1, 2, 3, 8, 9, 16, 64, 128}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
     c.d = 64;
     add("causal d64 B2 mqa Sq=Sk=260", c, 3);
     c.hq = 4;
@@ -831,11 +834,14 @@ int main(int argc, char** argv) {
     add("causal d256 Sq=640 Sk=300 (offset < 0)", c);
     // hd 256 with the P V chunks pipelined (kOverlapPvPipe): full blocks, masked blocks, ring wrap.
     add("causal d256 Sq=640 Sk=300 (offset < 0)", c, 64);
+    add("causal d256 Sq=640 Sk=300 (offset < 0)", c, 128);
     c.sq = 256;
     c.sk = 700;
     add("causal d256 Sq=256 Sk=700 (full-block runs)", c, 64);
+    add("causal d256 Sq=256 Sk=700 (full-block runs)", c, 128);
     c.mask = MaskKind::none;
     add("none d256 Sq=256 Sk=700 (full-block runs)", c, 64);
+    add("none d256 Sq=256 Sk=700 (full-block runs)", c, 128);
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
