@@ -136,7 +136,10 @@ void set_switch(const std::string& variant) {
   if (variant == "e") setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", "1", 1);
   if (variant == "w4") setenv("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "0", 1);
   if (variant == "wspin") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", "0", 1);
-  if (variant == "pv" || variant == "spv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "1", 1);
+  if (variant == "pv" || variant == "spv")
+    setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "1", 1);
+  else if (variant != "w" && variant != "wspin")  // the others are what they say whatever the default
+    setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma too (off by default until timed)
 }
 

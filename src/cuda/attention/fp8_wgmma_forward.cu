@@ -57,6 +57,7 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
 constexpr bool kHd64ByDefault = false;  // hd 64 passed every FP8 test on the H200 (run 4); not timed yet
 constexpr bool kPingpongByDefault = false;
 constexpr bool kPolyExpByDefault = false;
+constexpr bool kPvPipeByDefault = false;  // hd 256's pipelined P V chunks (session 5; not timed yet)
 template <int D>
 constexpr int kScheduleByDefault = D == 256 ? cuda_attn::fp8w::kSerial : cuda_attn::fp8w::kOverlap;
 
@@ -99,7 +100,7 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   if (schedule == kOverlap && !pingpong && !env_switch("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", true))
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if constexpr (D == 256)
-    if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", false)) {
+    if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", kPvPipeByDefault)) {
       if (schedule == kOverlap)
         return launch_kernel<D, false, cuda_attn::fp8w::kOverlapPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
       if (schedule == kSerial)
