@@ -33,12 +33,14 @@
 //   prologue: q, k, slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta | rstd of q, k
 //   pass 1 over V slices (a barrier per slice): Y^T, Z^T (key role), dP, du (row role, kept in
 //     registers), dUb -> dv, dbeta; then dq = scale e Y, dw = -Z (hi / lo) (read after pass 2's barriers)
-//   pass 2 over V slices (a barrier per slice): X^T, <h, dh>; dk = kd X | row sums: dG_i += q.dq - k.dk,
-//     dG_{L-1} += sum_i k.dk
+//   pass 2 over V slices (one barrier when all of v_new fits one stage, else one per slice): X^T,
+//     <h, dh>; dk = kd X | row sums: dG_i += q.dq - k.dk, dG_{L-1} += sum_i k.dk
 //   mid (row role): QK, WK -> S = (dP o Gam) rq_i rk_j and dA (hi / lo), dG terms of dP o P |
 //   S3 (row role): dq += (S k_raw) / rq_i, dk += (S^T q_raw) / rk_j, dWb = A^T dw -> dk, dbeta, dG
 //   S5: tmp = dA A^T | dM = -StrictLower(A^T tmp), KK -> S2 = (dKk o Gam) rk_i rk_j, dbeta, dG terms |
-//   S6: dk += (S2 k_raw + S2^T k_raw) / rk_r | outputs.
+//   S6: dk += (S2 k_raw + S2^T k_raw) / rk_r | outputs: the dG / dbeta terms, which each thread summed
+//     in registers for its rows and columns through all phases, reduced in a fixed order (no float
+//     atomics) | dg = reverse cumsum (warp scan), dq, dk stored.
 // Why S = (dP o Gam) rq_i rk_j: dq_id += sum_j (dP o Gam)_ij k_jd with k_jd = rk_j kraw_jd, and
 // dk_jd += sum_i (dP o Gam)_ij rq_i qraw_id; with both factors in S, S kraw = rq_i (dq term) and
 // S^T qraw = rk_j (dk term), so one stored operand serves both and the outputs divide by the row's
@@ -49,7 +51,7 @@
 
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
-#include "chunked_mma_tf32.cuh"  // zero_acc, add_row_sums, add_column_sums
+#include "chunked_mma_tf32.cuh"  // zero_acc, quad_sum, column_sum
 #include "chunked_output.cuh"    // store_split
 #include "chunked_stages.h"
 #include "chunked_tiles.cuh"
