@@ -390,9 +390,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
           mma2(accU[2 * np], accU[2 * np + 1], aul, bv);
         }
-        // Key role.
+        // Key role. Once split, hr[k2] is refilled with the next slice's fragment (in flight during the
+        // rest of this slice).
         uint32_t hh[4], hl[4];
         split_frag(hr[k2], hh, hl);
+        if (s + 1 < NS) load_state_frag(hc, col0 + VS + 16 * k2, hr[k2]);
 #pragma unroll
         for (int np = 0; np < NTV / 2; ++np) {
           uint32_t bd[4], bh[4], bl[4];
@@ -406,10 +408,6 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           mma2(accZ[2 * np], accZ[2 * np + 1], hl, bh);
           mma2(accZ[2 * np], accZ[2 * np + 1], hh, bl);
         }
-      }
-      if (s + 1 < NS) {
-        load_state_frag(hc, col0 + VS, hr[0]);
-        load_state_frag(hc, col0 + VS + 16, hr[1]);
       }
       // Row role: dUb[j][n] = sum_i A_ij dv_new[i][col0 + n] for rows j of the strip, columns
       // [16 hf, +16) of the slice; A_ij = 0 for i < j, so only chunk steps kq >= rs.
