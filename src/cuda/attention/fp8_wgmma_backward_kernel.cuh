@@ -118,9 +118,10 @@ struct Fp8WgmmaBackwardConfig {
                 "TMA / wgmma tiles on swizzle-atom boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
   static_assert(kOffDq % 1024 == 0, "dQ staging boxes on swizzle-atom boundaries");
-  // setmaxnreg split of the 168 x 384 registers the CTA launches with (wgmma_backward_kernel.cuh).
-  static constexpr int kConsumerRegs = 232;
-  static constexpr int kProducerRegs = 40;
+  // setmaxnreg split of the 168 x 384 registers the CTA launches with (wgmma_backward_kernel.cuh):
+  // 240 / 24, as the bf16 kernel, for the two-phase score step (232 / 40 spilled 100-116 bytes).
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 24;
   static_assert(kConsumerRegs * 256 + kProducerRegs * 128 <= 168 * 384, "more registers than the CTA launched with");
 };
 
@@ -436,22 +437,27 @@ __global__ void __launch_bounds__(384, 1)
             kk > 0);
       sm90::wgmma_commit();
       sm90::mbar_wait(bar_ls_full + 8 * s8, (j / S8) & 1);
-      sm90::wgmma_wait<0>();
-      sm90::pin_registers(s);
-      sm90::pin_registers(dp);
       const float* lse = lse_s + s8 * BM;
       const float* shift = shift_s + s8 * BM;
-      const float dp_scale = dps_s[s8];
       uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
-      if (!short_path_ok)
-        backward_scores<kBwdScoresSoftcap, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
+      if (short_path_ok) {
+        // Two phases (wgmma_backward_scores.cuh): P^T while dP^T still runs, then dS^T.
+        sm90::wgmma_wait<1>();
+        sm90::pin_registers(s);
+        if (cls == kTileFull)
+          backward_probs<kBwdScoresFull, BM, Ops>(s, pa, lse, qk_scale, sv, mask, n0 + key_row, m0, t4);
+        else
+          backward_probs<kBwdScoresMasked, BM, Ops>(s, pa, lse, qk_scale, sv, mask, n0 + key_row, m0, t4);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(dp);
+        backward_dscores<BM, Ops>(s, dp, pds, shift, dps_s[s8], t4);
+      } else {
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(s);
+        sm90::pin_registers(dp);
+        backward_scores<kBwdScoresSoftcap, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dps_s[s8], p, sv, mask,
                                                     n0 + key_row, m0, t4);
-      else if (cls == kTileFull)
-        backward_scores<kBwdScoresFull, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
-                                                 n0 + key_row, m0, t4);
-      else
-        backward_scores<kBwdScoresMasked, BM, Ops>(s, dp, pa, pds, lse, shift, qk_scale, dp_scale, p, sv, mask,
-                                                   n0 + key_row, m0, t4);
+      }
       sm90::mbar_arrive(bar_q8_empty + 8 * s8);  // done with q8, dO8, lse, shift, dP's scale
       if constexpr (kLag)
         if (cw == 0 && j == 0) sm90::named_barrier_arrive_id<2>(256);

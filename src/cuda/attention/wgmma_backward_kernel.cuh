@@ -98,11 +98,12 @@ struct WgmmaBackwardConfig {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an H100 / H200 block may have");
   // setmaxnreg split of the registers the CTA launched with (168 per thread x 384, what
   // __launch_bounds__(384, 1) gives): an increase beyond that pool never completes (the first D = 64
-  // version asked for 240 x 256 + 32 x 128 and hung). At D = 64 the 128-query tiles want 240 per
-  // consumer thread (S^T, dP^T, dK, dV alone are 192; ptxas still spills 32 bytes of loop state), so
-  // the producer gets 24; elsewhere 232 / 40.
-  static constexpr int kConsumerRegs = D == 64 ? 240 : 232;
-  static constexpr int kProducerRegs = D == 64 ? 24 : 40;
+  // version asked for 240 x 256 + 32 x 128 and hung). 240 per consumer thread, 24 per producer
+  // thread (exactly the pool): at D = 64 the 128-query tiles' S^T, dP^T, dK, dV alone are 192; at
+  // D = 128 / 256 the two-phase score step keeps P^T in fp32 beside dP^T (232 / 40 spilled 96 / 68
+  // bytes; now 28 / 0, outside the score step).
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 24;
   static_assert(kConsumerRegs * 256 + kProducerRegs * 128 <= 168 * 384, "more registers than the CTA launched with");
 };
 
@@ -370,21 +371,39 @@ __global__ void __launch_bounds__(384, 1)
       }
       sm90::wgmma_commit();
       sm90::mbar_wait(bar_ls_full + 8 * slot, phase);
-      sm90::wgmma_wait<0>();
-      sm90::pin_registers(s);
-      sm90::pin_registers(dp);
       const float* lse = lse_s + slot * BM;
       const float* shift = shift_s + slot * BM;
       uint32_t pa[BM / 16][4], pds[BM / 16][4];  // P^T and dS^T as 16-bit A fragments
-      if (!short_path_ok)
-        backward_scores<kBwdScoresSoftcap, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
-                                                    n0 + key_row, tile.m0, t4);
-      else if (cls == kTileFull)
-        backward_scores<kBwdScoresFull, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
-                                                 n0 + key_row, tile.m0, t4);
-      else
-        backward_scores<kBwdScoresMasked, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
+      bool scored = false;
+      if constexpr (BM == 64) {
+        if (short_path_ok) {
+          // Two phases (wgmma_backward_scores.cuh): P^T while dP^T still runs, then dS^T.
+          sm90::wgmma_wait<1>();
+          sm90::pin_registers(s);
+          if (cls == kTileFull)
+            backward_probs<kBwdScoresFull, BM, Ops>(s, pa, lse, p.scale, sv, mask, n0 + key_row, tile.m0, t4);
+          else
+            backward_probs<kBwdScoresMasked, BM, Ops>(s, pa, lse, p.scale, sv, mask, n0 + key_row, tile.m0, t4);
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(dp);
+          backward_dscores<BM, Ops>(s, dp, pds, shift, 1.f, t4);
+          scored = true;
+        }
+      }
+      if (!scored) {
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(s);
+        sm90::pin_registers(dp);
+        if (!short_path_ok)
+          backward_scores<kBwdScoresSoftcap, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
+                                                      n0 + key_row, tile.m0, t4);
+        else if (cls == kTileFull)
+          backward_scores<kBwdScoresFull, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
                                                    n0 + key_row, tile.m0, t4);
+        else
+          backward_scores<kBwdScoresMasked, BM, Ops>(s, dp, pa, pds, lse, shift, p.scale, 1.f, p, sv, mask,
+                                                     n0 + key_row, tile.m0, t4);
+      }
       if constexpr (kLagDq)
         if (cw == 0 && j == 0) sm90::named_barrier_arrive(2, 256);
       // dV += P^T dO, dK += dS^T Q (B read MN-major: the K dim, queries, is the row dim), columns

@@ -102,4 +102,84 @@ __device__ __forceinline__ void backward_scores(const float (&s)[BM / 2], const 
                                                 m0, t, q_lo, q_hi, ranged);
 }
 
+// The same step in two phases, for tiles of BM = 64 queries (hd 128 / 256, and every FP8 tile),
+// where the registers allow P^T to stay in fp32 between them (at BM = 128 they do not):
+//   backward_probs, as soon as the S^T product is done (dP^T's may still run on the tensor
+//   cores): s <- P^T in place (same formula and mask as backward_scores' full / masked modes) and
+//   pa <- P^T packed;
+//   backward_dscores, once dP^T is done: pds <- dS^T = P^T (dP^T dp_scale - shift), packed.
+// So the exponentials overlap the dP^T product instead of waiting for it. Not for softcap (its
+// derivative factor would have to live between the phases): backward_scores serves it.
+template <int kMode, bool kRangeOnly, int BM, typename Ops>
+__device__ __forceinline__ void backward_probs_loop(float (&s)[BM / 2], uint32_t (&pa)[BM / 16][4], const float* lse,
+                                                    float scale_log2, const SequenceView& sv, const MaskView& mask,
+                                                    int key0, int m0, int t, const int (&q_lo)[2],
+                                                    const int (&q_hi)[2]) {
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = 4 * i + 2 * r + c;
+        float pr = fast_exp2(s[e] * scale_log2 - (c ? l.y : l.x));
+        if constexpr (kMode == kBwdScoresMasked) {
+          bool ok;
+          if constexpr (kRangeOnly) {
+            const int ir = 8 * i + c;  // query - m0 - 2t
+            ok = ir >= q_lo[r] && ir < q_hi[r];
+          } else {
+            const int qi = m0 + 8 * i + 2 * t + c, kj = key0 + 8 * r;
+            ok = qi < sv.len_q && kj < sv.len_k && mask.allowed(qi, kj);
+          }
+          if (!ok) pr = 0.f;
+        }
+        s[e] = pr;
+      }
+      pa[i / 2][2 * (i % 2) + r] = Ops::pack(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]);
+    }
+  }
+}
+
+template <int kMode, int BM, typename Ops>
+__device__ __forceinline__ void backward_probs(float (&s)[BM / 2], uint32_t (&pa)[BM / 16][4], const float* lse,
+                                               float qk_scale, const SequenceView& sv, const MaskView& mask, int key0,
+                                               int m0, int t) {
+  static_assert(kMode != kBwdScoresSoftcap, "softcap: backward_scores");
+  const float scale_log2 = qk_scale * kLog2e;
+  int q_lo[2] = {0, 0}, q_hi[2] = {0, 0};  // queries that may see key0 (+8), relative to m0 + 2t
+  bool ranged = true;
+  if constexpr (kMode == kBwdScoresMasked) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ranged = mask.key_queries(key0 + 8 * r, q_lo[r], q_hi[r]) && ranged;
+      q_lo[r] -= m0 + 2 * t;
+      q_hi[r] -= m0 + 2 * t;
+    }
+  }
+  if constexpr (kMode == kBwdScoresFull)
+    backward_probs_loop<kMode, true, BM, Ops>(s, pa, lse, scale_log2, sv, mask, key0, m0, t, q_lo, q_hi);
+  else if (ranged)
+    backward_probs_loop<kMode, true, BM, Ops>(s, pa, lse, scale_log2, sv, mask, key0, m0, t, q_lo, q_hi);
+  else
+    backward_probs_loop<kMode, false, BM, Ops>(s, pa, lse, scale_log2, sv, mask, key0, m0, t, q_lo, q_hi);
+}
+
+template <int BM, typename Ops>
+__device__ __forceinline__ void backward_dscores(const float (&prob)[BM / 2], const float (&dp)[BM / 2],
+                                                 uint32_t (&pds)[BM / 16][4], const float* shift, float dp_scale,
+                                                 int t) {
+#pragma unroll
+  for (int i = 0; i < BM / 8; ++i) {
+    const float2 sh = *reinterpret_cast<const float2*>(shift + 8 * i + 2 * t);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int e = 4 * i + 2 * r;
+      pds[i / 2][2 * (i % 2) + r] =
+          Ops::pack(prob[e] * (dp[e] * dp_scale - sh.x), prob[e + 1] * (dp[e + 1] * dp_scale - sh.y));
+    }
+  }
+}
+
 }  // namespace flashgrad::cuda_attn
