@@ -5,7 +5,7 @@ that guard for TIMING ONLY (fla.ops.common.chunk_o.TRITON_ABOVE_3_4_0 = False), 
 Times are CUDA-event medians; backward = (forward + backward) - forward. Peak extra memory is
 torch.cuda.max_memory_allocated during forward+backward minus the memory held by inputs.
 
-usage: python bench/delta_rule_vs_fla.py [--out table.md] [--json results.json] [--no-fla]
+usage: python bench/delta_rule_vs_fla.py [--out table.md] [--json results.json] [--no-fla] [--cases KDA,recurrent]
 """
 import argparse
 import json
@@ -129,10 +129,17 @@ def render(rows, dev):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out"); ap.add_argument("--json"); ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--cases", default="",
+                    help="comma-separated substrings of 'NAME B<b> T<t>' (e.g. 'KDA,recurrent'): only the "
+                         "matching rows (fla's autotuning makes all five ~5 min)")
     args = ap.parse_args()
+    wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
     dev = torch.cuda.get_device_name()
     rows = []
+    table = ""
     for (name, kind, algo, B, T, H, K) in CASES:
+        if wanted and not any(w in f"{name} B{B} T{T}" for w in wanted):
+            continue
         inputs = make_inputs(kind, B, T, H, K)
         r = dict(case=name, B=B, T=T, H=H, K=K)
         for who, make in (("fg", lambda: flashgrad_fn(kind, algo)), ("fla", lambda: fla_fn(kind, algo))):
