@@ -330,18 +330,9 @@ __global__ void __launch_bounds__(384, 1)
         const int h = hk * group + it / walk.num_mb, m0 = (it % walk.num_mb) * BM;
         if (lane == 0) {
           const int s16 = j % S16, row = static_cast<int>(sv.scratch_row0) + m0;
-          const uint32_t q16_slot = sRing16 + s16 * Cfg::kSlot16Bytes, do16_slot = q16_slot + Cfg::kQ16Bytes;
-          for (int cw = 0; cw < 2; ++cw) {
-            // Warpgroup cw's columns [128 cw, 128 cw + 128): 32 each from q16 panels 2 cw, 2 cw + 1,
-            // then dO16 panels 2 cw, 2 cw + 1 (bf16 kernel: WgmmaBackwardConfig::kSplitD).
-            sm90::mbar_wait(bar_dq_half_full + 8 * cw, j & 1);
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-              sm90::tma_reduce_add_3d(&maps.dq, (b < 2 ? q16_slot : do16_slot) + (2 * cw + b % 2) * Cfg::kQPanelBytes,
-                                      128 * cw + 32 * b, h, row);
-          }
-          sm90::bulk_commit();
-          sm90::bulk_wait_read_all();
+          reduce_dq_halves_in_slot<BM>(&maps.dq, sRing16 + s16 * Cfg::kSlot16Bytes,
+                                       sRing16 + s16 * Cfg::kSlot16Bytes + Cfg::kQ16Bytes, bar_dq_half_full, j & 1, row,
+                                       h);
           sm90::mbar_arrive(bar_q16_empty + 8 * s16);  // the slot may be refilled
         }
         __syncwarp();
@@ -524,13 +515,7 @@ __global__ void __launch_bounds__(384, 1)
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dq);
-          // Columns [0, 64) of the half (values 0 .. 31) into q16 panels 2 cw, 2 cw + 1, columns
-          // [64, 128) (values 32 .. 63) into dO16 panels 2 cw, 2 cw + 1.
-          const int qrow = warp_in_wg * 16 + g, rows_left = sv.len_q - m0;
-          stage_dq_tile<BM, 64>(q16_slot + 2 * cw * Cfg::kQPanelBytes, *reinterpret_cast<const float(*)[32]>(dq), 0,
-                                qrow, g, t4, rows_left, dsk);
-          stage_dq_tile<BM, 64>(do16_slot + 2 * cw * Cfg::kQPanelBytes,
-                                *reinterpret_cast<const float(*)[32]>(dq + 32), 0, qrow, g, t4, rows_left, dsk);
+          stage_dq_half_in_slot<BM>(q16_slot, do16_slot, dq, cw, warp_in_wg * 16 + g, g, t4, sv.len_q - m0, dsk);
           sm90::fence_proxy_async_shared();
           sm90::mbar_arrive(bar_dq_half_full + 8 * cw);
           sm90::mbar_arrive(bar_q16_empty + 8 * s16);  // done with q16, dO16 (and the staging stores)

@@ -266,18 +266,8 @@ __global__ void __launch_bounds__(384, 1)
         const BackwardTile tile = backward_tile(walk, it, hk, group, BM);
         if (lane == 0) {
           const int slot = j % ST, row = static_cast<int>(sv.scratch_row0) + tile.m0;
-          const uint32_t q_slot = sQ + slot * Cfg::kQBytes, do_slot = sDO + slot * Cfg::kQBytes;
-          for (int cw = 0; cw < 2; ++cw) {
-            // Warpgroup cw's columns [128 cw, 128 cw + 128): 32 each from Q panels 2 cw, 2 cw + 1,
-            // then dO panels 2 cw, 2 cw + 1.
-            sm90::mbar_wait(bar_dq_half_full + 8 * cw, j & 1);
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-              sm90::tma_reduce_add_3d(&map_dq, (b < 2 ? q_slot : do_slot) + (2 * cw + b % 2) * Cfg::kPanelBytesQ,
-                                      128 * cw + 32 * b, tile.h, row);
-          }
-          sm90::bulk_commit();
-          sm90::bulk_wait_read_all();
+          reduce_dq_halves_in_slot<BM>(&map_dq, sQ + slot * Cfg::kQBytes, sDO + slot * Cfg::kQBytes, bar_dq_half_full,
+                                       j & 1, row, tile.h);
           sm90::mbar_arrive(bar_q_empty + 8 * slot);  // the slot may be refilled
         }
         __syncwarp();
@@ -467,13 +457,7 @@ __global__ void __launch_bounds__(384, 1)
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
           sm90::pin_registers(dq);
-          // Columns [0, 64) of the half (accumulator values 0 .. 31) into Q panels 2 cw, 2 cw + 1,
-          // columns [64, 128) (values 32 .. 63) into dO panels 2 cw, 2 cw + 1.
-          const int qrow = warp_in_wg * 16 + g, rows_left = sv.len_q - tile.m0;
-          stage_dq_tile<BM, 64>(q_slot + 2 * cw * Cfg::kPanelBytesQ, *reinterpret_cast<const float(*)[32]>(dq), 0, qrow,
-                                g, t4, rows_left, 1.f);
-          stage_dq_tile<BM, 64>(do_slot + 2 * cw * Cfg::kPanelBytesQ, *reinterpret_cast<const float(*)[32]>(dq + 32),
-                                0, qrow, g, t4, rows_left, 1.f);
+          stage_dq_half_in_slot<BM>(q_slot, do_slot, dq, cw, warp_in_wg * 16 + g, g, t4, sv.len_q - tile.m0, 1.f);
           sm90::fence_proxy_async_shared();
           sm90::mbar_arrive(bar_dq_half_full + 8 * cw);
           sm90::mbar_arrive(bar_q_empty + 8 * slot);  // done with Q, dO, lse, shift (and the staging stores)

@@ -66,4 +66,39 @@ __device__ __forceinline__ void reduce_dq_tile(const CUtensorMap* map, uint32_t 
   sm90::bulk_wait_read_all();
 }
 
+// Head dim 256 (the kernels' kSplitD): no room for a staging tile, so warpgroup cw (columns
+// [128 cw, 128 cw + 128) of dQ) stages its half in the four 64-row panels of the tile's 16-bit Q / dO
+// slot that only its own dK / dV products read: columns [0, 64) of the half (accumulator values
+// 0 .. 31) in Q panels 2 cw, 2 cw + 1, columns [64, 128) (values 32 .. 63) in dO panels 2 cw, 2 cw + 1
+// (one box per panel: kBoxBytes must be the panel size). Each consumer thread stages, fences and
+// arrives on half_full[cw]; the reducer thread waits for both halves, adds them and then frees the
+// slot itself.
+template <int BM>
+__device__ __forceinline__ void stage_dq_half_in_slot(uint32_t q_slot, uint32_t do_slot, const float (&dq)[64], int cw,
+                                                      int qrow, int g, int t, int rows_left, float scale) {
+  constexpr int kPanel = DqStaging<BM>::kBoxBytes;
+  stage_dq_tile<BM, 64>(q_slot + 2 * cw * kPanel, *reinterpret_cast<const float(*)[32]>(dq), 0, qrow, g, t, rows_left,
+                        scale);
+  stage_dq_tile<BM, 64>(do_slot + 2 * cw * kPanel, *reinterpret_cast<const float(*)[32]>(dq + 32), 0, qrow, g, t,
+                        rows_left, scale);
+}
+
+// The reducer's side (one thread): for cw = 0, 1, wait for half_full[cw] (8-byte mbarriers side by
+// side, phase `parity`), then add its four boxes to dq_accum[row .., head, 128 cw + 32 b ..]; then
+// wait until TMA has read them.
+template <int BM>
+__device__ __forceinline__ void reduce_dq_halves_in_slot(const CUtensorMap* map, uint32_t q_slot, uint32_t do_slot,
+                                                         uint32_t bar_half_full, uint32_t parity, int row, int head) {
+  constexpr int kPanel = DqStaging<BM>::kBoxBytes;
+  for (int cw = 0; cw < 2; ++cw) {
+    sm90::mbar_wait(bar_half_full + 8 * cw, parity);
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+      sm90::tma_reduce_add_3d(map, (b < 2 ? q_slot : do_slot) + (2 * cw + b % 2) * kPanel, 128 * cw + 32 * b, head,
+                              row);
+  }
+  sm90::bulk_commit();
+  sm90::bulk_wait_read_all();
+}
+
 }  // namespace flashgrad::cuda_attn

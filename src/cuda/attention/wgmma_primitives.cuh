@@ -91,19 +91,12 @@ __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// global[dst .. dst + bytes) += shared[src .. src + bytes) as fp32, element-wise and atomically per
-// element (cp.reduce.async.bulk, no tensor map; 16-byte aligned, bytes a multiple of 16). Tracked
-// by this thread's bulk async-group: commit, then wait before reusing the source.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
 // global box at (c0, c1, c2) of a 3-D tensor map += the box in shared memory at `src` (laid out as
 // the map's swizzle says), fp32 adds done in L2, element-wise atomic (cp.reduce.async.bulk.tensor).
 // One instruction for a whole box: the backward's dQ tile goes out in D / 32 of them instead of one
 // bulk op per row, each of which the compiler issues lane by lane. Coordinates past the map's
-// extent are skipped. Tracked by the bulk async-group like bulk_reduce_add_f32.
+// extent are skipped. Tracked by this thread's bulk async-group: commit, then wait before reusing
+// the source.
 __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
   asm volatile(
       "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(

@@ -549,16 +549,6 @@ inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int 
 inline void tma_prefetch_map(const CUtensorMap*) {}
 inline void fence_proxy_async_shared() {}
 
-// global[dst ..] += shared[src ..] as fp32, element-wise atomically (done at issue).
-inline void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
-  if (src % 16 != 0 || bytes % 16 != 0 || reinterpret_cast<std::uintptr_t>(dst) % 16 != 0)
-    emu_fail("bulk reduce not 16-byte aligned");
-  for (uint32_t i = 0; i < bytes / 4; ++i) {
-    float x;
-    std::memcpy(&x, smem_w + src + 4 * i, 4);
-    std::atomic_ref<float>(dst[i]).fetch_add(x);
-  }
-}
 // global box at (c0, c1, c2) of a 3-D fp32 map += the box in shared memory at src (element l of the
 // box, in box order, at the swizzled address of src + 4 l), element-wise atomically (done at
 // issue); elements outside the map's extent are skipped, as TMA does.
