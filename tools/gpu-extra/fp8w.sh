@@ -80,7 +80,7 @@ bench_variants="w"
 # spv / pv (session 5): hd 256's P V chunks pipelined (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1) in the
 # serial (the hd 256 default) / overlapped schedule; ov: the overlapped schedule (SERIAL=0), no
 # longer the default at hd 256 (serial is, tested above).
-for v in spv pv pp ov spp o e; do
+for v in s spv pv ov; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
   pp=0; serial=0; one=0; poly=0; pvpipe=0
   case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;;

@@ -33,12 +33,14 @@
 //   prologue: q, k, slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta | rstd of q, k
 //   pass 1 over V slices (a barrier per slice): Y^T, Z^T (key role), dP, du (row role, kept in
 //     registers), dUb -> dv, dbeta; then dq = scale e Y, dw = -Z (hi / lo) (read after pass 2's barriers)
-//   pass 2 over V slices (a barrier per slice): X^T, <h, dh>; dk = kd X | row sums: dG_i += q.dq - k.dk,
-//     dG_{L-1} += sum_i k.dk
+//   pass 2 over V slices (one barrier when all of v_new fits one stage, else one per slice): X^T,
+//     <h, dh>; dk = kd X | row sums: dG_i += q.dq - k.dk, dG_{L-1} += sum_i k.dk
 //   mid (row role): QK, WK -> S = (dP o Gam) rq_i rk_j and dA (hi / lo), dG terms of dP o P |
 //   S3 (row role): dq += (S k_raw) / rq_i, dk += (S^T q_raw) / rk_j, dWb = A^T dw -> dk, dbeta, dG
 //   S5: tmp = dA A^T | dM = -StrictLower(A^T tmp), KK -> S2 = (dKk o Gam) rk_i rk_j, dbeta, dG terms |
-//   S6: dk += (S2 k_raw + S2^T k_raw) / rk_r | outputs.
+//   S6: dk += (S2 k_raw + S2^T k_raw) / rk_r | outputs: the dG / dbeta terms, which each thread summed
+//     in registers for its rows and columns through all phases, reduced in a fixed order (no float
+//     atomics) | dg = reverse cumsum (warp scan), dq, dk stored.
 // Why S = (dP o Gam) rq_i rk_j: dq_id += sum_j (dP o Gam)_ij k_jd with k_jd = rk_j kraw_jd, and
 // dk_jd += sum_i (dP o Gam)_ij rq_i qraw_id; with both factors in S, S kraw = rq_i (dq term) and
 // S^T qraw = rk_j (dk term), so one stored operand serves both and the outputs divide by the row's
@@ -49,7 +51,7 @@
 
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
-#include "chunked_mma_tf32.cuh"  // zero_acc, add_row_sums, add_column_sums
+#include "chunked_mma_tf32.cuh"  // zero_acc, quad_sum, column_sum
 #include "chunked_output.cuh"    // store_split
 #include "chunked_stages.h"
 #include "chunked_tiles.cuh"
@@ -70,16 +72,23 @@ struct GradsMmaSmem {
   static constexpr int64_t kFloatTile = sizeof(float) * C * LDF;  // dq, dk (fp32 accumulators)
   // Region R: the two slice stages during passes 1 - 2, then S, dA, tmp (hi, lo each).
   static constexpr int64_t kRegion = std::max<int64_t>(2 * kStage, 6 * kPTile);
-  static constexpr int kSmallArrays = 8;  // G, beta, dG, dbeta, rq, rk, 1/rq, 1/rk
+  static constexpr int kSmallArrays = 10;  // G, beta, dG, dbeta, rq, rk, 1/rq, 1/rk, exp(G), exp(G_last - G)
+  // Partial sums of dG / dbeta, added once at the end in a fixed order (no float atomics: on sm_90
+  // a shared-memory float atomicAdd is a compare-and-swap loop, and the order of the adds would vary):
+  // [0, 1] dG row terms of the row-role warps with hf = 0 / 1, [2, 3] dbeta likewise, [4 .. 7] dG
+  // column terms of the warps with rs = 0 .. 3, [8] the row-sum pass; then 16 per-warp scalars
+  // (8 shares of sum_i s_i, 8 of exp(G_last) <h, dh>), both for dG_{L-1}.
+  static constexpr int kPartRows = 9, kWarpScalars = 16;
   static_assert(kKeyTile % 16 == 0 && kPTile % 16 == 0 && kSliceTile % 16 == 0 && kFloatTile % 16 == 0,
                 "16-byte aligned tiles");
   static constexpr int64_t bytes() {
-    return 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile + kRegion + sizeof(float) * kSmallArrays * C;
+    return 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile + kRegion +
+           sizeof(float) * ((kSmallArrays + kPartRows) * C + kWarpScalars);
   }
   unsigned char* raw;
   T *q, *k, *dw_hi, *dw_lo, *A_hi, *A_lo;
   float *dq, *dk;
-  float *G, *beta, *dG, *dbeta, *rq, *rk, *irq, *irk;
+  float *G, *beta, *dG, *dbeta, *rq, *rk, *irq, *irk, *eG, *kd, *part, *wsum;
   __device__ explicit GradsMmaSmem(unsigned char* r) : raw(r) {
     q = reinterpret_cast<T*>(raw);
     k = reinterpret_cast<T*>(raw + kKeyTile);
@@ -97,6 +106,10 @@ struct GradsMmaSmem {
     rk = rq + C;
     irq = rk + C;
     irk = irq + C;
+    eG = irk + C;
+    kd = eG + C;
+    part = kd + C;  // [kPartRows][C]
+    wsum = part + kPartRows * C;
   }
   __device__ unsigned char* region() const { return raw + 4 * kKeyTile + 2 * kPTile + 2 * kFloatTile; }
   // Slice stage b (0 / 1): tile m = 0 do, 1 v_new, 2 v, 3 dv_new hi, 4 dv_new lo, each [C][LDS].
@@ -123,7 +136,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   const int hf = wp >> 2, rs = hf == 0 ? (wp & 3) : 3 - (wp & 3);
   const int kst = wp % KS, cgp = wp / KS;     // key role
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
-  const int NS = static_cast<int>(V / VS);
+  const int NS = static_cast<int>(V / VS);  // even: V % 64 == 0
+  const bool vn_whole = NS <= 5;             // pass 2's v_new slices all fit in one stage's five tiles
   const float scale = a.scale;
   // ldmatrix lane addresses (chunked_state_backward_transposed.cuh): a_* non-trans A fragments
   // (rows +8 by (lane / 8) % 2, columns +8 by lane / 16); nb_* non-trans B fragments of two 8-column
@@ -281,10 +295,12 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     store_dvn(0, x);
     if (tid < C) {
       const bool ok = tid < L;
-      sm.G[tid] = (a.G && ok) ? a.G[(row0 + tid) * HV + hv] : 0.f;
+      const float g = (a.G && ok) ? a.G[(row0 + tid) * HV + hv] : 0.f;
+      const float g_last = a.G ? a.G[(row0 + L - 1) * HV + hv] : 0.f;
+      sm.G[tid] = g;
+      sm.eG[tid] = expf(g);
+      sm.kd[tid] = expf(g_last - g);  // exp arguments <= 0 for gates g <= 0
       sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
-      sm.dG[tid] = 0.f;
-      sm.dbeta[tid] = 0.f;
     }
     mma::cp_async_wait<0>();
     __syncthreads();
@@ -308,6 +324,9 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   float accP[4][4], accU[4][4];
   mma::zero_acc(accP);
   mma::zero_acc(accU);
+  // Row-role sums kept per thread until the end: dG and dbeta terms of rows r0 = 16 rs + grp and
+  // r0 + 8 (this thread's share: its columns), dG column terms of columns 32 hf + 8 nt + 2 tig + p.
+  float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   // dv rows 16 rs + grp (+ 8) of the row-role warp, from its dUb columns' start 16 hf (+ 2 tig).
   float* const dv_row[2] = {a.dv + ((row0 + 16 * rs + grp) * HV + hv) * V + 16 * hf,
                             a.dv + ((row0 + 16 * rs + grp + 8) * HV + hv) * V + 16 * hf};
@@ -338,7 +357,15 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         issue_slice(s + 1, b ^ 1, true);
         load_dvn(s + 1, xn);
       } else {
-        issue_slice(0, b ^ 1, false);  // pass 2's first v_new slice (stage b ^ 1's last reader was slice s - 1)
+        // Pass 2's v_new (stage b ^ 1 = 0 is free: its last reader was slice s - 1): all NS slices
+        // in its five tile slots when they fit (V <= 160), so pass 2 needs one barrier, not one per slice;
+        // else its first slice.
+        if (vn_whole) {
+          for (int t = 0; t < NS; ++t) mma::cp_async16(sm.slice(b ^ 1, t) + p_at, vn_src + t * VS, pr_ok);
+          mma::cp_async_commit();
+        } else {
+          issue_slice(0, b ^ 1, false);
+        }
       }
       const T* sdo = sm.slice(b, 0);
       const T* svn = sm.slice(b, 1);
@@ -363,9 +390,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
           mma2(accU[2 * np], accU[2 * np + 1], aul, bv);
         }
-        // Key role.
+        // Key role. Once split, hr[k2] is refilled with the next slice's fragment (in flight during the
+        // rest of this slice).
         uint32_t hh[4], hl[4];
         split_frag(hr[k2], hh, hl);
+        if (s + 1 < NS) load_state_frag(hc, col0 + VS + 16 * k2, hr[k2]);
 #pragma unroll
         for (int np = 0; np < NTV / 2; ++np) {
           uint32_t bd[4], bh[4], bl[4];
@@ -379,10 +408,6 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
           mma2(accZ[2 * np], accZ[2 * np + 1], hl, bh);
           mma2(accZ[2 * np], accZ[2 * np + 1], hh, bl);
         }
-      }
-      if (s + 1 < NS) {
-        load_state_frag(hc, col0 + VS, hr[0]);
-        load_state_frag(hc, col0 + VS + 16, hr[1]);
       }
       // Row role: dUb[j][n] = sum_i A_ij dv_new[i][col0 + n] for rows j of the strip, columns
       // [16 hf, +16) of the slice; A_ij = 0 for i < j, so only chunk steps kq >= rs.
@@ -413,7 +438,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
             if (j < L) dv_row[e >> 1][col0 + 8 * nt + ecol(e)] = sm.beta[j] * acc[nt][e];
             rsum[e >> 1] += to_f<T>(sv[j * LDS + n]) * acc[nt][e];
           }
-        mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
+        rowB[0] += rsum[0];
+        rowB[1] += rsum[1];
       }
       if (s + 1 < NS) store_dvn(b ^ 1, xn);
     }
@@ -421,30 +447,42 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     load_pass2(0, p2d[0], p2h[0]);
     // dq = scale exp(G_i) Y, dw = -Z (hi / lo), element (chunk row i, key channel d).
 #pragma unroll
-    for (int nt = 0; nt < NTV; ++nt)
+    for (int nt = 0; nt < NTV; ++nt) {
+      const float2 ei = *reinterpret_cast<const float2*>(&sm.eG[n0k + 8 * nt + 2 * tig]);  // rows i, i + 1
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
-        sm.dq[i * LDF + d] = scale * expf(sm.G[i]) * accY[nt][e];
+        sm.dq[i * LDF + d] = scale * ((e & 1) ? ei.y : ei.x) * accY[nt][e];
         store_split<T>(-accZ[nt][e], &sm.dw_hi[i * LDK + d], &sm.dw_lo[i * LDK + d]);
       }
+    }
   }
 
   // ---- Pass 2 over V slices (v_new only): X^T = dh v_new^T and <h_c, dh_{c+1}>. No barrier after
-  // pass 1: its stage 0 was refilled with this pass's first slice in its last step, and the loop's
-  // first barrier orders the rest. dh / h fragments two slices deep in registers (NS is even:
-  // V % 64 == 0), so a slice's loads are in flight during the previous slice's products.
+  // pass 1: its last step refilled stage 0 with this pass's v_new (all slices when V <= 160, then a
+  // single barrier; else the first slice, and one barrier per slice as in pass 1). dh / h fragments
+  // two slices deep in registers (NS is even: V % 64 == 0), so a slice's loads are in flight during
+  // the previous slice's products.
   {
     float accX[NTV][4];
     mma::zero_acc(accX);
     float hdh = 0.f;
     const int n0k = cgp * 8 * NTV;
     auto step = [&](int s, const float2(&d)[2][4], const float2(&h)[2][4]) {
-      const int b = s & 1;
-      mma::cp_async_wait<0>();
-      __syncthreads();
-      if (s + 1 < NS) issue_slice(s + 1, b ^ 1, false);
-      const T* svn = sm.slice(b, 1);
+      const T* svn;
+      if (vn_whole) {  // slice s in stage 0's tile slot s; one wait and barrier for all of them
+        if (s == 0) {
+          mma::cp_async_wait<0>();
+          __syncthreads();
+        }
+        svn = sm.slice(0, s);
+      } else {
+        const int b = s & 1;
+        mma::cp_async_wait<0>();
+        __syncthreads();
+        if (s + 1 < NS) issue_slice(s + 1, b ^ 1, false);
+        svn = sm.slice(b, 1);
+      }
 #pragma unroll
       for (int k2 = 0; k2 < 2; ++k2) {
         uint32_t xh[4], xl[4], bv[NTV / 2][4];
@@ -468,14 +506,16 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     }
     // dk = exp(G_last - G_i) X.
 #pragma unroll
-    for (int nt = 0; nt < NTV; ++nt)
+    for (int nt = 0; nt < NTV; ++nt) {
+      const float2 ki = *reinterpret_cast<const float2*>(&sm.kd[n0k + 8 * nt + 2 * tig]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
-        sm.dk[i * LDF + d] = expf(gl - sm.G[i]) * accX[nt][e];
+        sm.dk[i * LDF + d] = ((e & 1) ? ki.y : ki.x) * accX[nt][e];
       }
+    }
     hdh = group_sum<32>(hdh);
-    if (lane == 0 && cgp == 0) atomicAdd(&sm.dG[L - 1], expf(gl) * hdh);
+    if (lane == 0) sm.wsum[8 + wp] = cgp == 0 ? expf(gl) * hdh : 0.f;
   }
   __syncthreads();  // dq, dk (first terms), dw complete; the stages are free
 
@@ -492,10 +532,9 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     }
     sq = group_sum<4>(sq) * sm.rq[r];
     sk = group_sum<4>(sk) * sm.rk[r];
-    if ((tid & 3) == 0 && r < L) {
-      atomicAdd(&sm.dG[r], sq - sk);
-      atomicAdd(&sm.dG[L - 1], sk);
-    }
+    if ((tid & 3) == 0) sm.part[8 * C + r] = r < L ? sq - sk : 0.f;
+    const float sk_w = group_sum<32>(((tid & 3) == 0 && r < L) ? sk : 0.f);  // the warp's 8 rows
+    if (lane == 0) sm.wsum[wp] = sk_w;
   }
 
   // ---- Mid (row role, elements (i, j) of the strip's column half): QK = q_raw k_raw^T,
@@ -527,20 +566,28 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
     }
     float rsum[2] = {0.f, 0.f}, csum[4][2] = {};
+    // Row factors of the thread's rows 16 rs + grp (+ 8), column factors of its columns j, j + 1.
+    const int i0 = 16 * rs + grp;
+    const float Gi[2] = {sm.G[i0], sm.G[i0 + 8]}, rqi[2] = {sm.rq[i0], sm.rq[i0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
+      const int j0 = 32 * hf + 8 * nt + 2 * tig;
+      const float2 Gj = *reinterpret_cast<const float2*>(&sm.G[j0]), rkj = *reinterpret_cast<const float2*>(&sm.rk[j0]),
+                   bj = *reinterpret_cast<const float2*>(&sm.beta[j0]), ej = *reinterpret_cast<const float2*>(&sm.eG[j0]);
       float svs[4], das[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
+        const int i = i0 + 8 * (e >> 1), j = j0 + (e & 1);
+        const float G_j = (e & 1) ? Gj.y : Gj.x, rk_j = (e & 1) ? rkj.y : rkj.x, b_j = (e & 1) ? bj.y : bj.x,
+                    e_j = (e & 1) ? ej.y : ej.x;
         float sv = 0.f, da = 0.f;
         if (i < L && j <= i) {
-          const float gam = expf(sm.G[i] - sm.G[j]), rqk = sm.rq[i] * sm.rk[j];
+          const float gam = expf(Gi[e >> 1] - G_j), rqk = rqi[e >> 1] * rk_j;
           const float dpg = scale * accP[nt][e] * gam;    // (dP o Gam)_ij
           const float dPP = dpg * accQ[nt][e] * rqk;      // (dP o P)_ij
           rsum[e >> 1] += dPP;
           csum[nt][e & 1] -= dPP;
-          da = sm.beta[j] * (accU[nt][e] + expf(sm.G[j]) * sm.rk[j] * accW[nt][e]);
+          da = b_j * (accU[nt][e] + e_j * rk_j * accW[nt][e]);
           sv = dpg * rqk;
         }
         svs[e] = sv;
@@ -549,13 +596,20 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, svs);
       store_tile_split(dA_hi, dA_lo, 16 * rs, 32 * hf + 8 * nt, das);
     }
-    mma::add_row_sums(sm.dG, 16 * rs, rsum);
-    mma::add_column_sums(sm.dG + 32 * hf, csum);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rowG[h] += rsum[h];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) colG[nt][q] += csum[nt][q];
   }
   __syncthreads();
 
-  // ---- S3 (row role; K columns [d0, d0 + K / 2)).
+  // ---- S3 (row role; K columns [d0, d0 + K / 2)). dk's terms from here on are summed in registers
+  // (dkr, rows 16 rs + grp (+ 8)) and added to shared memory once, after S6b.
   const int d0 = hf * (KMAX / 2);
+  const int r0 = 16 * rs + grp;
+  float dkr[NKH][4];
   {
     float acc[NKH][4];
     // dq_i += (sum_j S_ij k_raw_j) / rq_i  (S_ij = 0 for j > i: chunk steps kq <= rs).
@@ -573,13 +627,16 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 #pragma unroll
       for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
     }
+    {
+      const float f[2] = {sm.irq[16 * rs + grp], sm.irq[16 * rs + grp + 8]};
 #pragma unroll
-    for (int nt = 0; nt < NKH; ++nt)
+      for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        sm.dq[i * LDF + d] += acc[nt][e] * sm.irq[i];
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
+          sm.dq[i * LDF + d] += acc[nt][e] * f[e >> 1];
+        }
+    }
     // dk_j += (sum_i S_ij q_raw_i) / rk_j  (i >= j: kq >= rs).
     mma::zero_acc(acc);
     for (int kq = rs; kq < 4; ++kq) {
@@ -593,13 +650,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 #pragma unroll
       for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bq[np]);
     }
+    const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        sm.dk[j * LDF + d] += acc[nt][e] * sm.irk[j];
-      }
+      for (int e = 0; e < 4; ++e) dkr[nt][e] = acc[nt][e] * irk[e >> 1];
     // dWb = A^T dw (A_ij = 0 for i < j: kq >= rs) -> dk_r += beta_r e_r dWb_r, dbeta_r += (e k o dWb)_r,
     // dG_r += beta_r (e k o dWb)_r.
     mma::zero_acc(acc);
@@ -621,21 +676,23 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
     }
     float rsum[2] = {0.f, 0.f};
+    const float er[2] = {sm.eG[r0], sm.eG[r0 + 8]}, br[2] = {sm.beta[r0], sm.beta[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        const float er = expf(sm.G[r]);
-        sm.dk[r * LDF + d] += sm.beta[r] * er * acc[nt][e];
-        rsum[e >> 1] += er * to_f<T>(sm.k[r * LDK + d]) * acc[nt][e];
+        const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
+        dkr[nt][e] += br[e >> 1] * er[e >> 1] * acc[nt][e];
+        rsum[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * acc[nt][e];
       }
-    const int r0 = 16 * rs + grp;
-    rsum[0] *= sm.rk[r0];
-    rsum[1] *= sm.rk[r0 + 8];
-    const float rb[2] = {sm.beta[r0] * rsum[0], sm.beta[r0 + 8] * rsum[1]};
-    mma::add_row_sums(sm.dbeta, 16 * rs, rsum);
-    mma::add_row_sums(sm.dG, 16 * rs, rb);
+    rsum[0] *= er[0] * sm.rk[r0];
+    rsum[1] *= er[1] * sm.rk[r0 + 8];
+    const float rb[2] = {br[0] * rsum[0], br[1] * rsum[1]};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rowB[h] += rsum[h];
+      rowG[h] += rb[h];
+    }
   }
 
   // ---- S5: tmp = dA A^T (dA_ij = 0 for j > i: kq <= rs), into shared memory as hi / lo.
@@ -705,16 +762,20 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
     }
     float rb[2] = {0.f, 0.f}, rg[2] = {0.f, 0.f}, cgs[4][2] = {};
+    const float Gi[2] = {sm.G[r0], sm.G[r0 + 8]}, rki[2] = {sm.rk[r0], sm.rk[r0 + 8]},
+                bi[2] = {sm.beta[r0], sm.beta[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
+      const int j0 = 32 * hf + 8 * nt + 2 * tig;
+      const float2 Gj = *reinterpret_cast<const float2*>(&sm.G[j0]), rkj = *reinterpret_cast<const float2*>(&sm.rk[j0]);
       float outs[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = 16 * rs + erow(e), j = 32 * hf + 8 * nt + ecol(e);
+        const int i = r0 + 8 * (e >> 1), j = j0 + (e & 1);
         float out = 0.f;
         if (i < L && j < i) {
-          const float gam = expf(sm.G[i] - sm.G[j]), rkk = sm.rk[i] * sm.rk[j];
-          const float Kk = accK[nt][e] * rkk * gam, dM = -accM[nt][e], dKk = sm.beta[i] * dM;
+          const float gam = expf(Gi[e >> 1] - ((e & 1) ? Gj.y : Gj.x)), rkk = rki[e >> 1] * ((e & 1) ? rkj.y : rkj.x);
+          const float Kk = accK[nt][e] * rkk * gam, dM = -accM[nt][e], dKk = bi[e >> 1] * dM;
           rb[e >> 1] += dM * Kk;
           rg[e >> 1] += dKk * Kk;
           cgs[nt][e & 1] -= dKk * Kk;
@@ -724,9 +785,15 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
       }
       store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, outs);
     }
-    mma::add_row_sums(sm.dbeta, 16 * rs, rb);
-    mma::add_row_sums(sm.dG, 16 * rs, rg);
-    mma::add_column_sums(sm.dG + 32 * hf, cgs);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rowB[h] += rb[h];
+      rowG[h] += rg[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) colG[nt][q] += cgs[nt][q];
   }
   __syncthreads();
 
@@ -756,25 +823,65 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
       }
     }
+    const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = 16 * rs + erow(e), d = d0 + 8 * nt + ecol(e);
-        sm.dk[r * LDF + d] += acc[nt][e] * sm.irk[r];
+        const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
+        sm.dk[r * LDF + d] += dkr[nt][e] + acc[nt][e] * irk[e >> 1];
       }
   }
   __syncthreads();
 
-  // ---- Outputs. dg = reverse cumsum of dG inside the chunk (one thread: 64 adds).
-  if (tid == 0 && a.dg) {
-    float acc = 0.f;
-    for (int i = L - 1; i >= 0; --i) {
-      acc += sm.dG[i];
-      a.dg[(row0 + i) * HV + hv] = acc;
+  // ---- Outputs. The row-role sums: quad sums (the 4 lanes of a row) and column sums (the 8 lanes
+  // of a column) into their slots of part, then dG and dbeta per row in a fixed order.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float g = mma::quad_sum(rowG[h]), be = mma::quad_sum(rowB[h]);
+    if (tig == 0) {
+      sm.part[hf * C + r0 + 8 * h] = g;
+      sm.part[(2 + hf) * C + r0 + 8 * h] = be;
     }
   }
-  if (tid < L) a.dbeta[(row0 + tid) * HV + hv] = sm.dbeta[tid];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const float g = mma::column_sum(colG[nt][q]);
+      if (grp == 0) sm.part[(4 + rs) * C + 32 * hf + 8 * nt + 2 * tig + q] = g;
+    }
+  __syncthreads();
+  if (tid < C) {
+    const int i = tid;
+    float g = 0.f;
+#pragma unroll
+    for (int m = 0; m < S::kPartRows; ++m) {
+      if (m == 2 || m == 3) continue;  // dbeta's rows
+      g += sm.part[m * C + i];
+    }
+    if (i == L - 1)
+#pragma unroll
+      for (int w = 0; w < 16; ++w) g += sm.wsum[w];
+    sm.dG[i] = i < L ? g : 0.f;
+    if (i < L) a.dbeta[(row0 + i) * HV + hv] = sm.part[2 * C + i] + sm.part[3 * C + i];
+  }
+  __syncthreads();
+  // dg = reverse cumsum of dG inside the chunk, by warp 0: lane l holds rows 62 - 2 l and 63 - 2 l
+  // (zeros past L), an inclusive prefix sum over the lanes of their pair sums is the sum of rows
+  // >= 62 - 2 l.
+  if (wp == 0 && a.dg) {
+    const int i0 = 62 - 2 * lane, i1 = 63 - 2 * lane;
+    const float x0 = sm.dG[i0], x1 = sm.dG[i1];
+    float sum = x0 + x1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float t = __shfl_up_sync(0xffffffffu, sum, o);
+      if (lane >= o) sum += t;
+    }
+    if (i0 < L) a.dg[(row0 + i0) * HV + hv] = sum;
+    if (i1 < L) a.dg[(row0 + i1) * HV + hv] = sum - x0;
+  }
   // dq, dk: with one value head per key head this block's values are the sums (stored); otherwise
   // added over the group's value heads.
   if (a.H == a.HV) {
