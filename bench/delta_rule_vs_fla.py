@@ -26,8 +26,8 @@ CASES = [  # name, kind, algorithm, B, T, H, K(=V)
     ("chunk GDN", "gdn", "chunk", 8, 4096, 16, 128),
     ("chunk GDN", "gdn", "chunk", 1, 32768, 16, 128),
     ("chunk GDN K=V=64", "gdn", "chunk", 8, 4096, 16, 64),
-    ("chunk KDA", "kda", "chunk", 4, 4096, 16, 128),
     ("recurrent GDN", "gdn", "recurrent", 4, 4096, 16, 128),
+    ("chunk KDA", "kda", "chunk", 4, 4096, 16, 128),  # last: fla's KDA autotuning alone takes minutes
 ]
 ANCHOR_MS = {  # anchors.md (fla 0.5.2, same H200 kind): fwd, bwd
     ("chunk GDN", 8, 4096): (0.933, 2.409), ("chunk GDN", 1, 32768): (1.281, 3.502),
@@ -145,12 +145,16 @@ def main():
         for who, make in (("fg", lambda: flashgrad_fn(kind, algo)), ("fla", lambda: fla_fn(kind, algo))):
             if who == "fla" and args.no_fla:
                 continue
+            t_start = time.time()
+            print(f"  {name} B{B} T{T}: {who} ...", file=sys.stderr, flush=True)
             try:
                 fwd, bwd, peak = measure(make(), inputs)
                 r.update({f"{who}_fwd": fwd, f"{who}_bwd": bwd, f"{who}_peak": peak})
             except Exception as e:
                 r[f"{who}_err"] = f"{type(e).__name__}: {str(e)[:100]}"
             torch.cuda.synchronize()
+            print(f"  {name} B{B} T{T}: {who} done in {time.time() - t_start:.0f} s "
+                  f"(fwd {r.get(who + '_fwd')}, bwd {r.get(who + '_bwd')})", file=sys.stderr, flush=True)
         r["anchor"] = ANCHOR_MS.get((name, B, T))
         rows.append(r)
         print(json.dumps(r), flush=True)
