@@ -7,8 +7,9 @@
 // FLOPs: 4 B H S^2 D, halved when causal.
 // usage: fp8_wgmma_bench [B H S] [variant ...] [d64|d128|d256 ...] [none|causal]
 // (default 2 16 8192 w, head dims 128 256 64, both masks), variants of the wgmma kernel:
-//   w (the library's defaults: since session 5 the serial schedule at hd 256, the overlapped one
-//   at hd 64 / 128), ov (overlapped schedule at every head dim: FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=0),
+//   w (the library's defaults: since session 6 serial + pipelined P V chunks at hd 256, serial at
+//   hd 64, overlapped at hd 128), ov (overlapped schedule at every head dim, P V unpipelined:
+//   FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=0, the defaults before session 6),
 //   pp (ov with FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1), spp
 //   (both), o (ov with FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o
 //   and ping-pong), e (ov with FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on
@@ -140,7 +141,7 @@ void set_switch(const std::string& variant) {
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "1", 1);
   else if (variant != "w" && variant != "wspin")  // the others are what they say whatever the default
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "0", 1);
-  setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma too (off by default until timed)
+  setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma (the default since session 6)
 }
 
 struct Diff {

@@ -5,7 +5,7 @@
 #      K-major operands, the 8-bit A-register fragment, P's key permutation against vt), so a
 #      failure below points at its cause;
 #   2. AttentionFp8* with FLASHGRAD_ATTN_FP8_FORWARD=wgmma: the FP8 GPU tests (2x rule against the
-#      recipe's emulation) with the forward on the wgmma kernel (hd 64 on mma.sync by default);
+#      recipe's emulation) with the forward on the wgmma kernel (hd 64 too, by default since session 6);
 #   3. AttentionFp8Gpu.* again for each variant (s: FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, spp: with
 #      FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1 too, o: FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1 (P V
 #      accumulated in the tensor cores: what the two-level accumulation costs), e:
@@ -14,10 +14,8 @@
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256 / 64,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
 #      output difference on the timed inputs (the variants whose tests passed in 3); first the
-#      default (w: serial at hd 256 since session 5) beside ov (the overlapped schedule), w4 (session
-#      4's default: ov on session 4's instruction stream, FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0), and wspin
-#      (w with the producer spinning in its waits, FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0), so the
-#      session-5 changes are timed in one process;
+#      defaults (w: since session 6 serial + pipelined P V at hd 256, serial at hd 64, overlapped at
+#      hd 128) beside ov (the defaults before session 6: overlapped everywhere), in one process;
 #   5. with the time left: ncu of one default-variant forward per head dim (pipes, stalls, issue).
 # A compact summary comes last.
 set -uo pipefail
@@ -63,9 +61,9 @@ bench_ready() {  # waits for the background build once; true when the forward be
 }
 # The default variant's numbers first (the variants below could trap and end a bench process).
 if [ -n "$lib" ] && bench_ready && [ "$(left)" -gt 30 ]; then
-  echo "== fp8w: forward bench (bf16, mma.sync, wgmma default w, overlapped ov, session-4 default w4, spinning producer wspin)"
-  timeout -k 3 40 /tmp/fp8w_bench w ov w4 wspin d128 d256 > "$OUT/extra/fp8w_bench_default.log" 2>&1
-  status+=("fp8_wgmma_bench w ov w4 wspin rc=$?")
+  echo "== fp8w: forward bench (bf16, mma.sync, wgmma defaults w, pre-session-6 defaults ov)"
+  timeout -k 3 40 /tmp/fp8w_bench w ov d128 d256 d64 > "$OUT/extra/fp8w_bench_default.log" 2>&1
+  status+=("fp8_wgmma_bench w ov rc=$?")
   cat "$OUT/extra/fp8w_bench_default.log"
   table=$(cat "$OUT/extra/fp8w_bench_default.log")
 elif [ -n "$lib" ]; then
@@ -75,12 +73,9 @@ fi
 # The variants, each in a process of its own (a turn-taking bug traps): bench only those that pass.
 sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma*:AttentionFp8Gpu.Permuted*:AttentionFp8Gpu.Unaligned*'
 bench_variants="w"
-# (pp was timed in run 4: slower than the default at every row; timed again first since session 5's
-# leaner consumers may change that; opp not worth the time)
-# spv / pv (session 5): hd 256's P V chunks pipelined (FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1) in the
-# serial (the hd 256 default) / overlapped schedule; ov: the overlapped schedule (SERIAL=0), no
-# longer the default at hd 256 (serial is, tested above).
-for v in s spv pv ov; do
+# Run 6.1 timed s, spv, pv, ov, w4, wspin (pp, o, e in session 5): the defaults follow it (w = spv at
+# hd 256, s at hd 64, ov at hd 128). ov: the pre-session-6 defaults (overlapped everywhere).
+for v in ov; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
   pp=0; serial=0; one=0; poly=0; pvpipe=0
   case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;;

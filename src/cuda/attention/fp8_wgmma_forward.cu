@@ -46,23 +46,25 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-// The variants' defaults, one constant each (per head dim for the schedule), so that flipping one
-// after an H200 run is a one-line change that keeps every path reachable: the switches below take
-// "1" / "0" to override them (read at every call; the bench's variants set what they change).
-// H200 run 4 (session 4): the overlapped schedule without ping-pong was the fastest measured at
-// every head dim. Session 5, run 4 (bench/results/attention_h200_session5_runs.md), on the leaner
-// consumers: at hd 256 the serial schedule (128-key blocks, 128-column P V chunks: half the O folds
-// per key) 1056 / 878 TFLOP/s (none / causal) against the overlapped 853 / 731; at hd 128 serial
-// 720 against 799. The serial schedule is not the default at hd 256 yet: that measurement predates
-// the consumer-loop changes of 738e5d5 / a34f1d4 / 48d1fb6, and the serial instance has not run on
-// the H200 since (the session's device time ran out); FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1 selects it.
-// Flip kScheduleByDefault<256> to kSerial once fp8w.sh has tested and timed it.
-constexpr bool kHd64ByDefault = false;  // hd 64 passed every FP8 test on the H200 (run 4); not timed yet
+// The variants' defaults, one constant each (per head dim for the schedule and the P V pipeline),
+// so that flipping one after an H200 run is a one-line change that keeps every path reachable: the
+// switches below take "1" / "0" to override them (read at every call; the bench's variants set what
+// they change). Session 6, H200 run 6.1 (commit 71959c5, B2 H16 S8192, TFLOP/s none / causal):
+//   hd 256: serial + pipelined P V chunks (bench spv) 1069 / 893, serial 1056 / 878, overlapped 857 /
+//           717 -> kSerial with kPvPipeByDefault<256>;
+//   hd 128: overlapped 805 / 655, serial 731 / 603 -> kOverlap;
+//   hd 64:  serial 484 / 386, overlapped 468 / 373, the mma.sync FP8 forward 160 / 129 (every FP8
+//           GPU test passed with hd 64 on this kernel in run 4) -> on this kernel, kSerial.
+// The overlapped schedule everywhere (the defaults before session 6) is SERIAL=0 (bench variant ov).
+constexpr bool kHd64ByDefault = true;
 constexpr bool kPingpongByDefault = false;
 constexpr bool kPolyExpByDefault = false;
-constexpr bool kPvPipeByDefault = false;  // hd 256's pipelined P V chunks (session 5; not timed yet)
 template <int D>
-constexpr int kScheduleByDefault = cuda_attn::fp8w::kOverlap;
+constexpr int kScheduleByDefault = D == 128 ? cuda_attn::fp8w::kOverlap : cuda_attn::fp8w::kSerial;
+// hd 256's pipelined P V chunks, the default with the serial schedule only (with the overlapped one
+// they were slower in run 6.1: 838 against 857); PV_PIPE=1 / 0 overrides it for either schedule.
+template <int D>
+constexpr bool kPvPipeByDefault = D == 256;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
@@ -103,7 +105,7 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   if (schedule == kOverlap && !pingpong && !env_switch("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", true))
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if constexpr (D == 256)
-    if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", kPvPipeByDefault)) {
+    if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", kPvPipeByDefault<D> && schedule == kSerial)) {
       if (schedule == kOverlap)
         return launch_kernel<D, false, cuda_attn::fp8w::kOverlapPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
       if (schedule == kSerial)

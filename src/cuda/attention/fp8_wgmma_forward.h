@@ -16,8 +16,8 @@ namespace flashgrad::cuda {
 //   - the environment says FLASHGRAD_ATTN_FP8_FORWARD=mma or =legacy (read at every call, so one
 //     process can time both kernels; this kernel is the default since the H200 showed it correct
 //     and 3.6-4.7x faster than the mma.sync one),
-//   - head dim other than 128 / 256, or 64 unless FLASHGRAD_ATTN_FP8_WGMMA_HD64=1 (its default,
-//     kHd64ByDefault in fp8_wgmma_forward.cu, stays off until an H200 run has timed it),
+//   - head dim other than 64 / 128 / 256, or 64 with FLASHGRAD_ATTN_FP8_WGMMA_HD64=0 (kHd64ByDefault
+//     in fp8_wgmma_forward.cu: on since session 6, 3x the mma.sync kernel in H200 run 6.1),
 //   - a q / k view TMA cannot describe (base or a stride not 16-byte aligned, a stride past 2^40),
 //   - more query tiles than one grid holds.
 // Its V^T copy is padded to 128 keys per sequence, which can need more than
