@@ -6,7 +6,8 @@
 # text and the SASS source page (csv, the report itself is dropped: too large to bring back).
 #   rows (bench/attention/attention_bench.cu, profile mode): 4 = B4 H16 S4096 d64 non-causal,
 #   5 = the same causal, 2 = B2 H16 S8192 d128 non-causal, 6 = B2 H16 S8192 d256; the FP8 backward
-#   (bench/attention/fp8_bench.cu: its first call, hd128 non-causal) and forward hd128 B2 H16 S8192.
+#   (bench/attention/fp8_bench.cu: its first call, hd128 non-causal) and forward hd128 B2 H16 S8192;
+#   gdn_prepare / gdn_state / gdn_b1: chunked GDN stages through bench/profile_delta_rule.py.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -56,6 +57,11 @@ for k in $set_; do
     fwd_d128) FLASHGRAD_PROFILE_ROW=2 profile $k attention_forward_wgmma /tmp/ncu_attn_bench /tmp profile ;;
     fp8_bwd_d128) profile $k fp8_attention_backward_wgmma /tmp/ncu_fp8_fb_bench 2 16 8192 ;;
     fp8_fwd_d128) profile $k fp8_attention_forward_wgmma /tmp/ncu_fp8_bench 2 16 8192 w d128 none ;;
+    # chunked GDN B8 T4096 H16 K=V=128 (issue 6): stage 1, the fused stage 2+3 (the forward's first
+    # chunk_state_kernel launch), B1 (the kernels' first launches in the step)
+    gdn_prepare) profile $k chunk_prepare_kernel python3 bench/profile_delta_rule.py --no-profiler --reps 1 ;;
+    gdn_state) profile $k chunk_state_kernel python3 bench/profile_delta_rule.py --no-profiler --reps 1 ;;
+    gdn_b1) profile $k chunk_state_backward python3 bench/profile_delta_rule.py --no-profiler --reps 1 ;;
   esac
 done
 echo "== ncu done ($(( $(date +%s) - t0 )) s)"
