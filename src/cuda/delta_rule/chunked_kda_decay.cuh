@@ -224,3 +224,94 @@ __device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// kda_decayed_rows / cols (same contract, same results up to fp32 rounding) with the cross-sub-chunk
+// parts on tensor cores, for blocks of 8 warps (B2). Inside a 16-row sub-chunk the terms stay fp32,
+// one exp each (a reference row there could overflow: 15 strong gates sum past -88). Across
+// sub-chunks, for the later sub-chunk I with first row b = 16 I:
+//   rows: out[b + a, :] += exp(G_{b+a} - G_b) o sum_{J < I} W[b + a, 16 J ..] Ys_J,
+//         Ys_J[jj, d] = y(16 J + jj, d) exp(G_bd - G_{16J+jj, d})        (<= 1)
+//   cols: out[r, :] += exp(G_b - G_r) o sum_ii W[b + ii, r] Xs_I[ii, :]   (r < b),
+//         Xs_I[ii, d] = x(b + ii, d) exp(G_{b+ii, d} - G_bd)              (<= 1)
+// i.e. 16 x 16 (W) times 16 x KMAX (staged, fp32) products, split hi + lo in registers
+// (kda_mma::warp_fp32_product); warp w takes the 8-column tiles [NTW w, NTW (w + 1)) of every
+// 16-row output strip (NTW = KMAX / 64). The diagonal part's elements (r, d) belong to thread
+// (r KMAX + d) % 256; the cross parts' to the fragment owners, after a barrier.
+template <typename T, int KMAX, typename YF>
+__device__ __forceinline__ void kda_decayed_rows_mma(const float* W, int ldw, YF&& y, const float* G,
+                                                     bool inclusive, float* out, float* stage) {
+  constexpr int NTHR = 256, NTW = KMAX / 64;
+  static_assert(KMAX % 64 == 0, "8 warps x NTW 8-column tiles");
+  const int tid = threadIdx.x, wp = tid / 32, n0 = 8 * NTW * wp;
+  for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
+    const int r = e / KMAX, d = e % KMAX, end = inclusive ? r : r - 1;
+    const float gr = G[r * KMAX + d];
+    float s = 0.f;
+    for (int j = r & ~15; j <= end; ++j) s += W[r * ldw + j] * y(j, d) * decay_exp(gr - G[j * KMAX + d]);
+    out[e] = s;
+  }
+  for (int I = 1; I < 4; ++I) {
+    const int b = 16 * I;
+    float acc[NTW][4] = {};
+    for (int J = 0; J < I; ++J) {
+      __syncthreads();  // the previous readers of `stage` (and the diagonal part's writers of out) are done
+      for (int e = tid; e < 16 * KMAX; e += NTHR) {
+        const int jj = e / KMAX, d = e % KMAX, j = 16 * J + jj;
+        stage[e] = y(j, d) * decay_exp(G[b * KMAX + d] - G[j * KMAX + d]);
+      }
+      __syncthreads();
+      kda_mma::warp_fp32_product<T, NTW>([&](int m, int kk) { return W[m * ldw + 16 * J + kk]; },
+                                         [&](int kk, int n) { return stage[kk * KMAX + n]; }, b, n0, 0, 16, acc);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = b + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e);
+        out[r * KMAX + d] += acc[nt][e] * decay_exp(G[r * KMAX + d] - G[b * KMAX + d]);
+      }
+  }
+  __syncthreads();
+}
+
+template <typename T, int KMAX, typename XF>
+__device__ __forceinline__ void kda_decayed_cols_mma(const float* W, int ldw, XF&& x, const float* G,
+                                                     bool inclusive, float* out, float* stage) {
+  constexpr int NTHR = 256, NTW = KMAX / 64;
+  static_assert(KMAX % 64 == 0, "8 warps x NTW 8-column tiles");
+  const int tid = threadIdx.x, wp = tid / 32, n0 = 8 * NTW * wp;
+  for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
+    const int r = e / KMAX, d = e % KMAX, end = (r & ~15) + 16;
+    const float gr = G[r * KMAX + d];
+    float s = 0.f;
+    for (int i = inclusive ? r : r + 1; i < end; ++i) s += W[i * ldw + r] * x(i, d) * decay_exp(G[i * KMAX + d] - gr);
+    out[e] = s;
+  }
+  for (int I = 1; I < 4; ++I) {
+    const int b = 16 * I;
+    __syncthreads();  // the previous readers of `stage` (and the diagonal part's writers of out) are done
+    for (int e = tid; e < 16 * KMAX; e += NTHR) {
+      const int i = b + e / KMAX, d = e % KMAX;
+      stage[e] = x(i, d) * decay_exp(G[i * KMAX + d] - G[b * KMAX + d]);
+    }
+    __syncthreads();
+    for (int J = 0; J < I; ++J) {  // output rows [16 J, 16 J + 16)
+      float acc[NTW][4] = {};
+      kda_mma::warp_fp32_product<T, NTW>([&](int m, int kk) { return W[(b + kk) * ldw + m]; },
+                                         [&](int kk, int n) { return stage[kk * KMAX + n]; }, 16 * J, n0, 0, 16,
+                                         acc);
+#pragma unroll
+      for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = 16 * J + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e);
+          out[r * KMAX + d] += acc[nt][e] * decay_exp(G[b * KMAX + d] - G[r * KMAX + d]);
+        }
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -4,10 +4,12 @@
 //
 // The contractions over V (dP, X, Y, Z, dA below) and over K (dw Wb^T) run on tensor cores
 // (kda_mma::contract_rows, operands split hi + lo unless exact in T) through a staging area that
-// is A's shared array until A is needed (phase D). The per-channel decayed sums (aq, ak, bm, ck:
-// chunked_kda_decay.cuh's kda_decayed_rows / cols, 16-row sub-chunks, one exp per term only inside
-// a sub-chunk) and the rest are fp32 on CUDA cores. Every (row r, channel d) element of dk, dG
-// and dw is owned by one thread in the elementwise phases and the decayed sums
+// is A's shared array until A is needed (phase D). Since session 6 the chunk-local 64 x 64
+// products (dWb = A^T dw, dUb, dA A^T, A^T tmp) and the cross-sub-chunk parts of the per-channel
+// decayed sums (aq, ak, bm, ck: chunked_kda_decay.cuh's kda_decayed_rows_mma / cols_mma) run on
+// tensor cores too, their fp32 shared operands split hi + lo in registers
+// (kda_mma::warp_fp32_product); inside a 16-row sub-chunk the decayed terms stay fp32, one exp
+// each. The elementwise phases own element (row r, channel d) of dk, dG and dw by one thread
 // (e = tid + 256 m, r = e / K, d = e % K), so those accumulators need no atomics.
 // Shared memory at K = 128: q, k, G, dk, dG, dw (6 x 32 KiB) + A and one 64 x 64 matrix: 225 KiB.
 //
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   using split = std::true_type;
 
   // B.1 aq (into dw's array), Y = do h^T (into dG's); dq = scale e o Y + aq, dG = q o dq.
-  kda_decayed_rows<KMAX, kGradsThreads>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
+  kda_decayed_rows_mma<T, KMAX>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
   contract_into(do_rows, h_rows, exact{}, 1.f, sm.dG);
   for (int e = tid; e < C * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   __syncthreads();
   // B.2 ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
   //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
-  kda_decayed_cols<KMAX, kGradsThreads>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
+  kda_decayed_cols_mma<T, KMAX>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
   contract_into(vn_rows, dhn_rows, exact{}, 1.f, sm.dk);
   {
     // A thread's channel d = tid % KMAX is the same for all its elements (256 % KMAX == 0): sum
@@ -229,15 +231,33 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   __syncthreads();
 
   // D. dWb = A^T dw and what it feeds; dUb = A^T dv_new -> dv, dbeta.
-  for (int e = tid; e < L * KMAX; e += kGradsThreads) {
-    const int r = e / KMAX, d = e % KMAX;
-    float dwb = 0.f;
-    for (int i = r; i < L; ++i) dwb += sm.A[i * LDM + r] * sm.dw[i * KMAX + d];
-    const float t = expf(sm.G[r * KMAX + d]) * sm.k[r * KMAX + d] * dwb;  // (e k o dWb)_rd
-    sm.dk[e] += sm.beta[r] * expf(sm.G[r * KMAX + d]) * dwb;
-    sm.dG[e] += sm.beta[r] * t;
-    const float ts = group_sum<32>(t);  // a warp's 32 lanes share row r (K % 32 == 0)
-    if ((tid & 31) == 0) atomicAdd(&sm.dbeta[r], ts);
+  // dWb_rd = sum_{i >= r} A_ir dw_id on tensor cores (warp: row strip rs = w % 4, channel half
+  // w / 4; A_ir = 0 for i < r and for i >= L, so the k range starts at the strip's first row).
+  {
+    constexpr int NT = KMAX / 16;
+    const int rs = (tid / 32) % 4, n0 = (tid / 128) * (KMAX / 2);
+    float acc[NT][4] = {};
+    kda_mma::warp_fp32_product<T, NT>([&](int r, int i) { return sm.A[i * LDM + r]; },
+                                      [&](int i, int d) { return sm.dw[i * KMAX + d]; }, 16 * rs, n0, 16 * rs, C,
+                                      acc);
+    float tsum[2] = {0.f, 0.f};  // rows grp, grp + 8 of the strip: sum over this thread's channels
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * rs + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e), at = r * KMAX + d;
+        const float be = sm.beta[r] * expf(sm.G[at]), dwb = acc[nt][e];  // beta 0 past L
+        sm.dk[at] += be * dwb;
+        sm.dG[at] += be * sm.k[at] * dwb;
+        tsum[e >> 1] += expf(sm.G[at]) * sm.k[at] * dwb;  // (e k o dWb)_rd; k is 0 past L
+      }
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {  // over the 4 lanes of a row, then one atomic per row and half
+      tsum[h2] += __shfl_xor_sync(0xffffffffu, tsum[h2], 1);
+      tsum[h2] += __shfl_xor_sync(0xffffffffu, tsum[h2], 2);
+      const int r = 16 * rs + mma::grp() + 8 * h2;
+      if (mma::tig() == 0 && r < L) atomicAdd(&sm.dbeta[r], tsum[h2]);
+    }
   }
   // dUb = A^T dv_new on tensor cores, 64 value columns at a time; staged where q / Wb was (free
   // since C; E's tmp comes after).
@@ -282,29 +302,45 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   }
   __syncthreads();
 
-  // E. tmp = dA A^T (where q / Wb was, [C][C]), then dM = -A^T tmp, strictly lower (where dA was).
+  // E. tmp = dA A^T (where q / Wb was, [C][C]), then dM = -A^T tmp, strictly lower (where dA was),
+  // on tensor cores: warp w takes row strip rs = w % 4 and columns [32 (w / 4), +32). dA is zero in
+  // rows past L and above the diagonal, A in rows past L and above its (unit) diagonal, so the
+  // full products are the masked ones: tmp's k range (j <= i) ends after the strip, dM's (m >= i)
+  // starts at the strip.
   float* tmp = sm.q;  // C * C <= C * KMAX
-  for (int e = tid; e < C * C; e += kGradsThreads) {
-    const int i = e / C, m = e % C;
-    float s = 0.f;
-    if (i < L && m < L)
-      for (int j = 0; j <= (i < m ? i : m); ++j) s += sm.mat[i * LDM + j] * sm.A[m * LDM + j];
-    tmp[i * C + m] = s;
-  }
-  __syncthreads();
-  for (int e = tid; e < C * C; e += kGradsThreads) {
-    const int i = e / C, j = e % C;
-    float s = 0.f;
-    if (i < L && j < i)
-      for (int m = i; m < L; ++m) s += sm.A[m * LDM + i] * tmp[m * C + j];
-    sm.mat[i * LDM + j] = -s;
+  {
+    const int rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
+    float acc[4][4] = {};
+    kda_mma::warp_fp32_product<T, 4>([&](int i, int j) { return sm.mat[i * LDM + j]; },
+                                     [&](int j, int m) { return sm.A[m * LDM + j]; }, 16 * rs, n0, 0, 16 * rs + 16,
+                                     acc);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        tmp[(16 * rs + mma::acc_row(e)) * C + n0 + 8 * nt + mma::acc_col(e)] = acc[nt][e];
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+    kda_mma::warp_fp32_product<T, 4>([&](int i, int m) { return sm.A[m * LDM + i]; },
+                                     [&](int m, int j) { return tmp[m * C + j]; }, 16 * rs, n0, 16 * rs, C, acc);
+    // (The barrier after tmp's stores also ends every read of dA, which dM overwrites now.)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * rs + mma::acc_row(e), j = n0 + 8 * nt + mma::acc_col(e);
+        sm.mat[i * LDM + j] = i < L && j < i ? -acc[nt][e] : 0.f;
+      }
   }
   __syncthreads();
 
   // F. Key products: bm (into q's array, free since E), ck (into dw's); dk, dG, dbeta.
-  kda_decayed_rows<KMAX, kGradsThreads>(sm.mat, LDM, kx, sm.G, false, sm.q, stagef);
+  kda_decayed_rows_mma<T, KMAX>(sm.mat, LDM, kx, sm.G, false, sm.q, stagef);
   auto beta_k = [&](int i, int d) { return sm.beta[i] * sm.k[i * KMAX + d]; };
-  kda_decayed_cols<KMAX, kGradsThreads>(sm.mat, LDM, beta_k, sm.G, false, sm.dw, stagef);
+  kda_decayed_cols_mma<T, KMAX>(sm.mat, LDM, beta_k, sm.G, false, sm.dw, stagef);
   for (int e = tid; e < L * KMAX; e += kGradsThreads) {
     const int r = e / KMAX;
     const float bm = sm.q[e], ck = sm.dw[e], kr = sm.k[e];

@@ -2,10 +2,13 @@
 // chunked_kda_instances_*.cu. K = 64 and K = 128 are instantiated (KMAX = K exactly).
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "chunked_kda.h"
 #include "chunked_kda_grads.cuh"
+#include "chunked_kda_grads_legacy.cuh"
 #include "chunked_kda_output.cuh"
 #include "chunked_kda_prepare.cuh"
 #include "chunked_kda_state.cuh"
@@ -39,6 +42,13 @@ void launch_kda_kernel(Kernel kernel, dim3 grid, const ChunkedArgs& a, cudaStrea
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   kernel<<<grid, Threads, smem_bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+// FLASHGRAD_CHUNKED_KDA=legacy (read at every launch) selects the session-5 kernels of the stages
+// rewritten in session 6, so that one GPU process can time and compare both.
+inline bool kda_legacy_requested() {
+  const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA");
+  return v && std::strcmp(v, "legacy") == 0;
 }
 
 inline dim3 kda_chunk_grid(const ChunkedArgs& a, int64_t slices = 1) {
@@ -99,10 +109,13 @@ void launch_kda_grads(const ChunkedArgs& a, cudaStream_t s) {
   if (!a.dout.p || !a.dh || !a.dv_new || !a.A || !a.dq_acc || !a.dk_acc || !a.dv || !a.dbeta || !a.dg)
     throw_invalid_argument(stage, "scratch", "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and dg must be given");
   if (a.num_chunks == 0 || a.HV == 0) return;
+  const bool legacy = kda_legacy_requested();
   if (a.K == 64)
-    launch_kda_kernel<KdaGradsSmem<64>, kGradsThreads>(kda_grads_kernel<T, 64>, kda_chunk_grid(a), a, s);
+    launch_kda_kernel<KdaGradsSmem<64>, kGradsThreads>(legacy ? kda_grads_legacy_kernel<T, 64> : kda_grads_kernel<T, 64>,
+                                                       kda_chunk_grid(a), a, s);
   else
-    launch_kda_kernel<KdaGradsSmem<128>, kGradsThreads>(kda_grads_kernel<T, 128>, kda_chunk_grid(a), a, s);
+    launch_kda_kernel<KdaGradsSmem<128>, kGradsThreads>(
+        legacy ? kda_grads_legacy_kernel<T, 128> : kda_grads_kernel<T, 128>, kda_chunk_grid(a), a, s);
 }
 
 #define FLASHGRAD_CHUNKED_KDA_INSTANTIATE(T)                                    \

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"  // split_pair
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
 
@@ -230,3 +231,37 @@ __device__ __forceinline__ void kda_key_rows(const View& x, const ChunkInfo& ci,
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
+
+namespace flashgrad::cuda_detail::delta_rule::kda_mma {
+
+// acc[nt] += sum_{kk in [k0, k1)} x(m0 + i, kk) y(kk, n0 + 8 nt + j) for the calling warp's 16 x 8
+// tiles (i < 16, j < 8): fp32 operands read through loaders (shared memory, any layout) and split
+// x = hi + lo in registers (mma::split_pair), three mmas per step (hi hi + lo hi + hi lo: close to
+// an fp32 product). No staging copy and no barrier: the chunk-local 64 x 64 products and the
+// decayed sums' cross-sub-chunk parts of B2 (which were per-element fp32 loops) run on it.
+// k0, k1 multiples of 16. Fragment elements (chunked_mma.cuh): A (grp, 2 tig + {0, 1}),
+// (grp + 8, ..), (grp, 2 tig + 8 + {0, 1}), (grp + 8, ..); B (2 tig + {0, 1}, grp), (2 tig + 8 + {0, 1}, grp).
+template <typename T, int NT, typename XF, typename YF>
+__device__ __forceinline__ void warp_fp32_product(XF&& x, YF&& y, int m0, int n0, int k0, int k1,
+                                                  float (&acc)[NT][4]) {
+  const int g = mma::grp(), t2 = 2 * mma::tig();
+  for (int kk = k0; kk < k1; kk += 16) {
+    uint32_t ah[4], al[4];
+    mma::split_pair<T>(x(m0 + g, kk + t2), x(m0 + g, kk + t2 + 1), ah[0], al[0]);
+    mma::split_pair<T>(x(m0 + g + 8, kk + t2), x(m0 + g + 8, kk + t2 + 1), ah[1], al[1]);
+    mma::split_pair<T>(x(m0 + g, kk + t2 + 8), x(m0 + g, kk + t2 + 9), ah[2], al[2]);
+    mma::split_pair<T>(x(m0 + g + 8, kk + t2 + 8), x(m0 + g + 8, kk + t2 + 9), ah[3], al[3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int n = n0 + 8 * nt + g;
+      uint32_t bh[2], bl[2];
+      mma::split_pair<T>(y(kk + t2, n), y(kk + t2 + 1, n), bh[0], bl[0]);
+      mma::split_pair<T>(y(kk + t2 + 8, n), y(kk + t2 + 9, n), bh[1], bl[1]);
+      mma::mma16816<T>(acc[nt], ah, bh);
+      mma::mma16816<T>(acc[nt], al, bh);
+      mma::mma16816<T>(acc[nt], ah, bl);
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
