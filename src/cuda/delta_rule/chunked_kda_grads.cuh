@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   const T* vn = static_cast<const T*>(a.v_new);
   const float* h = a.h + (c * a.HV + hv) * K * V;    // h_c [K][V]
   const float* dhn = a.dh + (c * a.HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
+  const T* do_base = static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, 0);  // row r: + r * s1
   auto vn_at = [&](int i, int64_t col) { return to_f<T>(vn[((row0 + i) * a.HV + hv) * V + col]); };
   auto dvn_at = [&](int i, int64_t col) { return a.dv_new[((row0 + i) * a.HV + hv) * V + col]; };
   auto do_at = [&](int i, int64_t col) { return load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + i, hv, col)); };
@@ -136,24 +137,11 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   auto qx = [&](int r, int d) { return sm.q[r * KMAX + d]; };
   auto kx = [&](int r, int d) { return sm.k[r * KMAX + d]; };
   float* stagef = sm.A;  // 16 * KMAX floats for the decayed sums
-  auto h_rows = [&](int n, int64_t col) { return h[n * V + col]; };
-  auto dhn_rows = [&](int n, int64_t col) { return dhn[n * V + col]; };
-  // out = sign * X Y^T (X: 64 rows over V, Y: KMAX rows over V; 64 channels at a time).
-  auto contract_into = [&](auto&& xr, auto&& yr, auto split_x, float sign, float* out) {
-    for (int n0 = 0; n0 < KMAX; n0 += 64) {
-      float acc[8][4] = {};
-      auto y0 = [&](int n, int64_t col) { return yr(n0 + n, col); };
-      kda_mma::contract_rows<T, 8, decltype(split_x)::value, true, kGradsThreads>(xr, y0, V, stage, acc);
-      store_acc64(acc, n0, [&](int r, int d, float v) { out[r * KMAX + d] = sign * v; });
-    }
-    __syncthreads();
-  };
-  using exact = std::false_type;
-  using split = std::true_type;
 
   // B.1 aq (into dw's array), Y = do h^T (into dG's); dq = scale e o Y + aq, dG = q o dq.
   kda_decayed_rows_mma<T, KMAX>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
-  contract_into(do_rows, h_rows, exact{}, 1.f, sm.dG);
+  kda_mma::state_times_rows<T, KMAX>(h, V, do_base, a.dout.s1, L, 1.f, sm.dG);
+  __syncthreads();
   for (int e = tid; e < C * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
     float dG = 0.f;
@@ -168,7 +156,8 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   // B.2 ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
   //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
   kda_decayed_cols_mma<T, KMAX>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
-  contract_into(vn_rows, dhn_rows, exact{}, 1.f, sm.dk);
+  kda_mma::state_times_rows<T, KMAX>(dhn, V, vn + ((row0 * a.HV + hv) * V), a.HV * V, L, 1.f, sm.dk);
+  __syncthreads();
   {
     // A thread's channel d = tid % KMAX is the same for all its elements (256 % KMAX == 0): sum
     // its s terms in a register and add them to sl once (shared float atomics on one address
@@ -202,8 +191,10 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
       if ((tid & 31) == 0) atomicAdd(&sm.sl[d], expf(sm.G[(L - 1) * KMAX + d]) * s);
     }
   }
-  // B.3 dw = -dv_new h^T (contract_into begins with a barrier: ak's readers are done).
-  contract_into(dvn_rows, h_rows, split{}, -1.f, sm.dw);
+  // B.3 dw = -dv_new h^T (into dw's array once ak's readers are done).
+  __syncthreads();
+  kda_mma::state_times_rows<T, KMAX>(h, V, a.dv_new + ((row0 * a.HV + hv) * V), a.HV * V, L, -1.f, sm.dw);
+  __syncthreads();
 
   // C. Wb = beta e o k where q was (q is done); then dA (where dP was).
   for (int e = tid; e < C * KMAX; e += kGradsThreads) {

@@ -265,3 +265,74 @@ __device__ __forceinline__ void warp_fp32_product(XF&& x, YF&& y, int m0, int n0
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
+
+namespace flashgrad::cuda_detail::delta_rule::kda_mma {
+
+// out[r * KMAX + d] = sign * sum_{c < V} X[r][c] S[d][c] for r < 64, d < KMAX: a V-contracted
+// product of one chunk's rows X (row r at x + r * xstride, elements E contiguous in c; rows r >= L
+// read as 0) with an fp32 K x V state S (h_c or dh_{c+1}, global, row-major). Computed transposed,
+// out^T = S X^T, so that each warp loads its own 16 state rows once, straight into A fragments
+// (float2 loads, split hi + lo in registers), and X into B fragments (E = T: exact, two mmas;
+// E = float: split, three): no staging copy and no barrier (B2's contract_rows pieces had two
+// each). Warp w (8 warps): channels [16 (w % (KMAX / 16)), +16), row tiles [NT (w / (KMAX / 16)),
+// +NT) with NT = 8 (KMAX = 128) or 4 (KMAX = 64). V a multiple of 16. The caller barriers
+// before others read `out` (shared memory, [64][KMAX]).
+template <typename T, int KMAX, typename E>
+__device__ __forceinline__ void state_times_rows(const float* S, int64_t V, const E* x, int64_t xstride, int L,
+                                                 float sign, float* out) {
+  constexpr int kStrips = KMAX / 16, NT = 8 * kStrips / 8;  // 8 warps over kStrips x (8 / NT)
+  static_assert(KMAX == 64 || KMAX == 128, "K 64 or 128");
+  const int w = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
+  const int d0 = 16 * (w % kStrips), nt0 = NT * (w / kStrips);
+  const float* s0 = S + static_cast<int64_t>(d0 + g) * V + t2;  // rows d0 + g and d0 + g + 8
+  const float* s1 = s0 + 8 * V;
+  const E* xr[NT];  // this lane's B-fragment row of each tile (row 8 (nt0 + nt) + g; row 0 past L)
+  float xm[NT];     // 1, or 0 past L
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int r = 8 * (nt0 + nt) + g;
+    xr[nt] = x + (r < L ? r : 0) * xstride + t2;
+    xm[nt] = r < L ? 1.f : 0.f;
+  }
+  float acc[NT][4] = {};
+#pragma unroll 2
+  for (int64_t c = 0; c < V; c += 16) {
+    const float2 p0 = *reinterpret_cast<const float2*>(s0 + c), p1 = *reinterpret_cast<const float2*>(s1 + c);
+    const float2 p2 = *reinterpret_cast<const float2*>(s0 + c + 8), p3 = *reinterpret_cast<const float2*>(s1 + c + 8);
+    float xv[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      xv[nt][0] = to_f<E>(xr[nt][c]) * xm[nt];
+      xv[nt][1] = to_f<E>(xr[nt][c + 1]) * xm[nt];
+      xv[nt][2] = to_f<E>(xr[nt][c + 8]) * xm[nt];
+      xv[nt][3] = to_f<E>(xr[nt][c + 9]) * xm[nt];
+    }
+    uint32_t ah[4], al[4];  // A (16 x 16): (g, t2..), (g + 8, t2..), (g, t2 + 8..), (g + 8, t2 + 8..)
+    mma::split_pair<T>(p0.x, p0.y, ah[0], al[0]);
+    mma::split_pair<T>(p1.x, p1.y, ah[1], al[1]);
+    mma::split_pair<T>(p2.x, p2.y, ah[2], al[2]);
+    mma::split_pair<T>(p3.x, p3.y, ah[3], al[3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t bh[2], bl[2];  // B (16 x 8): rows t2.., t2 + 8.. of column g
+      if constexpr (std::is_same_v<E, float>) {
+        mma::split_pair<T>(xv[nt][0], xv[nt][1], bh[0], bl[0]);
+        mma::split_pair<T>(xv[nt][2], xv[nt][3], bh[1], bl[1]);
+      } else {
+        bh[0] = mma::pack_floats<T>(xv[nt][0], xv[nt][1]);  // exact: the values are T
+        bh[1] = mma::pack_floats<T>(xv[nt][2], xv[nt][3]);
+      }
+      mma::mma16816<T>(acc[nt], ah, bh);
+      mma::mma16816<T>(acc[nt], al, bh);
+      if constexpr (std::is_same_v<E, float>) mma::mma16816<T>(acc[nt], ah, bl);
+    }
+  }
+  // acc[nt][e] is out^T at (channel d0 + acc_row(e), row 8 (nt0 + nt) + acc_col(e)).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      out[(8 * (nt0 + nt) + mma::acc_col(e)) * KMAX + d0 + mma::acc_row(e)] = sign * acc[nt][e];
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
