@@ -18,7 +18,9 @@
 //   FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: the producer spinning in its empty-slot waits, as
 //   session 4's did), pv (ov with FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's P V chunks
 //   pipelined; other head dims as ov), spv (s with FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's
-//   serial P V in 4 pipelined chunks; other head dims as s); each
+//   serial P V in 4 pipelined chunks; other head dims as s), pp (above), st (ov with
+//   FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=1: warpgroup 2 starts after warpgroup 1's first softmax),
+//   ppst (pp and st); each
 //   timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
@@ -126,12 +128,14 @@ void set_switch(const std::string& variant) {
   for (const char* name : {"FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "FLASHGRAD_ATTN_FP8_WGMMA_SERIAL",
                            "FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP",
                            "FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP",
-                           "FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE"})
+                           "FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "FLASHGRAD_ATTN_FP8_WGMMA_STAGGER"})
     unsetenv(name);
-  if (variant == "pp" || variant == "spp" || variant == "opp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "1", 1);
+  if (variant == "pp" || variant == "spp" || variant == "opp" || variant == "ppst")
+    setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "1", 1);
+  if (variant == "st" || variant == "ppst") setenv("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", "1", 1);
   if (variant == "s" || variant == "spp" || variant == "spv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "1", 1);
   if (variant == "ov" || variant == "pp" || variant == "o" || variant == "opp" || variant == "e" || variant == "w4" ||
-      variant == "pv")
+      variant == "pv" || variant == "st" || variant == "ppst")
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "0", 1);
   if (variant == "o" || variant == "opp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "1", 1);
   if (variant == "e") setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", "1", 1);
@@ -230,7 +234,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin" ||
-        a == "pv" || a == "ov" || a == "spv")
+        a == "pv" || a == "ov" || a == "spv" || a == "st" || a == "ppst")
       variants.push_back(a);
     else if (a == "d64" || a == "d128" || a == "d256")
       head_dims.push_back(std::atoi(a.c_str() + 1));

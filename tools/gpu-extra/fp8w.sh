@@ -75,14 +75,18 @@ sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma
 bench_variants="w"
 # Run 6.1 timed s, spv, pv, ov, w4, wspin (pp, o, e in session 5): the defaults follow it (w = spv at
 # hd 256, s at hd 64, ov at hd 128). ov: the pre-session-6 defaults (overlapped everywhere).
-for v in ov; do
+# Session 6 (hd 128 speed: are the two consumer warpgroups in step?): pp (ping-pong, last timed in
+# session 4 on the older stream), st (warpgroup 2 starts after warpgroup 1's first softmax,
+# FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=1), ppst (both).
+for v in pp st ppst ov; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
-  pp=0; serial=0; one=0; poly=0; pvpipe=0
+  pp=0; serial=0; one=0; poly=0; pvpipe=0; stagger=0
   case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;;
-    spv) serial=1; pvpipe=1 ;; esac
-  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe)"
+    spv) serial=1; pvpipe=1 ;; st) stagger=1 ;; ppst) pp=1; stagger=1 ;; esac
+  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe STAGGER=$stagger)"
   FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=$pp FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=$serial \
     FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=$poly FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=$pvpipe \
+    FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=$stagger \
     timeout -k 3 15 "$tests" --gtest_filter="$sub_filter" \
     > "$OUT/extra/fp8w_${v}_tests.log" 2>&1
   rc=$?
@@ -101,6 +105,23 @@ if [ -n "$lib" ]; then
   fi
   # ncu of one default-variant call per head dim (hd 128 first): which pipe and which stall bound it.
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu_bin" ] && bench_ready && [ "$(left)" -gt 40 ]; then
+    # Per-instruction warp-stall samples of the hd 128 default (where in the consumer loop the time
+    # goes: which waits, which dependency chains), summarized by tools/gpu-extra/fp8w_ncu_source.py.
+    echo "== fp8w: ncu source-level (SASS) stall samples, wgmma FP8 forward hd 128 non-causal (4th call)"
+    timeout -k 3 $(( $(left) > 60 ? 40 : $(left) - 10 )) "$ncu_bin" --clock-control none -k regex:fp8_attention_forward_wgmma \
+      --launch-skip 3 --launch-count 1 --section SourceCounters --section WarpStateStats -f -o "$OUT/extra/fp8w_src_d128" \
+      /tmp/fp8w_bench 2 16 8192 w d128 none > "$OUT/extra/fp8w_src_d128.log" 2>&1
+    rc=$?
+    if [ -f "$OUT/extra/fp8w_src_d128.ncu-rep" ]; then
+      timeout -k 3 30 "$ncu_bin" --import "$OUT/extra/fp8w_src_d128.ncu-rep" --page source --print-source sass --csv \
+        > "$OUT/extra/fp8w_src_d128.csv" 2>> "$OUT/extra/fp8w_src_d128.log"
+      python3 tools/gpu-extra/fp8w_ncu_source.py "$OUT/extra/fp8w_src_d128.csv" 2>&1 | head -120
+      gzip -f "$OUT/extra/fp8w_src_d128.csv"
+    fi
+    status+=("ncu source hd 128 rc=$rc (extra/fp8w_src_d128.*)")
+    tail -5 "$OUT/extra/fp8w_src_d128.log"
+  fi
   if [ -n "$ncu_bin" ] && bench_ready; then
     for d in 128 256; do
       [ "$(left)" -gt 35 ] || break

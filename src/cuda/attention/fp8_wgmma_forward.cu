@@ -59,6 +59,7 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
 constexpr bool kHd64ByDefault = true;
 constexpr bool kPingpongByDefault = false;
 constexpr bool kPolyExpByDefault = false;
+constexpr bool kStaggerByDefault = false;  // session 6's staggered start (not timed yet)
 template <int D>
 constexpr int kScheduleByDefault = D == 128 ? cuda_attn::fp8w::kOverlap : cuda_attn::fp8w::kSerial;
 // hd 256's pipelined P V chunks, the default with the serial schedule only (with the overlapped one
@@ -153,6 +154,9 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   CUtensorMap mq, mk, mvt;
   Fp8wMapAxes axes;
   axes.producer_sleep = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", true) ? 1 : 0;
+  // Overlapped schedules: warpgroup 2 starts after warpgroup 1's first softmax (Fp8wMapAxes::stagger;
+  // session 6, not timed yet).
+  axes.stagger = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", kStaggerByDefault) ? 1 : 0;
   const EncodeTiled encode = cuda_attn::tensor_map_encoder();  // shared lookup (tma_map.h)
   if (!cuda_attn::fp8w::make_rows_map(encode, &mq, k.q, k.q_st, rows_q, pr.heads_q, batches, hd, &axes.q_rows_inner) ||
       !cuda_attn::fp8w::make_rows_map(encode, &mk, k.k, k.k_st, rows_k, pr.heads_k, batches, hd, &axes.k_rows_inner))

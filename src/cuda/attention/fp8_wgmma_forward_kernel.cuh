@@ -52,6 +52,13 @@ struct Fp8wMapAxes {
   // empty ring slots (sm90::mbar_wait_suspend; kLean only). 0 spins as session 4 did, so both can be
   // timed on one instance (FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP).
   int producer_sleep = 1;
+  // Also a launch option (session 6; overlapped schedules): 1 = warpgroup 2 starts its first S only
+  // once warpgroup 1 has packed its first P (named barrier 3), so the two run half a block apart
+  // from the start instead of in step (FLASHGRAD_ATTN_FP8_WGMMA_STAGGER). In step, both wait for
+  // their S together (the tensor cores busy, MUFU idle), then run their exponentials together (MUFU
+  // saturated, the tensor cores idle once P V is done); apart, one's exponentials can run beside the
+  // other's products. Nothing holds them apart afterwards except ping-pong's turns, if on.
+  int stagger = 0;
 };
 
 #ifndef FLASHGRAD_FP8W_PV_CHUNK_256
@@ -636,6 +643,9 @@ __global__ void __launch_bounds__(384, 1)
     sm90::mbar_wait(bar_k_full, 0);
     if constexpr (kPingpong)
       if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
+    // Staggered start: warpgroup 2 waits (after its ping-pong arrival above, which warpgroup 1's
+    // first turn needs) until warpgroup 1 has packed its first P.
+    if (axes.stagger && cw == 1) sm90::named_barrier_sync_id<3>(256);
     wait_turn();
     issue_qk(0, 0);
     pass_turn(false);
@@ -645,6 +655,7 @@ __global__ void __launch_bounds__(384, 1)
     float rs_prev[2], rs_next[2];
     softmax(rs_prev, cls, nb, 0);  // O is zero: rs_prev (0 or 1) multiplies zeros
     fp8w_pack_p<BN>(s, pa);
+    if (axes.stagger && cw == 0) sm90::named_barrier_arrive_id<3>(256);
 
     for (;;) {
       // The next item: the next sub-block of this key block, or the next key block's first.

@@ -202,6 +202,7 @@ struct EmuNamedBar {
   unsigned gen = 0;
 };
 EmuNamedBar g_named[16];
+int g_stagger = 0;  // Fp8wMapAxes::stagger of the next emulated launch (run_variant's bit 8)
 std::atomic<bool> g_deadlock{false};
 
 void mbar_complete_if_done(EmuMbar& b) {
@@ -607,6 +608,7 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const int64_t rows_q = c.varlen ? c.tq : c.max_q, rows_k = c.varlen ? c.tk : c.max_k;
   CUtensorMap mq, mk, mvt;
   fp8w::Fp8wMapAxes axes;
+  axes.stagger = g_stagger;
   if (!fp8w::make_rows_map(emu_encode, &mq, p.q, p.q_st, rows_q, cfg.hq, batches, D, &axes.q_rows_inner) ||
       !fp8w::make_rows_map(emu_encode, &mk, p.k, p.k_st, rows_k, cfg.hk, batches, D, &axes.k_rows_inner) ||
       !fp8w::make_vt_map(emu_encode, &mvt, f.vt, f.vt_cols, D, cfg.hk, fp8w::kVtBoxKeys)) {
@@ -644,11 +646,12 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
 // The kernel variant: bit 0 ping-pong, bit 1 serial, bit 3 one-level (Fp8wSchedule), bit 4 polynomial
 // exp2 (on session 4's stream, as the host launches it), bit 5 session 4's instruction stream
 // (kLean = false; overlapped schedule), bit 6 P V chunks pipelined (kOverlapPvPipe), bit 7 the serial
-// schedule's P V chunks pipelined (kSerialPvPipe); bit 2: inputs
-// stored [B, H, S, D].
+// schedule's P V chunks pipelined (kSerialPvPipe), bit 8 the staggered start (Fp8wMapAxes::stagger,
+// a launch option: set through g_stagger); bit 2: inputs stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   const bool bhsd = variant & 4;
+  g_stagger = variant & 256 ? 1 : 0;
   if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false, false>(c, r, bhsd);
   if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
   if (variant & 64) return run_emulated<D, false, fp8w::kOverlapPvPipe>(c, r, bhsd);
@@ -675,6 +678,7 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   if (variant & 32) std::printf("    (session 4 instruction stream: kLean = false)\n");
   if (variant & 64) std::printf("    (P V chunks pipelined: kOverlapPvPipe)\n");
   if (variant & 128) std::printf("    (serial, P V chunks pipelined: kSerialPvPipe)\n");
+  if (variant & 256) std::printf("    (staggered start: warpgroup 2 after warpgroup 1's first P)\n");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -842,6 +846,17 @@ int main(int argc, char** argv) {
     c.mask = MaskKind::none;
     add("none d256 Sq=256 Sk=700 (full-block runs)", c, 64);
     add("none d256 Sq=256 Sk=700 (full-block runs)", c, 128);
+    // Session 6: the staggered start (bit 8), alone and with ping-pong, full and masked blocks.
+    for (int d : {64, 128, 256}) {
+      c.d = d;
+      c.mask = MaskKind::none;
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 256);
+      c.mask = MaskKind::causal;
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 257);
+    }
+    c.d = 128;
+    c.mask = MaskKind::none;
+    add("none d128 Sq=256 Sk=700 (full-block runs)", c, 257);
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
