@@ -83,6 +83,17 @@ __device__ __forceinline__ void store_acc64(const float (&acc)[8][4], int n0, Pu
   }
 }
 
+// Hands each element of the calling warp's 16 x 32 accumulator block (rows 16 (w % 4).., columns
+// 32 (w / 4) + 8 nt..: kda_mma::rows_times_rows_global's layout) to put(row, column, value).
+template <typename Put>
+__device__ __forceinline__ void store_acc32(const float (&acc)[4][4], Put&& put) {
+  const int rs = (threadIdx.x / 32) % 4, n0 = 32 * (threadIdx.x / 128);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) put(16 * rs + mma::acc_row(e), n0 + 8 * nt + mma::acc_col(e), acc[nt][e]);
+}
+
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a) {
   using S = KdaGradsSmem<KMAX>;
@@ -98,9 +109,6 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   const float* h = a.h + (c * a.HV + hv) * K * V;    // h_c [K][V]
   const float* dhn = a.dh + (c * a.HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
   const T* do_base = static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, 0);  // row r: + r * s1
-  auto vn_at = [&](int i, int64_t col) { return to_f<T>(vn[((row0 + i) * a.HV + hv) * V + col]); };
-  auto dvn_at = [&](int i, int64_t col) { return a.dv_new[((row0 + i) * a.HV + hv) * V + col]; };
-  auto do_at = [&](int i, int64_t col) { return load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + i, hv, col)); };
   auto v_at = [&](int i, int64_t col) { return load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)); };
 
   // Inputs of the chunk; zeroed accumulators.
@@ -120,18 +128,14 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   }
   __syncthreads();
 
-  // A. dP = scale Lower_incl(do v_new^T). Staging of the products and of the decayed sums: A's
-  // array (A itself is loaded at the end of phase C).
-  static_assert(kda_mma::contract_stage_bytes<T, 8>() <= sizeof(float) * C * LDM, "staging fits in A's array");
-  static_assert(kda_mma::contract_stage_bytes<T, 8>() <= sizeof(float) * C * KMAX, "and in q's");
-  T* stage = reinterpret_cast<T*>(sm.A);
-  auto do_rows = [&](int r, int64_t col) { return r < L ? do_at(r, col) : 0.f; };
-  auto vn_rows = [&](int r, int64_t col) { return r < L ? vn_at(r, col) : 0.f; };
-  auto dvn_rows = [&](int r, int64_t col) { return r < L ? dvn_at(r, col) : 0.f; };
+  // A. dP = scale Lower_incl(do v_new^T), fragments straight from global memory. The decayed
+  // sums stage through A's array (A itself is loaded at the end of phase C).
+  const T* vn_base = vn + (row0 * a.HV + hv) * V;            // row r: + r * HV V
+  const float* dvn_base = a.dv_new + (row0 * a.HV + hv) * V;  // row r: + r * HV V
   {
-    float acc[8][4] = {};
-    kda_mma::contract_rows<T, 8, false, false, kGradsThreads>(do_rows, vn_rows, V, stage, acc);
-    store_acc64(acc, 0, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? scale * x : 0.f; });
+    float acc[4][4] = {};
+    kda_mma::rows_times_rows_global<T>(do_base, a.dout.s1, vn_base, a.HV * V, V, L, acc);
+    store_acc32(acc, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? scale * x : 0.f; });
   }
   __syncthreads();
   auto qx = [&](int r, int d) { return sm.q[r * KMAX + d]; };
@@ -203,13 +207,18 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   }
   __syncthreads();
   {
-    float acc[8][4] = {};
-    auto bv_rows = [&](int j, int64_t col) { return j < L ? sm.beta[j] * v_at(j, col) : 0.f; };
-    auto dw_rows = [&](int r, int64_t d) { return sm.dw[r * KMAX + d]; };
-    auto wb_rows = [&](int j, int64_t d) { return sm.q[j * KMAX + d]; };
-    kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(dvn_rows, bv_rows, V, stage, acc);
-    kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(dw_rows, wb_rows, KMAX, stage, acc);
-    store_acc64(acc, 0, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? x : 0.f; });
+    // dv_new v^T (v exact, dv_new split), times beta_j per column; then + dw Wb^T (shared fp32).
+    float acc[4][4] = {};
+    const T* v_base = static_cast<const T*>(a.v.p) + off4(a.v, ci.b, ci.t0, hv, 0);  // row r: + r * s1
+    kda_mma::rows_times_rows_global<T>(dvn_base, a.HV * V, v_base, a.v.s1, V, L, acc);
+    const int rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] *= sm.beta[n0 + 8 * nt + mma::acc_col(e)];
+    kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[r * KMAX + d]; },
+                                     [&](int d, int j) { return sm.q[j * KMAX + d]; }, 16 * rs, n0, 0, KMAX, acc);
+    store_acc32(acc, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? x : 0.f; });
   }
   // A from stage 1 (the staging area is free). Stage 1 packs P^T into A's upper triangle
   // (chunked_kda.h): keep the strict lower part, with the unit diagonal.
@@ -250,43 +259,42 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
       if (mma::tig() == 0 && r < L) atomicAdd(&sm.dbeta[r], tsum[h2]);
     }
   }
-  // dUb = A^T dv_new on tensor cores, 64 value columns at a time; staged where q / Wb was (free
-  // since C; E's tmp comes after).
+  // dUb = A^T dv_new on tensor cores, 64 value columns at a time (warp: rows 16 rs.., columns
+  // n0 + 8 nt..; A_ir = 0 for i < r, so the k range starts at the strip), dv_new straight from
+  // global memory (split in registers).
   {
-    T* stage_q = reinterpret_cast<T*>(sm.q);
-    auto at_rows = [&](int r, int64_t i) { return sm.A[i * LDM + r]; };  // (A^T)_ri = A_ir
+    const int rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
+    const int64_t HVV = a.HV * V;
     for (int64_t c0 = 0; c0 < V; c0 += 64) {
-      // v at this thread's accumulator elements (store_acc64's layout), loaded ahead.
-      const int wq = (tid / 32) % 4, half = tid / 128;
-      float vv[8][4];
+      float vv[4][4];  // v at this thread's accumulator elements, loaded ahead (0 past L)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int j = 16 * wq + mma::acc_row(e), n = 8 * nt + mma::acc_col(e);
-          vv[nt][e] = nt / 4 == half && j < L ? v_at(j, c0 + n) : 0.f;
+          const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
+          vv[nt][e] = j < L ? v_at(j, c0 + n) : 0.f;
         }
-      float acc[8][4] = {};
-      auto dvn_cols = [&](int n, int64_t i) { return i < L ? dvn_at(static_cast<int>(i), c0 + n) : 0.f; };
-      kda_mma::contract_rows<T, 8, true, true, kGradsThreads>(at_rows, dvn_cols, C, stage_q, acc);
+      float acc[4][4] = {};
+      const float* dvc = dvn_base + c0;
+      kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDM + r]; },
+                                       [&](int i, int n) { return i < L ? dvc[i * HVV + n] : 0.f; }, 16 * rs, n0,
+                                       16 * rs, C, acc);
       // dv; v . dUb summed over this thread's columns of its two rows (grp, grp + 8), then over the
       // 4 lanes of a row (xor 1, 2), one shared atomic per row and lane quad.
       float vd[2] = {0.f, 0.f};
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        if (nt / 4 != half) continue;
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int j = 16 * wq + mma::acc_row(e), n = 8 * nt + mma::acc_col(e);
+          const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
           if (j < L) a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * acc[nt][e];
           vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
         }
-      }
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 1);
         vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 2);
-        const int j = 16 * wq + mma::grp() + 8 * h2;
+        const int j = 16 * rs + mma::grp() + 8 * h2;
         if (mma::tig() == 0 && j < L) atomicAdd(&sm.dbeta[j], vd[h2]);
       }
     }

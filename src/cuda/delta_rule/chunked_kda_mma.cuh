@@ -336,3 +336,70 @@ __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, cons
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
+
+namespace flashgrad::cuda_detail::delta_rule::kda_mma {
+
+// acc[nt] += sum_{c < ncols} X[16 rs + i][c] Y[32 hf + 8 nt + j][c]: the calling warp's 16 x 32
+// block (rs = w % 4, hf = w / 4 of 8 warps) of X Y^T for two 64-row operands in global memory
+// (row r at x + r * xs / y + r * ys, elements XE / YE contiguous; rows >= L read as 0), fragments
+// loaded straight from global memory: 16-bit operands exact, fp32 ones split hi + lo in registers
+// (one mma per step when both are exact, two when one is split). No staging, no barrier.
+template <typename T, typename XE, typename YE>
+__device__ __forceinline__ void rows_times_rows_global(const XE* x, int64_t xs, const YE* y, int64_t ys,
+                                                       int64_t ncols, int L, float (&acc)[4][4]) {
+  constexpr bool XS = std::is_same_v<XE, float>, YS = std::is_same_v<YE, float>;
+  static_assert(!(XS && YS), "at most one split operand");
+  const int w = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig(), rs = w % 4, hf = w / 4;
+  const int ra = 16 * rs + g, rb = ra + 8;
+  const XE* xa = x + (ra < L ? ra : 0) * xs + t2;
+  const XE* xb = x + (rb < L ? rb : 0) * xs + t2;
+  const float ma = ra < L ? 1.f : 0.f, mb = rb < L ? 1.f : 0.f;
+  const YE* yr[4];
+  float ym[4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int n = 32 * hf + 8 * nt + g;
+    yr[nt] = y + (n < L ? n : 0) * ys + t2;
+    ym[nt] = n < L ? 1.f : 0.f;
+  }
+#pragma unroll 2
+  for (int64_t c = 0; c < ncols; c += 16) {
+    const float a0 = to_f<XE>(xa[c]) * ma, a1 = to_f<XE>(xa[c + 1]) * ma, a2 = to_f<XE>(xb[c]) * mb,
+                a3 = to_f<XE>(xb[c + 1]) * mb, a4 = to_f<XE>(xa[c + 8]) * ma, a5 = to_f<XE>(xa[c + 9]) * ma,
+                a6 = to_f<XE>(xb[c + 8]) * mb, a7 = to_f<XE>(xb[c + 9]) * mb;
+    float yv[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      yv[nt][0] = to_f<YE>(yr[nt][c]) * ym[nt];
+      yv[nt][1] = to_f<YE>(yr[nt][c + 1]) * ym[nt];
+      yv[nt][2] = to_f<YE>(yr[nt][c + 8]) * ym[nt];
+      yv[nt][3] = to_f<YE>(yr[nt][c + 9]) * ym[nt];
+    }
+    uint32_t ah[4], al[4];
+    if constexpr (XS) {
+      mma::split_pair<T>(a0, a1, ah[0], al[0]);
+      mma::split_pair<T>(a2, a3, ah[1], al[1]);
+      mma::split_pair<T>(a4, a5, ah[2], al[2]);
+      mma::split_pair<T>(a6, a7, ah[3], al[3]);
+    } else {
+      ah[0] = mma::pack_floats<T>(a0, a1), ah[1] = mma::pack_floats<T>(a2, a3);
+      ah[2] = mma::pack_floats<T>(a4, a5), ah[3] = mma::pack_floats<T>(a6, a7);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      uint32_t bh[2], bl[2];
+      if constexpr (YS) {
+        mma::split_pair<T>(yv[nt][0], yv[nt][1], bh[0], bl[0]);
+        mma::split_pair<T>(yv[nt][2], yv[nt][3], bh[1], bl[1]);
+      } else {
+        bh[0] = mma::pack_floats<T>(yv[nt][0], yv[nt][1]);
+        bh[1] = mma::pack_floats<T>(yv[nt][2], yv[nt][3]);
+      }
+      mma::mma16816<T>(acc[nt], ah, bh);
+      if constexpr (XS) mma::mma16816<T>(acc[nt], al, bh);
+      if constexpr (YS) mma::mma16816<T>(acc[nt], ah, bl);
+    }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
