@@ -12,10 +12,12 @@
 //           the fp32 factor A diag(.) is the A operand, split into hi = T(x) and lo = T(x - hi) in
 //           registers (two mmas), the raw rows the B operand (ldmatrix.trans), so w and u keep
 //           ~fp32 accuracy before w's storage in T.
-// Warp wp owns rows [16 wp, 16 wp + 16) of every 64-row result. The inverse is blocked: the four
+// Warp wp owns rows [16 wp, 16 wp + 16) of M; of w and u it owns row blocks wp / 2 and 3 - wp / 2
+// on half the columns (balanced_rows_times_tile: A is block lower triangular, so rows by warp
+// would give the last warp four times the first's products). The inverse is blocked: the four
 // 16 x 16 diagonal blocks by forward substitution (one thread per column, in registers), then
 // block rows I = 1..3: A_IJ = -A_II sum_{J <= m < I} M_Im A_mJ, m over 16-blocks (fp32, CUDA
-// cores, 4-column strips; invert_unit_lower64_blocked).
+// cores, 4-column strips with fixed trip counts; invert_unit_lower64_blocked).
 #pragma once
 
 #include "chunked_mma.cuh"
@@ -119,6 +121,14 @@ __device__ __forceinline__ void invert_unit_lower64(const float* M, float* As, f
 }
 
 
+// acc += x * v, component-wise.
+__device__ __forceinline__ void fma4(float x, const float4& v, float4& acc) {
+  acc.x = fmaf(x, v.x, acc.x);
+  acc.y = fmaf(x, v.y, acc.y);
+  acc.z = fmaf(x, v.z, acc.z);
+  acc.w = fmaf(x, v.w, acc.w);
+}
+
 // As = (I + M)^{-1} for the 64 x 64 strictly lower M (fp32 in shared memory, pitch LDM % 4 == 0;
 // 128 threads), the same blocked algorithm as invert_unit_lower64 with fewer shared-memory
 // accesses: the diagonal blocks' forward substitution keeps its column in registers (thread
@@ -152,66 +162,86 @@ __device__ __forceinline__ void invert_unit_lower64_blocked(const float* M, floa
   }
   __syncthreads();
   // Block rows I = 1..3, rows [16 I, 16 I + 16), columns c < 16 I, in strips (r, c4 .. c4 + 3):
-  //   tmp[r][c] = sum_{m = c4}^{16 I - 1} M[16 I + r][m] A[m][c]   (A[m][c] = 0 for m < c)
-  //   A[16 I + r][c] = -sum_{m' = 0}^{r} A[16 I + r][16 I + m'] tmp[m'][c]
+  //   tmp[r][c] = sum_{m = 0}^{16 I - 1} M[16 I + r][m] A[m][c]
+  //   A[16 I + r][c] = -sum_{m' = 0}^{15} A[16 I + r][16 I + m'] tmp[m'][c]
+  // Both sums run over fixed ranges (the terms outside the triangles are exact zeros: A[m][c] = 0
+  // for m < c, in the zeroed blocks above the diagonal and the diagonal blocks' upper halves;
+  // A_II[r][m'] = 0 for m' > r), so the loops unroll fully and each strip's loads issue ahead of
+  // its FMAs (the variable-length loops this replaces waited on every shared load: ncu, session 6).
+  // Two accumulator sets halve each strip's FMA chain.
+#pragma unroll
   for (int I = 1; I < 4; ++I) {
     const int r0 = 16 * I, strips = r0 / 4;  // strips per row
     for (int e = tid; e < 16 * strips; e += kChunkThreads) {
       const int r = e / strips, c4 = 4 * (e % strips);
       const float* mrow = M + (r0 + r) * LDM;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int m = c4; m < r0; ++m) {
-        const float mv = mrow[m];
-        const float4 av = *reinterpret_cast<const float4*>(&As[m * LDM + c4]);
-        acc.x = fmaf(mv, av.x, acc.x);
-        acc.y = fmaf(mv, av.y, acc.y);
-        acc.z = fmaf(mv, av.z, acc.z);
-        acc.w = fmaf(mv, av.w, acc.w);
+      float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
+#pragma unroll
+      for (int m = 0; m < r0; m += 4) {
+        const float4 mv = *reinterpret_cast<const float4*>(mrow + m);
+        fma4(mv.x, *reinterpret_cast<const float4*>(&As[(m + 0) * LDM + c4]), acc0);
+        fma4(mv.y, *reinterpret_cast<const float4*>(&As[(m + 1) * LDM + c4]), acc1);
+        fma4(mv.z, *reinterpret_cast<const float4*>(&As[(m + 2) * LDM + c4]), acc0);
+        fma4(mv.w, *reinterpret_cast<const float4*>(&As[(m + 3) * LDM + c4]), acc1);
       }
-      *reinterpret_cast<float4*>(&tmp[r * 48 + c4]) = acc;
+      *reinterpret_cast<float4*>(&tmp[r * 48 + c4]) =
+          make_float4(acc0.x + acc1.x, acc0.y + acc1.y, acc0.z + acc1.z, acc0.w + acc1.w);
     }
     __syncthreads();
     for (int e = tid; e < 16 * strips; e += kChunkThreads) {
       const int r = e / strips, c4 = 4 * (e % strips);
       const float* arow = As + (r0 + r) * LDM + r0;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int m = 0; m <= r; ++m) {
-        const float av = arow[m];
-        const float4 tv = *reinterpret_cast<const float4*>(&tmp[m * 48 + c4]);
-        acc.x = fmaf(av, tv.x, acc.x);
-        acc.y = fmaf(av, tv.y, acc.y);
-        acc.z = fmaf(av, tv.z, acc.z);
-        acc.w = fmaf(av, tv.w, acc.w);
+      float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
+#pragma unroll
+      for (int m = 0; m < 16; m += 4) {
+        const float4 av = *reinterpret_cast<const float4*>(arow + m);
+        fma4(av.x, *reinterpret_cast<const float4*>(&tmp[(m + 0) * 48 + c4]), acc0);
+        fma4(av.y, *reinterpret_cast<const float4*>(&tmp[(m + 1) * 48 + c4]), acc1);
+        fma4(av.z, *reinterpret_cast<const float4*>(&tmp[(m + 2) * 48 + c4]), acc0);
+        fma4(av.w, *reinterpret_cast<const float4*>(&tmp[(m + 3) * 48 + c4]), acc1);
       }
-      *reinterpret_cast<float4*>(&As[(r0 + r) * LDM + c4]) = make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
+      *reinterpret_cast<float4*>(&As[(r0 + r) * LDM + c4]) =
+          make_float4(-(acc0.x + acc1.x), -(acc0.y + acc1.y), -(acc0.z + acc1.z), -(acc0.w + acc1.w));
     }
     __syncthreads();
   }
 }
 
-// acc[2 np], acc[2 np + 1] += Xs (rows [r0, r0 + 16), columns [16 kb, 16 kb + 16)) times the
-// [16 kb, 16 kb + 16) x [16 np, 16 np + 16) block of the row-major T tile Y (ldmatrix.trans), for
-// np < NP, with Xs = X diag(s) (X fp32 row-major in shared memory, pitch ldx) split hi + lo.
-template <typename T, int NP>  // NP % 4 == 0
-__device__ __forceinline__ void scaled_rows_times_tile(float (&acc)[2 * NP][4], const float* X, int ldx,
-                                                       const float* s, int r0, int kb, const T* Y, int ldy) {
+// The row blocks of A diag(s) Y, balanced over the four warps. A is lower triangular by 16-blocks,
+// so row block rb takes rb + 1 block products: warp wp takes row blocks p and 3 - p (p = wp / 2,
+// 5 products either way) on its half of the output columns, [col0, col0 + 8 NT) (with one block of
+// rows per warp, the warp of row block 3 did four times the products of row block 0's, and every
+// warp waited for it at the next barrier: ncu, session 6).
+//   acc[i][nt] += (A diag(s))[rows 16 rb_i + [0, 16), columns 16 kb + [0, 16)] Y[16 kb + [0, 16),
+//                 col0 + 8 nt + [0, 8)]   for kb <= rb_i,  rb_0 = p, rb_1 = 3 - p,
+// A fp32 row-major in shared memory (pitch ldx), split hi + lo in registers (two mmas); Y the
+// row-major T tile by ldmatrix.trans, each kb's fragments loaded once for both row blocks.
+template <typename T, int NT>  // NT % 2 == 0
+__device__ __forceinline__ void balanced_rows_times_tile(float (&acc)[2][NT][4], const float* X, int ldx,
+                                                         const float* s, int p, const T* Y, int ldy, int col0) {
   const int lane = threadIdx.x & 31, g = mma::grp(), t = mma::tig();
-  const int c0 = 16 * kb + 2 * t;
-  const float* x0 = X + (r0 + g) * ldx + c0;
-  const float* x1 = x0 + 8 * ldx;
-  const float f0[2] = {s[c0], s[c0 + 1]}, f1[2] = {s[c0 + 8], s[c0 + 9]};
-  const float c_lo[4] = {x0[0], x0[1], x1[0], x1[1]};  // accumulator-shaped: rows g, g + 8; cols c0, c0 + 1
-  const float c_hi[4] = {x0[8], x0[9], x1[8], x1[9]};  // cols c0 + 8, c0 + 9
-  uint32_t ah[4], al[4];
-  mma::acc_to_a_split<T>(c_lo, c_hi, f0, f1, ah, al);
-  const T* yrow = Y + (16 * kb + 8 * ((lane >> 3) & 1) + (lane & 7)) * ldy + 8 * (lane >> 4);
+  const int rbs[2] = {p, 3 - p};
 #pragma unroll
-  for (int np = 0; np < NP; np += 4) {  // four B tile pairs at once: hi products, then lo (8 mmas apart)
-    uint32_t b[4][4];
+  for (int kb = 0; kb < 4; ++kb) {
+    if (kb > 3 - p) break;  // p is warp-uniform
+    uint32_t b[NT / 2][4];
+    const T* yrow = Y + (16 * kb + 8 * ((lane >> 3) & 1) + (lane & 7)) * ldy + col0 + 8 * (lane >> 4);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) mma::ldmatrix_x4<true>(b[q], yrow + 16 * (np + q));
-    mma::mma_tiles<T, 4>(acc, ah, b, 2 * np);
-    mma::mma_tiles<T, 4>(acc, al, b, 2 * np);
+    for (int q = 0; q < NT / 2; ++q) mma::ldmatrix_x4<true>(b[q], yrow + 16 * q);
+    const int c0 = 16 * kb + 2 * t;
+    const float f0[2] = {s[c0], s[c0 + 1]}, f1[2] = {s[c0 + 8], s[c0 + 9]};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (kb > rbs[i]) continue;
+      const float* x0 = X + (16 * rbs[i] + g) * ldx + c0;
+      const float* x1 = x0 + 8 * ldx;
+      const float c_lo[4] = {x0[0], x0[1], x1[0], x1[1]};  // accumulator-shaped: rows g, g + 8; cols c0, c0 + 1
+      const float c_hi[4] = {x0[8], x0[9], x1[8], x1[9]};  // cols c0 + 8, c0 + 9
+      uint32_t ah[4], al[4];
+      mma::acc_to_a_split<T>(c_lo, c_hi, f0, f1, ah, al);
+      mma::mma_tiles<T, NT / 2>(acc[i], ah, b);
+      mma::mma_tiles<T, NT / 2>(acc[i], al, b);
+    }
   }
 }
 
@@ -318,40 +348,42 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_prepare_kernel(ChunkedArg
       for (int e = tid; e < L * C; e += kChunkThreads)
         a.A[(row0 + e / C) * a.HV * C + hv * C + e % C] = sm.A[(e / C) * LDM + e % C];
 
-    const int i0 = 16 * wp + mma::grp(), c2 = 2 * mma::tig();  // this thread's rows i0, i0 + 8; column pair
-    // w = (A diag(ws)) k (A is lower triangular: column blocks kb <= wp only).
+    // w = (A diag(ws)) k and u = (A diag(beta)) v (balanced_rows_times_tile): warp wp writes row
+    // blocks p, 3 - p (rows 16 rb + g, + 8) of its column half h.
+    const int p = wp >> 1, h = wp & 1, g = mma::grp(), c2 = 2 * mma::tig();
     {
-      constexpr int NT = KMAX / 8;
-      float acc[NT][4] = {};
-      for (int kb = 0; kb <= wp; ++kb)
-        scaled_rows_times_tile<T, NT / 2>(acc, sm.A, LDM, sm.ws, 16 * wp, kb, ks, LDK);
+      constexpr int NT = KMAX / 16;  // 8-column tiles per half of K
+      float acc[2][NT][4] = {};
+      balanced_rows_times_tile<T, NT>(acc, sm.A, LDM, sm.ws, p, ks, LDK, h * (KMAX / 2));
       T* w = static_cast<T*>(a.w);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = i0 + 8 * half;
-          if (i < L) {
-            const uint32_t pair = mma::pack_floats<T>(acc[nt][2 * half], acc[nt][2 * half + 1]);
-            *reinterpret_cast<uint32_t*>(w + ((row0 + i) * a.HV + hv) * a.K + 8 * nt + c2) = pair;
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = 16 * (i == 0 ? p : 3 - p) + g + 8 * half;
+            if (row < L) {
+              const uint32_t pair = mma::pack_floats<T>(acc[i][nt][2 * half], acc[i][nt][2 * half + 1]);
+              *reinterpret_cast<uint32_t*>(w + ((row0 + row) * a.HV + hv) * a.K + h * (KMAX / 2) + 8 * nt + c2) = pair;
+            }
           }
-        }
     }
-
-    // u = (A diag(beta)) v, 64 value columns at a time.
+    // u, 64 value columns at a time (32 per column half).
     for (int c0 = 0; c0 < a.V; c0 += 64) {
-      float acc[8][4] = {};
-      for (int kb = 0; kb <= wp; ++kb)
-        scaled_rows_times_tile<T, 4>(acc, sm.A, LDM, sm.beta, 16 * wp, kb, vs + c0, ldv);
+      float acc[2][4][4] = {};
+      balanced_rows_times_tile<T, 4>(acc, sm.A, LDM, sm.beta, p, vs, ldv, c0 + 32 * h);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = i0 + 8 * half;
-          if (i < L)
-            *reinterpret_cast<float2*>(a.u + ((row0 + i) * a.HV + hv) * a.V + c0 + 8 * nt + c2) =
-                make_float2(acc[nt][2 * half], acc[nt][2 * half + 1]);
-        }
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = 16 * (i == 0 ? p : 3 - p) + g + 8 * half;
+            if (row < L)
+              *reinterpret_cast<float2*>(a.u + ((row0 + row) * a.HV + hv) * a.V + c0 + 32 * h + 8 * nt + c2) =
+                  make_float2(acc[i][nt][2 * half], acc[i][nt][2 * half + 1]);
+          }
     }
     __syncthreads();  // M, A, G, beta and stage s are free for the next items
   }
