@@ -8,6 +8,7 @@
 #pragma once
 
 #include "chunked_kda_mma.cuh"
+#include "chunked_kda_prefetch.cuh"
 #include "chunked_state.cuh"  // kStateCols
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -60,8 +61,11 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
 
   const T* w = static_cast<const T*>(a.w);
   T* v_new = static_cast<T*>(a.v_new);
-  for (int64_t c = a.seq_first_chunk[n]; c < a.seq_first_chunk[n + 1]; ++c) {
+  const int64_t c_end = a.seq_first_chunk[n + 1];
+  for (int64_t c = a.seq_first_chunk[n]; c < c_end; ++c) {
     const ChunkInfo ci = a.chunks[c];
+    const bool has_next = c + 1 < c_end;
+    const ChunkInfo cn = a.chunks[has_next ? c + 1 : c];  // issued now, used after the loads below
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
     auto G_at = [&](int r, int d) { return a.G[((row0 + r) * a.HV + hv) * a.K + d]; };
@@ -81,6 +85,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
     batched_copy<C * KMAX>(
         [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
         [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
+    // The next chunk's k, G, w, u rows into L2 while this one computes.
+    if (has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, false);
     __syncthreads();
     auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
     kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "chunked_kda_mma.cuh"
+#include "chunked_kda_prefetch.cuh"
 #include "chunked_kda_output.cuh"  // kda_packed_P
 #include "chunked_state.cuh"       // kStateCols
 
@@ -74,8 +75,11 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
                                 : 0.f;
 
   const T* w = static_cast<const T*>(a.w);
-  for (int64_t c = a.seq_first_chunk[n + 1] - 1; c >= a.seq_first_chunk[n]; --c) {
+  const int64_t c_first = a.seq_first_chunk[n];
+  for (int64_t c = a.seq_first_chunk[n + 1] - 1; c >= c_first; --c) {
     const ChunkInfo ci = a.chunks[c];
+    const bool has_next = c - 1 >= c_first;  // the next chunk in this stage's (reverse) order
+    const ChunkInfo cn = a.chunks[has_next ? c - 1 : c];  // issued now, used after the loads below
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
 
@@ -101,6 +105,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
           return e / SC < L ? load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + e / SC, hv, col0 + e % SC)) : 0.f;
         },
         [&](int e, float x) { sm.dos[(e / SC) * LDH + e % SC] = from_f<T>(x); });
+    // The next chunk's q, k, G, w, do, P rows into L2 while this one computes.
+    if (has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, true);
     __syncthreads();
     // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
     auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
