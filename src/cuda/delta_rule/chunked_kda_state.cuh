@@ -36,7 +36,9 @@ struct KdaStateSmem {
   }
 };
 
-template <typename T, int KMAX>
+// kPrefetch: the next chunk's rows into L2 each step (false: the session-5 schedule, for the
+// legacy comparison, FLASHGRAD_CHUNKED_KDA=legacy).
+template <typename T, int KMAX, bool kPrefetch = true>
 __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a) {
   using S = KdaStateSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH, MT = KMAX / 64, NT = kStateCols / 8;
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
         [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
         [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
     // The next chunk's k, G, w, u rows into L2 while this one computes.
-    if (has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, false);
+    if (kPrefetch && has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, false);
     __syncthreads();
     auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
     kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {

@@ -51,7 +51,8 @@ struct KdaStateBackwardSmem {
   }
 };
 
-template <typename T, int KMAX>
+// kPrefetch: as kda_state_kernel's.
+template <typename T, int KMAX, bool kPrefetch = true>
 __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(ChunkedArgs a) {
   using S = KdaStateBackwardSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH, LDP = S::LDP, MT = KMAX / 64, NT = kStateCols / 8;
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
         },
         [&](int e, float x) { sm.dos[(e / SC) * LDH + e % SC] = from_f<T>(x); });
     // The next chunk's q, k, G, w, do, P rows into L2 while this one computes.
-    if (has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, true);
+    if (kPrefetch && has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, true);
     __syncthreads();
     // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
     auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
