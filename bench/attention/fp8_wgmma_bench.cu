@@ -20,7 +20,8 @@
 //   pipelined; other head dims as ov), spv (s with FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's
 //   serial P V in 4 pipelined chunks; other head dims as s), pp (above), st (ov with
 //   FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=1: warpgroup 2 starts after warpgroup 1's first softmax),
-//   ppst (pp and st); each
+//   ppst (pp and st), es (ov with FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S=1: hd 64 / 128 issue S(j+1)
+//   before folding P(j-1) V(j-1); hd 256 as ov), espp / esst / esppst (es with pp / st / both); each
 //   timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
@@ -128,14 +129,18 @@ void set_switch(const std::string& variant) {
   for (const char* name : {"FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "FLASHGRAD_ATTN_FP8_WGMMA_SERIAL",
                            "FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP",
                            "FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP",
-                           "FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "FLASHGRAD_ATTN_FP8_WGMMA_STAGGER"})
+                           "FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "FLASHGRAD_ATTN_FP8_WGMMA_STAGGER",
+                           "FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S"})
     unsetenv(name);
-  if (variant == "pp" || variant == "spp" || variant == "opp" || variant == "ppst")
+  const bool es = variant.rfind("es", 0) == 0;  // es, espp, esst, esppst
+  const std::string rest = es ? variant.substr(2) : variant;  // what es is combined with
+  if (rest == "pp" || variant == "spp" || variant == "opp" || rest == "ppst")
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "1", 1);
-  if (variant == "st" || variant == "ppst") setenv("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", "1", 1);
+  if (rest == "st" || rest == "ppst") setenv("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", "1", 1);
+  if (es) setenv("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", "1", 1);
   if (variant == "s" || variant == "spp" || variant == "spv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "1", 1);
   if (variant == "ov" || variant == "pp" || variant == "o" || variant == "opp" || variant == "e" || variant == "w4" ||
-      variant == "pv" || variant == "st" || variant == "ppst")
+      variant == "pv" || rest == "st" || rest == "ppst" || es)
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "0", 1);
   if (variant == "o" || variant == "opp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "1", 1);
   if (variant == "e") setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", "1", 1);
@@ -234,7 +239,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin" ||
-        a == "pv" || a == "ov" || a == "spv" || a == "st" || a == "ppst")
+        a == "pv" || a == "ov" || a == "spv" || a == "st" || a == "ppst" || a == "es" || a == "espp" || a == "esst" ||
+        a == "esppst")
       variants.push_back(a);
     else if (a == "d64" || a == "d128" || a == "d256")
       head_dims.push_back(std::atoi(a.c_str() + 1));

@@ -60,6 +60,7 @@ constexpr bool kHd64ByDefault = true;
 constexpr bool kPingpongByDefault = false;
 constexpr bool kPolyExpByDefault = false;
 constexpr bool kStaggerByDefault = false;  // session 6's staggered start (not timed yet)
+constexpr bool kEarlySByDefault = false;   // session 6's kEarlyS at hd 64 / 128 (not timed yet)
 template <int D>
 constexpr int kScheduleByDefault = D == 128 ? cuda_attn::fp8w::kOverlap : cuda_attn::fp8w::kSerial;
 // hd 256's pipelined P V chunks, the default with the serial schedule only (with the overlapped one
@@ -89,7 +90,8 @@ bool env_switch(const char* name, bool fallback) {
 // FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1 (hd 256, without ping-pong): P V in chunks through two
 // alternating accumulators, each chunk's fold beside the next chunk's products (Fp8wSchedule
 // kOverlapPvPipe: 32-column chunks of the overlapped schedule; kSerialPvPipe: 64-column chunks of
-// the serial one).
+// the serial one); FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S=1 (hd 64 / 128, overlapped schedule, with or
+// without ping-pong): Fp8wSchedule kEarlyS, S(j+1) issued before the fold of P(j-1) V(j-1).
 template <int D>
 void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                     const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
@@ -105,6 +107,10 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
     return launch_kernel<D, false, kOverlap, true, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if (schedule == kOverlap && !pingpong && !env_switch("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", true))
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+  if constexpr (D <= 128)
+    if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault))
+      return pingpong ? launch_kernel<D, true, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
+                      : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if constexpr (D == 256)
     if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", kPvPipeByDefault<D> && schedule == kSerial)) {
       if (schedule == kOverlap)

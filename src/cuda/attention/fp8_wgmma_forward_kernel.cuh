@@ -84,7 +84,13 @@ struct Fp8wMapAxes {
 //     kOverlapPvPipe: chunk c + 1 runs while chunk c is folded, where kSerial waits for each of its
 //     two chunks in turn. (Chunk 1 in the S registers instead, dead after the pack, does not fit:
 //     S, ob and O of 128 are live together, 436 B spill.) Same numerics as kSerial.
-enum Fp8wSchedule : int { kOverlap = 0, kSerial = 1, kOneLevel = 2, kOverlapPvPipe = 3, kSerialPvPipe = 4 };
+//   kEarlyS (D = 64 / 128; session 6): kOverlap's overlap with the fold moved off the path from the
+//     softmax to the next S: per item j, issue S(j+1); fold P(j-1) V(j-1) (done, waited for in the
+//     previous round) into O while S(j+1) runs; issue P(j) V(j); wait for S(j+1); softmax(j+1) while
+//     P(j) V(j) runs; wait for it; pack P(j+1). kOverlap issues S(j+1) only after the fold of j, so
+//     the 64 fold FFMA per block sit between the wait for P(j) V(j) and the next S with the tensor
+//     cores idle. Same registers at the peak (S + O + ob + P), same numerics.
+enum Fp8wSchedule : int { kOverlap = 0, kSerial = 1, kOneLevel = 2, kOverlapPvPipe = 3, kSerialPvPipe = 4, kEarlyS = 5 };
 
 template <int D, int kSchedule = kOverlap>
 struct Fp8wForwardConfig {
@@ -347,6 +353,8 @@ __global__ void __launch_bounds__(384, 1)
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
   constexpr bool kOne = kSchedule == kOneLevel;
   constexpr bool kPipe = Cfg::kPvBuffers == 2;
+  constexpr bool kEarly = kSchedule == kEarlyS;
+  static_assert(!kEarly || (Cfg::kSub == 1 && Cfg::kPvChunks == 1), "kEarlyS: D = 64 / 128 (one P V chunk per block)");
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
   constexpr int NC = Cfg::kPvChunk, CH = Cfg::kPvChunks;
@@ -629,6 +637,73 @@ __global__ void __launch_bounds__(384, 1)
       nb = n_nb;
       cls = n_cls;
     }
+  } else if (kEarly && nb >= 0) {
+    // kEarlyS (one item per key block, one P V chunk). Entering round j: P(j) packed in pa (its
+    // rescale in rs_p), ob holds P(j-1) V(j-1), done but not folded (its rescale in rs_ob; zeros
+    // with rescale 1 before the first round, so the first fold is a no-op on O = 0).
+    int slot = 0;
+    uint32_t phase = 0;
+    sm90::mbar_wait(bar_q_full, 0);
+    sm90::mbar_wait(bar_k_full, 0);
+    if constexpr (kPingpong)
+      if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
+    if (axes.stagger && cw == 1) sm90::named_barrier_sync_id<3>(256);
+    wait_turn();
+    issue_qk(0, 0);
+    pass_turn(false);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(s);
+    if (lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done with K(0)
+    float rs_p[2], rs_ob[2] = {1.f, 1.f};
+    softmax(rs_p, cls, nb, 0);  // O is zero: rs_p (0 or 1) multiplies zeros
+    fp8w_pack_p<BN>(s, pa);
+    if (axes.stagger && cw == 0) sm90::named_barrier_arrive_id<3>(256);
+#pragma unroll
+    for (int i = 0; i < NC / 2; ++i) ob[0][i] = 0.f;
+    for (;;) {
+      int n_cls = kTileEmpty;
+      const int n_nb = next_block(nb, n_cls);
+      if (n_nb < 0) break;
+      const int n_slot = slot + 1 == ST ? 0 : slot + 1;
+      const uint32_t n_phase = n_slot == 0 ? phase ^ 1u : phase;
+      sm90::mbar_wait(bar_k_full + 8 * n_slot, n_phase);
+      wait_turn();
+      issue_qk(n_slot, 0);
+      // V(j) is long there; waiting for it here also ends the basic block, so that ptxas cannot
+      // hoist the fold's FFMA between the QGMMA of S (it did: S's k steps 2-4 then waited for them).
+      sm90::mbar_wait(bar_v_full + 8 * slot, phase);
+      fold(0, rs_ob);  // P(j-1) V(j-1), beside S(j+1) on the tensor cores
+      issue_pv(slot, 0, 0);
+      pass_turn(false);
+      sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
+      sm90::pin_registers(s);
+      if (lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * n_slot);
+      float rs_n[2];
+      softmax(rs_n, n_cls, n_nb, 0);
+      sm90::wgmma_wait<0>();
+      sm90::pin_registers(ob[0]);
+      pin_p();  // the tensor cores read P(j) from these registers until now
+      if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+      fp8w_pack_p<BN>(s, pa);
+      rs_ob[0] = rs_p[0];
+      rs_ob[1] = rs_p[1];
+      rs_p[0] = rs_n[0];
+      rs_p[1] = rs_n[1];
+      nb = n_nb;
+      cls = n_cls;
+      slot = n_slot;
+      phase = n_phase;
+    }
+    // The last block: fold the one before it, then its own P V.
+    fold(0, rs_ob);
+    sm90::mbar_wait(bar_v_full + 8 * slot, phase);
+    wait_turn();
+    issue_pv(slot, 0, 0);
+    pass_turn(true);
+    sm90::wgmma_wait<0>();
+    fold(0, rs_p);
+    pin_p();
+    if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
   } else if (nb >= 0) {
     // Items are (key block nb, sub-block sub); `it` counts key blocks (ring position) as the
     // producer does. Per item j (P(j) in registers, rescale(j) kept in rs_prev):

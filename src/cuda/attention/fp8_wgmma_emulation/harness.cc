@@ -647,7 +647,8 @@ void check_output(const char* what, const std::vector<float>& got, const std::ve
 // exp2 (on session 4's stream, as the host launches it), bit 5 session 4's instruction stream
 // (kLean = false; overlapped schedule), bit 6 P V chunks pipelined (kOverlapPvPipe), bit 7 the serial
 // schedule's P V chunks pipelined (kSerialPvPipe), bit 8 the staggered start (Fp8wMapAxes::stagger,
-// a launch option: set through g_stagger); bit 2: inputs stored [B, H, S, D].
+// a launch option: set through g_stagger), bit 9 kEarlyS (D = 64 / 128; with bit 0 ping-pong);
+// bit 2: inputs stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   const bool bhsd = variant & 4;
@@ -656,6 +657,10 @@ bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
   if (variant & 64) return run_emulated<D, false, fp8w::kOverlapPvPipe>(c, r, bhsd);
   if (variant & 128) return run_emulated<D, false, fp8w::kSerialPvPipe>(c, r, bhsd);
+  if constexpr (D <= 128)
+    if (variant & 512)
+      return variant & 1 ? run_emulated<D, true, fp8w::kEarlyS>(c, r, bhsd)
+                         : run_emulated<D, false, fp8w::kEarlyS>(c, r, bhsd);
   if (variant & 8)
     return variant & 1 ? run_emulated<D, true, fp8w::kOneLevel>(c, r, bhsd)
                        : run_emulated<D, false, fp8w::kOneLevel>(c, r, bhsd);
@@ -679,6 +684,7 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   if (variant & 64) std::printf("    (P V chunks pipelined: kOverlapPvPipe)\n");
   if (variant & 128) std::printf("    (serial, P V chunks pipelined: kSerialPvPipe)\n");
   if (variant & 256) std::printf("    (staggered start: warpgroup 2 after warpgroup 1's first P)\n");
+  if (variant & 512) std::printf("    (early S: kEarlyS)\n");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -732,7 +738,7 @@ int main(int argc, char** argv) {
     c.hq = 2;
     c.hk = 1;
     c.sq = c.sk = 260;
-    for (int variant : {0, 1, 2, 3, 8, 9, 16}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {0, 1, 2, 3, 8, 9, 16, 512, 513}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
     c.d = 256;
     for (int variant : {1, 2, 3, 8, 9, 16, 64, 128}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
     c.d = 64;
@@ -755,6 +761,7 @@ int main(int argc, char** argv) {
     add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c);
     if (d == 256) add("varlen causal d256 gqa 4/2 with empty sequences", c, 3);
     add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c, 16);
+    if (d == 128) add("varlen causal d128 gqa 4/2 with empty sequences", c, 512);
   }
   {
     Fp8Config c;
@@ -765,6 +772,7 @@ int main(int argc, char** argv) {
     c.wl = 20;
     c.wr = 3;
     add("varlen window 20,3 d128", c);
+    add("varlen window 20,3 d128", c, 512);
   }
   {
     Fp8Config c;
@@ -782,6 +790,7 @@ int main(int argc, char** argv) {
     c.d = 128;
     c.method = SoftcapMethod::soft_sign;
     add("causal Sq>Sk softcap soft_sign fp16 out d128", c);
+    add("causal Sq>Sk softcap soft_sign fp16 out d128", c, 512);
   }
   {
     Fp8Config c;
@@ -791,6 +800,7 @@ int main(int argc, char** argv) {
     c.mask = MaskKind::prefix_lm;
     c.prefix = {0, 40, 150};
     add("prefix_lm d128", c);
+    add("prefix_lm d128", c, 512);
     c.d = 256;
     c.mask = MaskKind::candidate_isolation;
     c.prefix.clear();
@@ -807,6 +817,7 @@ int main(int argc, char** argv) {
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c);
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 8);
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 16);
+    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 512);
   }
   {
     // Runs of full key blocks (kLean steps through them by fp8w_full_run_end): rows inside the
@@ -834,6 +845,7 @@ int main(int argc, char** argv) {
     c.sq = 640;
     c.sk = 300;
     add("causal d128 Sq=640 Sk=300 (offset < 0)", c);
+    add("causal d128 Sq=640 Sk=300 (offset < 0)", c, 512);
     c.d = 256;
     add("causal d256 Sq=640 Sk=300 (offset < 0)", c);
     // hd 256 with the P V chunks pipelined (kOverlapPvPipe): full blocks, masked blocks, ring wrap.
@@ -857,6 +869,16 @@ int main(int argc, char** argv) {
     c.d = 128;
     c.mask = MaskKind::none;
     add("none d128 Sq=256 Sk=700 (full-block runs)", c, 257);
+    // kEarlyS (bit 9): alone, with ping-pong, with the stagger; full and masked blocks, ring wrap.
+    for (int d : {64, 128}) {
+      c.d = d;
+      c.mask = MaskKind::none;
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512);
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512 + 256 + 1);
+      c.mask = MaskKind::causal;
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512);
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512 + 1);
+    }
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   std::printf("%s: %d failed checks\n", failures ? "FAILED" : "PASSED", failures);
