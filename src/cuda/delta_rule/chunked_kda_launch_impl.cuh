@@ -45,7 +45,7 @@ void launch_kda_kernel(Kernel kernel, dim3 grid, const ChunkedArgs& a, cudaStrea
 }
 
 // FLASHGRAD_CHUNKED_KDA=legacy (read at every launch) selects the session-5 kernels of the stages
-// changed in session 6 (B2; stage 2 and B1 without the L2 prefetch), so that one GPU process can
+// changed in session 6 (B2; stage 1's diagonal blocks; stage 2 and B1 without the L2 prefetch), so that one GPU process can
 // time and compare both.
 inline bool kda_legacy_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA");
@@ -63,10 +63,13 @@ template <typename T>
 void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
   check_kda_args("chunked KDA (prepare)", dtype_of<T>(), a);
   if (a.num_chunks == 0 || a.HV == 0) return;
+  const bool legacy = kda_legacy_requested();
   if (a.K == 64)
-    launch_kda_kernel<KdaPrepareSmem<T, 64>>(kda_prepare_kernel<T, 64>, kda_chunk_grid(a), a, s);
+    launch_kda_kernel<KdaPrepareSmem<T, 64>>(legacy ? kda_prepare_kernel<T, 64, false> : kda_prepare_kernel<T, 64>,
+                                             kda_chunk_grid(a), a, s);
   else
-    launch_kda_kernel<KdaPrepareSmem<T, 128>>(kda_prepare_kernel<T, 128>, kda_chunk_grid(a), a, s);
+    launch_kda_kernel<KdaPrepareSmem<T, 128>>(
+        legacy ? kda_prepare_kernel<T, 128, false> : kda_prepare_kernel<T, 128>, kda_chunk_grid(a), a, s);
 }
 
 template <typename T>

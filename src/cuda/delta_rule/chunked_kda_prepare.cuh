@@ -58,7 +58,9 @@ struct KdaPrepareSmem {
   }
 };
 
-template <typename T, int KMAX>
+// kHalves: the diagonal blocks' cross-half quadrants of M and P on tensor cores (kda_decayed_mp);
+// false for the legacy comparison (FLASHGRAD_CHUNKED_KDA=legacy).
+template <typename T, int KMAX, bool kHalves = true>
 __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs a) {
   using S = KdaPrepareSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   // M = diag(beta) M with rows past L zero; the inverse reads only the strict lower triangle.
   auto kx = [&](int r, int d) { return sm.kf[r * LDG + d]; };
   auto qx = [&](int r, int d) { return sm.qf[r * LDG + d]; };
-  kda_decayed_mp<T, KMAX>(qx, kx, sm.G, LDG, sm.M, LDM, sm.stage);
+  kda_decayed_mp<T, KMAX, kHalves>(qx, kx, sm.G, LDG, sm.M, LDM, sm.stage);
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     if (j < i) sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
