@@ -57,10 +57,14 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
 //           GPU test passed with hd 64 on this kernel in run 4) -> on this kernel, kSerial.
 // The overlapped schedule everywhere (the defaults before session 6) is SERIAL=0 (bench variant ov).
 constexpr bool kHd64ByDefault = true;
+template <int D>
 constexpr bool kPingpongByDefault = false;
 constexpr bool kPolyExpByDefault = false;
-constexpr bool kStaggerByDefault = false;  // session 6's staggered start (not timed yet)
-constexpr bool kEarlySByDefault = false;   // session 6's kEarlyS at hd 64 / 128 (not timed yet)
+// Session 6's staggered start and kEarlyS (hd 64 / 128): not timed yet.
+template <int D>
+constexpr bool kStaggerByDefault = false;
+template <int D>
+constexpr bool kEarlySByDefault = false;
 template <int D>
 constexpr int kScheduleByDefault = D == 128 ? cuda_attn::fp8w::kOverlap : cuda_attn::fp8w::kSerial;
 // hd 256's pipelined P V chunks, the default with the serial schedule only (with the overlapped one
@@ -98,7 +102,7 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   using cuda_attn::fp8w::kOneLevel;
   using cuda_attn::fp8w::kOverlap;
   using cuda_attn::fp8w::kSerial;
-  const bool pingpong = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", kPingpongByDefault);
+  const bool pingpong = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", kPingpongByDefault<D>);
   const bool serial = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", kScheduleByDefault<D> == kSerial);
   const bool one_level = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", kScheduleByDefault<D> == kOneLevel);
   const int schedule = serial ? kSerial : one_level ? kOneLevel : kOverlap;
@@ -108,7 +112,7 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   if (schedule == kOverlap && !pingpong && !env_switch("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", true))
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if constexpr (D <= 128)
-    if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault))
+    if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault<D>))
       return pingpong ? launch_kernel<D, true, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if constexpr (D == 256)
@@ -162,7 +166,8 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   axes.producer_sleep = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", true) ? 1 : 0;
   // Overlapped schedules: warpgroup 2 starts after warpgroup 1's first softmax (Fp8wMapAxes::stagger;
   // session 6, not timed yet).
-  axes.stagger = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", kStaggerByDefault) ? 1 : 0;
+  const bool stagger_default = hd == 64 ? kStaggerByDefault<64> : hd == 128 ? kStaggerByDefault<128> : kStaggerByDefault<256>;
+  axes.stagger = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", stagger_default) ? 1 : 0;
   const EncodeTiled encode = cuda_attn::tensor_map_encoder();  // shared lookup (tma_map.h)
   if (!cuda_attn::fp8w::make_rows_map(encode, &mq, k.q, k.q_st, rows_q, pr.heads_q, batches, hd, &axes.q_rows_inner) ||
       !cuda_attn::fp8w::make_rows_map(encode, &mk, k.k, k.k_st, rows_k, pr.heads_k, batches, hd, &axes.k_rows_inner))
