@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     const int r = e / KMAX, d = e % KMAX;
     float dG = 0.f;
     if (r < L) {
-      const float dq = scale * sm.dG[e] * expf(sm.G[e]) + sm.dw[e];
+      const float dq = scale * sm.dG[e] * decay_exp(sm.G[e]) + sm.dw[e];
       dG = sm.q[e] * dq;
       atomicAdd(&a.dq_acc[((row0 + r) * a.H + head) * K + d], dq);
     }
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
       float dk = 0.f;
       if (r < L) {
         const float X = sm.dk[e], ak = sm.dw[e];
-        const float kdx = expf(sm.G[(L - 1) * KMAX + d] - sm.G[e]);  // r <= L - 1
+        const float kdx = decay_exp(sm.G[(L - 1) * KMAX + d] - sm.G[e]);  // r <= L - 1
         const float s = X * kdx * sm.k[e];
         dk = X * kdx + ak;
         sm.dG[e] -= s + sm.k[e] * ak;
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     for (int u = 0; u < 8; ++u) {
       const float s = group_sum<32>(x[u]);
       const int d = static_cast<int>((e0 + u * kGradsThreads) / V);
-      if ((tid & 31) == 0) atomicAdd(&sm.sl[d], expf(sm.G[(L - 1) * KMAX + d]) * s);
+      if ((tid & 31) == 0) atomicAdd(&sm.sl[d], decay_exp(sm.G[(L - 1) * KMAX + d]) * s);
     }
   }
   // B.3 dw = -dv_new h^T (into dw's array once ak's readers are done).
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   // C. Wb = beta e o k where q was (q is done); then dA (where dP was).
   for (int e = tid; e < C * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
-    sm.q[e] = sm.beta[r] * expf(sm.G[r * KMAX + d]) * sm.k[e];
+    sm.q[e] = sm.beta[r] * decay_exp(sm.G[r * KMAX + d]) * sm.k[e];
   }
   __syncthreads();
   {
@@ -246,10 +246,10 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * rs + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e), at = r * KMAX + d;
-        const float be = sm.beta[r] * expf(sm.G[at]), dwb = acc[nt][e];  // beta 0 past L
+        const float ex = decay_exp(sm.G[at]), kr = sm.k[at], dwb = acc[nt][e], be = sm.beta[r] * ex;  // beta 0 past L
         sm.dk[at] += be * dwb;
-        sm.dG[at] += be * sm.k[at] * dwb;
-        tsum[e >> 1] += expf(sm.G[at]) * sm.k[at] * dwb;  // (e k o dWb)_rd; k is 0 past L
+        sm.dG[at] += be * kr * dwb;
+        tsum[e >> 1] += ex * kr * dwb;  // (e k o dWb)_rd; k is 0 past L
       }
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {  // over the 4 lanes of a row, then one atomic per row and half

@@ -6,6 +6,7 @@
 // [16 wp, 16 wp + 16).
 #pragma once
 
+#include "chunked_kda_decay.cuh"  // decay_exp
 #include "chunked_kda_mma.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   // q o exp(G) (exp(G_rd) <= 1; rows past L are zero).
   auto G_at = [&](int r, int d) { return r < L ? a.G[((row0 + r) * a.HV + hv) * a.K + d] : 0.f; };
   kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_at, [&](int r, int d, float x, float g) {
-    store_split<T>(r < L ? x * expf(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+    store_split<T>(r < L ? x * decay_exp(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
   });
   const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
   constexpr int OC = kOutputCols;

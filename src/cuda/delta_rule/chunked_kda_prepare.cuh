@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   auto none = [](int, int) { return 0.f; };
   kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, none, [&](int r, int d, float x, float) {
     sm.kf[r * LDG + d] = x;
-    store_split<T>(sm.beta[r] * expf(sm.G[r * LDG + d]) * x, &sm.wb[r * LDK + d], &sm.wb_lo[r * LDK + d]);
+    store_split<T>(sm.beta[r] * decay_exp(sm.G[r * LDG + d]) * x, &sm.wb[r * LDK + d], &sm.wb_lo[r * LDK + d]);
   });
   kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, none,
                         [&](int r, int d, float x, float) { sm.qf[r * LDG + d] = x; });

@@ -7,6 +7,7 @@
 // differences are the per-row decay of the state and the per-channel exponent of kd.
 #pragma once
 
+#include "chunked_kda_decay.cuh"  // decay_exp
 #include "chunked_kda_mma.cuh"
 #include "chunked_kda_prefetch.cuh"
 #include "chunked_state.cuh"  // kStateCols
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
     auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
     kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {
       // exp(G_{L-1, d} - G_rd) with r <= L - 1: <= 1 (rows past L are zero).
-      store_split<T>(r < L ? x * expf(sm.Gl[d] - g) : 0.f, &sm.kd[r * LDK + d], &sm.kd_lo[r * LDK + d]);
+      store_split<T>(r < L ? x * decay_exp(sm.Gl[d] - g) : 0.f, &sm.kd[r * LDK + d], &sm.kd_lo[r * LDK + d]);
     });
 
     // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T). This
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) h[mt][nt][e] *= expf(sm.Gl[state_row(mt, e)]);
+        for (int e = 0; e < 4; ++e) h[mt][nt][e] *= decay_exp(sm.Gl[state_row(mt, e)]);
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
         uint32_t ah[4], al[4];

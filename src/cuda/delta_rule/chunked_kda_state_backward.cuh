@@ -9,6 +9,7 @@
 // hi + lo. P comes from stage 1 (packed in A's upper triangle, chunked_kda.h).
 #pragma once
 
+#include "chunked_kda_decay.cuh"  // decay_exp
 #include "chunked_kda_mma.cuh"
 #include "chunked_kda_prefetch.cuh"
 #include "chunked_kda_output.cuh"  // kda_packed_P
@@ -112,10 +113,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
     // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
     auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };
     kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {
-      store_split<T>(r < L ? a.scale * expf(g) * x : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+      store_split<T>(r < L ? a.scale * decay_exp(g) * x : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
     });
     kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {
-      store_split<T>(r < L ? x * expf(sm.Gl[d] - g) : 0.f, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
+      store_split<T>(r < L ? x * decay_exp(sm.Gl[d] - g) : 0.f, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
     });
     __syncthreads();
 
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= expf(sm.Gl[state_row(mt, e)]);
+        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= decay_exp(sm.Gl[state_row(mt, e)]);
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
         const int m0 = 16 * (wp + 4 * mt);
