@@ -9,7 +9,8 @@
 #      (FLASHGRAD_CHUNKED_KDA=legacy: the session-5 kernels of the rewritten stages) then new:
 #      forward and backward wall, every kda_* kernel's CUDA time per call (torch.profiler), and the
 #      new gradients against the legacy ones (rel RMS);
-#   3. if >= 40 s are left: ncu of one kda_grads_kernel launch (new). Prints a compact summary last.
+#   3. if >= 40 s are left: ncu of one launch each of the new kda_prepare (the backward's),
+#      kda_state_backward and kda_grads kernels. Prints a compact summary last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -102,20 +103,21 @@ tail -8 "$OUT/extra/kda_compare.log" | cut -c1-400
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/kda_compare.log")
 [ $rc -eq 0 ] || summary+=("compare rc=$rc")
 
-echo "== kda 3/3: ncu of one kda_grads_kernel launch (new, B4 T4096 H16 K=V=128), if time is left"
+echo "== kda 3/3: ncu of one launch each of kda_prepare (backward's), kda_state_backward, kda_grads (new), if time is left"
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -n "$ncu_bin" ] && [ "$(left)" -gt 40 ]; then
   metrics='regex:sm__pipe_.*cycles_active\.avg\.pct_of_peak_sustained_active$,regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
+  # Launch order of a step: prepare, state, output (forward), prepare, state, state_backward, grads.
   FLASHGRAD_CHUNKED_KDA=new timeout -k 3 "$(( $(left) - 5 ))" "$ncu_bin" --clock-control none \
-    -k regex:kda_grads_kernel --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-    --section InstructionStats --section Occupancy --metrics "$metrics" \
+    -k 'regex:kda_(prepare|state_backward|grads)_kernel' --launch-skip 1 --launch-count 3 --section SpeedOfLight \
+    --section WarpStateStats --section InstructionStats --section Occupancy --metrics "$metrics" \
     python3 bench/profile_delta_rule.py --kind kda --B 4 --T 4096 --H 16 --K 128 --reps 1 --no-profiler \
-    > "$OUT/extra/kda_ncu_grads.txt" 2>&1
+    > "$OUT/extra/kda_ncu.txt" 2>&1
   echo "rc=$?"
-  grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput|Executed Ipc|Issue Slots Busy|Warp Cycles Per Issued|Executed Instructions|pipe_|issue_stalled|issue_active" \
-    "$OUT/extra/kda_ncu_grads.txt" | grep -vE " 0(\.0+)?$| 0\.0[0-9]$" | head -40
-  d=$(grep -E "^ +Duration" "$OUT/extra/kda_ncu_grads.txt" | head -1 | awk '{print $(NF-1), $NF}')
-  summary+=("ncu kda_grads_kernel: duration ${d:-?} (details: extra/kda_ncu_grads.txt)")
+  grep -E "kda_[a-z_]+_kernel|Duration|Compute \(SM\) Throughput|DRAM Throughput|Executed Ipc A|Issue Slots Busy|Warp Cycles Per Issued|Executed Instructions  |pipe_(tensor|alu|fma|fp64|lsu|xu).*pct|stalled_(long|short|wait|barrier|math|mio|lg|no_inst|dispatch|branch).*pct|issue_active" \
+    "$OUT/extra/kda_ncu.txt" | grep -vE " 0(\.0+)?$| 0\.0[0-9]$" | cut -c1-160 | head -90
+  while IFS= read -r l; do summary+=("ncu $l"); done < <(awk '/kda_[a-z_]+_kernel/ { match($0, /kda_[a-z_]+_kernel/); k = substr($0, RSTART, RLENGTH) }
+       /^ +Duration/ { print k ": " $(NF-1) " " $NF }' "$OUT/extra/kda_ncu.txt")
 else
   summary+=("ncu: skipped (no ncu or < 40 s left)")
 fi
