@@ -869,6 +869,12 @@ int main(int argc, char** argv) {
     c.d = 128;
     c.mask = MaskKind::none;
     add("none d128 Sq=256 Sk=700 (full-block runs)", c, 257);
+    // hd 64's default since session 6: the serial schedule (variant 2), full and masked blocks.
+    c.d = 64;
+    c.mask = MaskKind::none;
+    add("none d64 Sq=256 Sk=700 (full-block runs)", c, 2);
+    c.mask = MaskKind::causal;
+    add("causal d64 Sq=256 Sk=700 (full-block runs)", c, 2);
     // kEarlyS (bit 9): alone, with ping-pong, with the stagger; full and masked blocks, ring wrap.
     for (int d : {64, 128}) {
       c.d = d;
