@@ -276,8 +276,9 @@ __device__ __forceinline__ void kda_decayed_cols(const float* W, int ldw, XF&& x
 namespace flashgrad::cuda_detail::delta_rule {
 
 // kda_decayed_rows / cols (same contract, same results up to fp32 rounding) with the cross-sub-chunk
-// parts on tensor cores, for blocks of 8 warps (B2). Inside a 16-row sub-chunk the terms stay fp32,
-// one exp each (a reference row there could overflow: 15 strong gates sum past -88). Across
+// parts on tensor cores, for blocks of 8 warps (B2). Inside an 8-row half of a 16-row sub-chunk the
+// terms stay fp32, one exp each (a reference row there could overflow: 7 strong gates can sum past
+// -88); between the two halves of a sub-chunk, through the upper half's first row (below); across
 // sub-chunks, for the later sub-chunk I with first row b = 16 I:
 //   rows: out[b + a, :] += exp(G_{b+a} - G_b) o sum_{J < I} W[b + a, 16 J ..] Ys_J,
 //         Ys_J[jj, d] = y(16 J + jj, d) exp(G_bd - G_{16J+jj, d})        (<= 1)
@@ -293,12 +294,38 @@ __device__ __forceinline__ void kda_decayed_rows_mma(const float* W, int ldw, YF
   constexpr int NTHR = 256, NTW = KMAX / 64;
   static_assert(KMAX % 64 == 0, "8 warps x NTW 8-column tiles");
   const int tid = threadIdx.x, wp = tid / 32, n0 = 8 * NTW * wp;
+  // Inside the 8-row half of r: fp32, one exp per term.
   for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
     const int r = e / KMAX, d = e % KMAX, end = inclusive ? r : r - 1;
     const float gr = G[r * KMAX + d];
     float s = 0.f;
-    for (int j = r & ~15; j <= end; ++j) s += W[r * ldw + j] * y(j, d) * decay_exp(gr - G[j * KMAX + d]);
+    for (int j = r & ~7; j <= end; ++j) s += W[r * ldw + j] * y(j, d) * decay_exp(gr - G[j * KMAX + d]);
     out[e] = s;
+  }
+  // Rows r of a sub-chunk's upper half, columns j of its lower half (j < m = 16 I + 8 <= r):
+  // out[r] += exp(G_r - G_m) o sum_jj W[r, 16 I + jj] ys[8 I + jj], ys[8 I + jj] = y_j o exp(G_m - G_j)
+  // (j = 16 I + jj), staged for the four sub-chunks at once (32 x KMAX floats); one 16 x 16 x KMAX
+  // product per sub-chunk with the A operand's rows and columns 8..15 zero (warp w: sub-chunk
+  // w / 2, channel half w % 2).
+  for (int e = tid; e < 32 * KMAX; e += NTHR) {
+    const int q = e / KMAX, d = e % KMAX, j = 16 * (q / 8) + q % 8, m = 16 * (q / 8) + 8;
+    stage[e] = y(j, d) * decay_exp(G[m * KMAX + d] - G[j * KMAX + d]);
+  }
+  __syncthreads();
+  {
+    constexpr int NTQ = KMAX / 16;
+    const int I = wp / 2, m = 16 * I + 8, nq = (wp % 2) * (KMAX / 2);
+    float acc[NTQ][4] = {};
+    kda_mma::warp_fp32_product<T, NTQ>(
+        [&](int a, int jj) { return a < 8 && jj < 8 ? W[(m + a) * ldw + 16 * I + jj] : 0.f; },
+        [&](int jj, int n) { return jj < 8 ? stage[(8 * I + jj) * KMAX + n] : 0.f; }, 0, nq, 0, 16, acc);
+#pragma unroll
+    for (int nt = 0; nt < NTQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // accumulator rows grp (< 8); rows grp + 8 are the zero padding
+        const int r = m + mma::grp(), d = nq + 8 * nt + mma::acc_col(e);
+        out[r * KMAX + d] += acc[nt][e] * decay_exp(G[r * KMAX + d] - G[m * KMAX + d]);
+      }
   }
   for (int I = 1; I < 4; ++I) {
     const int b = 16 * I;
@@ -330,12 +357,37 @@ __device__ __forceinline__ void kda_decayed_cols_mma(const float* W, int ldw, XF
   constexpr int NTHR = 256, NTW = KMAX / 64;
   static_assert(KMAX % 64 == 0, "8 warps x NTW 8-column tiles");
   const int tid = threadIdx.x, wp = tid / 32, n0 = 8 * NTW * wp;
+  // Inside the 8-row half of r: fp32, one exp per term.
   for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
-    const int r = e / KMAX, d = e % KMAX, end = (r & ~15) + 16;
+    const int r = e / KMAX, d = e % KMAX, end = (r & ~7) + 8;
     const float gr = G[r * KMAX + d];
     float s = 0.f;
     for (int i = inclusive ? r : r + 1; i < end; ++i) s += W[i * ldw + r] * x(i, d) * decay_exp(G[i * KMAX + d] - gr);
     out[e] = s;
+  }
+  // Rows r of a sub-chunk's lower half, terms i of its upper half (r < m = 16 I + 8 <= i):
+  // out[r] += exp(G_m - G_r) o sum_ii W[m + ii, r] xs[8 I + ii], xs[8 I + ii] = x_{m+ii} o exp(G_{m+ii} - G_m),
+  // staged for the four sub-chunks at once; one padded 16 x 16 x KMAX product per sub-chunk as in
+  // kda_decayed_rows_mma.
+  for (int e = tid; e < 32 * KMAX; e += NTHR) {
+    const int q = e / KMAX, d = e % KMAX, m = 16 * (q / 8) + 8, i = m + q % 8;
+    stage[e] = x(i, d) * decay_exp(G[i * KMAX + d] - G[m * KMAX + d]);
+  }
+  __syncthreads();
+  {
+    constexpr int NTQ = KMAX / 16;
+    const int I = wp / 2, m = 16 * I + 8, nq = (wp % 2) * (KMAX / 2);
+    float acc[NTQ][4] = {};
+    kda_mma::warp_fp32_product<T, NTQ>(
+        [&](int a, int ii) { return a < 8 && ii < 8 ? W[(m + ii) * ldw + 16 * I + a] : 0.f; },
+        [&](int ii, int n) { return ii < 8 ? stage[(8 * I + ii) * KMAX + n] : 0.f; }, 0, nq, 0, 16, acc);
+#pragma unroll
+    for (int nt = 0; nt < NTQ; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 16 * I + mma::grp(), d = nq + 8 * nt + mma::acc_col(e);
+        out[r * KMAX + d] += acc[nt][e] * decay_exp(G[m * KMAX + d] - G[r * KMAX + d]);
+      }
   }
   for (int I = 1; I < 4; ++I) {
     const int b = 16 * I;
