@@ -14,15 +14,15 @@
 
 #include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
-#include "chunked_prepare.cuh"  // invert_unit_lower64
+#include "chunked_prepare.cuh"  // invert_unit_lower64(_blocked)
 
 namespace flashgrad::cuda_detail::delta_rule {
 
 // Region `work` holds the decayed products' scratch, then A (hi, lo) and the beta v piece.
-// K = 128: 202 KiB (one block per SM).
+// K = 128: 203 KiB (one block per SM).
 template <typename T, int KMAX>
 struct KdaPrepareSmem {
-  static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDA = C + 8, LDM = C + 1, LDU = 64 + 8;
+  static constexpr int C = kChunkSize, LDG = KMAX + 1, LDK = KMAX + 8, LDA = C + 8, LDM = C + 4, LDU = 64 + 8;  // LDM % 4 == 0: float4 rows (blocked inverse)
   static constexpr int64_t kWorkBytes =
       kda_decay_stage_bytes<T, KMAX>() > 4 * C * LDA * static_cast<int64_t>(sizeof(T))
           ? kda_decay_stage_bytes<T, KMAX>()
@@ -58,8 +58,8 @@ struct KdaPrepareSmem {
   }
 };
 
-// kHalves: the diagonal blocks' cross-half quadrants of M and P on tensor cores (kda_decayed_mp);
-// false for the legacy comparison (FLASHGRAD_CHUNKED_KDA=legacy).
+// kHalves: the diagonal blocks' cross-half quadrants of M and P on tensor cores (kda_decayed_mp)
+// and the GDN stage's blocked inverse; false for the legacy comparison (FLASHGRAD_CHUNKED_KDA=legacy).
 template <typename T, int KMAX, bool kHalves = true>
 __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs a) {
   using S = KdaPrepareSmem<T, KMAX>;
@@ -94,7 +94,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
     if (j < i) sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
   }
   __syncthreads();
-  invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
+  if constexpr (kHalves)
+    invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // the GDN stage's (float4 strips, fixed trip counts)
+  else
+    invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
 
   // Row i < L of the intermediate: A_ij for j < i, P_ji = sm.M[i][j] for j >= i (chunked_kda.h);
   // A as hi + lo in `work` (the products' scratch is free; the inverse ended with a barrier).
