@@ -25,8 +25,9 @@ inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs
   const std::string why = chunked_stages_support(dtype, a.K, a.V, false);
   if (!why.empty()) throw_unsupported(stage, "q", why);
   // Intermediates every stage pair shares (A is optional: only the tests read it).
-  if (!a.w || !a.u || !a.v_new || !a.h || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
+  if (!a.w || !a.u || !a.v_new || (!a.h && !a.h16) || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
     throw_invalid_argument(stage, "scratch", "w, u, v_new, h, the chunk plan and (with a gate) G must be allocated");
+  if (a.h && a.h16) throw_invalid_argument(stage, "scratch", "h is either fp32 (h) or 16-bit (h16), not both");
   if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)
     throw_unsupported(stage, "v", "too many value heads, chunks or sequences for one launch");
 }
@@ -111,17 +112,7 @@ void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-// Backward stages B1 and B2: "new" = B1 transposed (chunked_state_backward_transposed.cuh) and B2
-// with 8 warps; "legacy" = as in session 3 (B1 with 4 warps per 32 value columns and hi / lo
-// operands in shared memory, B2 with 4 warps), to compare with and to fall back on until the H200
-// has confirmed the new ones. FLASHGRAD_CHUNKED_BACKWARD=legacy / new picks one (read per call).
-constexpr bool kNewBackwardByDefault = true;  // the emulation's whole set passes (14 cases)
-inline bool legacy_backward_wanted() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_BACKWARD");
-  if (env && std::string(env) == "legacy") return true;
-  if (env && std::string(env) == "new") return false;
-  return !kNewBackwardByDefault;
-}
+// (legacy_backward_wanted, mma_grads_wanted: chunked_stages.h)
 
 // Transposed B1: 8 warps (128 value columns per block) when V allows and the (sequence, value
 // head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks), else 2
@@ -138,6 +129,9 @@ void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
 
 template <typename T, int KMAX>
 void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  if (legacy_backward_wanted() && (a.dh16 || a.dv_new16))
+    throw_invalid_argument("chunked delta rule (state backward)", "scratch",
+                           "the legacy B1 writes fp32 dh and dv_new only");
   if (!legacy_backward_wanted()) {
     const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
     if (a.V % 128 == 0 && 4 * chains * (a.V / 128) >= 3 * sms)
@@ -199,6 +193,7 @@ bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t s) {
 template <typename T>
 void launch_chunk_output(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (output)", dtype_of<T>(), a);
+  if (!a.h) throw_invalid_argument("chunked delta rule (output)", "scratch", "stage 3 reads fp32 h (not h16)");
   if (a.num_chunks == 0 || a.HV == 0) return;
   if (a.K == 64)
     launch_output_fixed<T, 64>(a, s);
@@ -210,7 +205,7 @@ template <typename T>
 void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t s) {
   const char* stage = "chunked delta rule (state backward)";
   check_chunked_args(stage, dtype_of<T>(), a);
-  if (!a.dout.p || !a.dh || !a.dv_new)
+  if (!a.dout.p || !(a.dh || a.dh16) || !(a.dv_new || a.dv_new16))
     throw_invalid_argument(stage, "scratch", "dout, dh and dv_new must be given");
   if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write dh0 = dht
   if (a.K == 64)
@@ -228,26 +223,29 @@ void launch_grads_warps(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 // B2 on bf16 / fp16 tensor cores with ldmatrix fragments (chunked_grads_mma.cuh, session 5).
-template <typename T, int KMAX>
-void launch_grads_mma(const ChunkedArgs& a, cudaStream_t s) {
+// kHalf (session 6): 3 = h, dh and dv_new in 16 bits (a.h16 set), 0 = all fp32.
+template <typename T, int KMAX, int kHalf>
+void launch_grads_mma_half(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int64_t bytes = GradsMmaSmem<T, KMAX>::bytes();
-  set_smem(chunk_grads_mma_kernel<T, KMAX>, bytes);
+  set_smem(chunk_grads_mma_kernel<T, KMAX, kHalf>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
-  chunk_grads_mma_kernel<T, KMAX><<<grid, 256, bytes, s>>>(a);
+  chunk_grads_mma_kernel<T, KMAX, kHalf><<<grid, 256, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
-// Which B2 the new backward runs: the ldmatrix kernel ("mma", the default) or the session-4 8-warp TF32
-// one ("v8"), by FLASHGRAD_CHUNKED_B2 (read per call, so one process can time both). The legacy
-// backward (FLASHGRAD_CHUNKED_BACKWARD=legacy) keeps its 4-warp TF32 B2.
-constexpr bool kMmaGradsByDefault = true;  // the emulation's whole set passes with it
-inline bool mma_grads_wanted() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_B2");
-  if (env && std::string(env) == "v8") return false;
-  if (env && std::string(env) == "mma") return true;
-  return kMmaGradsByDefault;
+template <typename T, int KMAX>
+void launch_grads_mma(const ChunkedArgs& a, cudaStream_t s) {
+  if (a.h16)
+    launch_grads_mma_half<T, KMAX, 3>(a, s);
+  else
+    launch_grads_mma_half<T, KMAX, 0>(a, s);
 }
 template <typename T, int KMAX>
 void launch_grads_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  // The TF32 B2s read fp32 intermediates and write the accumulators only.
+  const bool mma = !legacy_backward_wanted() && mma_grads_wanted();
+  if (!mma && (a.h16 || a.dv_out.p))
+    throw_invalid_argument("chunked delta rule (grads)", "scratch",
+                           "16-bit intermediates and direct outputs need the mma B2 (FLASHGRAD_CHUNKED_B2=mma)");
   if (legacy_backward_wanted())
     launch_grads_warps<T, KMAX, 4>(a, s);
   else if (mma_grads_wanted())
@@ -260,9 +258,16 @@ template <typename T>
 void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t s) {
   const char* stage = "chunked delta rule (grads)";
   check_chunked_args(stage, dtype_of<T>(), a);
-  if (!a.dout.p || !a.dh || !a.dv_new || !a.A || !a.dq_acc || !a.dk_acc || !a.dv || !a.dbeta || (a.g.p && !a.dg))
+  // Intermediates: fp32 (h, dh, dv_new) or all three in 16 bits (h16, dh16, dv_new16). Outputs: the
+  // accumulators, or direct (dv_out, dbeta_out, dg_out; with H == HV also dq_out, dk_out).
+  const bool half = a.h16 != nullptr, direct = a.dv_out.p != nullptr, direct_qk = a.dq_out.p != nullptr;
+  const bool inter_ok = half ? (a.dh16 && a.dv_new16) : (a.h && a.dh && a.dv_new);
+  const bool out_ok = (direct ? (a.dbeta_out.p && (!a.g.p || a.dg_out.p)) : (a.dv && a.dbeta && (!a.g.p || a.dg))) &&
+                      (direct_qk ? (direct && a.dk_out.p && a.H == a.HV) : (a.dq_acc && a.dk_acc));
+  if (!a.dout.p || !a.A || !inter_ok || !out_ok)
     throw_invalid_argument(stage, "scratch",
-                           "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and (with a gate) dg must be given");
+                           "dout, A, dh, dv_new (all fp32 or all 16-bit) and the outputs (dq_acc, dk_acc, dv, dbeta, "
+                           "dg, or direct: dv_out, dbeta_out, dg_out, and dq_out, dk_out only with H == HV) must be given");
   if (a.num_chunks == 0 || a.HV == 0) return;
   if (a.K == 64)
     launch_grads_fixed<T, 64>(a, s);
@@ -282,6 +287,22 @@ void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaSt
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
+// dq, dk with direct outputs and GVA (H < HV): B2 added each group's value heads into dq_acc, dk_acc
+// (fp32 [rows, H, K]); the L2-norm backward and the rounding into the views dq, dk ([B, T, H, K]).
+template <typename T>
+void launch_chunk_qk_finish(const ChunkedArgs& a, View dq, View dk, int64_t batch, cudaStream_t s) {
+  const int64_t rows = batch * a.T * a.H;
+  if (rows == 0) return;
+  if (!a.dq_acc || !a.dk_acc || !dq.p || !dk.p)
+    throw_invalid_argument("chunked delta rule (dq, dk finish)", "dq", "accumulators and views must be given");
+  // One warp per row, 8 rows per block, at most 65536 blocks (a grid-stride loop covers the rest).
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 65536));
+  qk_grad_finish_kernel<T><<<blocks, 256, 0, s>>>(a.q, dq, a.dq_acc, batch, a.T, a.H, a.K, a.l2norm);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  qk_grad_finish_kernel<T><<<blocks, 256, 0, s>>>(a.k, dk, a.dk_acc, batch, a.T, a.H, a.K, a.l2norm);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
 #define FLASHGRAD_CHUNKED_INSTANTIATE(T)                                  \
   template void launch_chunk_prepare<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_state<T>(const ChunkedArgs&, cudaStream_t);   \
@@ -289,6 +310,7 @@ void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaSt
   template void launch_chunk_output<T>(const ChunkedArgs&, cudaStream_t);  \
   template void launch_chunk_state_backward<T>(const ChunkedArgs&, cudaStream_t); \
   template void launch_chunk_grads<T>(const ChunkedArgs&, cudaStream_t);           \
-  template void launch_chunk_dv_finish<T>(const ChunkedArgs&, View, int64_t, cudaStream_t);
+  template void launch_chunk_dv_finish<T>(const ChunkedArgs&, View, int64_t, cudaStream_t); \
+  template void launch_chunk_qk_finish<T>(const ChunkedArgs&, View, View, int64_t, cudaStream_t);
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -40,6 +40,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -99,10 +100,54 @@ struct ChunkedArgs {
   float* dv = nullptr;       // [rows, HV, V]
   float* dbeta = nullptr;    // [rows, HV]
   float* dg = nullptr;       // [rows, HV] (only with a gate)
+  // 16-bit storage (session 6; the path's default, FLASHGRAD_CHUNKED_STATE16=0 turns it off): when
+  // set, stage 2 stores h and B1 stores dh and dv_new here, in T, instead of in h / dh / dv_new
+  // (float; then null); only the mma B2 reads them (chunk_grads_mma_kernel, kHalf). Layouts as above.
+  void* h16 = nullptr;       // [num_chunks, HV, K, V] T
+  void* dh16 = nullptr;      // [num_chunks, HV, K, V] T
+  void* dv_new16 = nullptr;  // [rows, HV, V] T
+  // Direct outputs of the mma B2 (session 6): when dv_out is set, B2 writes dv, dbeta and dg into
+  // these views (the user's gradients, rounded) instead of dv / dbeta / dg above; when dq_out is
+  // set too (only with H == HV: each block then has the whole of its rows' dq, dk), it also does
+  // the L2-norm backward of dq, dk and writes them (dq_acc, dk_acc unused).
+  View dq_out, dk_out, dv_out, dbeta_out, dg_out;
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
   bool l2norm = false;
 };
+
+// Backward stages B1 and B2: "new" = B1 transposed (chunked_state_backward_transposed.cuh) and B2
+// with 8 warps; "legacy" = as in session 3 (B1 with 4 warps per 32 value columns and hi / lo
+// operands in shared memory, B2 with 4 warps), to compare with and to fall back on until the H200
+// has confirmed the new ones. FLASHGRAD_CHUNKED_BACKWARD=legacy / new picks one (read per call).
+constexpr bool kNewBackwardByDefault = true;  // the emulation's whole set passes (14 cases)
+inline bool legacy_backward_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_BACKWARD");
+  if (env && std::string(env) == "legacy") return true;
+  if (env && std::string(env) == "new") return false;
+  return !kNewBackwardByDefault;
+}
+
+// Which B2 the new backward runs: the ldmatrix kernel ("mma", the default) or the session-4 8-warp TF32
+// one ("v8"), by FLASHGRAD_CHUNKED_B2 (read per call, so one process can time both). The legacy
+// backward (FLASHGRAD_CHUNKED_BACKWARD=legacy) keeps its 4-warp TF32 B2.
+constexpr bool kMmaGradsByDefault = true;  // the emulation's whole set passes with it
+inline bool mma_grads_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_B2");
+  if (env && std::string(env) == "v8") return false;
+  if (env && std::string(env) == "mma") return true;
+  return kMmaGradsByDefault;
+}
+
+// Whether the chunked GDN backward stores h, dh and dv_new in 16 bits and has B2 write the
+// gradients itself (ChunkedArgs::h16, dv_out, dq_out): on unless FLASHGRAD_CHUNKED_STATE16=0, and
+// only with the new backward's mma B2 (the legacy and v8 stages read fp32 intermediates). Read per
+// call, so one process can time both.
+inline bool chunked_state16_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE16");
+  if (env && std::string(env) == "0") return false;
+  return !legacy_backward_wanted() && mma_grads_wanted();
+}
 
 // Empty when the stages take this problem; otherwise why not.
 std::string chunked_stages_support(DType dtype, int64_t K, int64_t V, bool per_channel_gate);
@@ -137,6 +182,11 @@ void launch_chunk_grads(const ChunkedArgs& a, cudaStream_t stream);
 // dv: B2's fp32 [rows, HV, V] accumulator rounded into the caller's view `dv` ([B, T, HV, V]).
 template <typename T>
 void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaStream_t stream);
+
+// dq, dk from B2's accumulators (direct outputs with GVA): the L2-norm backward and rounding into
+// the views dq, dk ([B, T, H, K]).
+template <typename T>
+void launch_chunk_qk_finish(const ChunkedArgs& a, View dq, View dk, int64_t batch, cudaStream_t stream);
 
 // Stage 2 with stage 3 fused in (writes o and the final state; h and v_new are left unwritten,
 // which only the forward may do) when it suits the problem (chunked_launch_impl.cuh,

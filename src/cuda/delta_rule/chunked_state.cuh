@@ -1,6 +1,6 @@
 // Chunked stage 2 ("state"), one block of WARPS warps per (sequence, value head, slice of
 // BV = 16 WARPS value columns), running over the sequence's chunks in order:
-//   store h_c (fp32, the chunk-entry state);  v_new = u - w h_c;
+//   store h_c (the chunk-entry state: fp32, or T for the backward's 16-bit mode);  v_new = u - w h_c;
 //   h_{c+1} = exp(G_{L-1}) h_c + k^T (v_new * exp(G_{L-1} - G) * rstd_k)
 // (rstd_k: the in-kernel L2 norm of k's rows, 1 without it). Starts from initial_state (or zeros)
 // and writes the final state (when asked).
@@ -243,12 +243,22 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
 
     // h_c to the intermediates (its slice's columns); not with the fused output, whose o was all
     // that needed them in the forward (the backward recomputes stage 2 unfused).
+    // In T when the backward asked for 16-bit storage (a.h16; only the mma B2 reads it), else fp32.
     if constexpr (!kOutput) {
-      float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
+      const int64_t at = (c * a.HV + hv) * a.K * a.V + col0;
+      if (a.h16) {
+        T* hc = static_cast<T*>(a.h16) + at;
 #pragma unroll
-      for (int nk = 0; nk < NK; ++nk)
+        for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+          for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = from_f<T>(hT[nk][e]);
+      } else {
+        float* hc = a.h + at;
+#pragma unroll
+        for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+      }
     }
 
     if constexpr (kOutput) {

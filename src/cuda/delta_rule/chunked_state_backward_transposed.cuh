@@ -3,8 +3,8 @@
 // sequence's chunks in reverse. With dh = dL/dh_{c+1} (dht for the last chunk), per chunk
 //   dv_new = kd dh + (scale P)^T do,       kd = k exp(G_last - G) (rows of the normalized k)
 //   dh_c   = exp(G_last) dh + (scale exp(G) q)^T do - w^T dv_new,   P = Lower(q k^T exp(G_i - G_j))
-// (chunked_state_backward.cuh, the legacy version, derives them). Writes dh per chunk (fp32),
-// dv_new (fp32) and dh0. Needs the forward's G and w (stage 1).
+// (chunked_state_backward.cuh, the legacy version, derives them). Writes dh per chunk and dv_new
+// (fp32, or T with the backward's 16-bit storage: ChunkedArgs::dh16, dv_new16) and dh0. Needs the forward's G and w (stage 1).
 //
 // Warp wp owns value columns [16 wp, +16) of the slice and holds dh^T (16 x K, fp32) in mma
 // accumulators (tile nk: key channels [8 nk, +8)). Per chunk, in the warp's registers:
@@ -211,12 +211,22 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
     }
 
     // dL/dh_{c+1} to the intermediates (the slice's columns).
+    // (In T with 16-bit storage, a.dh16; else fp32.)
     {
-      float* dhc = a.dh + (c * a.HV + hv) * a.K * a.V + col0;
+      const int64_t at = (c * a.HV + hv) * a.K * a.V + col0;
+      if (a.dh16) {
+        T* dhc = static_cast<T*>(a.dh16) + at;
 #pragma unroll
-      for (int nk = 0; nk < NK; ++nk)
+        for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dhc[(8 * nk + tcol(e)) * a.V + vcol(e)] = dhT[nk][e];
+          for (int e = 0; e < 4; ++e) dhc[(8 * nk + tcol(e)) * a.V + vcol(e)] = from_f<T>(dhT[nk][e]);
+      } else {
+        float* dhc = a.dh + at;
+#pragma unroll
+        for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dhc[(8 * nk + tcol(e)) * a.V + vcol(e)] = dhT[nk][e];
+      }
     }
 
     // dv_new^T, first part: (dh^T k_raw^T) * colscale_j; p[j8]: chunk rows [8 j8, +8).
@@ -287,14 +297,26 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
       }
     }
 
-    // dv_new (fp32) for rows j < L (rows past L are zero: do, colscale and P vanish there).
+    // dv_new (fp32, or T into a.dv_new16) for rows j < L (rows past L are zero: do, colscale and P
+    // vanish there).
+    if (a.dv_new16) {
+      T* dvn = static_cast<T*>(a.dv_new16);
 #pragma unroll
-    for (int j8 = 0; j8 < 8; ++j8)
+      for (int j8 = 0; j8 < 8; ++j8)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = 8 * j8 + tcol(e);
-        if (j < L) a.dv_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = p[j8][e];
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int j = 8 * j8 + tcol(e);
+          if (j < L) dvn[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
+        }
+    } else {
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 8 * j8 + tcol(e);
+          if (j < L) a.dv_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = p[j8][e];
+        }
+    }
 
     // dh^T -= dv_new^T w.
     const float fneg[2] = {-1.f, -1.f};

@@ -162,30 +162,51 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   // it leaves unwritten) come from the unfused stage 2 run first, for their comparisons and the
   // backward.
   const bool fused = V % 128 == 0 && (seed == 2 || seed == 9 || seed == 10 || seed == 11 || seed == 14);
-  if (fused) {
-    launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
-    std::memset(bht.p(), 0xff, bht.mem.size());  // poisoned again: the fused kernel must write it
-    launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, true>(a); }, 256);
-  } else {
+  auto unfused_state = [&] {
     if (seed % 2 == 0)
       launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
     else if (seed == 5 || seed == 7 || seed == 13)  // key channels split over two warps
       launch(N, HV, V / 16, [&] { dr::chunk_state_kernel<TT, KM, 2, false, 2>(a); }, 64);
     else
       launch(N, HV, V / 32, [&] { dr::chunk_state_kernel<TT, KM, 2, false>(a); }, 64);
+  };
+  if (fused) {
+    launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
+    std::memset(bht.p(), 0xff, bht.mem.size());  // poisoned again: the fused kernel must write it
+    launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, true>(a); }, 256);
+  } else {
+    unfused_state();
     launch(NC, HV, 1, [&] { dr::chunk_output_kernel<TT, KM>(a); });
   }
+  // The backward's 16-bit mode (session 6; FLASHGRAD_CHUNKED_STATE16, as chunked_path.cu): "0" all
+  // fp32 with B2's accumulators (the session-5 backward); "1" h, dh in T; "3" h, dh, dv_new in T;
+  // unset or "direct": as 3, and B2 writes dv, dbeta, dg (and with H == HV dq, dk after the L2-norm
+  // backward) rounded into the gradients' dtype, the path's default. Like the path's backward, stage
+  // 2 runs again (same shape) to store h in T; the forward comparisons above use its fp32 run.
+  const char* s16_env = std::getenv("FLASHGRAD_CHUNKED_STATE16");
+  const std::string s16 = s16_env ? s16_env : "direct";
+  const char* bwd_env = std::getenv("FLASHGRAD_CHUNKED_BACKWARD");
+  const bool legacy_bwd = bwd_env && std::string(bwd_env) == "legacy";
+  const char* b2_env = std::getenv("FLASHGRAD_CHUNKED_B2");
+  const bool v8_b2 = b2_env && std::string(b2_env) == "v8";
+  const int half = (legacy_bwd || v8_b2 || s16 == "0") ? 0 : (s16 == "1" ? 1 : 3);
+  const bool direct = half == 3 && s16 == "direct", direct_qk = direct && H == HV;
+  const DType dt_h = (half & 1) ? dt : DType::f32, dt_dvn = (half & 2) ? dt : DType::f32;
+  Buf hh16(dt_h, std::max<int64_t>(NC,1)*HV*K*V);
+  if (half & 1) {
+    a.h = nullptr; a.h16 = hh16.p();
+    unfused_state();
+  }
   // Backward stage B1.
-  Buf bdo(dt, dout.size()), bdht(DType::f32, dht.size()), bdh(DType::f32, std::max<int64_t>(NC,1)*HV*K*V),
-      bdvn(DType::f32, rows*HV*V), bdh0(DType::f32, N*HV*K*V);
+  Buf bdo(dt, dout.size()), bdht(DType::f32, dht.size()), bdh(dt_h, std::max<int64_t>(NC,1)*HV*K*V),
+      bdvn(dt_dvn, rows*HV*V), bdh0(DType::f32, N*HV*K*V);
   bdo.up(dout); bdht.up(dht);
   a.dout = vw(bdo, {B, T, HV, V}); a.dht = vw(bdht, {N, HV, K, V});
   if (!states) a.dht = dr::View{}; a.dh0 = vw(bdh0, {N, HV, K, V});
-  a.dh = (float*)bdh.p(); a.dv_new = (float*)bdvn.p();
+  if (half & 1) a.dh16 = bdh.p(); else a.dh = (float*)bdh.p();
+  if (half & 2) a.dv_new16 = bdvn.p(); else a.dv_new = (float*)bdvn.p();
   // B1: the transposed kernel (8 warps where V % 128 == 0 on even seeds, 2 warps on seeds 7 and
   // 13, else 4), or the legacy one with FLASHGRAD_CHUNKED_BACKWARD=legacy (as the launcher).
-  const char* bwd_env = std::getenv("FLASHGRAD_CHUNKED_BACKWARD");
-  const bool legacy_bwd = bwd_env && std::string(bwd_env) == "legacy";
   if (legacy_bwd)
     launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
   else if (V % 128 == 0 && seed % 2 == 0)
@@ -195,23 +216,34 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   else
     launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4>(a); }, 128);
   // Backward stage B2.
+  // Direct outputs: dv, dbeta in the input dtype, dg in fp32 (g's dtype in the ops), dq, dk (H == HV)
+  // in the input dtype, each laid out [B, T, heads, *] = the accumulators' [rows, heads, *].
   std::vector<float> zeros(rows*H*K, 0.f);
-  Buf bdq(DType::f32, rows*H*K), bdk(DType::f32, rows*H*K), bdv(DType::f32, rows*HV*V), bdb(DType::f32, rows*HV),
+  const DType dt_out = direct ? dt : DType::f32, dt_qk = direct_qk ? dt : DType::f32;
+  Buf bdq(dt_qk, rows*H*K), bdk(dt_qk, rows*H*K), bdv(dt_out, rows*HV*V), bdb(dt_out, rows*HV),
       bdg(DType::f32, rows*HV);
-  bdq.up(zeros); bdk.up(zeros);
-  a.dq_acc = (float*)bdq.p(); a.dk_acc = (float*)bdk.p(); a.dv = (float*)bdv.p(); a.dbeta = (float*)bdb.p();
-  a.dg = gate ? (float*)bdg.p() : nullptr;
+  if (!direct_qk) { bdq.up(zeros); bdk.up(zeros); a.dq_acc = (float*)bdq.p(); a.dk_acc = (float*)bdk.p(); }
+  else { a.dq_out = vw(bdq, {B, T, H, K}); a.dk_out = vw(bdk, {B, T, H, K}); }
+  if (direct) {
+    a.dv_out = vw(bdv, {B, T, HV, V}); a.dbeta_out = vw(bdb, {B, T, HV});
+    if (gate) a.dg_out = vw(bdg, {B, T, HV});
+  } else {
+    a.dv = (float*)bdv.p(); a.dbeta = (float*)bdb.p(); a.dg = gate ? (float*)bdg.p() : nullptr;
+  }
   // B2: the ldmatrix kernel (chunked_grads_mma.cuh), or with FLASHGRAD_CHUNKED_B2=v8 the 8-warp TF32
   // one, or with the legacy backward the 4-warp TF32 one (as the launcher).
-  const char* b2_env = std::getenv("FLASHGRAD_CHUNKED_B2");
   if (legacy_bwd)
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 4>(a); });
-  else if (b2_env && std::string(b2_env) == "v8")
+  else if (v8_b2)
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 8>(a); }, 256);
+  else if (half == 3)
+    launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 3>(a); }, 256);
+  else if (half == 1)
+    launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 1>(a); }, 256);
   else
-    launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM>(a); }, 256);
+    launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 0>(a); }, 256);
   std::vector<double> rdq(rows*H*K, 0.0), rdk(rows*H*K, 0.0);
-  Pairs pG, pA, pw, pu, pvn, ph, pht, po; double h0mis = 0;
+  Pairs pG, pA, pw, pu, pvn, ph, pht, po, ph16; double h0mis = 0;
   Pairs pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = plan.seq_b[n], t0 = plan.seq_t0[n], len = plan.seq_len[n], c0 = plan.seq_first_chunk[n], row0 = b*T + t0;
@@ -254,7 +286,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       }
       for (int64_t cc = 0; cc < f.num_chunks; ++cc) for (int64_t e = 0; e < K*V; ++e) {
         double gv = hh.at(((c0+cc)*HV+j)*K*V+e), want = f.h[cc*K*V+e];
-        if (cc == 0) h0mis = std::max(h0mis, std::isnan(gv) ? 1e300 : std::fabs(gv - want)); else ph.add(gv, want); }
+        if (cc == 0) h0mis = std::max(h0mis, std::isnan(gv) ? 1e300 : std::fabs(gv - want)); else ph.add(gv, want);
+        if (half & 1) ph16.add(hh16.at(((c0+cc)*HV+j)*K*V+e), want); }
       for (int64_t e = 0; e < K*V; ++e) pht.add(bht.at((n*HV+j)*K*V+e), f.h[f.num_chunks*K*V+e]);
     }
   }
@@ -266,14 +299,18 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       const int64_t at = (row0 + t) * H * K + e;
       pdq.add(bdq.at(at), rdq[at]); pdk.add(bdk.at(at), rdk[at]); }
   }
-  std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e  B2: dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e\n", "",
-              pdh.rel(), pdvn.rel(), pdh0.rel(), pdq.rel(), pdk.rel(), pdv.rel(), pdb.rel(), pdg.rel());
+  if (direct_qk) { pdq = Pairs{}; pdk = Pairs{}; }  // final gradients, compared with the CPU's below
+  std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e  B2: dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e"
+              "  [16-bit mode %d%s, h16 %.2e]\n", "",
+              pdh.rel(), pdvn.rel(), pdh0.rel(), pdq.rel(), pdk.rel(), pdv.rel(), pdb.rel(), pdg.rel(), half,
+              direct ? (direct_qk ? " direct dq dk dv dbeta dg" : " direct dv dbeta dg") : "", ph16.rel());
   CpuResult R;
   Pairs eo, eht, edq, edk, edv, edb, edg, edh0;
   if (cpu_reference(B, T, H, HV, K, V, N, gate, l2norm, cu, q, k, v, g, be, h0, dout, dht, &R)) {
     std::vector<double> dqa(rows*H*K), dka(rows*H*K);
     for (int64_t i = 0; i < rows*H*K; ++i) { dqa[i] = bdq.at(i); dka[i] = bdk.at(i); }
-    const std::vector<double> dqg = l2norm ? l2norm_backward_rows(q, dqa, K) : dqa, dkg = l2norm ? l2norm_backward_rows(k, dka, K) : dka;
+    const std::vector<double> dqg = (l2norm && !direct_qk) ? l2norm_backward_rows(q, dqa, K) : dqa,
+                              dkg = (l2norm && !direct_qk) ? l2norm_backward_rows(k, dka, K) : dka;
     for (size_t i = 0; i < R.o.size(); ++i) { eo.add(bo.at(i), R.o[i]); edv.add(bdv.at(i), R.dv[i]); }
     for (size_t i = 0; i < R.ht.size(); ++i) { eht.add(bht.at(i), R.ht[i]); edh0.add(bdh0.at(i), R.dh0[i]); }
     for (size_t i = 0; i < R.dq.size(); ++i) { edq.add(dqg[i], R.dq[i]); edk.add(dkg[i], R.dk[i]); }
@@ -287,6 +324,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     if (p.n && !(p.rel() <= b)) { std::printf("  FAIL %s: %.3e > %g\n", what, p.rel(), b); ++fails; } };
   if (gate) bar("G", pG, 1e-5);
   bar("A", pA, 5e-3); bar("w", pw, 5e-3); bar("u", pu, 5e-3); bar("h", ph, 5e-3); bar("v_new", pvn, 5e-3);
+  bar("h (16-bit)", ph16, 5e-3);
   bar("final h", pht, 5e-3); bar("o", po, 5e-3);
   bar("dh", pdh, 8e-3); bar("dv_new", pdvn, 8e-3); bar("dh0", pdh0, 8e-3);
   bar("dq", pdq, 8e-3); bar("dk", pdk, 8e-3); bar("dv", pdv, 8e-3); bar("dbeta", pdb, 2e-2); if (gate) bar("dg", pdg, 2e-2);
@@ -297,8 +335,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   return fails;
 }
 
-// Usage: harness [quick|all]. quick (default): seven small cases, ~45 s on two cores; all: eight
-// more with T = 500, varlen K = V = 128 and V = 256, a few minutes.
+// Usage: harness [quick|all|long]. quick (default): seven small cases, ~45 s on two cores; all: eight
+// more with T = 500, varlen K = V = 128 and V = 256, a few minutes; long: quick and two long
+// sequences (T = 1500, 2000).
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "quick";
   using bf16 = __nv_bfloat16;
@@ -322,6 +361,10 @@ int main(int argc, char** argv) {
                             {1, 63, 136, 0, 511, 75, 64}, 0.1f, true, 11);
     // V = 256: B2's V slices past what one stage holds (pass 2 streams v_new slice by slice).
     fails += run<bf16, 128>("gdn bf16 K128 V256 T=100", DType::bf16, 1, 100, 1, 1, 256, true, {}, 1.f, true, 15);
+  }
+  if (mode == "long") {  // the 16-bit mode's dg over many chunks (<h_c, dh_{c+1}> from 16-bit h, dh)
+    fails += run<bf16, 128>("gdn bf16 K128 V128 T=1500 n=1 H=HV", DType::bf16, 1, 1500, 1, 1, 128, true, {}, 1.f, true, 16);
+    fails += run<bf16, 64>("gdn bf16 K64 V64 T=2000 n=10", DType::bf16, 1, 2000, 1, 2, 64, true, {}, 10.f, true, 17);
   }
   std::printf(fails ? "%d comparisons over their bars\n" : "all comparisons within their bars\n", fails);
   return fails ? 1 : 0;

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# gdnmem (issue 6: peak extra memory and backward time of the chunked GDN path; docs/perf/delta_rule.md
+# "Chunked GDN memory (session 6)"). Runs on the H200 from the repo root after tools/gpu-check's build
+# into build-gpu and the package install (cap 150 s, aims at < 80 s; $OUT/extra/ collects the logs):
+#   1. the chunked GPU tests (DeltaRuleChunked*, DeltaRuleGpu.Chunked*) in the new default mode (h, dh,
+#      dv_new in 16 bits, B2 writing the gradients itself; FLASHGRAD_CHUNKED_STATE16 unset);
+#   2. chunk GDN B8 T4096 and B1 T32768, H16 K=V=128 bf16, in one process: forward and backward wall
+#      time and torch peak extra memory (as bench/delta_rule_vs_fla.py measures it) with the session-5
+#      backward (FLASHGRAD_CHUNKED_STATE16=0) and the new one, and the new gradients against the old
+#      (rel RMS); then the same at B2 T4096 H8 HV16 (GVA: dq / dk still through fp32 accumulators).
+#   Prints a compact table last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out}
+mkdir -p "$OUT/extra"
+t0=$(date +%s)
+left() { echo $(( 146 - ($(date +%s) - t0) )); }
+cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
+summary=()
+
+echo "== gdnmem 1/2: chunked GPU tests, 16-bit backward intermediates (default)"
+tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
+if [ -n "$tests" ]; then
+  env -u FLASHGRAD_CHUNKED_STATE16 timeout -k 3 "$(cap 50)" "$tests" \
+    --gtest_filter='DeltaRuleChunked*:DeltaRuleGpu.Chunked*' > "$OUT/extra/gdnmem_tests.log" 2>&1
+  rc=$?
+  grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
+    "$OUT/extra/gdnmem_tests.log" | cut -c1-300 | tail -40
+  npass=$(grep -cE "^\[       OK \]" "$OUT/extra/gdnmem_tests.log")
+  nfail=$(grep -cE "^\[  FAILED  \] [A-Za-z]" "$OUT/extra/gdnmem_tests.log")
+  summary+=("tests (16-bit mode) rc=$rc: $npass ok, $nfail failed lines")
+else
+  summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
+fi
+
+echo "== gdnmem 2/2: old (FLASHGRAD_CHUNKED_STATE16=0) vs new: fwd / bwd ms, peak extra MiB, grads rel RMS"
+timeout -k 3 "$(cap 80)" python3 - > "$OUT/extra/gdnmem_compare.log" 2>&1 <<'EOF'
+import os, torch, torch.nn.functional as F
+import flashgrad
+
+def ms(fn, reps):
+    fn(); torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps): fn()
+    e1.record(); torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / reps
+
+def case(B, T, H=16, HV=16, K=128, reps=5):
+    torch.manual_seed(0)
+    dt, dev = torch.bfloat16, "cuda"
+    q = torch.randn(B, T, H, K, device=dev, dtype=dt).requires_grad_()
+    k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dt).requires_grad_()
+    v = torch.randn(B, T, HV, K, device=dev, dtype=dt).requires_grad_()
+    g = (F.logsigmoid(torch.randn(B, T, HV, device=dev)) / 4).requires_grad_()
+    beta = torch.rand(B, T, HV, device=dev).sigmoid().to(dt).requires_grad_()
+    h0 = (torch.randn(B, HV, K, K, device=dev) * 0.1).requires_grad_()
+    ins = (q, k, v, g, beta, h0)
+    fn = lambda: flashgrad.chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0,
+                                                  output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, ht = fn()
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    res = {}
+    for mode in ("0", "1"):  # "1": the default (anything but "0")
+        os.environ["FLASHGRAD_CHUNKED_STATE16"] = mode  # read by the path at every call
+        def both():
+            o, ht = fn()
+            return torch.autograd.grad((o, ht), ins, (do, dht))
+        gs = both(); torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
+        both(); torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        f = ms(fn, reps)
+        fb = ms(both, reps)
+        res[mode] = (gs, f, fb - f, peak)
+    rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+    tag = f"B{B} T{T} H{H} HV{HV} K=V={K}"
+    for mode, label in (("0", "old"), ("1", "new")):
+        _, f, b, p = res[mode]
+        print(f"ROW {tag} {label}: fwd {f:.3f} ms, bwd {b:.3f} ms, peak extra {p:.0f} MiB")
+    gn, go = res["1"][0], res["0"][0]
+    print(f"ROW {tag} new vs old rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, go))
+          + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
+    del res, gn, go
+    torch.cuda.empty_cache()
+
+case(8, 4096)
+case(1, 32768)
+case(2, 4096, H=8, HV=16, reps=3)   # GVA
+EOF
+rc=$?
+tail -12 "$OUT/extra/gdnmem_compare.log"
+while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/gdnmem_compare.log")
+[ $rc -eq 0 ] || summary+=("compare rc=$rc")
+
+echo "== gdnmem summary (commit $(git rev-parse --short HEAD 2>/dev/null), $(( $(date +%s) - t0 )) s)"
+for s in "${summary[@]}"; do echo "  $s"; done
