@@ -30,7 +30,7 @@
 //   G. dg = reverse cumsum of dG over the chunk's rows (per channel)
 // Every exponent is a difference G_id - G_jd with i >= j (<= 0). dbeta uses shared float
 // atomics (its last bits may vary between runs); dq, dk are added over value heads by global
-// atomics.
+// atomics under GVA (H < HV) and stored otherwise.
 #pragma once
 
 #include <type_traits>
@@ -109,6 +109,15 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   const float* h = a.h + (c * a.HV + hv) * K * V;    // h_c [K][V]
   const float* dhn = a.dh + (c * a.HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
   const T* do_base = static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, 0);  // row r: + r * s1
+  // dq, dk rows: summed over the value heads of a key head (global atomics) under GVA; with H == HV
+  // this block is their only writer (the accumulators are zeroed), so a plain store does.
+  const bool gva = a.H != a.HV;
+  auto add_or_store = [gva](float* p, float x) {
+    if (gva)
+      atomicAdd(p, x);
+    else
+      *p = x;
+  };
   auto v_at = [&](int i, int64_t col) { return load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)); };
 
   // Inputs of the chunk; zeroed accumulators.
@@ -152,7 +161,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     if (r < L) {
       const float dq = scale * sm.dG[e] * decay_exp(sm.G[e]) + sm.dw[e];
       dG = sm.q[e] * dq;
-      atomicAdd(&a.dq_acc[((row0 + r) * a.H + head) * K + d], dq);
+      add_or_store(&a.dq_acc[((row0 + r) * a.H + head) * K + d], dq);
     }
     sm.dG[e] = dG;
   }
@@ -362,7 +371,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   if (tid < L) a.dbeta[(row0 + tid) * a.HV + hv] = sm.dbeta[tid];
   for (int e = tid; e < L * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
-    atomicAdd(&a.dk_acc[((row0 + r) * a.H + head) * K + d], sm.dk[e]);
+    add_or_store(&a.dk_acc[((row0 + r) * a.H + head) * K + d], sm.dk[e]);
   }
 }
 
