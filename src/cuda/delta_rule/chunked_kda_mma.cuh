@@ -163,10 +163,11 @@ namespace flashgrad::cuda_detail::delta_rule {
 // is not issued before the previous shared store); the H200 profile of the first KDA stages fits
 // that (stage 3: 1.5 ms for 8192 blocks of ~130 such iterations). Here a batch's loads are in
 // flight together.
-template <int N, int NTHR = kChunkThreads, typename Get, typename Put>
+// MAXB: loads in flight per thread (registers) per batch.
+template <int N, int NTHR = kChunkThreads, int MAXB = 16, typename Get, typename Put>
 __device__ __forceinline__ void batched_copy(Get&& get, Put&& put) {
   static_assert(N % NTHR == 0, "whole passes");
-  constexpr int kIters = N / NTHR, kBatch = kIters < 16 ? kIters : 16;
+  constexpr int kIters = N / NTHR, kBatch = kIters < MAXB ? kIters : MAXB;
   static_assert(kIters % kBatch == 0, "whole batches");
   const int tid = threadIdx.x;
 #pragma unroll 1

@@ -57,11 +57,15 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   });
   const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
   constexpr int OC = kOutputCols;
-  batched_copy<KMAX * OC>([&](int e) { return hc[(e / OC) * a.V + col0 + e % OC]; },
+  // K = 128: 32 loads in flight per thread (registers to spare: 2 blocks per SM by shared memory),
+  // so h's slice, P and v_new cost 2 + 1 + 1 latencies instead of 4 + 2 + 2 (at K = 64 ptxas then
+  // spills: 16 there).
+  constexpr int MAXB = KMAX == 128 ? 32 : 16;
+  batched_copy<KMAX * OC, kChunkThreads, MAXB>([&](int e) { return hc[(e / OC) * a.V + col0 + e % OC]; },
                           [&](int e, float x) {
                             store_split<T>(x, &sm.hs[(e / OC) * LDV + e % OC], &sm.hs_lo[(e / OC) * LDV + e % OC]);
                           });
-  batched_copy<C * C>(  // consecutive threads: one stored row j
+  batched_copy<C * C, kChunkThreads, MAXB>(  // consecutive threads: one stored row j
       [&](int e) {
         const int j = e / C, i = e % C;
         return i < L && j <= i ? kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
@@ -71,7 +75,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
         store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
       });
   const T* v_new = static_cast<const T*>(a.v_new);
-  batched_copy<C * OC>(
+  batched_copy<C * OC, kChunkThreads, MAXB>(
       [&](int e) { return e / OC < L ? to_f<T>(v_new[((row0 + e / OC) * a.HV + hv) * a.V + col0 + e % OC]) : 0.f; },
       [&](int e, float x) { sm.vn[(e / OC) * LDV + e % OC] = from_f<T>(x); });  // exact: x came from T
   __syncthreads();
