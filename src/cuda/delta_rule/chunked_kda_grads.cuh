@@ -109,6 +109,13 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   const float* h = a.h + (c * a.HV + hv) * K * V;    // h_c [K][V]
   const float* dhn = a.dh + (c * a.HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
   const T* do_base = static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, 0);  // row r: + r * s1
+  const T* vn_base = vn + (row0 * a.HV + hv) * V;            // row r: + r * HV V
+  const float* dvn_base = a.dv_new + (row0 * a.HV + hv) * V;  // row r: + r * HV V
+  const T* v_base = static_cast<const T*>(a.v.p) + off4(a.v, ci.b, ci.t0, hv, 0);  // row r: + r * s1
+  // do / v element pairs (c, c + 1), c even, can be read as one 32-bit word when the rows start
+  // 4-byte aligned (even row strides and offsets; the intermediates always are).
+  const bool pairs_do = (reinterpret_cast<uintptr_t>(do_base) & 3) == 0 && a.dout.s1 % 2 == 0;
+  const bool pairs_v = (reinterpret_cast<uintptr_t>(v_base) & 3) == 0 && a.v.s1 % 2 == 0;
   // dq, dk rows: summed over the value heads of a key head (global atomics) under GVA; with H == HV
   // this block is their only writer (the accumulators are zeroed), so a plain store does.
   const bool gva = a.H != a.HV;
@@ -139,11 +146,12 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
 
   // A. dP = scale Lower_incl(do v_new^T), fragments straight from global memory. The decayed
   // sums stage through A's array (A itself is loaded at the end of phase C).
-  const T* vn_base = vn + (row0 * a.HV + hv) * V;            // row r: + r * HV V
-  const float* dvn_base = a.dv_new + (row0 * a.HV + hv) * V;  // row r: + r * HV V
   {
     float acc[4][4] = {};
-    kda_mma::rows_times_rows_global<T>(do_base, a.dout.s1, vn_base, a.HV * V, V, L, acc);
+    if (pairs_do)
+      kda_mma::rows_times_rows_global<T, true>(do_base, a.dout.s1, vn_base, a.HV * V, V, L, acc);
+    else
+      kda_mma::rows_times_rows_global<T, false>(do_base, a.dout.s1, vn_base, a.HV * V, V, L, acc);
     store_acc32(acc, [&](int i, int j, float x) { sm.mat[i * LDM + j] = i < L && j <= i ? scale * x : 0.f; });
   }
   __syncthreads();
@@ -153,7 +161,10 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
 
   // B.1 aq (into dw's array), Y = do h^T (into dG's); dq = scale e o Y + aq, dG = q o dq.
   kda_decayed_rows_mma<T, KMAX>(sm.mat, LDM, kx, sm.G, true, sm.dw, stagef);
-  kda_mma::state_times_rows<T, KMAX>(h, V, do_base, a.dout.s1, L, 1.f, sm.dG);
+  if (pairs_do)
+    kda_mma::state_times_rows<T, KMAX, true>(h, V, do_base, a.dout.s1, L, 1.f, sm.dG);
+  else
+    kda_mma::state_times_rows<T, KMAX, false>(h, V, do_base, a.dout.s1, L, 1.f, sm.dG);
   __syncthreads();
   for (int e = tid; e < C * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
@@ -169,7 +180,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   // B.2 ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
   //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
   kda_decayed_cols_mma<T, KMAX>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
-  kda_mma::state_times_rows<T, KMAX>(dhn, V, vn + ((row0 * a.HV + hv) * V), a.HV * V, L, 1.f, sm.dk);
+  kda_mma::state_times_rows<T, KMAX, true>(dhn, V, vn_base, a.HV * V, L, 1.f, sm.dk);  // v_new: our layout, aligned
   __syncthreads();
   {
     // A thread's channel d = tid % KMAX is the same for all its elements (256 % KMAX == 0): sum
@@ -206,7 +217,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   }
   // B.3 dw = -dv_new h^T (into dw's array once ak's readers are done).
   __syncthreads();
-  kda_mma::state_times_rows<T, KMAX>(h, V, a.dv_new + ((row0 * a.HV + hv) * V), a.HV * V, L, -1.f, sm.dw);
+  kda_mma::state_times_rows<T, KMAX, true>(h, V, dvn_base, a.HV * V, L, -1.f, sm.dw);
   __syncthreads();
 
   // C. Wb = beta e o k where q was (q is done); then dA (where dP was).
@@ -218,8 +229,10 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   {
     // dv_new v^T (v exact, dv_new split), times beta_j per column; then + dw Wb^T (shared fp32).
     float acc[4][4] = {};
-    const T* v_base = static_cast<const T*>(a.v.p) + off4(a.v, ci.b, ci.t0, hv, 0);  // row r: + r * s1
-    kda_mma::rows_times_rows_global<T>(dvn_base, a.HV * V, v_base, a.v.s1, V, L, acc);
+    if (pairs_v)
+      kda_mma::rows_times_rows_global<T, true>(dvn_base, a.HV * V, v_base, a.v.s1, V, L, acc);
+    else
+      kda_mma::rows_times_rows_global<T, false>(dvn_base, a.HV * V, v_base, a.v.s1, V, L, acc);
     const int rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)

@@ -269,63 +269,77 @@ __device__ __forceinline__ void warp_fp32_product(XF&& x, YF&& y, int m0, int n0
 
 namespace flashgrad::cuda_detail::delta_rule::kda_mma {
 
+// Fragment registers straight from global memory (the B2 products below): elements c, c + 1 of a
+// row at p (row masked by ok: 0 past the chunk).
+//   exact: a 16-bit operand (E == T) as one register of two T; PAIRS: one 32-bit load (p 4-byte
+//          aligned), else two element loads packed (exact: the values are T);
+//   split: an fp32 operand, one float2 load (p 8-byte aligned), split hi + lo.
+template <typename T, bool PAIRS, typename E>
+__device__ __forceinline__ uint32_t pair_exact(const E* p, bool ok) {
+  static_assert(std::is_same_v<E, T>, "16-bit operand of the mma's type");
+  if constexpr (PAIRS)
+    return ok ? *reinterpret_cast<const uint32_t*>(p) : 0u;
+  else
+    return ok ? mma::pack_floats<T>(to_f<T>(p[0]), to_f<T>(p[1])) : 0u;
+}
+template <typename T>
+__device__ __forceinline__ void pair_split(const float* p, bool ok, uint32_t& hi, uint32_t& lo) {
+  const float2 v = ok ? *reinterpret_cast<const float2*>(p) : make_float2(0.f, 0.f);
+  mma::split_pair<T>(v.x, v.y, hi, lo);
+}
+
 // out[r * KMAX + d] = sign * sum_{c < V} X[r][c] S[d][c] for r < 64, d < KMAX: a V-contracted
 // product of one chunk's rows X (row r at x + r * xstride, elements E contiguous in c; rows r >= L
 // read as 0) with an fp32 K x V state S (h_c or dh_{c+1}, global, row-major). Computed transposed,
 // out^T = S X^T, so that each warp loads its own 16 state rows once, straight into A fragments
-// (float2 loads, split hi + lo in registers), and X into B fragments (E = T: exact, two mmas;
-// E = float: split, three): no staging copy and no barrier (B2's contract_rows pieces had two
-// each). Warp w (8 warps): channels [16 (w % (KMAX / 16)), +16), row tiles [NT (w / (KMAX / 16)),
-// +NT) with NT = 8 (KMAX = 128) or 4 (KMAX = 64). V a multiple of 16. The caller barriers
-// before others read `out` (shared memory, [64][KMAX]).
-template <typename T, int KMAX, typename E>
+// (float2 loads, split hi + lo in registers), and X into B fragments (E = T: exact, two mmas, one
+// 32-bit load per register with PAIRS; E = float: float2 loads split, three mmas): no staging
+// copy and no barrier (B2's contract_rows pieces had two each). Warp w (8 warps): channels
+// [16 (w % (KMAX / 16)), +16), row tiles [NT (w / (KMAX / 16)), +NT) with NT = 8 (KMAX = 128) or
+// 4 (KMAX = 64). V a multiple of 16. The caller barriers before others read `out` (shared
+// memory, [64][KMAX]).
+template <typename T, int KMAX, bool PAIRS, typename E>
 __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, const E* x, int64_t xstride, int L,
                                                  float sign, float* out) {
   constexpr int kStrips = KMAX / 16, NT = 8 * kStrips / 8;  // 8 warps over kStrips x (8 / NT)
+  constexpr bool XS = std::is_same_v<E, float>;
   static_assert(KMAX == 64 || KMAX == 128, "K 64 or 128");
   const int w = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
   const int d0 = 16 * (w % kStrips), nt0 = NT * (w / kStrips);
   const float* s0 = S + static_cast<int64_t>(d0 + g) * V + t2;  // rows d0 + g and d0 + g + 8
   const float* s1 = s0 + 8 * V;
   const E* xr[NT];  // this lane's B-fragment row of each tile (row 8 (nt0 + nt) + g; row 0 past L)
-  float xm[NT];     // 1, or 0 past L
+  bool xok[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int r = 8 * (nt0 + nt) + g;
     xr[nt] = x + (r < L ? r : 0) * xstride + t2;
-    xm[nt] = r < L ? 1.f : 0.f;
+    xok[nt] = r < L;
   }
   float acc[NT][4] = {};
 #pragma unroll 2
   for (int64_t c = 0; c < V; c += 16) {
-    const float2 p0 = *reinterpret_cast<const float2*>(s0 + c), p1 = *reinterpret_cast<const float2*>(s1 + c);
-    const float2 p2 = *reinterpret_cast<const float2*>(s0 + c + 8), p3 = *reinterpret_cast<const float2*>(s1 + c + 8);
-    float xv[NT][4];
+    uint32_t bh[NT][2], bl[NT][2];  // B (16 x 8): rows t2.., t2 + 8.. of column g
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      xv[nt][0] = to_f<E>(xr[nt][c]) * xm[nt];
-      xv[nt][1] = to_f<E>(xr[nt][c + 1]) * xm[nt];
-      xv[nt][2] = to_f<E>(xr[nt][c + 8]) * xm[nt];
-      xv[nt][3] = to_f<E>(xr[nt][c + 9]) * xm[nt];
+      if constexpr (XS) {
+        pair_split<T>(xr[nt] + c, xok[nt], bh[nt][0], bl[nt][0]);
+        pair_split<T>(xr[nt] + c + 8, xok[nt], bh[nt][1], bl[nt][1]);
+      } else {
+        bh[nt][0] = pair_exact<T, PAIRS>(xr[nt] + c, xok[nt]);
+        bh[nt][1] = pair_exact<T, PAIRS>(xr[nt] + c + 8, xok[nt]);
+      }
     }
     uint32_t ah[4], al[4];  // A (16 x 16): (g, t2..), (g + 8, t2..), (g, t2 + 8..), (g + 8, t2 + 8..)
-    mma::split_pair<T>(p0.x, p0.y, ah[0], al[0]);
-    mma::split_pair<T>(p1.x, p1.y, ah[1], al[1]);
-    mma::split_pair<T>(p2.x, p2.y, ah[2], al[2]);
-    mma::split_pair<T>(p3.x, p3.y, ah[3], al[3]);
+    pair_split<T>(s0 + c, true, ah[0], al[0]);
+    pair_split<T>(s1 + c, true, ah[1], al[1]);
+    pair_split<T>(s0 + c + 8, true, ah[2], al[2]);
+    pair_split<T>(s1 + c + 8, true, ah[3], al[3]);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      uint32_t bh[2], bl[2];  // B (16 x 8): rows t2.., t2 + 8.. of column g
-      if constexpr (std::is_same_v<E, float>) {
-        mma::split_pair<T>(xv[nt][0], xv[nt][1], bh[0], bl[0]);
-        mma::split_pair<T>(xv[nt][2], xv[nt][3], bh[1], bl[1]);
-      } else {
-        bh[0] = mma::pack_floats<T>(xv[nt][0], xv[nt][1]);  // exact: the values are T
-        bh[1] = mma::pack_floats<T>(xv[nt][2], xv[nt][3]);
-      }
-      mma::mma16816<T>(acc[nt], ah, bh);
-      mma::mma16816<T>(acc[nt], al, bh);
-      if constexpr (std::is_same_v<E, float>) mma::mma16816<T>(acc[nt], ah, bl);
+      mma::mma16816<T>(acc[nt], ah, bh[nt]);
+      mma::mma16816<T>(acc[nt], al, bh[nt]);
+      if constexpr (XS) mma::mma16816<T>(acc[nt], ah, bl[nt]);
     }
   }
   // acc[nt][e] is out^T at (channel d0 + acc_row(e), row 8 (nt0 + nt) + acc_col(e)).
@@ -336,16 +350,13 @@ __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, cons
       out[(8 * (nt0 + nt) + mma::acc_col(e)) * KMAX + d0 + mma::acc_row(e)] = sign * acc[nt][e];
 }
 
-}  // namespace flashgrad::cuda_detail::delta_rule::kda_mma
-
-namespace flashgrad::cuda_detail::delta_rule::kda_mma {
-
 // acc[nt] += sum_{c < ncols} X[16 rs + i][c] Y[32 hf + 8 nt + j][c]: the calling warp's 16 x 32
 // block (rs = w % 4, hf = w / 4 of 8 warps) of X Y^T for two 64-row operands in global memory
 // (row r at x + r * xs / y + r * ys, elements XE / YE contiguous; rows >= L read as 0), fragments
-// loaded straight from global memory: 16-bit operands exact, fp32 ones split hi + lo in registers
-// (one mma per step when both are exact, two when one is split). No staging, no barrier.
-template <typename T, typename XE, typename YE>
+// loaded straight from global memory: 16-bit operands exact (PAIRS: 32-bit loads), fp32 ones
+// split hi + lo in registers (one mma per step when both are exact, two when one is split). No
+// staging, no barrier.
+template <typename T, bool PAIRS, typename XE, typename YE>
 __device__ __forceinline__ void rows_times_rows_global(const XE* x, int64_t xs, const YE* y, int64_t ys,
                                                        int64_t ncols, int L, float (&acc)[4][4]) {
   constexpr bool XS = std::is_same_v<XE, float>, YS = std::is_same_v<YE, float>;
@@ -354,51 +365,44 @@ __device__ __forceinline__ void rows_times_rows_global(const XE* x, int64_t xs, 
   const int ra = 16 * rs + g, rb = ra + 8;
   const XE* xa = x + (ra < L ? ra : 0) * xs + t2;
   const XE* xb = x + (rb < L ? rb : 0) * xs + t2;
-  const float ma = ra < L ? 1.f : 0.f, mb = rb < L ? 1.f : 0.f;
+  const bool oka = ra < L, okb = rb < L;
   const YE* yr[4];
-  float ym[4];
+  bool yok[4];
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) {
     const int n = 32 * hf + 8 * nt + g;
     yr[nt] = y + (n < L ? n : 0) * ys + t2;
-    ym[nt] = n < L ? 1.f : 0.f;
+    yok[nt] = n < L;
   }
 #pragma unroll 2
   for (int64_t c = 0; c < ncols; c += 16) {
-    const float a0 = to_f<XE>(xa[c]) * ma, a1 = to_f<XE>(xa[c + 1]) * ma, a2 = to_f<XE>(xb[c]) * mb,
-                a3 = to_f<XE>(xb[c + 1]) * mb, a4 = to_f<XE>(xa[c + 8]) * ma, a5 = to_f<XE>(xa[c + 9]) * ma,
-                a6 = to_f<XE>(xb[c + 8]) * mb, a7 = to_f<XE>(xb[c + 9]) * mb;
-    float yv[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      yv[nt][0] = to_f<YE>(yr[nt][c]) * ym[nt];
-      yv[nt][1] = to_f<YE>(yr[nt][c + 1]) * ym[nt];
-      yv[nt][2] = to_f<YE>(yr[nt][c + 8]) * ym[nt];
-      yv[nt][3] = to_f<YE>(yr[nt][c + 9]) * ym[nt];
-    }
-    uint32_t ah[4], al[4];
+    uint32_t ah[4], al[4], bh[4][2], bl[4][2];
     if constexpr (XS) {
-      mma::split_pair<T>(a0, a1, ah[0], al[0]);
-      mma::split_pair<T>(a2, a3, ah[1], al[1]);
-      mma::split_pair<T>(a4, a5, ah[2], al[2]);
-      mma::split_pair<T>(a6, a7, ah[3], al[3]);
+      pair_split<T>(xa + c, oka, ah[0], al[0]);
+      pair_split<T>(xb + c, okb, ah[1], al[1]);
+      pair_split<T>(xa + c + 8, oka, ah[2], al[2]);
+      pair_split<T>(xb + c + 8, okb, ah[3], al[3]);
     } else {
-      ah[0] = mma::pack_floats<T>(a0, a1), ah[1] = mma::pack_floats<T>(a2, a3);
-      ah[2] = mma::pack_floats<T>(a4, a5), ah[3] = mma::pack_floats<T>(a6, a7);
+      ah[0] = pair_exact<T, PAIRS>(xa + c, oka);
+      ah[1] = pair_exact<T, PAIRS>(xb + c, okb);
+      ah[2] = pair_exact<T, PAIRS>(xa + c + 8, oka);
+      ah[3] = pair_exact<T, PAIRS>(xb + c + 8, okb);
     }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
-      uint32_t bh[2], bl[2];
       if constexpr (YS) {
-        mma::split_pair<T>(yv[nt][0], yv[nt][1], bh[0], bl[0]);
-        mma::split_pair<T>(yv[nt][2], yv[nt][3], bh[1], bl[1]);
+        pair_split<T>(yr[nt] + c, yok[nt], bh[nt][0], bl[nt][0]);
+        pair_split<T>(yr[nt] + c + 8, yok[nt], bh[nt][1], bl[nt][1]);
       } else {
-        bh[0] = mma::pack_floats<T>(yv[nt][0], yv[nt][1]);
-        bh[1] = mma::pack_floats<T>(yv[nt][2], yv[nt][3]);
+        bh[nt][0] = pair_exact<T, PAIRS>(yr[nt] + c, yok[nt]);
+        bh[nt][1] = pair_exact<T, PAIRS>(yr[nt] + c + 8, yok[nt]);
       }
-      mma::mma16816<T>(acc[nt], ah, bh);
-      if constexpr (XS) mma::mma16816<T>(acc[nt], al, bh);
-      if constexpr (YS) mma::mma16816<T>(acc[nt], ah, bl);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      mma::mma16816<T>(acc[nt], ah, bh[nt]);
+      if constexpr (XS) mma::mma16816<T>(acc[nt], al, bh[nt]);
+      if constexpr (YS) mma::mma16816<T>(acc[nt], ah, bl[nt]);
     }
   }
 }
