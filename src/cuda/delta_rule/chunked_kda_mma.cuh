@@ -316,25 +316,43 @@ __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, cons
     xr[nt] = x + (r < L ? r : 0) * xstride + t2;
     xok[nt] = r < L;
   }
-  float acc[NT][4] = {};
-#pragma unroll 2
-  for (int64_t c = 0; c < V; c += 16) {
-    uint32_t bh[NT][2], bl[NT][2];  // B (16 x 8): rows t2.., t2 + 8.. of column g
+  // Raw operands of one 16-column step, loaded one step ahead (in flight during the current step's
+  // mmas): the state's four float2, X's pairs (32-bit words, or float2 when split).
+  using XPair = std::conditional_t<XS, float2, uint32_t>;
+  float2 sv[4];
+  XPair xv[NT][2];
+  auto fetch = [&](int64_t c) {
+    sv[0] = *reinterpret_cast<const float2*>(s0 + c), sv[1] = *reinterpret_cast<const float2*>(s1 + c);
+    sv[2] = *reinterpret_cast<const float2*>(s0 + c + 8), sv[3] = *reinterpret_cast<const float2*>(s1 + c + 8);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if constexpr (XS) {
-        pair_split<T>(xr[nt] + c, xok[nt], bh[nt][0], bl[nt][0]);
-        pair_split<T>(xr[nt] + c + 8, xok[nt], bh[nt][1], bl[nt][1]);
-      } else {
-        bh[nt][0] = pair_exact<T, PAIRS>(xr[nt] + c, xok[nt]);
-        bh[nt][1] = pair_exact<T, PAIRS>(xr[nt] + c + 8, xok[nt]);
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (XS)
+          xv[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(xr[nt] + c + 8 * h) : make_float2(0.f, 0.f);
+        else
+          xv[nt][h] = pair_exact<T, PAIRS>(xr[nt] + c + 8 * h, xok[nt]);
       }
-    }
-    uint32_t ah[4], al[4];  // A (16 x 16): (g, t2..), (g + 8, t2..), (g, t2 + 8..), (g + 8, t2 + 8..)
-    pair_split<T>(s0 + c, true, ah[0], al[0]);
-    pair_split<T>(s1 + c, true, ah[1], al[1]);
-    pair_split<T>(s0 + c + 8, true, ah[2], al[2]);
-    pair_split<T>(s1 + c + 8, true, ah[3], al[3]);
+  };
+  float acc[NT][4] = {};
+  fetch(0);
+#pragma unroll 1
+  for (int64_t c = 0; c < V; c += 16) {
+    uint32_t ah[4], al[4], bh[NT][2], bl[NT][2];
+    // A (16 x 16): (g, t2..), (g + 8, t2..), (g, t2 + 8..), (g + 8, t2 + 8..); B (16 x 8): rows
+    // t2.., t2 + 8.. of column g.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mma::split_pair<T>(sv[i].x, sv[i].y, ah[i], al[i]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (XS)
+          mma::split_pair<T>(xv[nt][h].x, xv[nt][h].y, bh[nt][h], bl[nt][h]);
+        else
+          bh[nt][h] = xv[nt][h];
+      }
+    if (c + 16 < V) fetch(c + 16);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       mma::mma16816<T>(acc[nt], ah, bh[nt]);
@@ -374,30 +392,53 @@ __device__ __forceinline__ void rows_times_rows_global(const XE* x, int64_t xs, 
     yr[nt] = y + (n < L ? n : 0) * ys + t2;
     yok[nt] = n < L;
   }
-#pragma unroll 2
-  for (int64_t c = 0; c < ncols; c += 16) {
-    uint32_t ah[4], al[4], bh[4][2], bl[4][2];
-    if constexpr (XS) {
-      pair_split<T>(xa + c, oka, ah[0], al[0]);
-      pair_split<T>(xb + c, okb, ah[1], al[1]);
-      pair_split<T>(xa + c + 8, oka, ah[2], al[2]);
-      pair_split<T>(xb + c + 8, okb, ah[3], al[3]);
-    } else {
-      ah[0] = pair_exact<T, PAIRS>(xa + c, oka);
-      ah[1] = pair_exact<T, PAIRS>(xb + c, okb);
-      ah[2] = pair_exact<T, PAIRS>(xa + c + 8, oka);
-      ah[3] = pair_exact<T, PAIRS>(xb + c + 8, okb);
+  // Raw operands of one 16-column step, loaded one step ahead (in flight during the current
+  // step's mmas): 32-bit words of exact pairs, float2 of split ones.
+  using XPair = std::conditional_t<XS, float2, uint32_t>;
+  using YPair = std::conditional_t<YS, float2, uint32_t>;
+  XPair xv[4];  // (ra, c), (rb, c), (ra, c + 8), (rb, c + 8)
+  YPair yv[4][2];
+  auto fetch = [&](int64_t c) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const XE* p = (i & 1 ? xb : xa) + c + 8 * (i >> 1);
+      const bool ok = i & 1 ? okb : oka;
+      if constexpr (XS)
+        xv[i] = ok ? *reinterpret_cast<const float2*>(p) : make_float2(0.f, 0.f);
+      else
+        xv[i] = pair_exact<T, PAIRS>(p, ok);
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      if constexpr (YS) {
-        pair_split<T>(yr[nt] + c, yok[nt], bh[nt][0], bl[nt][0]);
-        pair_split<T>(yr[nt] + c + 8, yok[nt], bh[nt][1], bl[nt][1]);
-      } else {
-        bh[nt][0] = pair_exact<T, PAIRS>(yr[nt] + c, yok[nt]);
-        bh[nt][1] = pair_exact<T, PAIRS>(yr[nt] + c + 8, yok[nt]);
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (YS)
+          yv[nt][h] = yok[nt] ? *reinterpret_cast<const float2*>(yr[nt] + c + 8 * h) : make_float2(0.f, 0.f);
+        else
+          yv[nt][h] = pair_exact<T, PAIRS>(yr[nt] + c + 8 * h, yok[nt]);
       }
+  };
+  fetch(0);
+#pragma unroll 1
+  for (int64_t c = 0; c < ncols; c += 16) {
+    uint32_t ah[4], al[4], bh[4][2], bl[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (XS)
+        mma::split_pair<T>(xv[i].x, xv[i].y, ah[i], al[i]);
+      else
+        ah[i] = xv[i];
     }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (YS)
+          mma::split_pair<T>(yv[nt][h].x, yv[nt][h].y, bh[nt][h], bl[nt][h]);
+        else
+          bh[nt][h] = yv[nt][h];
+      }
+    if (c + 16 < ncols) fetch(c + 16);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       mma::mma16816<T>(acc[nt], ah, bh[nt]);
