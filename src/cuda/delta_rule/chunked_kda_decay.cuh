@@ -31,7 +31,7 @@ __device__ __forceinline__ void kda_load_cumulative_gate(const View& g, const Ch
                                                          float* G, int ldg, float* G_out, int64_t row0,
                                                          int64_t HV) {
   const int tid = threadIdx.x;
-  batched_copy<kChunkSize * KMAX>(  // consecutive threads: consecutive channels (coalesced)
+  batched_copy<kChunkSize * KMAX, kChunkThreads, 32>(  // consecutive threads: consecutive channels (coalesced)
       [&](int e) { return e / KMAX < ci.len ? load_elem<T>(g, off4(g, ci.b, ci.t0 + e / KMAX, hv, e % KMAX)) : 0.f; },
       [&](int e, float x) { G[(e / KMAX) * ldg + e % KMAX] = x; });
   __syncthreads();

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   // u = A (beta v), 64 value columns at a time.
   for (int c0 = 0; c0 < a.V; c0 += 64) {
     __syncthreads();  // the previous piece's readers are done
-    batched_copy<C * 64>(
+    batched_copy<C * 64, kChunkThreads, 32>(  // one batch
         [&](int e) { return e / 64 < L ? load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + e / 64, hv, c0 + e % 64)) : 0.f; },
         [&](int e, float x) {
           const int r = e / 64, col = e % 64;

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
           store_split<T>(h[mt][nt][e], &sm.hs[d * LDH + col], &sm.hs_lo[d * LDH + col]);
         }
     if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
-    batched_copy<C * KMAX>(
+    batched_copy<C * KMAX, kChunkThreads, KMAX == 128 ? 32 : 16>(  // K = 128: 2 latencies, not 4
         [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
         [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
     // The next chunk's k, G, w, u rows into L2 while this one computes.
