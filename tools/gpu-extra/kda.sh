@@ -39,7 +39,7 @@ fi
 
 echo "== kda 2/3: chunk KDA B4 T4096 H16 K=V=128 bf16, legacy vs new kernels (one process)"
 timeout -k 3 "$(cap 60)" python3 - > "$OUT/extra/kda_compare.log" 2>&1 <<'EOF'
-import os, torch, torch.nn.functional as F
+import os, re, torch, torch.nn.functional as F
 import flashgrad
 
 torch.manual_seed(0)
@@ -74,7 +74,9 @@ def kernel_ms(steps):
     out = {}
     for e in prof.key_averages():
         if "kda_" not in e.key: continue
-        name = e.key.split("delta_rule::")[-1].split("<")[0]
+        m = re.search(r"(kda_\w+?_kernel)", e.key)
+        if not m: continue
+        name = m.group(1)
         t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
         out[name] = (t / 1000.0 / max(e.count, 1), e.count // steps)
     return out
