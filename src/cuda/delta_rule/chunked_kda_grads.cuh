@@ -180,7 +180,10 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   // B.2 ak (into dw's array), X = v_new dh_{c+1}^T (into dk's); dk = X o exp(gl - G) + ak,
   //     dG -= s + k o ak with s = X o k o exp(gl - G), and dG_{L-1} += sum_r s (sl).
   kda_decayed_cols_mma<T, KMAX>(sm.mat, LDM, qx, sm.G, true, sm.dw, stagef);
-  kda_mma::state_times_rows<T, KMAX, true>(dhn, V, vn_base, a.HV * V, L, 1.f, sm.dk);  // v_new: our layout, aligned
+  // (v_new: our layout, 4-byte aligned pairs.) The same pass returns <dh_{c+1}[d], h_c[d]> for this
+  // lane's two channels (hdot; nonzero in one lane per channel).
+  float hdot[2];
+  kda_mma::state_times_rows<T, KMAX, true>(dhn, V, vn_base, a.HV * V, L, 1.f, sm.dk, h, hdot);
   __syncthreads();
   {
     // A thread's channel d = tid % KMAX is the same for all its elements (256 % KMAX == 0): sum
@@ -202,18 +205,12 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     }
     atomicAdd(&sm.sl[tid % KMAX], s_sum);
   }
-  // exp(gl_d) <h_c[d], dh_{c+1}[d]>: warps over consecutive columns of one channel (V % 32 == 0),
-  // 8 loads in flight per thread (K V is a multiple of 8 * 256).
-  for (int64_t e0 = tid; e0 < K * V; e0 += 8 * kGradsThreads) {
-    float x[8];
+  // exp(gl_d) <h_c[d], dh_{c+1}[d]> into sl: channels 16 (w % (K / 16)) + grp (+ 8), from the X pass.
+  {
+    const int d0 = 16 * ((tid / 32) % (KMAX / 16)) + mma::grp();
 #pragma unroll
-    for (int u = 0; u < 8; ++u) x[u] = h[e0 + u * kGradsThreads] * dhn[e0 + u * kGradsThreads];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const float s = group_sum<32>(x[u]);
-      const int d = static_cast<int>((e0 + u * kGradsThreads) / V);
-      if ((tid & 31) == 0) atomicAdd(&sm.sl[d], decay_exp(sm.G[(L - 1) * KMAX + d]) * s);
-    }
+    for (int i = 0; i < 2; ++i)
+      if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], decay_exp(sm.G[(L - 1) * KMAX + d0 + 8 * i]) * hdot[i]);
   }
   // B.3 dw = -dv_new h^T (into dw's array once ak's readers are done).
   __syncthreads();

@@ -298,9 +298,15 @@ __device__ __forceinline__ void pair_split(const float* p, bool ok, uint32_t& hi
 // [16 (w % (KMAX / 16)), +16), row tiles [NT (w / (KMAX / 16)), +NT) with NT = 8 (KMAX = 128) or
 // 4 (KMAX = 64). V a multiple of 16. The caller barriers before others read `out` (shared
 // memory, [64][KMAX]).
+//
+// With `S2` (another K x V state, same layout), the call also returns in `dot` the row dots
+// <S[d], S2[d]> over all V columns for this lane's channels d0 + grp and d0 + grp + 8 (dot[0],
+// dot[1]; valid in lanes with tig == 0 of the warps with nt0 == 0, 0 elsewhere): B2's
+// <h_c[d], dh_{c+1}[d]> on the loads of its X pass instead of a separate pass over both states.
 template <typename T, int KMAX, bool PAIRS, typename E>
 __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, const E* x, int64_t xstride, int L,
-                                                 float sign, float* out) {
+                                                 float sign, float* out, const float* S2 = nullptr,
+                                                 float* dot = nullptr) {
   constexpr int kStrips = KMAX / 16, NT = 8 * kStrips / 8;  // 8 warps over kStrips x (8 / NT)
   constexpr bool XS = std::is_same_v<E, float>;
   static_assert(KMAX == 64 || KMAX == 128, "K 64 or 128");
@@ -319,11 +325,19 @@ __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, cons
   // Raw operands of one 16-column step, loaded one step ahead (in flight during the current step's
   // mmas): the state's four float2, X's pairs (32-bit words, or float2 when split).
   using XPair = std::conditional_t<XS, float2, uint32_t>;
-  float2 sv[4];
+  float2 sv[4], tv[4];
   XPair xv[NT][2];
+  const bool with_dot = S2 != nullptr;  // block-uniform
+  const float* u0 = with_dot ? S2 + (s0 - S) : nullptr;
+  const float* u1 = with_dot ? S2 + (s1 - S) : nullptr;
+  float dsum[2] = {0.f, 0.f};
   auto fetch = [&](int64_t c) {
     sv[0] = *reinterpret_cast<const float2*>(s0 + c), sv[1] = *reinterpret_cast<const float2*>(s1 + c);
     sv[2] = *reinterpret_cast<const float2*>(s0 + c + 8), sv[3] = *reinterpret_cast<const float2*>(s1 + c + 8);
+    if (with_dot) {
+      tv[0] = *reinterpret_cast<const float2*>(u0 + c), tv[1] = *reinterpret_cast<const float2*>(u1 + c);
+      tv[2] = *reinterpret_cast<const float2*>(u0 + c + 8), tv[3] = *reinterpret_cast<const float2*>(u1 + c + 8);
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -343,6 +357,9 @@ __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, cons
     // t2.., t2 + 8.. of column g.
 #pragma unroll
     for (int i = 0; i < 4; ++i) mma::split_pair<T>(sv[i].x, sv[i].y, ah[i], al[i]);
+    if (with_dot)  // rows grp (i = 0, 2) and grp + 8 (i = 1, 3)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dsum[i & 1] += sv[i].x * tv[i].x + sv[i].y * tv[i].y;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -358,6 +375,14 @@ __device__ __forceinline__ void state_times_rows(const float* S, int64_t V, cons
       mma::mma16816<T>(acc[nt], ah, bh[nt]);
       mma::mma16816<T>(acc[nt], al, bh[nt]);
       if constexpr (XS) mma::mma16816<T>(acc[nt], ah, bl[nt]);
+    }
+  }
+  if (with_dot) {  // over the 4 lanes (tig) of a row
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 1);
+      dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 2);
+      dot[i] = nt0 == 0 && mma::tig() == 0 ? dsum[i] : 0.f;
     }
   }
   // acc[nt][e] is out^T at (channel d0 + acc_row(e), row 8 (nt0 + nt) + acc_col(e)).
