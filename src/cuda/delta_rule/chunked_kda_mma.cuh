@@ -12,24 +12,53 @@
 
 namespace flashgrad::cuda_detail::delta_rule::kda_mma {
 
+// Fragments by ldmatrix (one .x4 instead of 4 - 16 scalar shared loads; chunked_mma_ldmatrix.cuh):
+// lane l passes row l % 8 of 8 x 8 tile l / 8. Rows must start 16-byte aligned (ld a multiple of 8
+// elements, 16-byte aligned bases, offsets multiples of 8).
+//   ldm_a:       A[r][kk] = X[r0 + r][k0 + kk]            tiles (r 0-7, kk 0-7), (r 8-15, kk 0-7),
+//                                                          (r 0-7, kk 8-15), (r 8-15, kk 8-15)
+//   ldm_a_trans: A[r][kk] = X[k0 + kk][r0 + r] (X^T)       the same tiles read transposed
+//   ldm_b_pair:  B[kk][n] = Z[k0 + kk][n0 + n] for the two 8-column tiles n0, n0 + 8: b[0..1] the
+//                first tile's fragment, b[2..3] the second's
+template <typename T>
+__device__ __forceinline__ void ldm_a(const T* X, int ld, int r0, int k0, uint32_t (&a)[4]) {
+  const int l = threadIdx.x & 31, t = l >> 3;
+  mma::ldmatrix_x4<false>(a, X + (r0 + (l & 7) + 8 * (t & 1)) * ld + k0 + 8 * (t >> 1));
+}
+template <typename T>
+__device__ __forceinline__ void ldm_a_trans(const T* X, int ld, int r0, int k0, uint32_t (&a)[4]) {
+  const int l = threadIdx.x & 31, t = l >> 3;
+  mma::ldmatrix_x4<true>(a, X + (k0 + (l & 7) + 8 * (t >> 1)) * ld + r0 + 8 * (t & 1));
+}
+template <typename T>
+__device__ __forceinline__ void ldm_b_pair(const T* Z, int ld, int k0, int n0, uint32_t (&b)[4]) {
+  const int l = threadIdx.x & 31, t = l >> 3;
+  mma::ldmatrix_x4<true>(b, Z + (k0 + (l & 7) + 8 * (t & 1)) * ld + n0 + 8 * (t >> 1));
+}
+
 // acc += X[16 wp.., :kdim] Y[:kdim, col0 + 8 nt..] for a dense X (row-major, ld lda) and Y
-// (row-major, ld ldb), both split; kdim a multiple of 16.
+// (row-major, ld ldb), both split; kdim a multiple of 16, NT even; fragments by ldmatrix.
 template <typename T, int NT>
 __device__ __forceinline__ void rows_times_split(const T* Xh, const T* Xl, int lda, const T* Yh, const T* Yl,
                                                  int ldb, int col0, int kdim, float (&acc)[NT][4]) {
+  static_assert(NT % 2 == 0, "tile pairs");
   const int wp = threadIdx.x / 32;
   for (int kk = 0; kk < kdim; kk += 16) {
     uint32_t ah[4], al[4];
-    mma::frag_a(Xh, lda, 16 * wp, kk, ah);
-    mma::frag_a(Xl, lda, 16 * wp, kk, al);
+    ldm_a(Xh, lda, 16 * wp, kk, ah);
+    ldm_a(Xl, lda, 16 * wp, kk, al);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t bh[2], bl[2];
-      mma::frag_b(Yh, ldb, kk, col0 + 8 * nt, bh);
-      mma::frag_b(Yl, ldb, kk, col0 + 8 * nt, bl);
-      mma::mma16816<T>(acc[nt], ah, bh);
-      mma::mma16816<T>(acc[nt], al, bh);
-      mma::mma16816<T>(acc[nt], ah, bl);
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bh[4], bl[4];
+      ldm_b_pair(Yh, ldb, kk, col0 + 16 * np, bh);
+      ldm_b_pair(Yl, ldb, kk, col0 + 16 * np, bl);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t b_h[2] = {bh[2 * h], bh[2 * h + 1]}, b_l[2] = {bl[2 * h], bl[2 * h + 1]};
+        mma::mma16816<T>(acc[2 * np + h], ah, b_h);
+        mma::mma16816<T>(acc[2 * np + h], al, b_h);
+        mma::mma16816<T>(acc[2 * np + h], ah, b_l);
+      }
     }
   }
 }
@@ -52,25 +81,35 @@ __device__ __forceinline__ void rows_times_rows_split(const T* Xh, const T* Xl, 
 }
 
 // acc += Lw[16 wp.., :] Y[:, col0 + 8 nt..] for a 64 x 64 lower-triangular Lw (row-major, split):
-// column blocks kb <= wp only. Y split (Yl non-null) or exact in T (Yl null: two mmas).
+// column blocks kb <= wp only. Y split (Yl non-null) or exact in T (Yl null: two mmas). NT even;
+// fragments by ldmatrix.
 template <typename T, int NT>
 __device__ __forceinline__ void lower_times_split(const T* Lh, const T* Ll, int lda, const T* Yh, const T* Yl,
                                                   int ldb, int col0, float (&acc)[NT][4]) {
+  static_assert(NT % 2 == 0, "tile pairs");
   const int wp = threadIdx.x / 32;
   for (int kb = 0; kb <= wp; ++kb) {
     uint32_t ah[4], al[4];
-    mma::frag_a(Lh, lda, 16 * wp, 16 * kb, ah);
-    mma::frag_a(Ll, lda, 16 * wp, 16 * kb, al);
+    ldm_a(Lh, lda, 16 * wp, 16 * kb, ah);
+    ldm_a(Ll, lda, 16 * wp, 16 * kb, al);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t bh[2];
-      mma::frag_b(Yh, ldb, 16 * kb, col0 + 8 * nt, bh);
-      mma::mma16816<T>(acc[nt], ah, bh);
-      mma::mma16816<T>(acc[nt], al, bh);
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bh[4];
+      ldm_b_pair(Yh, ldb, 16 * kb, col0 + 16 * np, bh);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t b_h[2] = {bh[2 * h], bh[2 * h + 1]};
+        mma::mma16816<T>(acc[2 * np + h], ah, b_h);
+        mma::mma16816<T>(acc[2 * np + h], al, b_h);
+      }
       if (Yl) {
-        uint32_t bl[2];
-        mma::frag_b(Yl, ldb, 16 * kb, col0 + 8 * nt, bl);
-        mma::mma16816<T>(acc[nt], ah, bl);
+        uint32_t bl[4];
+        ldm_b_pair(Yl, ldb, 16 * kb, col0 + 16 * np, bl);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t b_l[2] = {bl[2 * h], bl[2 * h + 1]};
+          mma::mma16816<T>(acc[2 * np + h], ah, b_l);
+        }
       }
     }
   }
