@@ -110,16 +110,20 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
         }
       float p[NT][4] = {};
 #pragma unroll
-      for (int kk = 0; kk < KMAX; kk += 16) {
+      for (int kk = 0; kk < KMAX; kk += 16) {  // fragments by ldmatrix (kda_mma::ldm_*)
         uint32_t af[4];
-        mma::frag_a(sm.ws, LDK, 16 * wp, kk, af);
+        kda_mma::ldm_a(sm.ws, LDK, 16 * wp, kk, af);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bf[2];
-          mma::frag_b(sm.hs, LDH, kk, 8 * nt, bf);
-          mma::mma16816<T>(p[nt], af, bf);
-          mma::frag_b(sm.hs_lo, LDH, kk, 8 * nt, bf);
-          mma::mma16816<T>(p[nt], af, bf);
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t bh[4], bl[4];
+          kda_mma::ldm_b_pair(sm.hs, LDH, kk, 16 * np, bh);
+          kda_mma::ldm_b_pair(sm.hs_lo, LDH, kk, 16 * np, bl);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const uint32_t b_h[2] = {bh[2 * t], bh[2 * t + 1]}, b_l[2] = {bl[2 * t], bl[2 * t + 1]};
+            mma::mma16816<T>(p[2 * np + t], af, b_h);
+            mma::mma16816<T>(p[2 * np + t], af, b_l);
+          }
         }
       }
 #pragma unroll
@@ -148,16 +152,20 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
         uint32_t ah[4], al[4];
-        mma::frag_a_trans(sm.kd, LDK, 16 * (wp + 4 * mt), kk, ah);
-        mma::frag_a_trans(sm.kd_lo, LDK, 16 * (wp + 4 * mt), kk, al);
+        kda_mma::ldm_a_trans(sm.kd, LDK, 16 * (wp + 4 * mt), kk, ah);
+        kda_mma::ldm_a_trans(sm.kd_lo, LDK, 16 * (wp + 4 * mt), kk, al);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bh[2], bl[2];
-          mma::frag_b(sm.vn, LDH, kk, 8 * nt, bh);
-          mma::frag_b(sm.vn_lo, LDH, kk, 8 * nt, bl);
-          mma::mma16816<T>(h[mt][nt], ah, bh);
-          mma::mma16816<T>(h[mt][nt], al, bh);
-          mma::mma16816<T>(h[mt][nt], ah, bl);
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t bh[4], bl[4];
+          kda_mma::ldm_b_pair(sm.vn, LDH, kk, 16 * np, bh);
+          kda_mma::ldm_b_pair(sm.vn_lo, LDH, kk, 16 * np, bl);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const uint32_t b_h[2] = {bh[2 * t], bh[2 * t + 1]}, b_l[2] = {bl[2 * t], bl[2 * t + 1]};
+            mma::mma16816<T>(h[mt][2 * np + t], ah, b_h);
+            mma::mma16816<T>(h[mt][2 * np + t], al, b_h);
+            mma::mma16816<T>(h[mt][2 * np + t], ah, b_l);
+          }
         }
       }
     }

@@ -130,15 +130,19 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
         const int m0 = 16 * (wp + 4 * mt);
-        uint32_t qh[4], ql[4];
-        mma::frag_a_trans(sm.qs, LDK, m0, kk, qh);
-        mma::frag_a_trans(sm.qs_lo, LDK, m0, kk, ql);
+        uint32_t qh[4], ql[4];  // fragments by ldmatrix (kda_mma::ldm_*)
+        kda_mma::ldm_a_trans(sm.qs, LDK, m0, kk, qh);
+        kda_mma::ldm_a_trans(sm.qs_lo, LDK, m0, kk, ql);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bf[2];
-          mma::frag_b(sm.dos, LDH, kk, 8 * nt, bf);
-          mma::mma16816<T>(dh[mt][nt], qh, bf);
-          mma::mma16816<T>(dh[mt][nt], ql, bf);
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b4[4];
+          kda_mma::ldm_b_pair(sm.dos, LDH, kk, 16 * np, b4);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const uint32_t bf[2] = {b4[2 * t], b4[2 * t + 1]};
+            mma::mma16816<T>(dh[mt][2 * np + t], qh, bf);
+            mma::mma16816<T>(dh[mt][2 * np + t], ql, bf);
+          }
         }
       }
     }
@@ -161,14 +165,18 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
       // (P^T)[j][i] = P[i][j] is nonzero for i >= j only: row blocks kb >= wp.
       for (int kb = wp; kb < 4; ++kb) {
         uint32_t ph[4], pl[4];
-        mma::frag_a_trans(sm.Ps, LDP, 16 * wp, 16 * kb, ph);
-        mma::frag_a_trans(sm.Ps_lo, LDP, 16 * wp, 16 * kb, pl);
+        kda_mma::ldm_a_trans(sm.Ps, LDP, 16 * wp, 16 * kb, ph);
+        kda_mma::ldm_a_trans(sm.Ps_lo, LDP, 16 * wp, 16 * kb, pl);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t bf[2];
-          mma::frag_b(sm.dos, LDH, 16 * kb, 8 * nt, bf);
-          mma::mma16816<T>(acc[nt], ph, bf);
-          mma::mma16816<T>(acc[nt], pl, bf);
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t b4[4];
+          kda_mma::ldm_b_pair(sm.dos, LDH, 16 * kb, 16 * np, b4);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const uint32_t bf[2] = {b4[2 * t], b4[2 * t + 1]};
+            mma::mma16816<T>(acc[2 * np + t], ph, bf);
+            mma::mma16816<T>(acc[2 * np + t], pl, bf);
+          }
         }
       }
       __syncthreads();  // every warp is done with k's arrays: -dv_new takes their place
@@ -190,14 +198,18 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
         uint32_t wf[4];
-        mma::frag_a_trans(sm.ws, LDK, 16 * (wp + 4 * mt), kk, wf);
+        kda_mma::ldm_a_trans(sm.ws, LDK, 16 * (wp + 4 * mt), kk, wf);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t nh[2], nl[2];
-          mma::frag_b(sm.nd, LDH, kk, 8 * nt, nh);
-          mma::frag_b(sm.nd_lo, LDH, kk, 8 * nt, nl);
-          mma::mma16816<T>(dh[mt][nt], wf, nh);
-          mma::mma16816<T>(dh[mt][nt], wf, nl);
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t nh[4], nl[4];
+          kda_mma::ldm_b_pair(sm.nd, LDH, kk, 16 * np, nh);
+          kda_mma::ldm_b_pair(sm.nd_lo, LDH, kk, 16 * np, nl);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const uint32_t b_h[2] = {nh[2 * t], nh[2 * t + 1]}, b_l[2] = {nl[2 * t], nl[2 * t + 1]};
+            mma::mma16816<T>(dh[mt][2 * np + t], wf, b_h);
+            mma::mma16816<T>(dh[mt][2 * np + t], wf, b_l);
+          }
         }
       }
     }
