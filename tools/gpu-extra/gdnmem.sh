@@ -8,7 +8,8 @@
 #      time and torch peak extra memory (as bench/delta_rule_vs_fla.py measures it) with the session-5
 #      backward (FLASHGRAD_CHUNKED_STATE16=0) and the new one, and the new gradients against the old
 #      (rel RMS); then the same at B2 T4096 H8 HV16 (GVA: dq / dk still through fp32 accumulators).
-#   Prints a compact table last.
+#   3. bench/profile_delta_rule.py per-kernel times, new and old; 4. ncu of one new B2 launch if >= 40 s
+#      of the cap are left. Prints a compact table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -18,7 +19,7 @@ left() { echo $(( 146 - ($(date +%s) - t0) )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 summary=()
 
-echo "== gdnmem 1/2: chunked GPU tests, 16-bit backward intermediates (default)"
+echo "== gdnmem 1/4: chunked GPU tests, 16-bit backward intermediates (default)"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
   env -u FLASHGRAD_CHUNKED_STATE16 timeout -k 3 "$(cap 50)" "$tests" \
@@ -33,7 +34,7 @@ else
   summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
 fi
 
-echo "== gdnmem 2/2: old (FLASHGRAD_CHUNKED_STATE16=0) vs new: fwd / bwd ms, peak extra MiB, grads rel RMS"
+echo "== gdnmem 2/4: old (FLASHGRAD_CHUNKED_STATE16=0) vs new: fwd / bwd ms, peak extra MiB, grads rel RMS"
 timeout -k 3 "$(cap 80)" python3 - > "$OUT/extra/gdnmem_compare.log" 2>&1 <<'EOF'
 import os, torch, torch.nn.functional as F
 import flashgrad
@@ -93,6 +94,35 @@ rc=$?
 tail -12 "$OUT/extra/gdnmem_compare.log"
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/gdnmem_compare.log")
 [ $rc -eq 0 ] || summary+=("compare rc=$rc")
+
+echo "== gdnmem 3/4: bench/profile_delta_rule.py (B8 T4096 H16 K=128), per-kernel times, new then old"
+for mode in new old; do
+  s16=1; [ "$mode" = old ] && s16=0
+  FLASHGRAD_CHUNKED_STATE16=$s16 timeout -k 3 "$(cap 30)" python3 bench/profile_delta_rule.py \
+    --B 8 --T 4096 --H 16 --K 128 --reps 2 > "$OUT/extra/gdnmem_profile_$mode.log" 2>&1
+  echo "-- $mode (rc=$?)"
+  grep -E "delta_rule::|Memset|elementwise|Self CUDA time total" "$OUT/extra/gdnmem_profile_$mode.log" | cut -c1-170 | head -16
+  while IFS= read -r l; do summary+=("$mode: $l"); done < <(
+    python3 tools/gpu-extra/gdnbwd_profile_ms.py "$OUT/extra/gdnmem_profile_$mode.log" 2)
+done
+
+echo "== gdnmem 4/4: ncu of one 16-bit chunk_grads_mma_kernel launch (B8 T4096 H16 K=V=128), if time is left"
+ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ -n "$ncu_bin" ] && [ "$(left)" -gt 40 ]; then
+  metrics='regex:sm__pipe_.*cycles_active\.avg\.pct_of_peak_sustained_active$,regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
+  timeout -k 3 "$(( $(left) - 5 ))" "$ncu_bin" --clock-control none \
+    -k regex:chunk_grads_mma --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --metrics "$metrics" \
+    python3 bench/profile_delta_rule.py --B 8 --T 4096 --H 16 --K 128 --reps 1 --no-profiler \
+    > "$OUT/extra/gdnmem_ncu_b2.txt" 2>&1
+  echo "rc=$?"
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|pipe_|issue_stalled|issue_active" \
+    "$OUT/extra/gdnmem_ncu_b2.txt" | grep -vE " 0(\.0+)?$| 0\.0[0-9]$" | head -40
+  d=$(grep -E "^ +Duration" "$OUT/extra/gdnmem_ncu_b2.txt" | head -1 | awk '{print $(NF-1), $NF}')
+  summary+=("ncu 16-bit chunk_grads_mma_kernel: duration ${d:-?} (details: extra/gdnmem_ncu_b2.txt)")
+else
+  summary+=("ncu: skipped (no ncu or < 40 s left)")
+fi
 
 echo "== gdnmem summary (commit $(git rev-parse --short HEAD 2>/dev/null), $(( $(date +%s) - t0 )) s)"
 for s in "${summary[@]}"; do echo "  $s"; done
