@@ -286,21 +286,31 @@ namespace flashgrad::cuda_detail::delta_rule {
 //         Xs_I[ii, d] = x(b + ii, d) exp(G_{b+ii, d} - G_bd)              (<= 1)
 // i.e. 16 x 16 (W) times 16 x KMAX (staged, fp32) products, split hi + lo in registers
 // (kda_mma::warp_fp32_product); warp w takes the 8-column tiles [NTW w, NTW (w + 1)) of every
-// 16-row output strip (NTW = KMAX / 64). The diagonal part's elements (r, d) belong to thread
-// (r KMAX + d) % 256; the cross parts' to the fragment owners, after a barrier.
+// 16-row output strip (NTW = KMAX / 64). The in-half part's elements (r, d) belong to the thread of
+// item (d, r / 8), the other parts' to their fragment owners; barriers separate the parts.
 template <typename T, int KMAX, typename YF>
 __device__ __forceinline__ void kda_decayed_rows_mma(const float* W, int ldw, YF&& y, const float* G,
                                                      bool inclusive, float* out, float* stage) {
   constexpr int NTHR = 256, NTW = KMAX / 64;
   static_assert(KMAX % 64 == 0, "8 warps x NTW 8-column tiles");
   const int tid = threadIdx.x, wp = tid / 32, n0 = 8 * NTW * wp;
-  // Inside the 8-row half of r: fp32, one exp per term.
-  for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
-    const int r = e / KMAX, d = e % KMAX, end = inclusive ? r : r - 1;
-    const float gr = G[r * KMAX + d];
-    float s = 0.f;
-    for (int j = r & ~7; j <= end; ++j) s += W[r * ldw + j] * y(j, d) * decay_exp(gr - G[j * KMAX + d]);
-    out[e] = s;
+  // Inside the 8-row half of r: fp32, one exp per term. Thread item (channel d, half r0 = 8 h): the
+  // half's 8 G and y values of channel d loaded once, the 36 (28) terms unrolled into 8 sums
+  // (lanes of a warp: consecutive channels of one half, so W's loads are broadcasts).
+  for (int it = tid; it < 8 * KMAX; it += NTHR) {
+    const int d = it % KMAX, r0 = 8 * (it / KMAX);
+    float g[8], s[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) g[i] = G[(r0 + i) * KMAX + d], s[i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float yj = y(r0 + j, d);
+#pragma unroll
+      for (int i = j; i < 8; ++i)
+        if (i > j || inclusive) s[i] += W[(r0 + i) * ldw + r0 + j] * yj * decay_exp(g[i] - g[j]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[(r0 + i) * KMAX + d] = s[i];
   }
   // Rows r of a sub-chunk's upper half, columns j of its lower half (j < m = 16 I + 8 <= r):
   // out[r] += exp(G_r - G_m) o sum_jj W[r, 16 I + jj] ys[8 I + jj], ys[8 I + jj] = y_j o exp(G_m - G_j)
@@ -357,13 +367,21 @@ __device__ __forceinline__ void kda_decayed_cols_mma(const float* W, int ldw, XF
   constexpr int NTHR = 256, NTW = KMAX / 64;
   static_assert(KMAX % 64 == 0, "8 warps x NTW 8-column tiles");
   const int tid = threadIdx.x, wp = tid / 32, n0 = 8 * NTW * wp;
-  // Inside the 8-row half of r: fp32, one exp per term.
-  for (int e = tid; e < kChunkSize * KMAX; e += NTHR) {
-    const int r = e / KMAX, d = e % KMAX, end = (r & ~7) + 8;
-    const float gr = G[r * KMAX + d];
-    float s = 0.f;
-    for (int i = inclusive ? r : r + 1; i < end; ++i) s += W[i * ldw + r] * x(i, d) * decay_exp(G[i * KMAX + d] - gr);
-    out[e] = s;
+  // Inside the 8-row half of r: fp32, one exp per term; thread items as in kda_decayed_rows_mma.
+  for (int it = tid; it < 8 * KMAX; it += NTHR) {
+    const int d = it % KMAX, r0 = 8 * (it / KMAX);
+    float g[8], s[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) g[i] = G[(r0 + i) * KMAX + d], s[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float xi = x(r0 + i, d);
+#pragma unroll
+      for (int r = 0; r <= i; ++r)
+        if (r < i || inclusive) s[r] += W[(r0 + i) * ldw + r0 + r] * xi * decay_exp(g[i] - g[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) out[(r0 + r) * KMAX + d] = s[r];
   }
   // Rows r of a sub-chunk's lower half, terms i of its upper half (r < m = 16 I + 8 <= i):
   // out[r] += exp(G_m - G_r) o sum_ii W[m + ii, r] xs[8 I + ii], xs[8 I + ii] = x_{m+ii} o exp(G_{m+ii} - G_m),
