@@ -8,7 +8,8 @@
 #      time and torch peak extra memory (as bench/delta_rule_vs_fla.py measures it) with the session-5
 #      backward (FLASHGRAD_CHUNKED_STATE16=0) and the new one, and the new gradients against the old
 #      (rel RMS); then the same at B2 T4096 H8 HV16 (GVA: dq / dk still through fp32 accumulators).
-#   3. bench/profile_delta_rule.py per-kernel times, new and old; 4. ncu of one new B2 launch if >= 40 s
+#      At B8 T4096 also the new mode with stage 2 in 8-warp blocks (FLASHGRAD_CHUNKED_STATE_WARPS=8).
+#   3. bench/profile_delta_rule.py per-kernel times, new, old and new with the 8-warp stage 2; 4. ncu of one new B2 launch if >= 40 s
 #      of the cap are left. Prints a compact table last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,7 +48,7 @@ def ms(fn, reps):
     e1.record(); torch.cuda.synchronize()
     return e0.elapsed_time(e1) / reps
 
-def case(B, T, H=16, HV=16, K=128, reps=5):
+def case(B, T, H=16, HV=16, K=128, reps=5, w8=False):
     torch.manual_seed(0)
     dt, dev = torch.bfloat16, "cuda"
     q = torch.randn(B, T, H, K, device=dev, dtype=dt).requires_grad_()
@@ -62,8 +63,11 @@ def case(B, T, H=16, HV=16, K=128, reps=5):
     o, ht = fn()
     do, dht = torch.randn_like(o), torch.randn_like(ht)
     res = {}
-    for mode in ("0", "1"):  # "1": the default (anything but "0")
-        os.environ["FLASHGRAD_CHUNKED_STATE16"] = mode  # read by the path at every call
+    # "1": the default (anything but "0"); "w8": the default with the backward's stage 2 in 8-warp
+    # blocks (FLASHGRAD_CHUNKED_STATE_WARPS=8, an experiment)
+    for mode in ("0", "1") + (("w8",) if w8 else ()):
+        os.environ["FLASHGRAD_CHUNKED_STATE16"] = "0" if mode == "0" else "1"  # read at every call
+        os.environ["FLASHGRAD_CHUNKED_STATE_WARPS"] = "8" if mode == "w8" else ""
         def both():
             o, ht = fn()
             return torch.autograd.grad((o, ht), ins, (do, dht))
@@ -77,16 +81,20 @@ def case(B, T, H=16, HV=16, K=128, reps=5):
     rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
     names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     tag = f"B{B} T{T} H{H} HV{HV} K=V={K}"
-    for mode, label in (("0", "old"), ("1", "new")):
+    for mode, label in (("0", "old"), ("1", "new"), ("w8", "new, stage 2 8 warps")):
+        if mode not in res: continue
         _, f, b, p = res[mode]
         print(f"ROW {tag} {label}: fwd {f:.3f} ms, bwd {b:.3f} ms, peak extra {p:.0f} MiB")
     gn, go = res["1"][0], res["0"][0]
     print(f"ROW {tag} new vs old rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, go))
           + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
+    if "w8" in res:
+        print(f"ROW {tag} w8 vs new rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, res["w8"][0], gn)))
+    os.environ["FLASHGRAD_CHUNKED_STATE_WARPS"] = ""
     del res, gn, go
     torch.cuda.empty_cache()
 
-case(8, 4096)
+case(8, 4096, w8=True)
 case(1, 32768)
 case(2, 4096, H=8, HV=16, reps=3)   # GVA
 EOF
@@ -95,10 +103,11 @@ tail -12 "$OUT/extra/gdnmem_compare.log"
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/gdnmem_compare.log")
 [ $rc -eq 0 ] || summary+=("compare rc=$rc")
 
-echo "== gdnmem 3/4: bench/profile_delta_rule.py (B8 T4096 H16 K=128), per-kernel times, new then old"
-for mode in new old; do
+echo "== gdnmem 3/4: bench/profile_delta_rule.py (B8 T4096 H16 K=128), per-kernel times, new, old, new with 8-warp stage 2"
+for mode in new old w8; do
   s16=1; [ "$mode" = old ] && s16=0
-  FLASHGRAD_CHUNKED_STATE16=$s16 timeout -k 3 "$(cap 30)" python3 bench/profile_delta_rule.py \
+  w=""; [ "$mode" = w8 ] && w=8
+  FLASHGRAD_CHUNKED_STATE16=$s16 FLASHGRAD_CHUNKED_STATE_WARPS=$w timeout -k 3 "$(cap 30)" python3 bench/profile_delta_rule.py \
     --B 8 --T 4096 --H 16 --K 128 --reps 2 > "$OUT/extra/gdnmem_profile_$mode.log" 2>&1
   echo "-- $mode (rc=$?)"
   grep -E "delta_rule::|Memset|elementwise|Self CUDA time total" "$OUT/extra/gdnmem_profile_$mode.log" | cut -c1-170 | head -16

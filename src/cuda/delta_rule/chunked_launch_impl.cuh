@@ -80,9 +80,14 @@ void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // (twice the blocks); else (few long sequences) 2 warps sharing 16 columns with half the key
 // channels each (chunk_state_kernel's KSPLIT: four times the blocks of the first shape, and each
 // warp's chain of mmas per chunk halved).
-enum class StateShape { four_warps, two_warps, channel_split };
+// FLASHGRAD_CHUNKED_STATE_WARPS=8 (an experiment, session 6, off by default): 8 warps x 16 columns
+// instead of four_warps where V % 128 == 0 (one block per 128 columns: w, k tiles copied once for
+// twice the warps), to time against four_warps in one process.
+enum class StateShape { four_warps, two_warps, channel_split, eight_warps };
 inline StateShape state_shape(const ChunkedArgs& a) {
   const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WARPS");
+  if (env && std::string(env) == "8" && a.V % 128 == 0 && chains * (a.V / 64) >= sms) return StateShape::eight_warps;
   if (chains * (a.V / 64) >= sms) return StateShape::four_warps;
   if (chains * (a.V / 32) >= sms) return StateShape::two_warps;
   return StateShape::channel_split;
@@ -174,6 +179,9 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
       break;
     case StateShape::channel_split:
       a.K == 64 ? launch_state_fixed<T, 64, 2, false, 2>(a, s) : launch_state_fixed<T, 128, 2, false, 2>(a, s);
+      break;
+    case StateShape::eight_warps:
+      a.K == 64 ? launch_state_fixed<T, 64, 8>(a, s) : launch_state_fixed<T, 128, 8>(a, s);
       break;
   }
 }
