@@ -8,7 +8,8 @@
 #      time and torch peak extra memory (as bench/delta_rule_vs_fla.py measures it) with the session-5
 #      backward (FLASHGRAD_CHUNKED_STATE16=0) and the new one, and the new gradients against the old
 #      (rel RMS); then the same at B2 T4096 H8 HV16 (GVA: dq / dk still through fp32 accumulators).
-#      At B8 T4096 also the new mode with stage 2 in 8-warp blocks (FLASHGRAD_CHUNKED_STATE_WARPS=8).
+#      At B8 T4096 also two experiments on the new mode: stage 2 in 8-warp blocks
+#      (FLASHGRAD_CHUNKED_STATE_WARPS=8) and dv_new in w's region (FLASHGRAD_CHUNKED_DVNEW_IN_W=1).
 #   3. bench/profile_delta_rule.py per-kernel times, new, old and new with the 8-warp stage 2; 4. ncu of one new B2 launch if >= 40 s
 #      of the cap are left. Prints a compact table last.
 set -uo pipefail
@@ -63,11 +64,13 @@ def case(B, T, H=16, HV=16, K=128, reps=5, w8=False):
     o, ht = fn()
     do, dht = torch.randn_like(o), torch.randn_like(ht)
     res = {}
-    # "1": the default (anything but "0"); "w8": the default with the backward's stage 2 in 8-warp
-    # blocks (FLASHGRAD_CHUNKED_STATE_WARPS=8, an experiment)
-    for mode in ("0", "1") + (("w8",) if w8 else ()):
+    # "1": the default (anything but "0"); experiments on top of it (off by default): "w8" the
+    # backward's stage 2 in 8-warp blocks (FLASHGRAD_CHUNKED_STATE_WARPS=8), "dw" dv_new in w's
+    # region (FLASHGRAD_CHUNKED_DVNEW_IN_W=1; its gradients must equal the default's exactly)
+    for mode in ("0", "1") + (("w8", "dw") if w8 else ()):
         os.environ["FLASHGRAD_CHUNKED_STATE16"] = "0" if mode == "0" else "1"  # read at every call
         os.environ["FLASHGRAD_CHUNKED_STATE_WARPS"] = "8" if mode == "w8" else ""
+        os.environ["FLASHGRAD_CHUNKED_DVNEW_IN_W"] = "1" if mode == "dw" else ""
         def both():
             o, ht = fn()
             return torch.autograd.grad((o, ht), ins, (do, dht))
@@ -81,16 +84,18 @@ def case(B, T, H=16, HV=16, K=128, reps=5, w8=False):
     rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
     names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     tag = f"B{B} T{T} H{H} HV{HV} K=V={K}"
-    for mode, label in (("0", "old"), ("1", "new"), ("w8", "new, stage 2 8 warps")):
+    for mode, label in (("0", "old"), ("1", "new"), ("w8", "new, stage 2 8 warps"), ("dw", "new, dv_new in w")):
         if mode not in res: continue
         _, f, b, p = res[mode]
         print(f"ROW {tag} {label}: fwd {f:.3f} ms, bwd {b:.3f} ms, peak extra {p:.0f} MiB")
     gn, go = res["1"][0], res["0"][0]
     print(f"ROW {tag} new vs old rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, go))
           + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
-    if "w8" in res:
-        print(f"ROW {tag} w8 vs new rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, res["w8"][0], gn)))
+    for m in ("w8", "dw"):
+        if m in res:
+            print(f"ROW {tag} {m} vs new rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, res[m][0], gn)))
     os.environ["FLASHGRAD_CHUNKED_STATE_WARPS"] = ""
+    os.environ["FLASHGRAD_CHUNKED_DVNEW_IN_W"] = ""
     del res, gn, go
     torch.cuda.empty_cache()
 

@@ -139,9 +139,13 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
                            "the legacy B1 writes fp32 dh and dv_new only");
   if (!legacy_backward_wanted()) {
     const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
-    if (a.V % 128 == 0 && 4 * chains * (a.V / 128) >= 3 * sms)
+    const int warps = state_backward_warps(chains, a.V, sms);
+    if (a.dv_new16 && a.dv_new16 == a.w && !(a.K == a.V && 16 * warps == a.V))
+      throw_invalid_argument("chunked delta rule (state backward)", "scratch",
+                             "dv_new may share w's memory only with K == V and one block per chain");
+    if (warps == 8)
       launch_state_backward_transposed<T, KMAX, 8>(a, s);
-    else if (chains * (a.V / 64) >= sms)
+    else if (warps == 4)
       launch_state_backward_transposed<T, KMAX, 4>(a, s);
     else  // few long sequences (B1 T32768 H16: 64 blocks instead of 32)
       launch_state_backward_transposed<T, KMAX, 2>(a, s);

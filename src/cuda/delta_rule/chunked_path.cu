@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct ChunkedScratch {
   bool kda = false;         // per-channel gate: the KDA stages (G and dg carry a K axis)
   bool half = false;        // the backward's 16-bit mode (h, dh, dv_new in T; direct outputs)
   bool gva = false;         // H < HV: dq, dk still summed over each group in fp32 accumulators
+  bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed, an experiment)
 
   // `backward`: the scratch of a backward call (the 16-bit mode applies there only: the forward's
   // stage 3 reads fp32 h).
@@ -53,6 +55,12 @@ struct ChunkedScratch {
     elem = dtype_size(dtype);
     half = backward && !kda && chunked_state16_wanted();
     gva = pr.heads != pr.value_heads;
+    if (half && std::getenv("FLASHGRAD_CHUNKED_DVNEW_IN_W")) {
+      int dev = 0, sms = 0;
+      FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
+      FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      dvn_in_w = dv_new_in_w_allowed(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
+    }
   }
   // Bytes of one h / dh element.
   std::size_t state_elem() const { return half ? elem : 4; }
@@ -68,7 +76,7 @@ struct ChunkedScratch {
   std::size_t backward_bytes(const DeltaRuleProblem& pr) const {
     const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
                   per_head = rows * pr.value_heads;
-    if (half) return forward_bytes() + align_up(elem * vv) + (gva ? 2 * align_up(4 * qk) : 0);
+    if (half) return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (gva ? 2 * align_up(4 * qk) : 0);
     return forward_bytes() + align_up(4 * n.h) + align_up(4 * vv) + 2 * align_up(4 * qk) + align_up(4 * vv) +
            align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * dg_elems(pr)) : 0);
   }
@@ -165,7 +173,7 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
   a.dh0 = view_of(grads.dh0);
   if (cs.half) {
     a.dh16 = a.u;  // u is dead once stage 2 has run (see ChunkedScratch)
-    a.dv_new16 = buf.take<char>(cs.elem * vv);
+    a.dv_new16 = cs.dvn_in_w ? a.w : buf.take<char>(cs.elem * vv);
     a.dv_out = view_of(grads.dv);
     a.dbeta_out = view_of(grads.dbeta);
     if (pr.gate != GateKind::none) a.dg_out = view_of(grads.dg);

@@ -139,6 +139,25 @@ inline bool mma_grads_wanted() {
   return kMmaGradsByDefault;
 }
 
+// Warps per block of the transposed B1 (16 value columns each; chunked_launch_impl.cuh), by the
+// number of (sequence, value head) chains and the SM count: 8 (128 columns) when V allows and the
+// (chain, slice) blocks still cover most SMs, else 4 (64 columns, twice the blocks), else 2 (32).
+inline int state_backward_warps(int64_t chains, int64_t V, int64_t sms) {
+  if (V % 128 == 0 && 4 * chains * (V / 128) >= 3 * sms) return 8;
+  if (chains * (V / 64) >= sms) return 4;
+  return 2;
+}
+
+// Experiment (session 6, off by default): FLASHGRAD_CHUNKED_DVNEW_IN_W=1 lets the 16-bit backward put
+// dv_new in w's region when that is race-free: K == V (the same [rows, HV, 16-bit] layout) and one B1
+// block per (sequence, value head) (16 x state_backward_warps == V), so w's rows of a chunk are read
+// (cp.async, waited for at the top of that chunk's iteration) by the block that then writes dv_new
+// over them, and by no other kernel after B1.
+inline bool dv_new_in_w_allowed(int64_t chains, int64_t K, int64_t V, int64_t sms) {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_DVNEW_IN_W");
+  return env && std::string(env) == "1" && K == V && 16 * state_backward_warps(chains, V, sms) == V;
+}
+
 // Whether the chunked GDN backward stores h, dh and dv_new in 16 bits and has B2 write the
 // gradients itself (ChunkedArgs::h16, dv_out, dq_out): on unless FLASHGRAD_CHUNKED_STATE16=0, and
 // only with the new backward's mma B2 (the legacy and v8 stages read fp32 intermediates). Read per
