@@ -11,6 +11,7 @@
 #include "chunked_kda_mma.cuh"
 #include "chunked_kda_prefetch.cuh"
 #include "chunked_state.cuh"  // kStateCols
+#include "chunked_tiles.cuh"  // intermediate_tile_async
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -85,9 +86,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
           store_split<T>(h[mt][nt][e], &sm.hs[d * LDH + col], &sm.hs_lo[d * LDH + col]);
         }
     if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
-    batched_copy<C * KMAX, kChunkThreads, KMAX == 128 ? 32 : 16>(  // K = 128: 2 latencies, not 4
-        [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
-        [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
+    // w's rows by cp.async (raw T, 16 bytes per copy, rows past L zero-filled; chunked_tiles.cuh),
+    // in flight while k is loaded and scaled below.
+    intermediate_tile_async<T, KMAX, kChunkThreads>(w, row0, a.HV, hv, a.K, 0, L, sm.ws, LDK);
+    mma::cp_async_commit();
     // The next chunk's k, G, w, u rows into L2 while this one computes.
     if (kPrefetch && has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, false);
     __syncthreads();
@@ -96,6 +98,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
       // exp(G_{L-1, d} - G_rd) with r <= L - 1: <= 1 (rows past L are zero).
       store_split<T>(r < L ? x * decay_exp(sm.Gl[d] - g) : 0.f, &sm.kd[r * LDK + d], &sm.kd_lo[r * LDK + d]);
     });
+    mma::cp_async_wait<0>();
+    __syncthreads();  // w's rows are in
 
     // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T). This
     // thread's u elements are loaded first (in flight during the products).

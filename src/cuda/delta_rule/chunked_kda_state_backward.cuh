@@ -14,6 +14,7 @@
 #include "chunked_kda_prefetch.cuh"
 #include "chunked_kda_output.cuh"  // kda_packed_P
 #include "chunked_state.cuh"       // kStateCols
+#include "chunked_tiles.cuh"       // intermediate_tile_async, view_rows_async
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -54,7 +55,7 @@ struct KdaStateBackwardSmem {
 
 // kPrefetch: as kda_state_kernel's.
 template <typename T, int KMAX, bool kPrefetch = true>
-__global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(ChunkedArgs a) {
+__global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(ChunkedArgs a) {
   using S = KdaStateBackwardSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH, LDP = S::LDP, MT = KMAX / 64, NT = kStateCols / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -77,6 +78,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
                                 : 0.f;
 
   const T* w = static_cast<const T*>(a.w);
+  // do's columns [col0, col0 + 32) as a view of their own (16-byte copies when aligned).
+  View do_slice = a.dout;
+  do_slice.p = static_cast<T*>(a.dout.p) + col0;
+  const bool do_vec = key_rows_vectorizable(do_slice);
   const int64_t c_first = a.seq_first_chunk[n];
   for (int64_t c = a.seq_first_chunk[n + 1] - 1; c >= c_first; --c) {
     const ChunkInfo ci = a.chunks[c];
@@ -98,15 +103,11 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
         }
     auto G_at = [&](int r, int d) { return a.G[((row0 + r) * a.HV + hv) * a.K + d]; };
     if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
-    batched_copy<C * KMAX>(
-        [&](int e) { return e / KMAX < L ? to_f<T>(w[((row0 + e / KMAX) * a.HV + hv) * a.K + e % KMAX]) : 0.f; },
-        [&](int e, float x) { sm.ws[(e / KMAX) * LDK + e % KMAX] = from_f<T>(x); });  // exact: x came from T
-    constexpr int SC = kStateCols;
-    batched_copy<C * SC>(
-        [&](int e) {
-          return e / SC < L ? load_elem<T>(a.dout, off4(a.dout, ci.b, ci.t0 + e / SC, hv, col0 + e % SC)) : 0.f;
-        },
-        [&](int e, float x) { sm.dos[(e / SC) * LDH + e % SC] = from_f<T>(x); });
+    // w's rows and the do slice by cp.async (raw T, 16 bytes per copy, rows past L zero-filled;
+    // chunked_tiles.cuh), in flight while q and k are loaded and scaled below.
+    intermediate_tile_async<T, KMAX, kChunkThreads>(w, row0, a.HV, hv, a.K, 0, L, sm.ws, LDK);
+    view_rows_async<T, kChunkThreads>(do_slice, ci, hv, kStateCols, do_vec, sm.dos, LDH);
+    mma::cp_async_commit();
     // The next chunk's q, k, G, w, do, P rows into L2 while this one computes.
     if (kPrefetch && has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, true);
     __syncthreads();
@@ -118,6 +119,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_backward_kernel(Chunk
     kda_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, G_in, [&](int r, int d, float x, float g) {
       store_split<T>(r < L ? x * decay_exp(sm.Gl[d] - g) : 0.f, &sm.ks[r * LDK + d], &sm.ks_lo[r * LDK + d]);
     });
+    mma::cp_async_wait<0>();
     __syncthreads();
 
     // (1) dh_regs = diag(exp(G_last)) dh + (scale q o exp(G))^T do (dh's copy in dhs stays for (2)).
