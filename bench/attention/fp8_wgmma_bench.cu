@@ -7,8 +7,8 @@
 // FLOPs: 4 B H S^2 D, halved when causal.
 // usage: fp8_wgmma_bench [B H S] [variant ...] [d64|d128|d256 ...] [none|causal]
 // (default 2 16 8192 w, head dims 128 256 64, both masks), variants of the wgmma kernel:
-//   w (the library's defaults: since session 6 serial + pipelined P V chunks at hd 256, serial at
-//   hd 64, overlapped at hd 128), ov (overlapped schedule at every head dim, P V unpipelined:
+//   w (the library's defaults: since session 6 serial + pipelined P V chunks at hd 256, overlapped
+//   with the staggered start at hd 64 / 128), ov (overlapped schedule at every head dim, P V unpipelined:
 //   FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=0, the defaults before session 6),
 //   pp (ov with FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1), spp
 //   (both), o (ov with FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o
@@ -21,7 +21,8 @@
 //   serial P V in 4 pipelined chunks; other head dims as s), pp (above), st (ov with
 //   FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=1: warpgroup 2 starts after warpgroup 1's first softmax),
 //   ppst (pp and st), es (ov with FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S=1: hd 64 / 128 issue S(j+1)
-//   before folding P(j-1) V(j-1); hd 256 as ov), espp / esst / esppst (es with pp / st / both); each
+//   before folding P(j-1) V(j-1); hd 256 as ov), espp / esst / esppst (es with pp / st / both), wst
+//   (w with FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=1: the staggered start at hd 256 too); each
 //   timed in the order given (a turn-taking bug would trap and end the process).
 #include <cuda_runtime.h>
 
@@ -136,7 +137,12 @@ void set_switch(const std::string& variant) {
   const std::string rest = es ? variant.substr(2) : variant;  // what es is combined with
   if (rest == "pp" || variant == "spp" || variant == "opp" || rest == "ppst")
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "1", 1);
-  if (rest == "st" || rest == "ppst") setenv("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", "1", 1);
+  // The staggered start: on for the st variants and wst (w with it at every head dim), the library's
+  // default (on at hd 64 / 128 since session 6) for w and wspin, off for every other variant.
+  if (rest == "st" || rest == "ppst" || variant == "wst")
+    setenv("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", "1", 1);
+  else if (variant != "w" && variant != "wspin")
+    setenv("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", "0", 1);
   if (es) setenv("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", "1", 1);
   if (variant == "s" || variant == "spp" || variant == "spv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "1", 1);
   if (variant == "ov" || variant == "pp" || variant == "o" || variant == "opp" || variant == "e" || variant == "w4" ||
@@ -148,7 +154,7 @@ void set_switch(const std::string& variant) {
   if (variant == "wspin") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", "0", 1);
   if (variant == "pv" || variant == "spv")
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "1", 1);
-  else if (variant != "w" && variant != "wspin")  // the others are what they say whatever the default
+  else if (variant != "w" && variant != "wspin" && variant != "wst")  // the others are what they say
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "0", 1);
   setenv("FLASHGRAD_ATTN_FP8_WGMMA_HD64", "1", 1);  // hd 64 on wgmma (the default since session 6)
 }
@@ -240,7 +246,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin" ||
         a == "pv" || a == "ov" || a == "spv" || a == "st" || a == "ppst" || a == "es" || a == "espp" || a == "esst" ||
-        a == "esppst")
+        a == "esppst" || a == "wst")
       variants.push_back(a);
     else if (a == "d64" || a == "d128" || a == "d256")
       head_dims.push_back(std::atoi(a.c_str() + 1));

@@ -14,8 +14,9 @@
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256 / 64,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
 #      output difference on the timed inputs (the variants whose tests passed in 3); first the
-#      defaults (w: since session 6 serial + pipelined P V at hd 256, serial at hd 64, overlapped at
-#      hd 128) beside ov (the defaults before session 6: overlapped everywhere), in one process;
+#      defaults (w: since session 6 serial + pipelined P V at hd 256, overlapped with the staggered
+#      start at hd 64 / 128) beside ov (the defaults before session 6: overlapped everywhere, in step),
+#      in one process;
 #   5. with the time left: ncu of one default-variant forward per head dim (pipes, stalls, issue).
 # A compact summary comes last.
 set -uo pipefail
@@ -75,21 +76,24 @@ sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma
 bench_variants="w"
 # Run 6.1 timed s, spv, pv, ov, w4, wspin (pp, o, e in session 5): the defaults follow it (w = spv at
 # hd 256, s at hd 64, ov at hd 128). ov: the pre-session-6 defaults (overlapped everywhere).
-# Session 6 (hd 128 speed: are the two consumer warpgroups in step?): pp (ping-pong, last timed in
-# session 4 on the older stream), st (warpgroup 2 starts after warpgroup 1's first softmax,
-# FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=1), ppst (both), es (kEarlyS at hd 64 / 128: S(j+1) issued before
-# the fold of P(j-1) V(j-1); FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S=1), esppst (es with pp and st). ov (the
-# pre-session-6 defaults) passed in run 6.1 and is benched without testing it again; espp when es and
-# esppst passed.
-for v in pp st ppst es esppst; do
+# Session 6, run 6.3 timed pp, st, ppst, es, esppst: the staggered start (st) is the default at hd 64 /
+# 128 since. Now: esst (kEarlyS, FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S=1, with the stagger: es alone lost
+# because both warpgroups' S queued first), wst (the defaults with the stagger at hd 256 too: serial +
+# pipelined P V). ov (pre-session-6 defaults) and s (serial: hd 64's default before run 6.3) passed
+# before and are benched without testing them again.
+for v in esst wst; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
   pp=0; serial=0; one=0; poly=0; pvpipe=0; stagger=0; early=0
   case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;;
-    spv) serial=1; pvpipe=1 ;; st) stagger=1 ;; ppst) pp=1; stagger=1 ;; es) early=1 ;; esppst) early=1; pp=1; stagger=1 ;; esac
+    spv) serial=1; pvpipe=1 ;; st) stagger=1 ;; ppst) pp=1; stagger=1 ;; es) early=1 ;; esppst) early=1; pp=1; stagger=1 ;;
+    esst) early=1; stagger=1 ;; wst) serial=-; pvpipe=-; stagger=1 ;; esac
+  # "-": the library's default for that switch (unset)
+  envs=()
+  for kv in PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe STAGGER=$stagger EARLY_S=$early; do
+    [ "${kv#*=}" = "-" ] || envs+=("FLASHGRAD_ATTN_FP8_WGMMA_$kv")
+  done
   echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe STAGGER=$stagger EARLY_S=$early)"
-  FLASHGRAD_ATTN_FP8_FORWARD=wgmma FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=$pp FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=$serial \
-    FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=$one FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=$poly FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=$pvpipe \
-    FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=$stagger FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S=$early \
+  env FLASHGRAD_ATTN_FP8_FORWARD=wgmma "${envs[@]}" \
     timeout -k 3 15 "$tests" --gtest_filter="$sub_filter" \
     > "$OUT/extra/fp8w_${v}_tests.log" 2>&1
   rc=$?
@@ -97,8 +101,7 @@ for v in pp st ppst es esppst; do
   status+=("AttentionFp8Gpu.* (wgmma fwd, variant $v) rc=$rc ($(grep -c '^\[       OK' "$OUT/extra/fp8w_${v}_tests.log") ok, $(grep -c '^\[  FAILED  \].*(' "$OUT/extra/fp8w_${v}_tests.log") failed)")
   [ $rc = 0 ] && bench_variants="$bench_variants $v"
 done
-case " $bench_variants " in *" es "*" esppst "*) bench_variants="$bench_variants espp" ;; esac
-bench_variants="$bench_variants ov"
+bench_variants="$bench_variants ov s"
 
 if [ -n "$lib" ]; then
   if [ "$bench_variants" != "w" ] && bench_ready && [ "$(left)" -gt 25 ]; then

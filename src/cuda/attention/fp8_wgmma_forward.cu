@@ -54,19 +54,25 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
 //           717 -> kSerial with kPvPipeByDefault<256>;
 //   hd 128: overlapped 805 / 655, serial 731 / 603 -> kOverlap;
 //   hd 64:  serial 484 / 386, overlapped 468 / 373, the mma.sync FP8 forward 160 / 129 (every FP8
-//           GPU test passed with hd 64 on this kernel in run 4) -> on this kernel, kSerial.
-// The overlapped schedule everywhere (the defaults before session 6) is SERIAL=0 (bench variant ov).
+//           GPU test passed with hd 64 on this kernel in run 4) -> on this kernel, kSerial, then
+//           (run 6.3, below) overlapped with the staggered start.
+// The overlapped schedule everywhere (the defaults before session 6) is SERIAL=0 with STAGGER=0 and
+// PV_PIPE=0 (bench variant ov).
 constexpr bool kHd64ByDefault = true;
 template <int D>
 constexpr bool kPingpongByDefault = false;
 constexpr bool kPolyExpByDefault = false;
-// Session 6's staggered start and kEarlyS (hd 64 / 128): not timed yet.
+// Session 6, H200 run 6.3 (B2 H16 S8192, TFLOP/s none / causal): the staggered start (bench st,
+// overlapped schedule) hd 128 829 / 666 against 804 / 651 (overlapped, in step), hd 64 506 / 404
+// against serial 484 / 387 -> on at hd 64 / 128 (hd 64 now overlapped). kEarlyS alone was slower (749
+// at hd 128: both warpgroups' S queue first, so they start their softmax together), ping-pong too
+// (767; with the stagger 821).
 template <int D>
-constexpr bool kStaggerByDefault = false;
+constexpr bool kStaggerByDefault = D <= 128;
 template <int D>
 constexpr bool kEarlySByDefault = false;
 template <int D>
-constexpr int kScheduleByDefault = D == 128 ? cuda_attn::fp8w::kOverlap : cuda_attn::fp8w::kSerial;
+constexpr int kScheduleByDefault = D == 256 ? cuda_attn::fp8w::kSerial : cuda_attn::fp8w::kOverlap;
 // hd 256's pipelined P V chunks, the default with the serial schedule only (with the overlapped one
 // they were slower in run 6.1: 838 against 857); PV_PIPE=1 / 0 overrides it for either schedule.
 template <int D>
@@ -164,8 +170,8 @@ bool fp8_wgmma_attention_forward(const AttentionParams& p, const AttentionProble
   CUtensorMap mq, mk, mvt;
   Fp8wMapAxes axes;
   axes.producer_sleep = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", true) ? 1 : 0;
-  // Overlapped schedules: warpgroup 2 starts after warpgroup 1's first softmax (Fp8wMapAxes::stagger;
-  // session 6, not timed yet).
+  // Warpgroup 2 starts after warpgroup 1's first softmax (Fp8wMapAxes::stagger; session 6: the
+  // default at hd 64 / 128, kStaggerByDefault).
   const bool stagger_default = hd == 64 ? kStaggerByDefault<64> : hd == 128 ? kStaggerByDefault<128> : kStaggerByDefault<256>;
   axes.stagger = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", stagger_default) ? 1 : 0;
   const EncodeTiled encode = cuda_attn::tensor_map_encoder();  // shared lookup (tma_map.h)

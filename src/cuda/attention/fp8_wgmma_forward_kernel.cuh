@@ -52,7 +52,7 @@ struct Fp8wMapAxes {
   // empty ring slots (sm90::mbar_wait_suspend; kLean only). 0 spins as session 4 did, so both can be
   // timed on one instance (FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP).
   int producer_sleep = 1;
-  // Also a launch option (session 6; overlapped schedules): 1 = warpgroup 2 starts its first S only
+  // Also a launch option (session 6; every schedule): 1 = warpgroup 2 starts its first S only
   // once warpgroup 1 has packed its first P (named barrier 3), so the two run half a block apart
   // from the start instead of in step (FLASHGRAD_ATTN_FP8_WGMMA_STAGGER). In step, both wait for
   // their S together (the tensor cores busy, MUFU idle), then run their exponentials together (MUFU
@@ -598,6 +598,10 @@ __global__ void __launch_bounds__(384, 1)
     sm90::mbar_wait(bar_q_full, 0);
     if constexpr (kPingpong)
       if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
+    // Staggered start (as in the overlapped schedules below): warpgroup 2 waits until warpgroup 1
+    // has packed its first P; warpgroup 1 arrives once, after that pack.
+    if (axes.stagger && cw == 1) sm90::named_barrier_sync_id<3>(256);
+    bool stagger_arrive = axes.stagger && cw == 0;
     float rs[2];
     for (int it = 0;; ++it) {
       const int slot = it % ST;
@@ -615,6 +619,10 @@ __global__ void __launch_bounds__(384, 1)
         if (sub == SUB - 1 && lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * slot);
         softmax(rs, cls, nb, sub);
         fp8w_pack_p<BN>(s, pa);
+        if (stagger_arrive) {
+          sm90::named_barrier_arrive_id<3>(256);
+          stagger_arrive = false;
+        }
         sm90::mbar_wait(bar_v_full + 8 * slot, phase);
         wait_turn();
         issue_pv(slot, sub, 0);

@@ -869,7 +869,18 @@ int main(int argc, char** argv) {
     c.d = 128;
     c.mask = MaskKind::none;
     add("none d128 Sq=256 Sk=700 (full-block runs)", c, 257);
-    // hd 64's default since session 6: the serial schedule (variant 2), full and masked blocks.
+    // The staggered start in the serial schedules (run 6.3: stagger default at hd 64 / 128; tried at
+    // hd 256 serial + pipelined P V): serial, serial ping-pong, kSerialPvPipe.
+    c.d = 256;
+    c.mask = MaskKind::none;
+    add("none d256 Sq=256 Sk=700 (full-block runs)", c, 128 + 256);
+    c.mask = MaskKind::causal;
+    add("causal d256 Sq=256 Sk=700 (full-block runs)", c, 128 + 256);
+    c.d = 128;
+    add("causal d128 Sq=256 Sk=700 (full-block runs)", c, 3 + 256);
+    c.mask = MaskKind::none;
+    add("none d128 Sq=256 Sk=700 (full-block runs)", c, 2 + 256);
+    // hd 64's default in the first session-6 commits: the serial schedule (variant 2).
     c.d = 64;
     c.mask = MaskKind::none;
     add("none d64 Sq=256 Sk=700 (full-block runs)", c, 2);
