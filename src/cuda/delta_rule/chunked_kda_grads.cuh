@@ -125,6 +125,10 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     else
       *p = x;
   };
+  // dq / dk rows of the chunk: row r at + r * H K (addresses formed once, not per element).
+  float* dq_row0 = a.dq_acc + (row0 * a.H + head) * K;
+  float* dk_row0 = a.dk_acc + (row0 * a.H + head) * K;
+  const int64_t qk_stride = a.H * K;
   auto v_at = [&](int i, int64_t col) { return load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)); };
 
   // Inputs of the chunk; zeroed accumulators.
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
     if (r < L) {
       const float dq = scale * sm.dG[e] * decay_exp(sm.G[e]) + sm.dw[e];
       dG = sm.q[e] * dq;
-      add_or_store(&a.dq_acc[((row0 + r) * a.H + head) * K + d], dq);
+      add_or_store(dq_row0 + r * qk_stride + d, dq);
     }
     sm.dG[e] = dG;
   }
@@ -372,16 +376,18 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   // G. Outputs: dg = reverse cumsum of dG (one thread per channel), dbeta, dk.
   if (tid < KMAX) {
     float acc = sm.sl[tid];
+    float* dg = a.dg + (row0 * a.HV + hv) * K + tid;  // row i: + i * HV K
+    const int64_t dg_stride = a.HV * K;
 #pragma unroll 8
     for (int i = L - 1; i >= 0; --i) {
       acc += sm.dG[i * KMAX + tid];
-      a.dg[((row0 + i) * a.HV + hv) * K + tid] = acc;
+      dg[i * dg_stride] = acc;
     }
   }
   if (tid < L) a.dbeta[(row0 + tid) * a.HV + hv] = sm.dbeta[tid];
   for (int e = tid; e < L * KMAX; e += kGradsThreads) {
     const int r = e / KMAX, d = e % KMAX;
-    add_or_store(&a.dk_acc[((row0 + r) * a.H + head) * K + d], sm.dk[e]);
+    add_or_store(dk_row0 + r * qk_stride + d, sm.dk[e]);
   }
 }
 
