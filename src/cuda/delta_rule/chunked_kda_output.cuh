@@ -51,7 +51,9 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   const int64_t row0 = chunk_row0(ci, a.T);
 
   // q o exp(G) (exp(G_rd) <= 1; rows past L are zero).
-  auto G_at = [&](int r, int d) { return r < L ? a.G[((row0 + r) * a.HV + hv) * a.K + d] : 0.f; };
+  const float* Gc = a.G + (row0 * a.HV + hv) * a.K;  // row r: + r * HV K
+  const int64_t g_stride = a.HV * a.K;
+  auto G_at = [&](int r, int d) { return r < L ? Gc[r * g_stride + d] : 0.f; };
   kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_at, [&](int r, int d, float x, float g) {
     store_split<T>(r < L ? x * decay_exp(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
   });

@@ -72,7 +72,10 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
     const ChunkInfo cn = a.chunks[has_next ? c + 1 : c];  // issued now, used after the loads below
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
-    auto G_at = [&](int r, int d) { return a.G[((row0 + r) * a.HV + hv) * a.K + d]; };
+    // G rows of the chunk: row r at Gc + r * HV K (formed once, not per element).
+    const float* Gc = a.G + (row0 * a.HV + hv) * a.K;
+    const int64_t g_stride = a.HV * a.K;
+    auto G_at = [&](int r, int d) { return Gc[r * g_stride + d]; };
 
     float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
 #pragma unroll

@@ -101,7 +101,10 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
           dhc[d * a.V + col0 + col] = dh[mt][nt][e];
           store_split<T>(dh[mt][nt][e], &sm.dhs[d * LDH + col], &sm.dhs_lo[d * LDH + col]);
         }
-    auto G_at = [&](int r, int d) { return a.G[((row0 + r) * a.HV + hv) * a.K + d]; };
+    // G rows of the chunk: row r at Gc + r * HV K (formed once, not per element).
+    const float* Gc = a.G + (row0 * a.HV + hv) * a.K;
+    const int64_t g_stride = a.HV * a.K;
+    auto G_at = [&](int r, int d) { return Gc[r * g_stride + d]; };
     if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
     // w's rows and the do slice by cp.async (raw T, 16 bytes per copy, rows past L zero-filled;
     // chunked_tiles.cuh), in flight while q and k are loaded and scaled below.
