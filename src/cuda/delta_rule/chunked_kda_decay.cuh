@@ -31,8 +31,9 @@ __device__ __forceinline__ void kda_load_cumulative_gate(const View& g, const Ch
                                                          float* G, int ldg, float* G_out, int64_t row0,
                                                          int64_t HV) {
   const int tid = threadIdx.x;
+  const int64_t g0 = off4(g, ci.b, ci.t0, hv, 0);  // row r: + r * s1 (the last dim is contiguous)
   batched_copy<kChunkSize * KMAX, kChunkThreads, 32>(  // consecutive threads: consecutive channels (coalesced)
-      [&](int e) { return e / KMAX < ci.len ? load_elem<T>(g, off4(g, ci.b, ci.t0 + e / KMAX, hv, e % KMAX)) : 0.f; },
+      [&](int e) { return e / KMAX < ci.len ? load_elem<T>(g, g0 + (e / KMAX) * g.s1 + e % KMAX) : 0.f; },
       [&](int e, float x) { G[(e / KMAX) * ldg + e % KMAX] = x; });
   __syncthreads();
   if (tid < KMAX) {  // one thread per channel runs down the rows
@@ -44,11 +45,13 @@ __device__ __forceinline__ void kda_load_cumulative_gate(const View& g, const Ch
     }
   }
   __syncthreads();
-  if (G_out)
+  if (G_out) {
+    float* out0 = G_out + (row0 * HV + hv) * KMAX;  // row r: + r * HV KMAX
     for (int e = tid; e < ci.len * KMAX; e += kChunkThreads) {
       const int r = e / KMAX, d = e % KMAX;
-      G_out[((row0 + r) * HV + hv) * KMAX + d] = G[r * ldg + d];
+      out0[r * HV * KMAX + d] = G[r * ldg + d];
     }
+  }
 }
 
 // Chunk rows of the stored G [rows, HV, K] (stage 1's output) into G[r * ldg + d]; rows >= L

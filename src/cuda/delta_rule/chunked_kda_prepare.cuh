@@ -61,7 +61,7 @@ struct KdaPrepareSmem {
 // kHalves: the diagonal blocks' cross-half quadrants of M and P on tensor cores (kda_decayed_mp)
 // and the GDN stage's blocked inverse; false for the legacy comparison (FLASHGRAD_CHUNKED_KDA=legacy).
 template <typename T, int KMAX, bool kHalves = true>
-__global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs a) {
+__global__ void __launch_bounds__(kChunkThreads, 1) kda_prepare_kernel(ChunkedArgs a) {
   using S = KdaPrepareSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -99,12 +99,17 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   else
     invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
 
+  // Intermediates' chunk rows: row i at + i * HV * (C, K, V) (addresses formed once).
+  float* A0 = a.A + (row0 * a.HV + hv) * C;
+  T* w0 = static_cast<T*>(a.w) + (row0 * a.HV + hv) * a.K;
+  float* u0 = a.u + (row0 * a.HV + hv) * a.V;
+  const int64_t v0 = off4(a.v, ci.b, ci.t0, hv, 0);  // v row r: + r * s1
   // Row i < L of the intermediate: A_ij for j < i, P_ji = sm.M[i][j] for j >= i (chunked_kda.h);
   // A as hi + lo in `work` (the products' scratch is free; the inverse ended with a barrier).
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     const float x = sm.A[i * LDM + j];
-    if (i < L) a.A[((row0 + i) * a.HV + hv) * C + j] = j < i ? x : sm.M[i * LDM + j];
+    if (i < L) A0[i * a.HV * C + j] = j < i ? x : sm.M[i * LDM + j];
     store_split<T>(x, &sm.a_hi[i * LDA + j], &sm.a_lo[i * LDA + j]);
   }
   __syncthreads();
@@ -114,13 +119,12 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
     constexpr int NT = KMAX / 8;
     float acc[NT][4] = {};
     kda_mma::lower_times_split<T, NT>(sm.a_hi, sm.a_lo, LDA, sm.wb, sm.wb_lo, LDK, 0, acc);
-    T* w = static_cast<T*>(a.w);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * wp + mma::acc_row(e), d = 8 * nt + mma::acc_col(e);
-        if (i < L) w[((row0 + i) * a.HV + hv) * a.K + d] = from_f<T>(acc[nt][e]);
+        if (i < L) w0[i * a.HV * a.K + d] = from_f<T>(acc[nt][e]);
       }
   }
 
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
   for (int c0 = 0; c0 < a.V; c0 += 64) {
     __syncthreads();  // the previous piece's readers are done
     batched_copy<C * 64, kChunkThreads, 32>(  // one batch
-        [&](int e) { return e / 64 < L ? load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + e / 64, hv, c0 + e % 64)) : 0.f; },
+        [&](int e) { return e / 64 < L ? load_elem<T>(a.v, v0 + (e / 64) * a.v.s1 + c0 + e % 64) : 0.f; },
         [&](int e, float x) {
           const int r = e / 64, col = e % 64;
           store_split<T>(sm.beta[r] * x, &sm.ub[r * LDU + col], &sm.ub_lo[r * LDU + col]);
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_prepare_kernel(ChunkedArgs 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * wp + mma::acc_row(e), col = c0 + 8 * nt + mma::acc_col(e);
-        if (i < L) a.u[((row0 + i) * a.HV + hv) * a.V + col] = acc[nt][e];
+        if (i < L) u0[i * a.HV * a.V + col] = acc[nt][e];
       }
   }
 }
