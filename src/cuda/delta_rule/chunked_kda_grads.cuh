@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   float* dq_row0 = a.dq_acc + (row0 * a.H + head) * K;
   float* dk_row0 = a.dk_acc + (row0 * a.H + head) * K;
   const int64_t qk_stride = a.H * K;
-  auto v_at = [&](int i, int64_t col) { return load_elem<T>(a.v, off4(a.v, ci.b, ci.t0 + i, hv, col)); };
+  auto v_at = [&](int i, int64_t col) { return to_f<T>(v_base[i * a.v.s1 + col]); };  // last dim contiguous
 
   // Inputs of the chunk; zeroed accumulators.
   if (tid < C) {
@@ -288,6 +288,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
   {
     const int rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
     const int64_t HVV = a.HV * V;
+    float* dv0 = a.dv + (row0 * a.HV + hv) * V;  // row j: + j * HV V
     for (int64_t c0 = 0; c0 < V; c0 += 64) {
       float vv[4][4];  // v at this thread's accumulator elements, loaded ahead (0 past L)
 #pragma unroll
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
-          if (j < L) a.dv[((row0 + j) * a.HV + hv) * V + c0 + n] = sm.beta[j] * acc[nt][e];
+          if (j < L) dv0[j * HVV + c0 + n] = sm.beta[j] * acc[nt][e];
           vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
         }
 #pragma unroll
