@@ -93,6 +93,19 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
     // in flight while k is loaded and scaled below.
     intermediate_tile_async<T, KMAX, kChunkThreads>(w, row0, a.HV, hv, a.K, 0, L, sm.ws, LDK);
     mma::cp_async_commit();
+    // This thread's u elements (v_new's accumulator layout below) into registers now, in flight
+    // during k's loads and scaling.
+    float uu[NT][4];
+    {
+      const float* u0 = a.u + (row0 * a.HV + hv) * a.V + col0;  // row i: + i * HV V
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
+          uu[nt][e] = i < L ? u0[i * a.HV * a.V + col] : 0.f;
+        }
+    }
     // The next chunk's k, G, w, u rows into L2 while this one computes.
     if (kPrefetch && has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, false);
     __syncthreads();
@@ -104,17 +117,8 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
     mma::cp_async_wait<0>();
     __syncthreads();  // w's rows are in
 
-    // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T). This
-    // thread's u elements are loaded first (in flight during the products).
+    // v_new = u - w h_c: warp wp, rows [16 wp, +16), the slice's 32 columns (w exact in T).
     {
-      float uu[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
-          uu[nt][e] = i < L ? a.u[((row0 + i) * a.HV + hv) * a.V + col0 + col] : 0.f;
-        }
       float p[NT][4] = {};
 #pragma unroll
       for (int kk = 0; kk < KMAX; kk += 16) {  // fragments by ldmatrix (kda_mma::ldm_*)
