@@ -590,6 +590,21 @@ __global__ void __launch_bounds__(384, 1)
     }
     return next_key_block<LN>(w.mask, nb + 1, w.num_nb, m0, m0 + BM, next_cls);
   };
+  // The overlapped schedules' first key block: Q and K(0) in, the turn order set up (ping-pong:
+  // warpgroup 1 issues first; staggered start: warpgroup 2 waits, after its ping-pong arrival, which
+  // warpgroup 1's first turn needs, until warpgroup 1 has packed its first P), S(0) issued and done.
+  auto first_scores = [&]() {
+    sm90::mbar_wait(bar_q_full, 0);
+    sm90::mbar_wait(bar_k_full, 0);
+    if constexpr (kPingpong)
+      if (cw == 1) sm90::named_barrier_arrive_id<1>(256);
+    if (axes.stagger && cw == 1) sm90::named_barrier_sync_id<3>(256);
+    wait_turn();
+    issue_qk(0, 0);
+    pass_turn(false);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(s);
+  };
   int cls = kTileEmpty;
   int nb = next_key_block<LN>(w.mask, 0, w.num_nb, m0, m0 + BM, cls);
   if (Cfg::kSerialLike && nb >= 0) {
@@ -651,16 +666,7 @@ __global__ void __launch_bounds__(384, 1)
     // with rescale 1 before the first round, so the first fold is a no-op on O = 0).
     int slot = 0;
     uint32_t phase = 0;
-    sm90::mbar_wait(bar_q_full, 0);
-    sm90::mbar_wait(bar_k_full, 0);
-    if constexpr (kPingpong)
-      if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
-    if (axes.stagger && cw == 1) sm90::named_barrier_sync_id<3>(256);
-    wait_turn();
-    issue_qk(0, 0);
-    pass_turn(false);
-    sm90::wgmma_wait<0>();
-    sm90::pin_registers(s);
+    first_scores();
     if (lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done with K(0)
     float rs_p[2], rs_ob[2] = {1.f, 1.f};
     softmax(rs_p, cls, nb, 0);  // O is zero: rs_p (0 or 1) multiplies zeros
@@ -722,18 +728,7 @@ __global__ void __launch_bounds__(384, 1)
     // advanced incrementally with the block; else recomputed from it, as session 4 did).
     int it = 0, sub = 0, slot = 0;
     uint32_t phase = 0;
-    sm90::mbar_wait(bar_q_full, 0);
-    sm90::mbar_wait(bar_k_full, 0);
-    if constexpr (kPingpong)
-      if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
-    // Staggered start: warpgroup 2 waits (after its ping-pong arrival above, which warpgroup 1's
-    // first turn needs) until warpgroup 1 has packed its first P.
-    if (axes.stagger && cw == 1) sm90::named_barrier_sync_id<3>(256);
-    wait_turn();
-    issue_qk(0, 0);
-    pass_turn(false);
-    sm90::wgmma_wait<0>();
-    sm90::pin_registers(s);
+    first_scores();
     if (SUB == 1 && lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done with K(0)
     float rs_prev[2], rs_next[2];
     softmax(rs_prev, cls, nb, 0);  // O is zero: rs_prev (0 or 1) multiplies zeros
