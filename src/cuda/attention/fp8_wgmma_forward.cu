@@ -67,10 +67,14 @@ constexpr bool kPolyExpByDefault = false;
 // against serial 484 / 387 -> on at hd 64 / 128 (hd 64 now overlapped). kEarlyS alone was slower (749
 // at hd 128: both warpgroups' S queue first, so they start their softmax together), ping-pong too
 // (767; with the stagger 821).
+// Session 7: run 6.4's fp8w bench (same process, B2 H16 S8192 non-causal / causal) timed the stagger
+// at hd 256 too (serial + PV pipe + stagger, "wst") at 1072 / 906 against 1049 / 896, and the early S
+// with the stagger ("esst") at hd 128 841 / 669 against 821 / 672, hd 64 518 / 412 against 506 / 403;
+// their GPU tests passed (fp8w_{esst,wst}_tests) -> both on by default.
 template <int D>
-constexpr bool kStaggerByDefault = D <= 128;
+constexpr bool kStaggerByDefault = true;
 template <int D>
-constexpr bool kEarlySByDefault = false;
+constexpr bool kEarlySByDefault = D <= 128;
 template <int D>
 constexpr int kScheduleByDefault = D == 256 ? cuda_attn::fp8w::kSerial : cuda_attn::fp8w::kOverlap;
 // hd 256's pipelined P V chunks, the default with the serial schedule only (with the overlapped one
