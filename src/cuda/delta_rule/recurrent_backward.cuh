@@ -28,10 +28,6 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-__device__ __forceinline__ int64_t row_index(int64_t b, int64_t T, int64_t tok, int64_t heads, int64_t head) {
-  return (b * T + tok) * heads + head;
-}
-
 template <typename T, int KMAX, Gate G>
 __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(RecurrentArgs a) {
   constexpr int KPT = kRowsPerThread;
@@ -44,12 +40,22 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
   __shared__ float tile[kStateTileFloats];
   float dS[KPT];
   load_state_slice<KMAX, KPT>(a.dht, c, a.K, a.V, tile, dS);
+  // Per-token addresses (recurrent_common.cuh, TokenPtr): inputs, dv, and the accumulators' rows
+  // (dk / KDA dg: row tid of the head; dbeta / GDN dg: the head's scalar).
+  const QkgbStreams qs = qkgb_streams<T, KPT, G>(a, c);
+  const TokenPtr do_at = view_tokens(a.dout, elem_size<T>(a.dout), c, c.hv, c.col);
+  const TokenPtr r_at = view_tokens(a.r, elem_size<T>(a.r), c, c.hv, c.col);
+  const TokenPtr v_at = view_tokens(a.v, elem_size<T>(a.v), c, c.hv, c.col);
+  const TokenPtr dv_at = view_tokens(a.dv, elem_size<T>(a.dv), c, c.hv, c.col);
+  const TokenPtr dk_row = acc_tokens(a.dk_acc, a.T, c, a.H, c.h, a.K, tid);
+  const TokenPtr dg_row = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, a.K, tid);      // KDA
+  const TokenPtr dbeta_at = acc_tokens(a.dbeta_acc, a.T, c, a.HV, c.hv, 1, 0);
+  const TokenPtr dg_at = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, 1, 0);           // GDN
   auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
-    const int64_t tok = c.bos + t;
-    load_qkgb<T, L, KPT, G>(a, c, tok, s);
-    s.x0 = c.col_ok ? load_raw<T>(a.dout, off4(a.dout, c.b, tok, c.hv, c.col)) : 0u;
-    s.x1 = c.col_ok ? load_raw<T>(a.r, off4(a.r, c.b, tok, c.hv, c.col)) : 0u;
-    s.x2 = (G == Gate::scalar && c.col_ok) ? load_raw<T>(a.v, off4(a.v, c.b, tok, c.hv, c.col)) : 0u;
+    load_qkgb<T, KPT, G>(a, qs, t, s);
+    s.x0 = c.col_ok ? load_raw_at<T>(a.dout.f32, do_at.at<const void>(t)) : 0u;
+    s.x1 = c.col_ok ? load_raw_at<T>(a.r.f32, r_at.at<const void>(t)) : 0u;
+    s.x2 = (G == Gate::scalar && c.col_ok) ? load_raw_at<T>(a.v.f32, v_at.at<const void>(t)) : 0u;
   };
 
   float run = 0.f;  // owner's running suffix sum of the pass-1 gate term (KDA: row tid; GDN: tid 0)
@@ -69,8 +75,7 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
     }
     const float du = group_sum<L>(pk);
     const float u = beta * r, dv = beta * du;
-    const int64_t tok = c.bos + t;
-    if (c.gl == 0 && c.col_ok) store_elem<T>(a.dv, off4(a.dv, c.b, tok, c.hv, c.col), dv);
+    if (c.gl == 0 && c.col_ok) store_elem_at<T>(a.dv.f32, dv_at.at<void>(t), dv);
     float vec[1][KPT];
     float sc[2] = {du * r, -raw_to_f<T>(a.v.f32, cur.x2) * dv};
 #pragma unroll
@@ -81,17 +86,17 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
     __syncthreads();
     if (tid < a.K) {
       const float dk1 = column_sum(sm, buf, tid);
-      atomicAdd(a.dk_acc + row_index(c.b, a.T, tok, a.H, c.h) * a.K + tid, dk1);
+      atomicAdd(dk_row.at<float>(t), dk1);
       if constexpr (kPC) {
         run -= sm.qk[buf][1][tid] * dk1;
-        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv) * a.K + tid, run);
+        atomicAdd(dg_row.at<float>(t), run);
       }
     }
     if (tid == 0) {
-      atomicAdd(a.dbeta_acc + row_index(c.b, a.T, tok, a.HV, c.hv), column_sum(sm, buf, KMAX + 0));
+      atomicAdd(dbeta_at.at<float>(t), column_sum(sm, buf, KMAX + 0));
       if constexpr (G == Gate::scalar) {
         run += column_sum(sm, buf, KMAX + 1);
-        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv), run);
+        atomicAdd(dg_at.at<float>(t), run);
       }
     }
   };
@@ -114,12 +119,19 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
   __shared__ float tile[kStateTileFloats];
   float S[KPT];
   load_state_slice<KMAX, KPT>(a.h0, c, a.K, a.V, tile, S);
+  const QkgbStreams qs = qkgb_streams<T, KPT, G>(a, c);
+  const TokenPtr v_at = view_tokens(a.v, elem_size<T>(a.v), c, c.hv, c.col);
+  const TokenPtr do_at = view_tokens(a.dout, elem_size<T>(a.dout), c, c.hv, c.col);
+  const TokenPtr dv_at = view_tokens(a.dv, elem_size<T>(a.dv), c, c.hv, c.col);
+  const TokenPtr dq_row = acc_tokens(a.dq_acc, a.T, c, a.H, c.h, a.K, tid);
+  const TokenPtr dk_row = acc_tokens(a.dk_acc, a.T, c, a.H, c.h, a.K, tid);
+  const TokenPtr dg_row = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, a.K, tid);      // KDA
+  const TokenPtr dg_at = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, 1, 0);           // GDN
   auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
-    const int64_t tok = c.bos + t;
-    load_qkgb<T, L, KPT, G>(a, c, tok, s);
-    s.x0 = c.col_ok ? load_raw<T>(a.v, off4(a.v, c.b, tok, c.hv, c.col)) : 0u;
-    s.x1 = c.col_ok ? load_raw<T>(a.dout, off4(a.dout, c.b, tok, c.hv, c.col)) : 0u;
-    s.x2 = c.col_ok ? load_raw<T>(a.dv, off4(a.dv, c.b, tok, c.hv, c.col)) : 0u;
+    load_qkgb<T, KPT, G>(a, qs, t, s);
+    s.x0 = c.col_ok ? load_raw_at<T>(a.v.f32, v_at.at<const void>(t)) : 0u;
+    s.x1 = c.col_ok ? load_raw_at<T>(a.dout.f32, do_at.at<const void>(t)) : 0u;
+    s.x2 = c.col_ok ? load_raw_at<T>(a.dv.f32, dv_at.at<const void>(t)) : 0u;
   };
 
   float prefix = 0.f;  // owner's running prefix sum of the pass-2 gate term
@@ -152,20 +164,18 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
     if constexpr (G == Gate::scalar) sc[0] = a.scale * group_sum<L>(pq) * dout;  // o_j do_j
     column_reduce_write<KMAX, L, KPT, 2, 1>(sm, buf, vec, sc, q, k, kPC);
     __syncthreads();
-    const int64_t tok = c.bos + t;
     if (tid < a.K) {
       const float dq = column_sum(sm, buf, tid), p2 = column_sum(sm, buf, KMAX + tid);
-      const int64_t qk_row = row_index(c.b, a.T, tok, a.H, c.h) * a.K + tid;
-      atomicAdd(a.dq_acc + qk_row, dq);
-      atomicAdd(a.dk_acc + qk_row, -p2);
+      atomicAdd(dq_row.at<float>(t), dq);
+      atomicAdd(dk_row.at<float>(t), -p2);
       if constexpr (kPC) {
-        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv) * a.K + tid, -prefix);
+        atomicAdd(dg_row.at<float>(t), -prefix);
         prefix += sm.qk[buf][0][tid] * dq - sm.qk[buf][1][tid] * p2;
       }
     }
     if constexpr (G == Gate::scalar) {
       if (tid == 0) {
-        atomicAdd(a.dg_acc + row_index(c.b, a.T, tok, a.HV, c.hv), -prefix);
+        atomicAdd(dg_at.at<float>(t), -prefix);
         prefix += column_sum(sm, buf, 2 * KMAX);
       }
     }

@@ -162,15 +162,15 @@ struct StepLoad {
   uint32_t x0, x1, x2;  // per-column values: meaning depends on the kernel (v, do, r, dv...)
 };
 
-// KPT consecutive elements starting at `off` (rows >= K are zero). `vec`: the run is 16-byte
-// aligned and fully inside K (checked once on the host), so it moves as 16-byte loads.
+// KPT consecutive elements starting at `run` (the thread's first row; rows at or past `rows_left`
+// are zero). `vec`: the run is 16-byte aligned and fully inside K (checked once on the host), so it
+// moves as 16-byte loads.
 template <typename E, int KPT>
-__device__ __forceinline__ void load_run(const E* base, int64_t off, int64_t row0, int64_t K, bool vec,
-                                         E (&dst)[KPT]) {
+__device__ __forceinline__ void load_run(const E* run, int64_t rows_left, bool vec, E (&dst)[KPT]) {
   static_assert((KPT * sizeof(E)) % 16 == 0, "runs are whole 16-byte vectors");
   if (vec) {
-    if (row0 < K) {
-      const uint4* src = reinterpret_cast<const uint4*>(base + off + row0);
+    if (rows_left > 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(run);
 #pragma unroll
       for (int c = 0; c < static_cast<int>(KPT * sizeof(E) / 16); ++c) reinterpret_cast<uint4*>(dst)[c] = src[c];
     } else {
@@ -180,15 +180,54 @@ __device__ __forceinline__ void load_run(const E* base, int64_t off, int64_t row
   } else {
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
-      const int64_t row = row0 + i;
-      if (row < K) {
-        dst[i] = base[off + row];
+      if (i < rows_left) {
+        dst[i] = run[i];
       } else {
         const E zero{};
         dst[i] = zero;
       }
     }
   }
+}
+
+// One per-token element stream of this thread, hoisted out of the time loop: the address at step 0
+// (token bos of the block's sequence) and the bytes from one token to the next, so step t's address
+// is one wide multiply-add (t and the stride in 32 bits: launch_recurrent checks that they fit).
+// Session 7: forming the full int64 index b*s0 + tok*s1 + head*s2 + col*s3 for every tensor at every
+// step was about a third of the kernels' instructions, and at two blocks per SM they are bound by
+// instruction issue.
+struct TokenPtr {
+  char* p0 = nullptr;
+  uint32_t step = 0;  // bytes per token (non-negative)
+  // Unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 with p0 as its addend (a signed one
+  // costs sign-extension fix-ups).
+  template <typename E>
+  __device__ __forceinline__ E* at(int64_t t) const {
+    return reinterpret_cast<E*>(p0 + static_cast<uint64_t>(static_cast<uint32_t>(t)) * step);
+  }
+};
+// Element (c.b, c.bos + t, head, e) of a [B, T, heads, inner] view whose elements are `esz` bytes
+// (e = 0 for [B, T, heads]).
+__device__ __forceinline__ TokenPtr view_tokens(const View& x, int esz, const BlockCoords& c, int64_t head,
+                                                int64_t e = 0) {
+  TokenPtr tp;
+  if (x.p) tp.p0 = static_cast<char*>(x.p) + (c.b * x.s0 + c.bos * x.s1 + head * x.s2 + e * x.s3) * esz;
+  tp.step = static_cast<uint32_t>(x.s1 * esz);
+  return tp;
+}
+// Element (c.b, c.bos + t, head, e) of a packed fp32 accumulator [B, T, heads, inner]
+// (index ((b * T + tok) * heads + head) * inner + e; inner = 1 for per-head scalars).
+__device__ __forceinline__ TokenPtr acc_tokens(float* acc, int64_t T, const BlockCoords& c, int64_t heads,
+                                               int64_t head, int64_t inner, int64_t e) {
+  TokenPtr tp;
+  if (acc) tp.p0 = reinterpret_cast<char*>(acc + ((c.b * T + c.bos) * heads + head) * inner + e);
+  tp.step = static_cast<uint32_t>(heads * inner * 4);
+  return tp;
+}
+// Element size of a View holding float or T.
+template <typename T>
+__device__ __forceinline__ int elem_size(const View& x) {
+  return x.f32 ? 4 : static_cast<int>(sizeof(T));
 }
 
 // q and k rows for this thread, optionally normalized over the full K (group reduction).
@@ -206,8 +245,10 @@ __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KP
   }
   float rq = 1.f, rk = 1.f;
   if (l2norm) {
-    rq = 1.0f / sqrtf(group_sum<L>(sq) + kL2NormEps);
-    rk = 1.0f / sqrtf(group_sum<L>(sk) + kL2NormEps);
+    // rsqrtf (~2 ulp): the exact 1 / sqrtf's division and square-root sequences with their
+    // slow-path branches were ~8% of a step's instructions.
+    rq = rsqrtf(group_sum<L>(sq) + kL2NormEps);
+    rk = rsqrtf(group_sum<L>(sk) + kL2NormEps);
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
       q[i] *= rq;
@@ -218,30 +259,57 @@ __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KP
   if (k_rstd) *k_rstd = rk;
 }
 
-// Loads this thread's q, k rows and the gate/beta of absolute token `tok`.
-template <typename T, int L, int KPT, Gate G>
-__device__ __forceinline__ void load_qkgb(const RecurrentArgs& a, const BlockCoords& c, int64_t tok,
-                                          StepLoad<T, KPT, G == Gate::per_channel>& s) {
+// This thread's q, k, gate and beta streams (row0: its first row, rows_left = K - row0).
+struct QkgbStreams {
+  TokenPtr q, k, g, beta;
+  int64_t rows_left;
+};
+template <typename T, int KPT, Gate G>
+__device__ __forceinline__ QkgbStreams qkgb_streams(const RecurrentArgs& a, const BlockCoords& c) {
   const int64_t row0 = row_of<KPT>(c.gl, 0);
-  load_run<T, KPT>(static_cast<const T*>(a.q.p), off3(a.q, c.b, tok, c.h), row0, a.K, a.qk_vec, s.q);
-  load_run<T, KPT>(static_cast<const T*>(a.k.p), off3(a.k, c.b, tok, c.h), row0, a.K, a.qk_vec, s.k);
+  QkgbStreams st;
+  st.q = view_tokens(a.q, sizeof(T), c, c.h, row0);
+  st.k = view_tokens(a.k, sizeof(T), c, c.h, row0);
+  st.g = view_tokens(a.g, elem_size<T>(a.g), c, c.hv, G == Gate::per_channel ? row0 : 0);
+  st.beta = view_tokens(a.beta, elem_size<T>(a.beta), c, c.hv);
+  st.rows_left = a.K - row0;
+  return st;
+}
+
+// Raw bits of the element at p (float, or T widened), as load_raw.
+template <typename T>
+__device__ __forceinline__ uint32_t load_raw_at(bool f32, const void* p) {
+  if (f32 || sizeof(T) == 4) return *static_cast<const uint32_t*>(p);
+  return static_cast<uint32_t>(*static_cast<const uint16_t*>(p));
+}
+template <typename T>
+__device__ __forceinline__ void store_elem_at(bool f32, void* p, float val) {
+  if (f32)
+    *static_cast<float*>(p) = val;
+  else
+    *static_cast<T*>(p) = from_f<T>(val);
+}
+
+// Loads this thread's q, k rows and the gate / beta of step t (token bos + t).
+template <typename T, int KPT, Gate G>
+__device__ __forceinline__ void load_qkgb(const RecurrentArgs& a, const QkgbStreams& st, int64_t t,
+                                          StepLoad<T, KPT, G == Gate::per_channel>& s) {
+  load_run<T, KPT>(st.q.at<const T>(t), st.rows_left, a.qk_vec, s.q);
+  load_run<T, KPT>(st.k.at<const T>(t), st.rows_left, a.qk_vec, s.k);
   if constexpr (G == Gate::scalar) {
-    s.g[0] = __uint_as_float(load_raw<T>(a.g, off3(a.g, c.b, tok, c.hv)));  // raw bits, see gate_value
+    s.g[0] = __uint_as_float(load_raw_at<T>(a.g.f32, st.g.at<const void>(t)));  // raw bits, see gate_scalar
   } else if constexpr (G == Gate::per_channel) {
-    const int64_t go = off3(a.g, c.b, tok, c.hv);
     if (a.g.f32) {
-      load_run<float, KPT>(static_cast<const float*>(a.g.p), go, row0, a.K, a.g_vec, s.g);
+      load_run<float, KPT>(st.g.at<const float>(t), st.rows_left, a.g_vec, s.g);
     } else {
+      const T* gp = st.g.at<const T>(t);
 #pragma unroll
-      for (int i = 0; i < KPT; ++i) {
-        const int64_t row = row0 + i;
-        s.g[i] = row < a.K ? to_f<T>(static_cast<const T*>(a.g.p)[go + row]) : 0.f;
-      }
+      for (int i = 0; i < KPT; ++i) s.g[i] = i < st.rows_left ? to_f<T>(gp[i]) : 0.f;
     }
   } else {
     s.g[0] = 0.f;
   }
-  s.beta = load_raw<T>(a.beta, off3(a.beta, c.b, tok, c.hv));
+  s.beta = load_raw_at<T>(a.beta.f32, st.beta.at<const void>(t));
 }
 
 // exp(g) for row slot i (one value for GDN, one per row for KDA, 1 without a gate).

@@ -32,11 +32,13 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_forward_kernel(Recurren
   __shared__ float tile[kStateTileFloats];
   float S[KPT];
   load_state_slice<KMAX, KPT>(a.h0, c, a.K, a.V, tile, S);
-  const View vv = a.v;
+  const QkgbStreams qs = qkgb_streams<T, KPT, G>(a, c);
+  const TokenPtr v_at = view_tokens(a.v, elem_size<T>(a.v), c, c.hv, c.col);
+  const TokenPtr o_at = view_tokens(a.o, elem_size<T>(a.o), c, c.hv, c.col);
+  const TokenPtr r_at = view_tokens(a.r, elem_size<T>(a.r), c, c.hv, c.col);
   auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
-    const int64_t tok = c.bos + t;
-    load_qkgb<T, L, KPT, G>(a, c, tok, s);
-    s.x0 = c.col_ok ? load_raw<T>(vv, off4(vv, c.b, tok, c.hv, c.col)) : 0u;
+    load_qkgb<T, KPT, G>(a, qs, t, s);
+    s.x0 = c.col_ok ? load_raw_at<T>(a.v.f32, v_at.at<const void>(t)) : 0u;
   };
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     float q[KPT], k[KPT], d[KPT];
@@ -59,9 +61,8 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_forward_kernel(Recurren
     }
     const float o = a.scale * group_sum<L>(pq);
     if (c.gl == 0 && c.col_ok) {
-      const int64_t tok = c.bos + t;
-      if (a.o.p) store_elem<T>(a.o, off4(a.o, c.b, tok, c.hv, c.col), o);
-      if (a.r.p) store_elem<T>(a.r, off4(a.r, c.b, tok, c.hv, c.col), r);
+      if (a.o.p) store_elem_at<T>(a.o.f32, o_at.at<void>(t), o);
+      if (a.r.p) store_elem_at<T>(a.r.f32, r_at.at<void>(t), r);
     }
   };
   constexpr int kDepth = prefetch_depth<T, G>();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "flashgrad/status.h"
 #include "cuda/common/cuda_check.h"
 #include "finish_kernels.cuh"
 #include "recurrent_backward.cuh"
@@ -43,10 +44,25 @@ void launch_recurrent_gate(RecurrentStage stage, const RecurrentArgs& a, int64_t
   }
 }
 
+// The kernels address step t of a sequence as one 32-bit multiply-add (TokenPtr): the token index
+// and every per-token stride in bytes must fit in int32. Contiguous tensors are far inside that
+// (a token's stride is heads x dim elements); a view strided past it is refused, not overflowed.
+template <typename T>
+void check_token_strides(const RecurrentArgs& a) {
+  constexpr int64_t kMax = 0x7fffffff;
+  auto fits = [&](const View& x) { return !x.p || (x.s1 >= 0 && x.s1 * (x.f32 ? 4 : int64_t(sizeof(T))) <= kMax); };
+  const bool ok = a.T <= kMax && fits(a.q) && fits(a.k) && fits(a.v) && fits(a.g) && fits(a.beta) && fits(a.o) &&
+                  fits(a.r) && fits(a.dout) && fits(a.dv) && a.H * a.K * 4 <= kMax && a.HV * a.K * 4 <= kMax;
+  if (!ok)
+    throw_unsupported("delta_rule (recurrent CUDA kernels)", "q",
+                      "sequences longer than 2^31 - 1 tokens or a per-token stride above 2^31 - 1 bytes");
+}
+
 template <typename T>
 void launch_recurrent(RecurrentStage stage, const RecurrentArgs& a, int64_t num_seqs, Gate gate,
                       cudaStream_t s) {
   if (num_seqs == 0 || a.HV == 0 || a.V == 0) return;
+  check_token_strides<T>(a);
   if (a.K <= 64)
     launch_recurrent_gate<T, 64>(stage, a, num_seqs, gate, s);
   else if (a.K <= 128)
