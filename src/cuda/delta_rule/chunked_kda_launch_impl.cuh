@@ -11,6 +11,7 @@
 #include "chunked_kda_grads_legacy.cuh"
 #include "chunked_kda_output.cuh"
 #include "chunked_kda_prepare.cuh"
+#include "chunked_kda_prepare_compact.cuh"
 #include "chunked_kda_state.cuh"
 #include "chunked_kda_state_backward.cuh"
 #include "chunked_launch_impl.cuh"  // set_smem, dtype_of
@@ -59,11 +60,27 @@ inline dim3 kda_seq_grid(const ChunkedArgs& a) {
   return dim3(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / kStateCols));
 }
 
+// FLASHGRAD_CHUNKED_KDA_PREPARE=old (read at every launch) selects the session-6 stage 1
+// (kda_prepare_kernel, 203 KiB, one block per SM) instead of the compact one (session 7), so that
+// one GPU process can time and compare both. FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the
+// session-5 stage 1).
+inline bool kda_prepare_old_requested() {
+  const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
+  return v && std::strcmp(v, "old") == 0;
+}
+
 template <typename T>
 void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
   check_kda_args("chunked KDA (prepare)", dtype_of<T>(), a);
   if (a.num_chunks == 0 || a.HV == 0) return;
   const bool legacy = kda_legacy_requested();
+  if (!legacy && !kda_prepare_old_requested()) {
+    if (a.K == 64)
+      launch_kda_kernel<KdaPrepareCompactSmem<T, 64>>(kda_prepare_compact_kernel<T, 64>, kda_chunk_grid(a), a, s);
+    else
+      launch_kda_kernel<KdaPrepareCompactSmem<T, 128>>(kda_prepare_compact_kernel<T, 128>, kda_chunk_grid(a), a, s);
+    return;
+  }
   if (a.K == 64)
     launch_kda_kernel<KdaPrepareSmem<T, 64>>(legacy ? kda_prepare_kernel<T, 64, false> : kda_prepare_kernel<T, 64>,
                                              kda_chunk_grid(a), a, s);

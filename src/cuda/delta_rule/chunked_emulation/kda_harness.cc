@@ -14,6 +14,7 @@
 #include "cuda/delta_rule/chunked_kda_grads.cuh"
 #include "cuda/delta_rule/chunked_kda_output.cuh"
 #include "cuda/delta_rule/chunked_kda_prepare.cuh"
+#include "cuda/delta_rule/chunked_kda_prepare_compact.cuh"
 #include "cuda/delta_rule/chunked_kda_state.cuh"
 #include "cuda/delta_rule/chunked_kda_state_backward.cuh"
 #include "flashgrad/delta_rule.h"
@@ -215,7 +216,12 @@ int run(const Case& c) {
   a.dout = vw(bdo, {B, T, HV, V}), a.dht = vw(bdht, {N, HV, K, V}), a.dh0 = vw(bdh0, {N, HV, K, V});
   a.dh = bdh.f(), a.dv_new = bdvn.f(), a.dq_acc = bdq.f(), a.dk_acc = bdk.f(), a.dv = bdv.f(), a.dbeta = bdb.f();
   a.dg = bdg.f();
-  launch(NC, HV, 1, [&] { dr::kda_prepare_kernel<TT, KM>(a); });
+  // Stage 1: the compact kernel (the default); FLASHGRAD_CHUNKED_KDA_PREPARE=old: the wide one.
+  const char* prep = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
+  if (prep && std::strcmp(prep, "old") == 0)
+    launch(NC, HV, 1, [&] { dr::kda_prepare_kernel<TT, KM>(a); });
+  else
+    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM>(a); });
   launch(N, HV, V / 32, [&] { dr::kda_state_kernel<TT, KM>(a); });
   launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
   launch(N, HV, V / 32, [&] { dr::kda_state_backward_kernel<TT, KM>(a); });
