@@ -114,15 +114,15 @@ void by_dtype(DType dt, F&& f) {
 }
 
 struct BackwardSizes {
-  int64_t qk, beta, g, gconst, r;  // elements
+  int64_t qk, beta, g, gconst, r, rstd;  // elements (rstd: one of q's, k's 1 / ||x|| per row; 0 without the L2 norm)
   std::size_t bytes(const DeltaRuleProblem& pr, bool with_r) const {
     using cuda_detail::align_up;
     return cu_bytes(pr) + 2 * align_up(4 * qk) + align_up(4 * beta) + align_up(4 * g) + align_up(4 * gconst) +
-           (with_r ? align_up(4 * r) : 0);
+           2 * align_up(4 * rstd) + (with_r ? align_up(4 * r) : 0);
   }
 };
 
-BackwardSizes backward_sizes(const DeltaRuleProblem& pr) {
+BackwardSizes backward_sizes(const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
   BackwardSizes s;
   const int64_t tokens = pr.batch * pr.seq_len;
   const int64_t inner = pr.gate == GateKind::per_channel ? pr.key_dim : 1;
@@ -131,6 +131,7 @@ BackwardSizes backward_sizes(const DeltaRuleProblem& pr) {
   s.g = pr.gate == GateKind::none ? 0 : tokens * pr.value_heads * inner;
   s.gconst = pr.gate == GateKind::none ? 0 : pr.num_seqs * pr.value_heads * inner;
   s.r = tokens * pr.value_heads * pr.value_dim;
+  s.rstd = p.use_qk_l2norm_in_kernel ? tokens * pr.heads : 0;
   return s;
 }
 
@@ -170,7 +171,7 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
     dr::chunked_backward(p, pr, in, grads, ws, stream);
     return;
   }
-  const BackwardSizes sz = backward_sizes(pr);
+  const BackwardSizes sz = backward_sizes(p, pr);
   const bool recompute_r = !in.saved_r.present();
   cuda_detail::ScratchBuffer scratch(ws, sz.bytes(pr, recompute_r), stream);
 
@@ -189,7 +190,7 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   by_dtype(p.q.dtype, [&](auto tag) {
     using T = decltype(tag);
     if (recompute_r) {  // the caller saved no r: one forward pass writes it (fp32, contiguous)
-      dr::RecurrentArgs f = a;
+      dr::RecurrentArgs f = a;  // (no q_rstd / k_rstd yet: the forward norms in-kernel)
       f.r.p = scratch.take<float>(4 * sz.r);
       f.r.f32 = true;
       f.r.s3 = 1;
@@ -200,6 +201,13 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
       a.r = f.r;
     } else {
       a.r = view_of(in.saved_r);
+    }
+    if (sz.rstd) {  // the L2 norm's 1 / ||q||, 1 / ||k|| per row, once for both passes
+      float* q_rstd = scratch.take<float>(4 * sz.rstd);
+      float* k_rstd = scratch.take<float>(4 * sz.rstd);
+      dr::launch_qk_rstd<T>(a, q_rstd, k_rstd, pr.batch, stream);
+      a.q_rstd = q_rstd;
+      a.k_rstd = k_rstd;
     }
     a.dout = view_of(in.dout);
     a.dht = view_of(in.dht);
@@ -221,7 +229,7 @@ std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRule
                                  : dr::chunked_backward_scratch_bytes(pr, p.q.dtype);
   if (pass == Pass::forward) return cu_bytes(pr);
   // Upper bound: includes the r buffer needed when the backward gets no saved_r.
-  return backward_sizes(pr).bytes(pr, true);
+  return backward_sizes(p, pr).bytes(pr, true);
 }
 
 }  // namespace flashgrad::cuda

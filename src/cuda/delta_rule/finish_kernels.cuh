@@ -53,6 +53,33 @@ __global__ void __launch_bounds__(256) qk_grad_finish_kernel(View x, View dx, co
   }
 }
 
+// rstd[row] = 1 / sqrt(||x[row]||^2 + eps) for every row (b, t, h) of q or k, as the kernels' in-kernel
+// L2 norm computes it (rsqrtf): taken by the backward passes instead of reducing over K at every step.
+// One warp per row; lane handles elements lane + 32 i.
+template <typename T>
+__global__ void __launch_bounds__(256) qk_rstd_kernel(View x, float* rstd, int64_t B, int64_t T_len, int64_t H,
+                                                     int64_t K) {
+  constexpr int kMaxPerLane = 8;  // K <= 256
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = B * T_len * H;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
+       row += warps_total) {
+    const int64_t h = row % H, t = (row / H) % T_len, b = row / (H * T_len);
+    const int64_t xo = off3(x, b, t, h);
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int64_t e = lane + 32 * i;
+      const float y = e < K ? to_f<T>(static_cast<const T*>(x.p)[xo + e]) : 0.f;
+      ss += y * y;
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) rstd[row] = rsqrtf(ss + kL2NormEps);
+  }
+}
+
 // dbeta[b, t, hv] = acc; dg[b, t, hv(, k)] = acc + dg_const[n, hv(, k)] (n: the token's sequence).
 // `inner` = 1 for beta and GDN's g, K for KDA's g; `with_const` false for dbeta.
 template <typename T>

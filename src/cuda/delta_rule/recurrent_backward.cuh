@@ -1,7 +1,8 @@
 // Fused recurrent backward without per-step states (docs: shared/design/delta_rule.md):
 //   pass 1, reverse in time, carries dS (K x V slice in registers) from dht;
 //   pass 2, forward in time, recomputes S from h0.
-// Neither ever runs the state backwards. Memory beyond inputs and outputs: the saved r and the
+// Neither ever runs the state backwards. With the in-kernel L2 norm both take 1 / ||q||, 1 / ||k|| per
+// row from qk_rstd_kernel (run once before pass 1) instead of reducing over K at every step. Memory beyond inputs and outputs: the saved r and the
 // fp32 accumulators below (sizes of q, k, beta, g), no per-step state.
 //
 // Cross-block sums (dq, dk over the V slices and over the value heads of a group; dbeta over the
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     const int buf = static_cast<int>(t & 1);
     float q[KPT], k[KPT], d[KPT];
-    qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    qk_to_float_rstd<T, KPT>(cur.q, cur.k, cur.q_rstd, cur.k_rstd, q, k);  // a.q_rstd: see below
     gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
     const float dout = raw_to_f<T>(a.dout.f32, cur.x0), r = raw_to_f<T>(a.r.f32, cur.x1);
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     const int buf = static_cast<int>(t & 1);
     float q[KPT], k[KPT], d[KPT];
-    qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    qk_to_float_rstd<T, KPT>(cur.q, cur.k, cur.q_rstd, cur.k_rstd, q, k);  // a.q_rstd: see below
     gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
     const float v = raw_to_f<T>(a.v.f32, cur.x0), dout = raw_to_f<T>(a.dout.f32, cur.x1),

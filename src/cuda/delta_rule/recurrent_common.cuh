@@ -45,6 +45,10 @@ struct RecurrentArgs {
   float* dbeta_acc = nullptr;  // [B, T, HV] f32, zeroed
   float* dg_acc = nullptr;   // [B, T, HV] (GDN) or [B, T, HV, K] (KDA) f32, zeroed
   float* dg_const = nullptr;  // [N, HV] or [N, HV, K] f32, zeroed: added to every step of a sequence
+  // Backward with the in-kernel L2 norm: 1 / ||x|| of every q and k row [B, T, H] (qk_rstd_kernel),
+  // computed once instead of in both passes at every step (session 7).
+  const float* q_rstd = nullptr;
+  const float* k_rstd = nullptr;
   const int64_t* cu_seqlens = nullptr;  // device copy [N+1] (null: padded batch)
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
@@ -160,6 +164,7 @@ struct StepLoad {
   alignas(16) float g[kPerChannel ? KPT : 1];
   uint32_t beta;
   uint32_t x0, x1, x2;  // per-column values: meaning depends on the kernel (v, do, r, dv...)
+  float q_rstd, k_rstd;  // backward passes with the L2 norm (RecurrentArgs::q_rstd)
 };
 
 // KPT consecutive elements starting at `run` (the thread's first row; rows at or past `rows_left`
@@ -259,9 +264,21 @@ __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KP
   if (k_rstd) *k_rstd = rk;
 }
 
+// q and k rows for this thread scaled by precomputed 1 / ||x|| (the backward passes; 1 without
+// the L2 norm): the same rows as qk_to_float's without its per-step group sums.
+template <typename T, int KPT>
+__device__ __forceinline__ void qk_to_float_rstd(const T (&qr)[KPT], const T (&kr)[KPT], float rq, float rk,
+                                                 float (&q)[KPT], float (&k)[KPT]) {
+#pragma unroll
+  for (int i = 0; i < KPT; ++i) {
+    q[i] = to_f<T>(qr[i]) * rq;
+    k[i] = to_f<T>(kr[i]) * rk;
+  }
+}
+
 // This thread's q, k, gate and beta streams (row0: its first row, rows_left = K - row0).
 struct QkgbStreams {
-  TokenPtr q, k, g, beta;
+  TokenPtr q, k, g, beta, q_rstd, k_rstd;
   int64_t rows_left;
 };
 template <typename T, int KPT, Gate G>
@@ -272,6 +289,8 @@ __device__ __forceinline__ QkgbStreams qkgb_streams(const RecurrentArgs& a, cons
   st.k = view_tokens(a.k, sizeof(T), c, c.h, row0);
   st.g = view_tokens(a.g, elem_size<T>(a.g), c, c.hv, G == Gate::per_channel ? row0 : 0);
   st.beta = view_tokens(a.beta, elem_size<T>(a.beta), c, c.hv);
+  st.q_rstd = acc_tokens(const_cast<float*>(a.q_rstd), a.T, c, a.H, c.h, 1, 0);
+  st.k_rstd = acc_tokens(const_cast<float*>(a.k_rstd), a.T, c, a.H, c.h, 1, 0);
   st.rows_left = a.K - row0;
   return st;
 }
@@ -310,6 +329,12 @@ __device__ __forceinline__ void load_qkgb(const RecurrentArgs& a, const QkgbStre
     s.g[0] = 0.f;
   }
   s.beta = load_raw_at<T>(a.beta.f32, st.beta.at<const void>(t));
+  if (a.q_rstd) {
+    s.q_rstd = *st.q_rstd.at<const float>(t);
+    s.k_rstd = *st.k_rstd.at<const float>(t);
+  } else {
+    s.q_rstd = s.k_rstd = 1.f;
+  }
 }
 
 // exp(g) for row slot i (one value for GDN, one per row for KDA, 1 without a gate).

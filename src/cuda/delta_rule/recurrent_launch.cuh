@@ -19,6 +19,11 @@ template <typename T>
 void launch_recurrent(RecurrentStage stage, const RecurrentArgs& a, int64_t num_seqs, Gate gate,
                       cudaStream_t stream);
 
+// 1 / ||x|| of every q and k row [batch, a.T, a.H] into q_rstd / k_rstd (finish_kernels.cuh,
+// qk_rstd_kernel): the backward passes' L2 norm, computed once.
+template <typename T>
+void launch_qk_rstd(const RecurrentArgs& a, float* q_rstd, float* k_rstd, int64_t batch, cudaStream_t stream);
+
 // dq, dk (from dq_acc / dk_acc), dbeta, dg: see finish_kernels.cuh. `g_inner` = 1 (GDN) or K (KDA);
 // dg is skipped without a gate.
 template <typename T>

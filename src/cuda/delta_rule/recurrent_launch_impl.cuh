@@ -63,6 +63,9 @@ void launch_recurrent(RecurrentStage stage, const RecurrentArgs& a, int64_t num_
                       cudaStream_t s) {
   if (num_seqs == 0 || a.HV == 0 || a.V == 0) return;
   check_token_strides<T>(a);
+  if (stage != RecurrentStage::forward && a.l2norm && (!a.q_rstd || !a.k_rstd))
+    throw_invalid_argument("delta_rule (recurrent CUDA kernels)", "q_rstd",
+                           "the backward passes with the in-kernel L2 norm need launch_qk_rstd's rows");
   if (a.K <= 64)
     launch_recurrent_gate<T, 64>(stage, a, num_seqs, gate, s);
   else if (a.K <= 128)
@@ -74,6 +77,16 @@ void launch_recurrent(RecurrentStage stage, const RecurrentArgs& a, int64_t num_
 inline unsigned grid_for(int64_t work, int64_t per_block) {
   const int64_t blocks = (work + per_block - 1) / per_block;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65536)));
+}
+
+template <typename T>
+void launch_qk_rstd(const RecurrentArgs& a, float* q_rstd, float* k_rstd, int64_t batch, cudaStream_t s) {
+  const int64_t rows = batch * a.T * a.H;
+  if (rows == 0) return;
+  qk_rstd_kernel<T><<<grid_for(rows, 8), 256, 0, s>>>(a.q, q_rstd, batch, a.T, a.H, a.K);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  qk_rstd_kernel<T><<<grid_for(rows, 8), 256, 0, s>>>(a.k, k_rstd, batch, a.T, a.H, a.K);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
@@ -102,6 +115,7 @@ void launch_finish(const RecurrentArgs& a, View dq, View dk, View dbeta, View dg
 
 #define FLASHGRAD_DELTA_RULE_INSTANTIATE(T)                                                        \
   template void launch_recurrent<T>(RecurrentStage, const RecurrentArgs&, int64_t, Gate, cudaStream_t); \
+  template void launch_qk_rstd<T>(const RecurrentArgs&, float*, float*, int64_t, cudaStream_t);  \
   template void launch_finish<T>(const RecurrentArgs&, View, View, View, View, int64_t, int64_t, Gate,  \
                                  cudaStream_t);
 
