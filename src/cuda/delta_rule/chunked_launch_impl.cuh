@@ -8,6 +8,7 @@
 
 #include "chunked_grads.cuh"
 #include "chunked_grads_mma.cuh"
+#include "chunked_grads_split.cuh"
 #include "finish_kernels.cuh"
 #include "chunked_output.cuh"
 #include "chunked_prepare.cuh"
@@ -244,9 +245,28 @@ void launch_grads_mma_half(const ChunkedArgs& a, cudaStream_t s) {
   chunk_grads_mma_kernel<T, KMAX, kHalf><<<grid, 256, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
+// B2 as two kernels (chunked_grads_split.cuh, session 7): B2a (h / dh products; writes dq_s, dk_s,
+// dw into dv's first K columns, dG_state), then B2b (chunk-local products and the outputs).
+template <typename T, int KMAX>
+void launch_grads_split(const ChunkedArgs& a, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
+  constexpr int64_t bytes_a = GradsStateSmem<T, KMAX>::bytes(), bytes_b = GradsLocalSmem<T, KMAX>::bytes();
+  set_smem(chunk_grads_state_kernel<T, KMAX>, bytes_a);
+  chunk_grads_state_kernel<T, KMAX><<<grid, 256, bytes_a, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  set_smem(chunk_grads_local_kernel<T, KMAX>, bytes_b);
+  chunk_grads_local_kernel<T, KMAX><<<grid, 256, bytes_b, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+// Whether the split B2 can run these arguments (see split_grads_wanted).
+inline bool split_grads_applies(const ChunkedArgs& a) {
+  return a.h16 && a.dv_out.p && a.V >= a.K && (!a.g.p || a.dG_state) && split_grads_wanted();
+}
 template <typename T, int KMAX>
 void launch_grads_mma(const ChunkedArgs& a, cudaStream_t s) {
-  if (a.h16)
+  if (split_grads_applies(a))
+    launch_grads_split<T, KMAX>(a, s);
+  else if (a.h16)
     launch_grads_mma_half<T, KMAX, 3>(a, s);
   else
     launch_grads_mma_half<T, KMAX, 0>(a, s);

@@ -81,7 +81,10 @@ struct ChunkedScratch {
   std::size_t backward_bytes(const DeltaRuleProblem& pr) const {
     const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
                   per_head = rows * pr.value_heads;
-    if (half) return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (gva ? 2 * align_up(4 * qk) : 0);
+    // (+ the split B2's dG_state, fp32 [rows, HV], with a gate)
+    if (half)
+      return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (gva ? 2 * align_up(4 * qk) : 0) +
+             (pr.gate != GateKind::none ? align_up(4 * per_head) : 0);
     return forward_bytes() + align_up(4 * n.h) + align_up(4 * vv) + 2 * align_up(4 * qk) + align_up(4 * vv) +
            align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * dg_elems(pr)) : 0);
   }
@@ -181,7 +184,10 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
     a.dv_new16 = cs.dvn_in_w ? a.w : buf.take<char>(cs.elem * vv);
     a.dv_out = view_of(grads.dv);
     a.dbeta_out = view_of(grads.dbeta);
-    if (pr.gate != GateKind::none) a.dg_out = view_of(grads.dg);
+    if (pr.gate != GateKind::none) {
+      a.dg_out = view_of(grads.dg);
+      a.dG_state = buf.take<float>(4 * per_head);
+    }
     if (!cs.gva) {
       a.dq_out = view_of(grads.dq);
       a.dk_out = view_of(grads.dk);

@@ -111,6 +111,9 @@ struct ChunkedArgs {
   // set too (only with H == HV: each block then has the whole of its rows' dq, dk), it also does
   // the L2-norm backward of dq, dk and writes them (dq_acc, dk_acc unused).
   View dq_out, dk_out, dv_out, dbeta_out, dg_out;
+  // Split B2 (session 7, chunked_grads_split.cuh): dG's state terms per (row, value head), written by
+  // its first kernel and added by the second (fp32 [rows, HV]; needed with a gate only).
+  float* dG_state = nullptr;
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
   bool l2norm = false;
@@ -137,6 +140,16 @@ inline bool mma_grads_wanted() {
   if (env && std::string(env) == "v8") return false;
   if (env && std::string(env) == "mma") return true;
   return kMmaGradsByDefault;
+}
+
+// Whether the mma B2 runs as two kernels (chunked_grads_split.cuh: B2a the products with h / dh, B2b
+// the chunk-local ones, each two blocks per SM) instead of the fused one: the default where the split
+// applies (16-bit intermediates, direct outputs, V >= K: B2a passes dw to B2b in dv's first K columns,
+// and with a gate a.dG_state); FLASHGRAD_CHUNKED_B2=fused (or mma) keeps the fused kernel. Read per
+// call, so one process can time both.
+inline bool split_grads_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_B2");
+  return !(env && (std::string(env) == "fused" || std::string(env) == "mma" || std::string(env) == "v8"));
 }
 
 // Warps per block of the transposed B1 (16 value columns each; chunked_launch_impl.cuh), by the

@@ -27,6 +27,7 @@
 #include "cuda/delta_rule/chunked_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "cuda/delta_rule/chunked_grads_mma.cuh"
+#include "cuda/delta_rule/chunked_grads_split.cuh"
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
@@ -223,7 +224,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   std::vector<float> zeros(rows*H*K, 0.f);
   const DType dt_out = direct ? dt : DType::f32, dt_qk = direct_qk ? dt : DType::f32;
   Buf bdq(dt_qk, rows*H*K), bdk(dt_qk, rows*H*K), bdv(dt_out, rows*HV*V), bdb(dt_out, rows*HV),
-      bdg(DType::f32, rows*HV);
+      bdg(DType::f32, rows*HV), bdGs(DType::f32, rows*HV);
   if (!direct_qk) { bdq.up(zeros); bdk.up(zeros); a.dq_acc = (float*)bdq.p(); a.dk_acc = (float*)bdk.p(); }
   else { a.dq_out = vw(bdq, {B, T, H, K}); a.dk_out = vw(bdk, {B, T, H, K}); }
   if (direct) {
@@ -238,7 +239,13 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 4>(a); });
   else if (v8_b2)
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 8>(a); }, 256);
-  else if (half == 3)
+  else if (half == 3 && direct && V >= K && dr::split_grads_wanted()) {
+    // The split B2 (session 7, the launcher's default here; FLASHGRAD_CHUNKED_B2=fused: the fused one).
+    // B2a passes dw to B2b in dv's first K columns and dG's state terms in dG_state.
+    if (gate) a.dG_state = (float*)bdGs.p();
+    launch(NC, HV, 1, [&] { dr::chunk_grads_state_kernel<TT, KM>(a); }, 256);
+    launch(NC, HV, 1, [&] { dr::chunk_grads_local_kernel<TT, KM>(a); }, 256);
+  } else if (half == 3)
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 3>(a); }, 256);
   else if (half == 1)
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 1>(a); }, 256);
@@ -352,6 +359,8 @@ int main(int argc, char** argv) {
   fails += run<bf16, 128>("gdn bf16 K128 V64 B=2 H=2 HV=4 T=1", DType::bf16, 2, 1, 2, 4, 64, true, {}, 1.f, true, 12);
   fails += run<bf16, 64>("gdn bf16 K64 V128 B=2 H=2 HV=4 T=64", DType::bf16, 2, 64, 2, 4, 128, true, {}, 1.f, true, 13);
   fails += run<__half, 128>("gdn f16 K128 V128 T=90 no h0, dht", DType::f16, 1, 90, 1, 2, 128, true, {}, 1.f, true, 14, false);
+  // H == HV with a gate: the split B2's direct dq / dk (state parts read back) and dG_state.
+  fails += run<bf16, 128>("gdn bf16 K128 V128 H=HV=2 varlen", DType::bf16, 1, 0, 2, 2, 128, true, {70, 1, 64}, 1.f, true, 18);
   if (mode == "all") {
     fails += run<bf16, 64>("gdn bf16 K64 V64 T=500 n=1", DType::bf16, 1, 500, 1, 2, 64, true, {}, 1.f, true, 5);
     fails += run<bf16, 64>("gdn bf16 K64 V64 T=500 n=10", DType::bf16, 1, 500, 1, 2, 64, true, {}, 10.f, true, 6);

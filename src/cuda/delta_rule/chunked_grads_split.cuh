@@ -1,0 +1,987 @@
+// Chunked backward stage B2 split in two kernels (session 7), the default of the 16-bit backward
+// (h, dh, dv_new in T, direct outputs, V >= K); FLASHGRAD_CHUNKED_B2=fused keeps the one-kernel B2 of
+// chunked_grads_mma.cuh (same notation: X = v_new dh^T, Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...).
+//
+// Why: the fused kernel holds one block of 8 warps per SM (211 KiB of shared memory, 232 registers)
+// and is latency-bound (ncu, session 6: issue active 28%, stalls wait / short / long scoreboard).
+// Each kernel here is built for two blocks of 8 warps per SM (__launch_bounds__(256, 2): at most 128
+// registers; at most 113 KiB of shared memory each):
+//
+//   B2a, chunk_grads_state_kernel (grid chunks x HV): the products with the states h_c / dh_{c+1},
+//     each over V in 32-column slices, key-role warps as in the fused kernel (warp = 16 key channels,
+//     transposed products so h / dh go from global memory straight into A fragments):
+//       pass 1: Y^T = h do^T, Z^T = h dv_new^T -> dq_s = scale exp(G_i) Y, dw = -Z;
+//       pass 2: X^T = dh v_new^T, <h_c, dh_{c+1}> -> dk_s = exp(G_last - G_i) X.
+//     Writes: dq_s, dk_s into the user's dq, dk (T; with GVA added into the fp32 accumulators),
+//     dw (T) into the first K columns of the user's dv (dv is written only by B2b, which reads dw
+//     before it writes dv, block by block: no scratch), and dG's state terms per row into dG_state
+//     (fp32 [rows, HV]): q_i.dq_s_i - k_i.dk_s_i (normalized q, k), and on row L - 1 also
+//     sum_i k_i.dk_s_i + exp(G_last) <h_c, dh_{c+1}>.
+//   B2b, chunk_grads_local_kernel (grid chunks x HV): the chunk-local 64 x 64 products, row-role
+//     warps as in the fused kernel: pass over V (16-column slices) dP = do v_new^T, du = dv_new v^T,
+//     dUb = A^T dv_new -> dv, dbeta; then QK, WK = dw k^T -> S, dA; dq += S k; dk += S^T q + WY
+//     terms (A^T dw, dA A^T, A^T tmp, S2 products); dbeta, dG -> dg (reverse cumsum, plus dG_state);
+//     dq, dk = the state parts read back + these, through the L2-norm backward (H == HV) or added
+//     into the accumulators (GVA).
+//   dq, dk and dG partials stay in registers (no fp32 [64][K] tiles): dq's L2-norm dot <qn, dq> is
+//   summed per (row, K half) and exchanged through 2 x 64 floats.
+// Costs of the split: dq_s, dk_s, dw written and read back once in T (3 x 16 KiB per block at
+// K = 128), dG_state (256 bytes), and one rounding of the state parts of dq, dk (2^-9 relative).
+#pragma once
+
+#include <algorithm>
+
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
+#include "chunked_mma_tf32.cuh"  // zero_acc, quad_sum, column_sum
+#include "chunked_output.cuh"    // store_split
+#include "chunked_rows.cuh"
+#include "chunked_stages.h"
+#include "chunked_tiles.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Fragment addressing shared by both kernels (lane = 4 grp + tig; chunked_grads_mma.cuh's helpers):
+// a_* non-trans A fragments, nb_* non-trans B fragments of two 8-column tiles and .trans A fragments,
+// tb_* .trans B fragments.
+template <typename T>
+struct SplitFrags {
+  int a_r, a_c, nb_r, nb_c, tb_r, tb_c;
+  __device__ explicit SplitFrags(int lane)
+      : a_r(lane & 15),
+        a_c(8 * (lane >> 4)),
+        nb_r(8 * (lane >> 4) + (lane & 7)),
+        nb_c(8 * ((lane >> 3) & 1)),
+        tb_r(8 * ((lane >> 3) & 1) + (lane & 7)),
+        tb_c(8 * (lane >> 4)) {}
+  // A[r][kk] = X[r0 + r][k0 + kk] (X row-major, pitch ld).
+  __device__ void lda(uint32_t (&f)[4], const T* X, int ld, int r0, int k0) const {
+    mma::ldmatrix_x4<false>(f, X + (r0 + a_r) * ld + k0 + a_c);
+  }
+  // A[r][kk] = X[k0 + kk][r0 + r].
+  __device__ void lda_t(uint32_t (&f)[4], const T* X, int ld, int r0, int k0) const {
+    mma::ldmatrix_x4<true>(f, X + (k0 + nb_r) * ld + r0 + nb_c);
+  }
+  // B fragments of the two 8-column tiles n0 / 8, n0 / 8 + 1: B[kk][n] = Y[n0 + n][k0 + kk].
+  __device__ void ldb(uint32_t (&f)[4], const T* Y, int ld, int k0, int n0) const {
+    mma::ldmatrix_x4<false>(f, Y + (n0 + nb_r) * ld + k0 + nb_c);
+  }
+  // B[kk][n] = X[k0 + kk][n0 + n].
+  __device__ void ldb_t(uint32_t (&f)[4], const T* X, int ld, int k0, int n0) const {
+    mma::ldmatrix_x4<true>(f, X + (k0 + tb_r) * ld + n0 + tb_c);
+  }
+  // acc0 += a * (first tile of b), acc1 += a * (second tile of b).
+  __device__ static void mma2(float (&c0)[4], float (&c1)[4], const uint32_t (&af)[4], const uint32_t (&b)[4]) {
+    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    mma::mma16816<T>(c0, af, b0);
+    mma::mma16816<T>(c1, af, b1);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// B2a: shared memory. q, k raw (for the rstd and the dG dots), two stages of two 32-column slice
+// tiles (pass 1: do, dv_new; pass 2: v_new in tile 0), per-row factors, and the dG dots' per-warp
+// column partials. Pitches +8 elements (conflict-free ldmatrix rows, 16-byte aligned).
+template <typename T, int KMAX>
+struct GradsStateSmem {
+  static constexpr int C = kChunkSize, VS = 32, KS = KMAX / 16;
+  static constexpr int LDK = KMAX + 8, LDS = VS + 8;
+  static constexpr int64_t kKeyTile = sizeof(T) * C * LDK;
+  static constexpr int64_t kSliceTile = sizeof(T) * C * LDS;
+  static_assert(kKeyTile % 16 == 0 && kSliceTile % 16 == 0, "16-byte aligned tiles");
+  // floats: rq, rk, eG, kd [C]; dot partials q, k [KS][C]; hdh per warp [8].
+  static constexpr int64_t bytes() { return 2 * kKeyTile + 4 * kSliceTile + sizeof(float) * ((4 + 2 * KS) * C + 8); }
+  unsigned char* raw;
+  T *q, *k;
+  float *rq, *rk, *eG, *kd, *pq, *pk, *hsum;
+  __device__ explicit GradsStateSmem(unsigned char* r) : raw(r) {
+    q = reinterpret_cast<T*>(raw);
+    k = reinterpret_cast<T*>(raw + kKeyTile);
+    rq = reinterpret_cast<float*>(raw + 2 * kKeyTile + 4 * kSliceTile);
+    rk = rq + C;
+    eG = rk + C;
+    kd = eG + C;
+    pq = kd + C;   // [KS][C]
+    pk = pq + KS * C;
+    hsum = pk + KS * C;
+  }
+  // Slice stage b (0 / 1), tile m (0: do or v_new, 1: dv_new), [C][LDS].
+  __device__ T* slice(int b, int m) const {
+    return reinterpret_cast<T*>(raw + 2 * kKeyTile + (2 * b + m) * kSliceTile);
+  }
+};
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a) {
+  using S = GradsStateSmem<T, KMAX>;
+  constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDS = S::LDS;
+  constexpr int KS = KMAX / 16, CG = 8 / KS, NTV = 8 / CG;  // key strips, column groups, 8-row tiles
+  static_assert(KS * CG == 8 && NTV % 2 == 0, "K = 64 or 128 over 8 warps");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
+  // Key role: warp (kst, cgp) owns key rows [16 kst, +16) and chunk rows [n0k, n0k + 8 NTV).
+  const int kst = wp % KS, cgp = wp / KS, n0k = cgp * 8 * NTV;
+  const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
+  const int NS = static_cast<int>(V / VS);
+  const SplitFrags<T> fr(lane);
+  auto erow = [&](int e) { return grp + 8 * (e >> 1); };
+  auto ecol = [&](int e) { return 2 * tig + (e & 1); };
+
+  const T* hc = static_cast<const T*>(a.h16) + (c * HV + hv) * a.K * V;   // h_c [K][V]
+  const T* dhc = static_cast<const T*>(a.dh16) + (c * HV + hv) * a.K * V;  // dL/dh_{c+1} [K][V]
+  const bool do_vec = key_rows_vectorizable(a.dout);
+  // Slice copies: thread tid copies row pr = tid / 4, 16-byte piece pp = tid % 4 of each tile (rows
+  // past L zero-filled, their sources pointed at row 0). Pass 1: do, dv_new; pass 2: v_new.
+  static_assert(C * VS / 8 == THREADS, "one 16-byte piece per thread and tile");
+  const int pr = tid >> 2, pp = tid & 3;
+  const bool pr_ok = pr < L;
+  const int pr_src = pr_ok ? pr : 0;
+  const T* vn_src = static_cast<const T*>(a.v_new) + ((row0 + pr_src) * HV + hv) * V + 8 * pp;
+  const T* dvn_src = static_cast<const T*>(a.dv_new16) + ((row0 + pr_src) * HV + hv) * V + 8 * pp;
+  const T* do_src = static_cast<const T*>(a.dout.p) + off3(a.dout, ci.b, ci.t0 + pr_src, hv) + 8 * pp;
+  const int p_at = pr * LDS + 8 * pp;
+  auto issue_slice = [&](int s, int b, int pass) {
+    const int64_t col0 = static_cast<int64_t>(s) * VS;
+    if (pass == 2) {
+      mma::cp_async16(sm.slice(b, 0) + p_at, vn_src + col0, pr_ok);
+    } else {
+      mma::cp_async16(sm.slice(b, 1) + p_at, dvn_src + col0, pr_ok);
+      if (do_vec) {
+        mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
+      } else {
+        View d = a.dout;
+        d.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
+        view_rows_async<T, THREADS>(d, ci, hv, VS, false, sm.slice(b, 0), LDS);
+      }
+    }
+    mma::cp_async_commit();
+  };
+  // A fragment (rows [16 kst, +16), columns [col, +16)) of a [K][V] state in T: register m holds row
+  // grp + 8 (m % 2), columns col + 2 tig + 8 (m / 2) + {0, 1}: one 32-bit load each.
+  const int64_t frag_at = (16 * kst + grp) * V + 2 * tig;
+  auto load_state_frag = [&](const T* st, int64_t col, uint32_t(&x)[4]) {
+    const T* p = st + frag_at + col;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) x[m] = *reinterpret_cast<const uint32_t*>(p + 8 * (m & 1) * V + 8 * (m >> 1));
+  };
+
+  uint32_t hr[2][4];  // h fragments of the current pass-1 slice (16-column steps k2 = 0, 1)
+  load_state_frag(hc, 0, hr[0]);
+  load_state_frag(hc, 16, hr[1]);
+  // ---- Prologue: q, k and slice 0 by cp.async; per-row gate factors.
+  {
+    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, key_rows_vectorizable(a.q), sm.q, LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, key_rows_vectorizable(a.k), sm.k, LDK);
+    issue_slice(0, 0, 1);
+    if (tid < C) {
+      const float g = (a.G && tid < L) ? a.G[(row0 + tid) * HV + hv] : 0.f;
+      const float g_last = a.G ? a.G[(row0 + L - 1) * HV + hv] : 0.f;
+      sm.eG[tid] = expf(g);
+      sm.kd[tid] = expf(g_last - g);  // arguments <= 0 for gates g <= 0
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    const float rq = tile_row_rstd<T, KMAX, THREADS>(sm.q, LDK, a.l2norm);
+    const float rk = tile_row_rstd<T, KMAX, THREADS>(sm.k, LDK, a.l2norm);
+    if ((tid & 3) == 0) {
+      sm.rq[tid >> 2] = rq;
+      sm.rk[tid >> 2] = rk;
+    }
+    // (read after pass 2's barriers)
+  }
+  const float gl = a.G ? a.G[(row0 + L - 1) * HV + hv] : 0.f;
+  const bool direct_qk = a.dq_out.p != nullptr;
+  // Stores one element (chunk row i < L, key channel d) of a state part of dq (which = 0) / dk (1):
+  // into the user's gradient (T) or, with GVA, added into the fp32 accumulator.
+  auto store_qk = [&](int which, int i, int d, float x) {
+    if (direct_qk) {
+      const View& o = which ? a.dk_out : a.dq_out;
+      store_elem<T>(o, off4(o, ci.b, ci.t0 + i, head, d), x);
+    } else {
+      float* acc = which ? a.dk_acc : a.dq_acc;
+      atomicAdd(acc + ((row0 + i) * a.H + head) * a.K + d, x);
+    }
+  };
+  // Per-column (chunk row) partial dots sum_d x[i][d] y[i][d] of this warp's 16 key channels, with x
+  // the raw q / k tile: into dst[kst][i] (column sums over the 8 lanes of a column).
+  auto column_dots = [&](const T* x, const float(&y)[NTV][4], float* dst) {
+#pragma unroll
+    for (int nt = 0; nt < NTV; ++nt) {
+      float p[2] = {0.f, 0.f};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
+        p[e & 1] += to_f<T>(x[i * LDK + d]) * y[nt][e];
+      }
+#pragma unroll
+      for (int q2 = 0; q2 < 2; ++q2) {
+        const float s = mma::column_sum(p[q2]);
+        if (grp == 0) dst[kst * C + n0k + 8 * nt + 2 * tig + q2] = s;
+      }
+    }
+  };
+
+  // ---- Pass 1: Y^T = h do^T, Z^T = h dv_new^T over V slices (a barrier per slice; slice s + 1's
+  // copies and h fragments in flight during slice s). The last step issues pass 2's first v_new slice.
+  {
+    float accY[NTV][4], accZ[NTV][4];
+    mma::zero_acc(accY);
+    mma::zero_acc(accZ);
+    for (int s = 0; s < NS; ++s) {
+      const int b = s & 1;
+      const int64_t col0 = static_cast<int64_t>(s) * VS;
+      mma::cp_async_wait<0>();
+      __syncthreads();  // slice s landed; every warp is done with stage b ^ 1
+      if (s + 1 < NS)
+        issue_slice(s + 1, b ^ 1, 1);
+      else
+        issue_slice(0, b ^ 1, 2);
+      const T* sdo = sm.slice(b, 0);
+      const T* sdv = sm.slice(b, 1);
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+#pragma unroll
+        for (int np = 0; np < NTV / 2; ++np) {
+          uint32_t bd[4], bh[4];
+          fr.ldb(bd, sdo, LDS, 16 * k2, n0k + 16 * np);
+          fr.ldb(bh, sdv, LDS, 16 * k2, n0k + 16 * np);
+          fr.mma2(accY[2 * np], accY[2 * np + 1], hr[k2], bd);
+          fr.mma2(accZ[2 * np], accZ[2 * np + 1], hr[k2], bh);
+        }
+        // hr[k2] refilled with the next slice's fragment once used (in flight over the barrier).
+        if (s + 1 < NS) load_state_frag(hc, col0 + VS + 16 * k2, hr[k2]);
+      }
+    }
+    // dq_s = scale exp(G_i) Y, dw = -Z (element: key channel d, chunk row i); rows >= L not stored.
+#pragma unroll
+    for (int nt = 0; nt < NTV; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
+        accY[nt][e] *= a.scale * sm.eG[i];
+        if (i < L) {
+          store_qk(0, i, d, accY[nt][e]);
+          store_elem<T>(a.dv_out, off4(a.dv_out, ci.b, ci.t0 + i, hv, d), -accZ[nt][e]);
+        }
+      }
+    column_dots(sm.q, accY, sm.pq);
+  }
+
+  // ---- Pass 2: X^T = dh v_new^T and <h_c, dh_{c+1}> (a barrier per slice; dh / h fragments two
+  // slices deep in registers: NS is even).
+  {
+    float accX[NTV][4];
+    mma::zero_acc(accX);
+    float hdh = 0.f;
+    uint32_t p2d[2][2][4], p2h[2][2][4];  // [buffer][16-column step][register]
+    auto load_pass2 = [&](int s, uint32_t(&d)[2][4], uint32_t(&h)[2][4]) {
+      const int64_t col0 = static_cast<int64_t>(s) * VS;
+      load_state_frag(dhc, col0, d[0]);
+      load_state_frag(dhc, col0 + 16, d[1]);
+      if (cgp == 0) {  // each (key channel, value column) once: the first column group's warps
+        load_state_frag(hc, col0, h[0]);
+        load_state_frag(hc, col0 + 16, h[1]);
+      }
+    };
+    auto step = [&](int s, const uint32_t(&d)[2][4], const uint32_t(&h)[2][4]) {
+      const int b = s & 1;
+      mma::cp_async_wait<0>();
+      __syncthreads();
+      if (s + 1 < NS) issue_slice(s + 1, b ^ 1, 2);
+      const T* svn = sm.slice(b, 0);
+#pragma unroll
+      for (int k2 = 0; k2 < 2; ++k2) {
+        uint32_t bv[NTV / 2][4];
+#pragma unroll
+        for (int np = 0; np < NTV / 2; ++np) fr.ldb(bv[np], svn, LDS, 16 * k2, n0k + 16 * np);
+#pragma unroll
+        for (int np = 0; np < NTV / 2; ++np) fr.mma2(accX[2 * np], accX[2 * np + 1], d[k2], bv[np]);
+        if (cgp == 0)
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            float h0, h1, d0, d1;
+            mma::unpack_floats<T>(h[k2][m], h0, h1);
+            mma::unpack_floats<T>(d[k2][m], d0, d1);
+            hdh += h0 * d0 + h1 * d1;
+          }
+      }
+    };
+    load_pass2(0, p2d[0], p2h[0]);
+    for (int s = 0; s < NS; s += 2) {
+      load_pass2(s + 1, p2d[1], p2h[1]);
+      step(s, p2d[0], p2h[0]);
+      if (s + 2 < NS) load_pass2(s + 2, p2d[0], p2h[0]);
+      step(s + 1, p2d[1], p2h[1]);
+    }
+    // dk_s = exp(G_last - G_i) X.
+#pragma unroll
+    for (int nt = 0; nt < NTV; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
+        accX[nt][e] *= sm.kd[i];
+        if (i < L) store_qk(1, i, d, accX[nt][e]);
+      }
+    column_dots(sm.k, accX, sm.pk);
+    // <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk (as the
+    // fused kernel: 16-bit copies of those arbitrary states lose most of dg's largest term there).
+    const int64_t n = ci.seq;
+    const bool exact_h = a.h0.p && c == a.seq_first_chunk[n], exact_dh = a.dht.p && c == a.seq_first_chunk[n + 1] - 1;
+    if (cgp == 0 && (exact_h || exact_dh)) {
+      const float* h0 = static_cast<const float*>(a.h0.p);
+      const float* dht = static_cast<const float*>(a.dht.p);
+      hdh = 0.f;
+      for (int col = 2 * tig; col < V; col += 8)
+#pragma unroll
+        for (int r8 = 0; r8 < 2; ++r8) {
+          const int key = 16 * kst + grp + 8 * r8;
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const float x = exact_h ? h0[off4(a.h0, n, hv, key, col + p)] : to_f<T>(hc[key * V + col + p]);
+            const float y = exact_dh ? dht[off4(a.dht, n, hv, key, col + p)] : to_f<T>(dhc[key * V + col + p]);
+            hdh += x * y;
+          }
+        }
+    }
+    hdh = group_sum<32>(hdh);
+    if (lane == 0) sm.hsum[wp] = cgp == 0 ? hdh : 0.f;
+  }
+  __syncthreads();  // dot partials, hdh complete
+
+  // ---- dG's state terms (warp 0; lane l: rows l and l + 32): s_i = k_i.dk_s_i, dG_i = q_i.dq_s_i - s_i
+  // (normalized q, k: the raw dots times rstd), dG_{L-1} += sum_{i < L} s_i + exp(G_last) <h, dh>.
+  if (wp == 0 && a.dG_state) {
+    float sq[2], sk[2], ssum = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = lane + 32 * h;
+      float x = 0.f, y = 0.f;
+#pragma unroll
+      for (int w = 0; w < KS; ++w) {
+        x += sm.pq[w * C + i];
+        y += sm.pk[w * C + i];
+      }
+      sq[h] = x * sm.rq[i];
+      sk[h] = y * sm.rk[i];
+      if (i < L) ssum += sk[h];
+    }
+    ssum = group_sum<32>(ssum);
+    float hsum = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) hsum += sm.hsum[w];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = lane + 32 * h;
+      if (i < L) a.dG_state[(row0 + i) * HV + hv] = sq[h] - sk[h] + (i == L - 1 ? ssum + expf(gl) * hsum : 0.f);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// B2b: shared memory. q, k raw, dw (T, from B2a), A hi / lo, region R (two stages of four 16-column
+// slice tiles: do, v_new, v, dv_new; after pass 1: S hi / lo then tmp hi / lo, dA hi / lo then S2
+// hi / lo), per-row factors and fixed partial-sum slots.
+template <typename T, int KMAX>
+struct GradsLocalSmem {
+  static constexpr int C = kChunkSize, VS = 16;
+  static constexpr int LDK = KMAX + 8, LDP = C + 8, LDS = VS + 8;
+  static constexpr int64_t kKeyTile = sizeof(T) * C * LDK;
+  static constexpr int64_t kPTile = sizeof(T) * C * LDP;
+  static constexpr int64_t kSliceTile = sizeof(T) * C * LDS;
+  static constexpr int64_t kRegion = std::max<int64_t>(8 * kSliceTile, 4 * kPTile);
+  static_assert(kKeyTile % 16 == 0 && kPTile % 16 == 0 && kSliceTile % 16 == 0, "16-byte aligned tiles");
+  // floats [C] each: G, beta, rq, rk, irq, irk, eG, dG; slots [kParts][C]: 0, 1 dG row terms of the
+  // row-role warps with hf = 0 / 1; 2, 3 dbeta likewise; 4 .. 7 dG column terms of rs = 0 .. 3;
+  // 8, 9 <q_raw, dq> over K half hf; 10, 11 <k_raw, dk> likewise.
+  static constexpr int kArrays = 8, kParts = 12;
+  static constexpr int64_t bytes() {
+    return 3 * kKeyTile + 2 * kPTile + kRegion + sizeof(float) * (kArrays + kParts) * C;
+  }
+  unsigned char* raw;
+  T *q, *k, *dw, *A_hi, *A_lo;
+  float *G, *beta, *rq, *rk, *irq, *irk, *eG, *dG, *part;
+  __device__ explicit GradsLocalSmem(unsigned char* r) : raw(r) {
+    q = reinterpret_cast<T*>(raw);
+    k = reinterpret_cast<T*>(raw + kKeyTile);
+    dw = reinterpret_cast<T*>(raw + 2 * kKeyTile);
+    A_hi = reinterpret_cast<T*>(raw + 3 * kKeyTile);
+    A_lo = reinterpret_cast<T*>(raw + 3 * kKeyTile + kPTile);
+    G = reinterpret_cast<float*>(raw + 3 * kKeyTile + 2 * kPTile + kRegion);
+    beta = G + C;
+    rq = beta + C;
+    rk = rq + C;
+    irq = rk + C;
+    irk = irq + C;
+    eG = irk + C;
+    dG = eG + C;
+    part = dG + C;
+  }
+  __device__ unsigned char* region() const { return raw + 3 * kKeyTile + 2 * kPTile; }
+  // Slice stage b, tile m: 0 do, 1 v_new, 2 v, 3 dv_new, each [C][LDS].
+  __device__ T* slice(int b, int m) const { return reinterpret_cast<T*>(region() + (4 * b + m) * kSliceTile); }
+  // After pass 1: m = 0, 1 S (then tmp) hi / lo; 2, 3 dA (then S2) hi / lo, each [C][LDP].
+  __device__ T* ptile(int m) const { return reinterpret_cast<T*>(region() + m * kPTile); }
+};
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a) {
+  using S = GradsLocalSmem<T, KMAX>;
+  constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
+  constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
+  static_assert(NKH % 2 == 0, "K = 64 or 128");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
+  // Row role (as the fused kernel): hf = wp / 4, strip rs = wp % 4 (hf = 0) or 3 - wp % 4 (hf = 1), so
+  // the two warps of a scheduler (wp, wp + 4) carry ~ equal triangular work.
+  const int hf = wp >> 2, rs = hf == 0 ? (wp & 3) : 3 - (wp & 3);
+  const int r0 = 16 * rs + grp;  // the thread's accumulator rows r0, r0 + 8
+  const int d0 = hf * (KMAX / 2);  // K-column products: columns [d0, d0 + K / 2)
+  const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
+  const int NS = static_cast<int>(V / VS);
+  const float scale = a.scale;
+  const SplitFrags<T> fr(lane);
+  auto erow = [&](int e) { return grp + 8 * (e >> 1); };
+  auto ecol = [&](int e) { return 2 * tig + (e & 1); };
+  // x[e] split into hi / lo T tiles of pitch LDP at rows r0' + grp (+ 8), columns c0 + 2 tig + {0, 1}.
+  auto store_tile_split = [&](T* hi, T* lo, int rr0, int c0, const float(&x)[4]) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      uint32_t ph, pl;
+      mma::split_pair<T>(x[2 * h2], x[2 * h2 + 1], ph, pl);
+      const int at = (rr0 + grp + 8 * h2) * LDP + c0 + 2 * tig;
+      *reinterpret_cast<uint32_t*>(hi + at) = ph;
+      *reinterpret_cast<uint32_t*>(lo + at) = pl;
+    }
+  };
+
+  // Slice copies (16 columns = two 16-byte pieces per row and tile): threads 0..127 copy do and
+  // v_new, 128..255 v and dv_new; row pr = (tid % 128) / 2, piece pp = tid % 2.
+  const bool do_vec = key_rows_vectorizable(a.dout), v_vec = key_rows_vectorizable(a.v);
+  const int pr = (tid & 127) >> 1, pp = tid & 1, second = tid >> 7;
+  const bool pr_ok = pr < L;
+  const int pr_src = pr_ok ? pr : 0;
+  const T* vn_src = static_cast<const T*>(a.v_new) + ((row0 + pr_src) * HV + hv) * V + 8 * pp;
+  const T* dvn_src = static_cast<const T*>(a.dv_new16) + ((row0 + pr_src) * HV + hv) * V + 8 * pp;
+  const T* do_src = static_cast<const T*>(a.dout.p) + off3(a.dout, ci.b, ci.t0 + pr_src, hv) + 8 * pp;
+  const T* v_src = static_cast<const T*>(a.v.p) + off3(a.v, ci.b, ci.t0 + pr_src, hv) + 8 * pp;
+  const int p_at = pr * LDS + 8 * pp;
+  auto issue_slice = [&](int s, int b) {
+    const int64_t col0 = static_cast<int64_t>(s) * VS;
+    if (second == 0) {
+      mma::cp_async16(sm.slice(b, 1) + p_at, vn_src + col0, pr_ok);
+      if (do_vec) mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
+    } else {
+      mma::cp_async16(sm.slice(b, 3) + p_at, dvn_src + col0, pr_ok);
+      if (v_vec) mma::cp_async16(sm.slice(b, 2) + p_at, v_src + col0, pr_ok);
+    }
+    if (!do_vec) {  // element by element (view_rows_async's fallback), all threads
+      View d = a.dout;
+      d.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
+      view_rows_async<T, THREADS>(d, ci, hv, VS, false, sm.slice(b, 0), LDS);
+    }
+    if (!v_vec) {
+      View v = a.v;
+      v.p = static_cast<T*>(a.v.p) + col0 * a.v.s3;
+      view_rows_async<T, THREADS>(v, ci, hv, VS, false, sm.slice(b, 2), LDS);
+    }
+    mma::cp_async_commit();
+  };
+
+  // ---- Prologue: q, k, dw (B2a's, in dv's first K columns: read here, before pass 1 writes dv) and
+  // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta.
+  {
+    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, key_rows_vectorizable(a.q), sm.q, LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, key_rows_vectorizable(a.k), sm.k, LDK);
+    view_rows_async<T, THREADS>(a.dv_out, ci, hv, KMAX, key_rows_vectorizable(a.dv_out), sm.dw, LDK);
+    issue_slice(0, 0);
+    // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4); all loads first.
+    float4 y[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
+      y[p] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < L && j0 <= i) y[p] = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
+    }
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
+      const float m[4] = {y[p].x, j0 + 1 <= i ? y[p].y : 0.f, j0 + 2 <= i ? y[p].z : 0.f, j0 + 3 <= i ? y[p].w : 0.f};
+      uint2 hi, lo;
+      mma::split_pair<T>(m[0], m[1], hi.x, lo.x);
+      mma::split_pair<T>(m[2], m[3], hi.y, lo.y);
+      *reinterpret_cast<uint2*>(sm.A_hi + i * LDP + j0) = hi;
+      *reinterpret_cast<uint2*>(sm.A_lo + i * LDP + j0) = lo;
+    }
+    if (tid < C) {
+      const bool ok = tid < L;
+      const float g = (a.G && ok) ? a.G[(row0 + tid) * HV + hv] : 0.f;
+      sm.G[tid] = g;
+      sm.eG[tid] = expf(g);
+      sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
+    const float rq = tile_row_rstd<T, KMAX, THREADS>(sm.q, LDK, a.l2norm);
+    const float rk = tile_row_rstd<T, KMAX, THREADS>(sm.k, LDK, a.l2norm);
+    if ((tid & 3) == 0) {
+      const int r = tid >> 2;
+      sm.rq[r] = rq;
+      sm.rk[r] = rk;
+      sm.irq[r] = 1.f / rq;
+      sm.irk[r] = 1.f / rk;
+    }
+    // (first read after pass 1's barriers)
+  }
+
+  // ---- Pass 1 over 16-column V slices (a barrier per slice, the next slice's copies in flight):
+  // dP = do v_new^T, du = dv_new v^T (kept for mid); dUb = A^T dv_new for rows of the strip, columns
+  // [8 hf, +8) of the slice -> dv, dbeta.
+  float accP[4][4], accU[4][4];
+  mma::zero_acc(accP);
+  mma::zero_acc(accU);
+  // Per-thread sums until the end: dG / dbeta terms of rows r0, r0 + 8 (this thread's columns), dG
+  // column terms of columns 32 hf + 8 nt + 2 tig + p.
+  float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
+  const int64_t dvo_row[2] = {off3(a.dv_out, ci.b, ci.t0 + r0, hv), off3(a.dv_out, ci.b, ci.t0 + r0 + 8, hv)};
+  for (int s = 0; s < NS; ++s) {
+    const int b = s & 1;
+    const int64_t col0 = static_cast<int64_t>(s) * VS;
+    mma::cp_async_wait<0>();
+    __syncthreads();  // slice s landed; every warp is done with stage b ^ 1
+    if (s + 1 < NS) issue_slice(s + 1, b ^ 1);
+    const T* sdo = sm.slice(b, 0);
+    const T* svn = sm.slice(b, 1);
+    const T* sv = sm.slice(b, 2);
+    const T* sdv = sm.slice(b, 3);
+    {
+      uint32_t ado[4], adv[4];
+      fr.lda(ado, sdo, LDS, 16 * rs, 0);
+      fr.lda(adv, sdv, LDS, 16 * rs, 0);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        if (2 * hf + np > rs) continue;  // column blocks right of the diagonal block are never used
+        uint32_t bvn[4], bv[4];
+        fr.ldb(bvn, svn, LDS, 0, 32 * hf + 16 * np);
+        fr.ldb(bv, sv, LDS, 0, 32 * hf + 16 * np);
+        fr.mma2(accU[2 * np], accU[2 * np + 1], adv, bv);
+        fr.mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
+      }
+    }
+    {
+      // dUb[j][n] = sum_i A_ij dv_new[i][n]; A_ij = 0 for i < j: chunk steps kq >= rs.
+      float acc[4] = {0.f, 0.f, 0.f, 0.f}, accl[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int kq = rs; kq < 4; ++kq) {
+        uint32_t ah[4], al[4], bd[4];
+        fr.lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+        fr.lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+        fr.ldb_t(bd, sdv, LDS, 16 * kq, 0);  // both 8-column tiles; this warp uses tile hf
+        const uint32_t bsel[2] = {hf ? bd[2] : bd[0], hf ? bd[3] : bd[1]};  // (no runtime index: registers)
+        mma::mma16816<T>(acc, ah, bsel);
+        mma::mma16816<T>(accl, al, bsel);
+      }
+      float rsum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 16 * rs + erow(e), n = 8 * hf + ecol(e);
+        const float x = acc[e] + accl[e];
+        if (j < L) store_elem<T>(a.dv_out, dvo_row[e >> 1] + (col0 + n) * a.dv_out.s3, sm.beta[j] * x);
+        rsum[e >> 1] += to_f<T>(sv[j * LDS + n]) * x;
+      }
+      rowB[0] += rsum[0];
+      rowB[1] += rsum[1];
+    }
+  }
+  __syncthreads();  // every warp is done with the slices: the region takes S, dA
+
+  T* S_hi = sm.ptile(0);  // S, then tmp
+  T* S_lo = sm.ptile(1);
+  T* dA_hi = sm.ptile(2);  // dA, then S2
+  T* dA_lo = sm.ptile(3);
+  // ---- Mid: QK = q_raw k_raw^T, WK = dw k_raw^T -> S = (dP o Gam) rq_i rk_j, dA, dG terms of dP o P.
+  {
+    float accQ[4][4], accW[4][4];
+    mma::zero_acc(accQ);
+    mma::zero_acc(accW);
+#pragma unroll
+    for (int kq = 0; kq < KMAX / 16; ++kq) {
+      uint32_t aq[4], aw[4];
+      fr.lda(aq, sm.q, LDK, 16 * rs, 16 * kq);
+      fr.lda(aw, sm.dw, LDK, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        if (2 * hf + np > rs) continue;
+        uint32_t bk[4];
+        fr.ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
+        fr.mma2(accW[2 * np], accW[2 * np + 1], aw, bk);
+        fr.mma2(accQ[2 * np], accQ[2 * np + 1], aq, bk);
+      }
+    }
+    float rsum[2] = {0.f, 0.f};
+    const float Gi[2] = {sm.G[r0], sm.G[r0 + 8]}, rqi[2] = {sm.rq[r0], sm.rq[r0 + 8]};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int j0 = 32 * hf + 8 * nt + 2 * tig;
+      const float2 Gj = *reinterpret_cast<const float2*>(&sm.G[j0]), rkj = *reinterpret_cast<const float2*>(&sm.rk[j0]),
+                   bj = *reinterpret_cast<const float2*>(&sm.beta[j0]), ej = *reinterpret_cast<const float2*>(&sm.eG[j0]);
+      float svs[4], das[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r0 + 8 * (e >> 1), j = j0 + (e & 1);
+        const float G_j = (e & 1) ? Gj.y : Gj.x, rk_j = (e & 1) ? rkj.y : rkj.x, b_j = (e & 1) ? bj.y : bj.x,
+                    e_j = (e & 1) ? ej.y : ej.x;
+        float sv = 0.f, da = 0.f;
+        if (i < L && j <= i) {
+          const float gam = expf(Gi[e >> 1] - G_j), rqk = rqi[e >> 1] * rk_j;
+          const float dpg = scale * accP[nt][e] * gam;  // (dP o Gam)_ij
+          const float dPP = dpg * accQ[nt][e] * rqk;    // (dP o P)_ij
+          rsum[e >> 1] += dPP;
+          colG[nt][e & 1] -= dPP;
+          da = b_j * (accU[nt][e] + e_j * rk_j * accW[nt][e]);
+          sv = dpg * rqk;
+        }
+        svs[e] = sv;
+        das[e] = da;
+      }
+      store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, svs);
+      store_tile_split(dA_hi, dA_lo, 16 * rs, 32 * hf + 8 * nt, das);
+    }
+    rowG[0] += rsum[0];
+    rowG[1] += rsum[1];
+  }
+  __syncthreads();
+
+  const bool direct_qk = a.dq_out.p != nullptr;
+  // Element (row r, column d) offsets of the user's dq / dk (direct) or the accumulators (GVA).
+  auto qk_off = [&](const View& o, int r, int d) { return off4(o, ci.b, ci.t0 + r, head, d); };
+  auto acc_off = [&](int r, int d) { return ((row0 + r) * a.H + head) * a.K + d; };
+  // ---- S3a: dq_i += (sum_j S_ij k_raw_j) / rq_i (S_ij = 0 for j > i: chunk steps kq <= rs); with
+  // direct outputs plus B2a's state part (read back), and this K half's share of <q_raw_i, dq_i>.
+  float dq[NKH][4];
+  {
+    mma::zero_acc(dq);
+    for (int kq = 0; kq <= rs; ++kq) {
+      uint32_t sh[4], sl[4], bk[NKH / 2][4];
+      fr.lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(dq[2 * np], dq[2 * np + 1], sh, bk[np]);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(dq[2 * np], dq[2 * np + 1], sl, bk[np]);
+    }
+    const float f[2] = {sm.irq[r0], sm.irq[r0 + 8]};
+    float dot[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
+        dq[nt][e] *= f[e >> 1];
+        if (direct_qk) {
+          if (r < L) dq[nt][e] += load_elem<T>(a.dq_out, qk_off(a.dq_out, r, d));
+          dot[e >> 1] += to_f<T>(sm.q[r * LDK + d]) * dq[nt][e];
+        } else if (r < L) {
+          atomicAdd(a.dq_acc + acc_off(r, d), dq[nt][e]);
+        }
+      }
+    if (direct_qk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float x = mma::quad_sum(dot[h]);
+        if (tig == 0) sm.part[(8 + hf) * C + r0 + 8 * h] = x;
+      }
+  }
+  __syncthreads();  // dq's dot shares complete; S is still read below (S3b), tmp waits for the next barrier
+  // dq through the L2-norm backward: dx = rstd (dy - xn <xn, dy>), xn = x_raw rstd (dx = dy without it).
+  if (direct_qk) {
+    float rstd[2], dotn[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      rstd[h] = sm.rq[r];
+      dotn[h] = (sm.part[8 * C + r] + sm.part[9 * C + r]) * rstd[h];  // <xn, dy>
+    }
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, r = r0 + 8 * h, d = d0 + 8 * nt + ecol(e);
+        if (r < L) {
+          const float g = dq[nt][e];
+          const float dx = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.q[r * LDK + d])) : g;
+          store_elem<T>(a.dq_out, qk_off(a.dq_out, r, d), dx);
+        }
+      }
+  }
+
+  // ---- S3b: dk_j += (sum_i S_ij q_raw_i) / rk_j (i >= j: kq >= rs), summed in registers (dkr) to
+  // the end; dWb = A^T dw -> dk_r += beta_r e_r dWb_r, dbeta_r += (e k o dWb)_r, dG_r += beta_r (...).
+  float dkr[NKH][4];
+  {
+    float acc[NKH][4];
+    mma::zero_acc(acc);
+    for (int kq = rs; kq < 4; ++kq) {
+      uint32_t sh[4], sl[4], bq[NKH / 2][4];
+      fr.lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.ldb_t(bq[np], sm.q, LDK, 16 * kq, d0 + 16 * np);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sh, bq[np]);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sl, bq[np]);
+    }
+    const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dkr[nt][e] = acc[nt][e] * irk[e >> 1];
+    mma::zero_acc(acc);
+    for (int kq = rs; kq < 4; ++kq) {
+      uint32_t ah[4], al[4], bw[NKH / 2][4];
+      fr.lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.ldb_t(bw[np], sm.dw, LDK, 16 * kq, d0 + 16 * np);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], ah, bw[np]);
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], al, bw[np]);
+    }
+    float rsum[2] = {0.f, 0.f};
+    const float er[2] = {sm.eG[r0], sm.eG[r0 + 8]}, br[2] = {sm.beta[r0], sm.beta[r0 + 8]};
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
+        dkr[nt][e] += br[e >> 1] * er[e >> 1] * acc[nt][e];
+        rsum[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * acc[nt][e];
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float x = rsum[h] * er[h] * sm.rk[r0 + 8 * h];
+      rowB[h] += x;
+      rowG[h] += br[h] * x;
+    }
+  }
+  __syncthreads();  // S no longer read: tmp takes its place
+
+  // ---- S5: tmp = dA A^T (dA_ij = 0 for j > i: kq <= rs), as hi / lo where S was.
+  {
+    float acc[4][4];
+    mma::zero_acc(acc);
+    for (int kq = 0; kq <= rs; ++kq) {
+      uint32_t ah[4], al[4], bh[2][4], bl[2][4];
+      fr.lda(ah, dA_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda(al, dA_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        fr.ldb(bh[np], sm.A_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+        fr.ldb(bl[np], sm.A_lo, LDP, 16 * kq, 32 * hf + 16 * np);
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], ah, bh[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], ah, bl[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) store_tile_split(S_hi, S_lo, 16 * rs, 32 * hf + 8 * nt, acc[nt]);
+  }
+  __syncthreads();  // tmp complete; dA no longer read: S2 takes its place
+  T* tmp_hi = S_hi;
+  T* tmp_lo = S_lo;
+  T* S2_hi = dA_hi;
+  T* S2_lo = dA_lo;
+
+  // ---- S6: dM = -StrictLower(A^T tmp), KK = k_raw k_raw^T -> S2 = (dKk o Gam) rk_i rk_j, dbeta += rowsum
+  // (dM o Kk), dG += rowsum - colsum of dKk o Kk.
+  {
+    float accM[4][4], accK[4][4];
+    mma::zero_acc(accM);
+    mma::zero_acc(accK);
+    const int nps = std::min(2, rs - 2 * hf + 1);  // column blocks 2 hf + np <= rs only
+    for (int kq = rs; kq < 4; ++kq) {  // (A^T)_im = A_mi = 0 for m < i
+      uint32_t ah[4], al[4], bh[2][4], bl[2][4];
+      fr.lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) {
+          fr.ldb_t(bh[np], tmp_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+          fr.ldb_t(bl[np], tmp_lo, LDP, 16 * kq, 32 * hf + 16 * np);
+        }
+#pragma unroll
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) fr.mma2(accM[2 * np], accM[2 * np + 1], ah, bh[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) fr.mma2(accM[2 * np], accM[2 * np + 1], ah, bl[np]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np)
+        if (np < nps) fr.mma2(accM[2 * np], accM[2 * np + 1], al, bh[np]);
+    }
+#pragma unroll
+    for (int kq = 0; kq < KMAX / 16; ++kq) {
+      uint32_t ak[4];
+      fr.lda(ak, sm.k, LDK, 16 * rs, 16 * kq);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        if (2 * hf + np > rs) continue;
+        uint32_t bk[4];
+        fr.ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
+        fr.mma2(accK[2 * np], accK[2 * np + 1], ak, bk);
+      }
+    }
+    const float Gi[2] = {sm.G[r0], sm.G[r0 + 8]}, rki[2] = {sm.rk[r0], sm.rk[r0 + 8]},
+                bi[2] = {sm.beta[r0], sm.beta[r0 + 8]};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int j0 = 32 * hf + 8 * nt + 2 * tig;
+      const float2 Gj = *reinterpret_cast<const float2*>(&sm.G[j0]), rkj = *reinterpret_cast<const float2*>(&sm.rk[j0]);
+      float outs[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r0 + 8 * (e >> 1), j = j0 + (e & 1);
+        float out = 0.f;
+        if (i < L && j < i) {
+          const float gam = expf(Gi[e >> 1] - ((e & 1) ? Gj.y : Gj.x)), rkk = rki[e >> 1] * ((e & 1) ? rkj.y : rkj.x);
+          const float Kk = accK[nt][e] * rkk * gam, dM = -accM[nt][e], dKk = bi[e >> 1] * dM;
+          rowB[e >> 1] += dM * Kk;
+          rowG[e >> 1] += dKk * Kk;
+          colG[nt][e & 1] -= dKk * Kk;
+          out = dKk * gam * rkk;
+        }
+        outs[e] = out;
+      }
+      store_tile_split(S2_hi, S2_lo, 16 * rs, 32 * hf + 8 * nt, outs);
+    }
+  }
+  __syncthreads();
+
+  // ---- S6b: dk_r += (sum_j S2_rj k_raw_j + sum_i S2_ir k_raw_i) / rk_r (S2 strictly lower); with direct
+  // outputs plus B2a's state part and this K half's share of <k_raw_r, dk_r>.
+  {
+    float acc[NKH][4];
+    mma::zero_acc(acc);
+    for (int kq = 0; kq < 4; ++kq) {
+      uint32_t bk[NKH / 2][4];
+#pragma unroll
+      for (int np = 0; np < NKH / 2; ++np) fr.ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        // pass 0: S2's rows of the strip (columns kq <= rs); pass 1: S2^T's (rows kq >= rs).
+        if (pass == 0 ? kq > rs : kq < rs) continue;
+        uint32_t sh[4], sl[4];
+        if (pass == 0) {
+          fr.lda(sh, S2_hi, LDP, 16 * rs, 16 * kq);
+          fr.lda(sl, S2_lo, LDP, 16 * rs, 16 * kq);
+        } else {
+          fr.lda_t(sh, S2_hi, LDP, 16 * rs, 16 * kq);
+          fr.lda_t(sl, S2_lo, LDP, 16 * rs, 16 * kq);
+        }
+#pragma unroll
+        for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sh, bk[np]);
+#pragma unroll
+        for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
+      }
+    }
+    const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
+    float dot[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
+        dkr[nt][e] += acc[nt][e] * irk[e >> 1];
+        if (direct_qk) {
+          if (r < L) dkr[nt][e] += load_elem<T>(a.dk_out, qk_off(a.dk_out, r, d));
+          dot[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * dkr[nt][e];
+        } else if (r < L) {
+          atomicAdd(a.dk_acc + acc_off(r, d), dkr[nt][e]);
+        }
+      }
+    if (direct_qk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float x = mma::quad_sum(dot[h]);
+        if (tig == 0) sm.part[(10 + hf) * C + r0 + 8 * h] = x;
+      }
+  }
+  // The row-role sums: quad sums (the 4 lanes of a row) and column sums (the 8 lanes of a column) into
+  // their fixed slots, then dG and dbeta per row in a fixed order (no float atomics).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float g = mma::quad_sum(rowG[h]), be = mma::quad_sum(rowB[h]);
+    if (tig == 0) {
+      sm.part[hf * C + r0 + 8 * h] = g;
+      sm.part[(2 + hf) * C + r0 + 8 * h] = be;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int q2 = 0; q2 < 2; ++q2) {
+      const float g = mma::column_sum(colG[nt][q2]);
+      if (grp == 0) sm.part[(4 + rs) * C + 32 * hf + 8 * nt + 2 * tig + q2] = g;
+    }
+  __syncthreads();
+  if (direct_qk) {  // dk through the L2-norm backward (as dq above)
+    float rstd[2], dotn[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      rstd[h] = sm.rk[r];
+      dotn[h] = (sm.part[10 * C + r] + sm.part[11 * C + r]) * rstd[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, r = r0 + 8 * h, d = d0 + 8 * nt + ecol(e);
+        if (r < L) {
+          const float g = dkr[nt][e];
+          const float dx = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.k[r * LDK + d])) : g;
+          store_elem<T>(a.dk_out, qk_off(a.dk_out, r, d), dx);
+        }
+      }
+  }
+  if (tid < C) {
+    const int i = tid;
+    float g = 0.f;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      if (m == 2 || m == 3) continue;  // dbeta's rows
+      g += sm.part[m * C + i];
+    }
+    if (i < L && a.dG_state) g += a.dG_state[(row0 + i) * HV + hv];
+    sm.dG[i] = i < L ? g : 0.f;
+    if (i < L) store_elem<T>(a.dbeta_out, off3(a.dbeta_out, ci.b, ci.t0 + i, hv), sm.part[2 * C + i] + sm.part[3 * C + i]);
+  }
+  __syncthreads();
+  // dg = reverse cumsum of dG inside the chunk (warp 0: lane l holds rows 62 - 2 l, 63 - 2 l; an
+  // inclusive prefix sum of the pair sums over the lanes is the sum of rows >= 62 - 2 l).
+  if (wp == 0 && a.dg_out.p != nullptr) {
+    const int i0 = 62 - 2 * lane, i1 = 63 - 2 * lane;
+    const float x0 = sm.dG[i0], x1 = sm.dG[i1];
+    float sum = x0 + x1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float t = __shfl_up_sync(0xffffffffu, sum, o);
+      if (lane >= o) sum += t;
+    }
+    if (i0 < L) store_elem<T>(a.dg_out, off3(a.dg_out, ci.b, ci.t0 + i0, hv), sum);
+    if (i1 < L) store_elem<T>(a.dg_out, off3(a.dg_out, ci.b, ci.t0 + i1, hv), sum - x0);
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
