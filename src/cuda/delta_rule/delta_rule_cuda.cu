@@ -117,7 +117,7 @@ struct BackwardSizes {
   int64_t qk, beta, g, gconst, r, rstd;  // elements (rstd: one of q's, k's 1 / ||x|| per row; 0 without the L2 norm)
   std::size_t bytes(const DeltaRuleProblem& pr, bool with_r) const {
     using cuda_detail::align_up;
-    return cu_bytes(pr) + 2 * align_up(4 * qk) + align_up(4 * beta) + align_up(4 * g) + align_up(4 * gconst) +
+    return cu_bytes(pr) + align_up(8 * qk) + align_up(4 * beta) + align_up(4 * g) + align_up(4 * gconst) +
            2 * align_up(4 * rstd) + (with_r ? align_up(4 * r) : 0);
   }
 };
@@ -177,12 +177,15 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
 
   dr::RecurrentArgs a = base_args(p, pr);
   a.cu_seqlens = upload_cu_seqlens(scratch, pr, stream);
-  a.dq_acc = scratch.take<float>(4 * sz.qk);
-  a.dk_acc = scratch.take<float>(4 * sz.qk);
+  // dq, dk interleaved (RecurrentArgs::dqk_acc): 2 x 4 x qk bytes, as two separate arrays took.
+  a.dqk_acc = scratch.take<float2>(8 * sz.qk);
+  a.dq_acc = &a.dqk_acc->x;
+  a.dk_acc = &a.dqk_acc->y;
+  a.qk_acc_stride = 2;
   a.dbeta_acc = scratch.take<float>(4 * sz.beta);
   a.dg_acc = sz.g ? scratch.take<float>(4 * sz.g) : nullptr;
   a.dg_const = sz.gconst ? scratch.take<float>(4 * sz.gconst) : nullptr;
-  for (auto [ptr, n] : {std::pair<float*, int64_t>{a.dq_acc, sz.qk}, {a.dk_acc, sz.qk}, {a.dbeta_acc, sz.beta},
+  for (auto [ptr, n] : {std::pair<float*, int64_t>{a.dq_acc, 2 * sz.qk}, {a.dbeta_acc, sz.beta},
                         {a.dg_acc, sz.g}, {a.dg_const, sz.gconst}})
     if (ptr && n) FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(ptr, 0, 4 * static_cast<std::size_t>(n), stream));
 

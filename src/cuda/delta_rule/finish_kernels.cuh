@@ -12,8 +12,11 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 // One warp per row (b, t, h) of K elements; lane handles elements lane + 32 i.
 template <typename T>
+// acc: [B, T_len, H, K] with `acc_stride` elements between consecutive entries (2: the recurrent
+// backward's interleaved dq, dk).
 __global__ void __launch_bounds__(256) qk_grad_finish_kernel(View x, View dx, const float* acc, int64_t B,
-                                                            int64_t T_len, int64_t H, int64_t K, bool l2norm) {
+                                                            int64_t T_len, int64_t H, int64_t K, bool l2norm,
+                                                            int64_t acc_stride = 1) {
   constexpr int kMaxPerLane = 8;  // K <= 256
   const int lane = threadIdx.x % 32;
   const int64_t rows = B * T_len * H;
@@ -27,7 +30,7 @@ __global__ void __launch_bounds__(256) qk_grad_finish_kernel(View x, View dx, co
 #pragma unroll
     for (int i = 0; i < kMaxPerLane; ++i) {
       const int64_t e = lane + 32 * i;
-      dy[i] = e < K ? acc[row * K + e] : 0.f;
+      dy[i] = e < K ? acc[(row * K + e) * acc_stride] : 0.f;
       y[i] = (l2norm && e < K) ? to_f<T>(static_cast<const T*>(x.p)[xo + e]) : 0.f;
       ss += y[i] * y[i];
     }

@@ -6,7 +6,8 @@
 // fp32 accumulators below (sizes of q, k, beta, g), no per-step state.
 //
 // Cross-block sums (dq, dk over the V slices and over the value heads of a group; dbeta over the
-// V slices; dg over the V slices) go through fp32 atomics into zeroed accumulators after an
+// V slices; dg over the V slices) go through fp32 atomics into zeroed accumulators (dq and dk
+// interleaved, RecurrentArgs::dqk_acc) after an
 // in-block column reduction (block_reduce.cuh): one atomic per row per block per step. The order
 // of those few fp32 additions across blocks is not fixed, so results may differ in the last bits
 // from run to run (documented in docs/perf/delta_rule.md).
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
   const TokenPtr r_at = view_tokens(a.r, elem_size<T>(a.r), c, c.hv, c.col);
   const TokenPtr v_at = view_tokens(a.v, elem_size<T>(a.v), c, c.hv, c.col);
   const TokenPtr dv_at = view_tokens(a.dv, elem_size<T>(a.dv), c, c.hv, c.col);
-  const TokenPtr dk_row = acc_tokens(a.dk_acc, a.T, c, a.H, c.h, a.K, tid);
+  const TokenPtr dqk_row = acc_tokens(a.dqk_acc, a.T, c, a.H, c.h, a.K, tid);
   const TokenPtr dg_row = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, a.K, tid);      // KDA
   const TokenPtr dbeta_at = acc_tokens(a.dbeta_acc, a.T, c, a.HV, c.hv, 1, 0);
   const TokenPtr dg_at = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, 1, 0);           // GDN
@@ -62,19 +63,22 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
   float run = 0.f;  // owner's running suffix sum of the pass-1 gate term (KDA: row tid; GDN: tid 0)
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     const int buf = static_cast<int>(t & 1);
-    float q[KPT], k[KPT], d[KPT];
-    qk_to_float_rstd<T, KPT>(cur.q, cur.k, cur.q_rstd, cur.k_rstd, q, k);  // a.q_rstd: see below
+    // q, k raw with their norms rq, rk folded into the scalars (GDN / plain; KDA: normalized rows,
+    // rq = rk = 1): dS += (scale dout rq) q_raw, du = rk (k_raw.dS), dS -= (rk dv) k_raw.
+    float q[KPT], k[KPT], d[KPT], rq, rk;
+    qk_rows_rstd<T, KPT, !kPC>(cur.q, cur.k, cur.q_rstd, cur.k_rstd, q, k, rq, rk);
     gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
     const float dout = raw_to_f<T>(a.dout.f32, cur.x0), r = raw_to_f<T>(a.r.f32, cur.x1);
     const float beta = raw_to_f<T>(a.beta.f32, cur.beta);
+    const float cq = a.scale * dout * rq;
     float pk = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
-      dS[i] += a.scale * q[i] * dout;
+      dS[i] += cq * q[i];
       pk += dS[i] * k[i];
     }
-    const float du = group_sum<L>(pk);
+    const float du = rk * group_sum<L>(pk);
     const float u = beta * r, dv = beta * du;
     if (c.gl == 0 && c.col_ok) store_elem_at<T>(a.dv.f32, dv_at.at<void>(t), dv);
     float vec[1][KPT];
@@ -82,12 +86,13 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
 #pragma unroll
     for (int i = 0; i < KPT; ++i) vec[0][i] = dS[i] * u;
     column_reduce_write<KMAX, L, KPT, 1, 2>(sm, buf, vec, sc, q, k, kPC);
+    const float kdv = rk * dv;
 #pragma unroll
-    for (int i = 0; i < KPT; ++i) dS[i] = d[i] * (dS[i] - k[i] * dv);
+    for (int i = 0; i < KPT; ++i) dS[i] = d[i] * (dS[i] - k[i] * kdv);
     __syncthreads();
     if (tid < a.K) {
       const float dk1 = column_sum(sm, buf, tid);
-      atomicAdd(dk_row.at<float>(t), dk1);
+      atomicAdd(&dqk_row.at<float2>(t)->y, dk1);
       if constexpr (kPC) {
         run -= sm.qk[buf][1][tid] * dk1;
         atomicAdd(dg_row.at<float>(t), run);
@@ -124,8 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
   const TokenPtr v_at = view_tokens(a.v, elem_size<T>(a.v), c, c.hv, c.col);
   const TokenPtr do_at = view_tokens(a.dout, elem_size<T>(a.dout), c, c.hv, c.col);
   const TokenPtr dv_at = view_tokens(a.dv, elem_size<T>(a.dv), c, c.hv, c.col);
-  const TokenPtr dq_row = acc_tokens(a.dq_acc, a.T, c, a.H, c.h, a.K, tid);
-  const TokenPtr dk_row = acc_tokens(a.dk_acc, a.T, c, a.H, c.h, a.K, tid);
+  const TokenPtr dqk_row = acc_tokens(a.dqk_acc, a.T, c, a.H, c.h, a.K, tid);
   const TokenPtr dg_row = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, a.K, tid);      // KDA
   const TokenPtr dg_at = acc_tokens(a.dg_acc, a.T, c, a.HV, c.hv, 1, 0);           // GDN
   auto load_step = [&](int64_t t, StepLoad<T, KPT, kPC>& s) {
@@ -138,8 +142,9 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
   float prefix = 0.f;  // owner's running prefix sum of the pass-2 gate term
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     const int buf = static_cast<int>(t & 1);
-    float q[KPT], k[KPT], d[KPT];
-    qk_to_float_rstd<T, KPT>(cur.q, cur.k, cur.q_rstd, cur.k_rstd, q, k);  // a.q_rstd: see below
+    // As in pass 1: q, k raw, rq / rk folded (k.S~ = rk (k_raw.S~), S += (rk u) k_raw, o = scale rq (q_raw.S)).
+    float q[KPT], k[KPT], d[KPT], rq, rk;
+    qk_rows_rstd<T, KPT, !kPC>(cur.q, cur.k, cur.q_rstd, cur.k_rstd, q, k, rq, rk);
     gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
     const float v = raw_to_f<T>(a.v.f32, cur.x0), dout = raw_to_f<T>(a.dout.f32, cur.x1),
@@ -153,22 +158,22 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
       pk += S[i] * k[i];
       vec[1][i] = S[i] * dv;  // P2 = S~ dv
     }
-    const float u = beta * (v - group_sum<L>(pk));
+    const float ku = rk * (beta * (v - rk * group_sum<L>(pk)));
+    const float sdo = a.scale * dout;
     float pq = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
-      S[i] += k[i] * u;
-      vec[0][i] = a.scale * S[i] * dout;  // dq
+      S[i] += k[i] * ku;
+      vec[0][i] = S[i] * sdo;  // dq
       pq += S[i] * q[i];
     }
     float sc[1] = {0.f};
-    if constexpr (G == Gate::scalar) sc[0] = a.scale * group_sum<L>(pq) * dout;  // o_j do_j
+    if constexpr (G == Gate::scalar) sc[0] = (sdo * rq) * group_sum<L>(pq);  // o_j do_j
     column_reduce_write<KMAX, L, KPT, 2, 1>(sm, buf, vec, sc, q, k, kPC);
     __syncthreads();
     if (tid < a.K) {
       const float dq = column_sum(sm, buf, tid), p2 = column_sum(sm, buf, KMAX + tid);
-      atomicAdd(dq_row.at<float>(t), dq);
-      atomicAdd(dk_row.at<float>(t), -p2);
+      atomicAdd(dqk_row.at<float2>(t), make_float2(dq, -p2));  // one 8-byte vector atomic (sm_90)
       if constexpr (kPC) {
         atomicAdd(dg_row.at<float>(t), -prefix);
         prefix += sm.qk[buf][0][tid] * dq - sm.qk[buf][1][tid] * p2;

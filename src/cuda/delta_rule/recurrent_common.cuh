@@ -42,6 +42,11 @@ struct RecurrentArgs {
   View dv, dh0;              // backward outputs written by the kernels (dh0 may be null)
   float* dq_acc = nullptr;   // [B, T, H, K] f32, zeroed: dq summed over V slices and value heads
   float* dk_acc = nullptr;   // [B, T, H, K] f32, zeroed
+  int64_t qk_acc_stride = 1;  // elements between consecutive entries of dq_acc / dk_acc
+  // The recurrent backward's dq, dk accumulators interleaved, [B, T, H, K] of (dq, dk): pass 2 adds
+  // both of a row with one 8-byte vector atomic (sm_90 float2 atomicAdd) instead of two; the
+  // finishing kernel reads them through dq_acc = &dqk_acc->x, dk_acc = &dqk_acc->y, stride 2.
+  float2* dqk_acc = nullptr;
   float* dbeta_acc = nullptr;  // [B, T, HV] f32, zeroed
   float* dg_acc = nullptr;   // [B, T, HV] (GDN) or [B, T, HV, K] (KDA) f32, zeroed
   float* dg_const = nullptr;  // [N, HV] or [N, HV, K] f32, zeroed: added to every step of a sequence
@@ -220,13 +225,14 @@ __device__ __forceinline__ TokenPtr view_tokens(const View& x, int esz, const Bl
   tp.step = static_cast<uint32_t>(x.s1 * esz);
   return tp;
 }
-// Element (c.b, c.bos + t, head, e) of a packed fp32 accumulator [B, T, heads, inner]
-// (index ((b * T + tok) * heads + head) * inner + e; inner = 1 for per-head scalars).
-__device__ __forceinline__ TokenPtr acc_tokens(float* acc, int64_t T, const BlockCoords& c, int64_t heads,
+// Element (c.b, c.bos + t, head, e) of a packed accumulator [B, T, heads, inner] of E (float, or
+// float2 for dqk_acc) (index ((b * T + tok) * heads + head) * inner + e; inner = 1 for per-head scalars).
+template <typename E>
+__device__ __forceinline__ TokenPtr acc_tokens(E* acc, int64_t T, const BlockCoords& c, int64_t heads,
                                                int64_t head, int64_t inner, int64_t e) {
   TokenPtr tp;
   if (acc) tp.p0 = reinterpret_cast<char*>(acc + ((c.b * T + c.bos) * heads + head) * inner + e);
-  tp.step = static_cast<uint32_t>(heads * inner * 4);
+  tp.step = static_cast<uint32_t>(heads * inner * sizeof(E));
   return tp;
 }
 // Element size of a View holding float or T.
@@ -236,7 +242,8 @@ __device__ __forceinline__ int elem_size(const View& x) {
 }
 
 // q and k rows for this thread, optionally normalized over the full K (group reduction).
-template <typename T, int L, int KPT>
+// kScale = false: the rows stay raw and only *q_rstd / *k_rstd get the norms (the caller folds them).
+template <typename T, int L, int KPT, bool kScale = true>
 __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KPT], bool l2norm,
                                             float (&q)[KPT], float (&k)[KPT], float* q_rstd,
                                             float* k_rstd) {
@@ -254,10 +261,12 @@ __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KP
     // slow-path branches were ~8% of a step's instructions.
     rq = rsqrtf(group_sum<L>(sq) + kL2NormEps);
     rk = rsqrtf(group_sum<L>(sk) + kL2NormEps);
+    if constexpr (kScale) {
 #pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-      q[i] *= rq;
-      k[i] *= rk;
+      for (int i = 0; i < KPT; ++i) {
+        q[i] *= rq;
+        k[i] *= rk;
+      }
     }
   }
   if (q_rstd) *q_rstd = rq;
@@ -273,6 +282,27 @@ __device__ __forceinline__ void qk_to_float_rstd(const T (&qr)[KPT], const T (&k
   for (int i = 0; i < KPT; ++i) {
     q[i] = to_f<T>(qr[i]) * rq;
     k[i] = to_f<T>(kr[i]) * rk;
+  }
+}
+
+// The step's q and k rows and the scales that normalize them (1 / ||x||, or 1). The GDN and plain
+// kernels fold the scales into their per-column scalars (q and k enter only through dot products
+// and rank-one updates with such scalars), saving 2 KPT multiplies per step; KDA's backward keeps
+// normalized rows (its gate terms and shared q, k rows need them).
+template <typename T, int KPT, bool kFold>
+__device__ __forceinline__ void qk_rows_rstd(const T (&qr)[KPT], const T (&kr)[KPT], float q_rstd, float k_rstd,
+                                             float (&q)[KPT], float (&k)[KPT], float& rq, float& rk) {
+  if constexpr (kFold) {
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+      q[i] = to_f<T>(qr[i]);
+      k[i] = to_f<T>(kr[i]);
+    }
+    rq = q_rstd;
+    rk = k_rstd;
+  } else {
+    qk_to_float_rstd<T, KPT>(qr, kr, q_rstd, k_rstd, q, k);
+    rq = rk = 1.f;
   }
 }
 

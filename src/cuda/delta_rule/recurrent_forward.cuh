@@ -41,8 +41,10 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_forward_kernel(Recurren
     s.x0 = c.col_ok ? load_raw_at<T>(a.v.f32, v_at.at<const void>(t)) : 0u;
   };
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
-    float q[KPT], k[KPT], d[KPT];
-    qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, nullptr, nullptr);
+    // q, k raw; their norms (1 without the L2 norm) fold into the scalars: k.S = rk (k_raw.S),
+    // S += (rk u) k_raw, o = (scale rq) (q_raw.S).
+    float q[KPT], k[KPT], d[KPT], rq, rk;
+    qk_to_float<T, L, KPT, false>(cur.q, cur.k, a.l2norm, q, k, &rq, &rk);
     gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
     float pk = 0.f;
@@ -51,15 +53,15 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_forward_kernel(Recurren
       S[i] *= d[i];
       pk += S[i] * k[i];
     }
-    const float r = raw_to_f<T>(false, cur.x0) - group_sum<L>(pk);
-    const float u = raw_to_f<T>(a.beta.f32, cur.beta) * r;
+    const float r = raw_to_f<T>(false, cur.x0) - rk * group_sum<L>(pk);
+    const float ku = rk * (raw_to_f<T>(a.beta.f32, cur.beta) * r);
     float pq = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
-      S[i] += k[i] * u;
+      S[i] += k[i] * ku;
       pq += S[i] * q[i];
     }
-    const float o = a.scale * group_sum<L>(pq);
+    const float o = (a.scale * rq) * group_sum<L>(pq);
     if (c.gl == 0 && c.col_ok) {
       if (a.o.p) store_elem_at<T>(a.o.f32, o_at.at<void>(t), o);
       if (a.r.p) store_elem_at<T>(a.r.f32, r_at.at<void>(t), r);

@@ -94,9 +94,11 @@ void launch_finish(const RecurrentArgs& a, View dq, View dk, View dbeta, View dg
                    int64_t num_seqs, Gate gate, cudaStream_t s) {
   const int64_t qk_rows = batch * a.T * a.H;
   if (qk_rows > 0) {
-    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.q, dq, a.dq_acc, batch, a.T, a.H, a.K, a.l2norm);
+    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.q, dq, a.dq_acc, batch, a.T, a.H, a.K,
+                                                                   a.l2norm, a.qk_acc_stride);
     FLASHGRAD_CUDA_CHECK_LAUNCH();
-    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.k, dk, a.dk_acc, batch, a.T, a.H, a.K, a.l2norm);
+    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.k, dk, a.dk_acc, batch, a.T, a.H, a.K,
+                                                                   a.l2norm, a.qk_acc_stride);
     FLASHGRAD_CUDA_CHECK_LAUNCH();
   }
   const int64_t beta_n = batch * a.T * a.HV;
