@@ -74,14 +74,15 @@ constexpr int64_t kda_decay_stage_bytes() {
 }
 
 // The diagonal 16 x 16 blocks of stage 1's M and P (kda_decayed_mp's contract, below) by 8-row
-// halves (session 6): pairs inside a half in fp32, one exp per (i, j, d), shared by M and P; the
-// 8 x 8 quadrant between the halves on tensor cores through the upper half's first row. Writes
-// only the diagonal blocks of `out` (no barrier); the caller barriers before reading them. Used by
-// kda_decayed_mp and by the compact stage 1 (chunked_kda_prepare_compact.cuh).
+// halves (session 6): pairs inside a half in fp32, one exp per (i, j, d), shared by M and P
+// (kda_decayed_in_half_pairs, a thread per pair); the 8 x 8 quadrant between the halves on tensor
+// cores through the upper half's first row (kda_decayed_half_quadrant). Each writes only its part
+// of the diagonal blocks of `out` (no barrier); the caller barriers before reading them. The
+// compact stage 1 (chunked_kda_prepare_compact.cuh) calls the quadrant with its own in-half pass.
 template <typename T, int KMAX, typename QF, typename KF>
-__device__ __forceinline__ void kda_decayed_diagonal_halves(QF&& q, KF&& k, const float* G, int ldg, float* out,
-                                                            int ldo) {
-  const int tid = threadIdx.x, wp = tid / 32;
+__device__ __forceinline__ void kda_decayed_in_half_pairs(QF&& q, KF&& k, const float* G, int ldg, float* out,
+                                                          int ldo) {
+  const int tid = threadIdx.x;
   // Diagonal blocks by 8-row halves. Pairs inside a half (2 x 36 per block, 288 in all: 2.25
   // per thread instead of 4.25): fp32, one exp per term; pair p of a half is row a, column
   // c = p - a (a + 1) / 2.
@@ -100,6 +101,11 @@ __device__ __forceinline__ void kda_decayed_diagonal_halves(QF&& q, KF&& k, cons
     if (j < i) out[i * ldo + j] = m;
     out[j * ldo + i] = pq;
   }
+}
+template <typename T, int KMAX, typename QF, typename KF>
+__device__ __forceinline__ void kda_decayed_half_quadrant(QF&& q, KF&& k, const float* G, int ldg, float* out,
+                                                          int ldo) {
+  const int wp = threadIdx.x / 32;
   // The 8 x 8 quadrant (rows i in the upper half, columns j in the lower one) of block wp, through
   // its upper half's first row m (j < m <= i, both factors <= 1) as one 16 x 8 tensor-core tile:
   // A rows a < 8: k_{m+a} o exp(G_{m+a} - G_m), rows 8 + a: q_{m+a} o exp(..); B column jj:
@@ -124,6 +130,12 @@ __device__ __forceinline__ void kda_decayed_diagonal_halves(QF&& q, KF&& k, cons
         out[j * ldo + i] = acc[0][e];
     }
   }
+}
+template <typename T, int KMAX, typename QF, typename KF>
+__device__ __forceinline__ void kda_decayed_diagonal_halves(QF&& q, KF&& k, const float* G, int ldg, float* out,
+                                                            int ldo) {
+  kda_decayed_in_half_pairs<T, KMAX>(q, k, G, ldg, out, ldo);
+  kda_decayed_half_quadrant<T, KMAX>(q, k, G, ldg, out, ldo);
 }
 
 // Stage 1's two decayed products of one chunk into one 64 x 64 array `out` (leading dimension

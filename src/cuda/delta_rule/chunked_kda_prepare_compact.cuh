@@ -5,11 +5,20 @@
 // on global loads (long scoreboard 36%) and on dependent instructions (wait 27%) that no other
 // warp could cover. What shrank:
 //   - q and k are kept as their 16-bit input values plus one fp32 rstd (L2 norm) per row, read as
-//     x(i, d) = value * rstd[i] (the same fp32 value the wide kernel stored: 66 -> 35 KiB);
+//     x(i, d) = value * rstd[i] (the fp32 value the wide kernel stored, up to the sum of squares'
+//     order: 66 -> 35 KiB);
 //   - the off-diagonal 16 x 8 tiles of M and P form their tensor-core fragments in registers
 //     (kda_decayed_offdiag_registers) instead of staging the pre-scaled rows (35 KiB, 12 barriers);
 //   - beta exp(G) o k (w's operand, 35 KiB) is formed after the inverse, over M / A / tmp, and the
 //     beta v pieces of u over G; A's 16-bit hi / lo copies go over q.
+// And what waits less:
+//   - q and k rows arrive by cp.async while the gate is loaded (64 loads in flight per thread) and
+//     summed in registers (kda_cumulative_gate_registers); v's first 64 columns are
+//     loaded into registers before the inverse, each later piece during the previous product;
+//   - the diagonal blocks' in-half pairs run by warp and channel with register sums and one
+//     reduce-scatter (kda_decayed_in_half_lanes) instead of a 128-term dependent chain per pair;
+//   - w and u are balanced over the warps (lower_times_split_balanced: 5 block products each
+//     instead of 1 .. 4 by row block).
 // One block of 128 threads per (chunk, value head), as the wide kernel. FLASHGRAD_CHUNKED_KDA_PREPARE
 // =old selects the wide kernel (chunked_kda_launch_impl.cuh) for the same-process comparison.
 #pragma once
@@ -17,6 +26,7 @@
 #include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
 #include "chunked_prepare.cuh"  // invert_unit_lower64_blocked
+#include "chunked_tiles.cuh"    // key_tile_async, tile_row_rstd
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -71,41 +81,101 @@ struct KdaPrepareCompactSmem {
   }
 };
 
-// q / k rows of the chunk as input values into X[r * ldx + d] (T; rows past L zero) and the row's
-// L2-norm factor 1 / sqrt(sum_d x^2 + eps) into rs[r] (1 without `l2norm`). The thread layout and
-// batching of kda_key_rows (chunked_kda_mma.cuh): KMAX / 8 lanes per row, 8 consecutive elements
-// each, the loads of up to 4 passes in flight together; the sum of squares is the same fp32 sum,
-// so x * rs[r] is the value kda_key_rows emits. The inputs are T (the dispatch's dtype), so the
-// stored values are exact. No barrier.
-template <typename T, int KMAX>
-__device__ __forceinline__ void kda_raw_key_rows(const View& x, const ChunkInfo& ci, int64_t head, bool l2norm, T* X,
-                                                 int ldx, float* rs) {
-  constexpr int kLanesPerRow = KMAX / 8, kRowsPerPass = kChunkThreads / kLanesPerRow;
-  constexpr int kPasses = kChunkSize / kRowsPerPass, kBatch = kPasses < 4 ? kPasses : 4;
-  const int t = threadIdx.x, lr = t / kLanesPerRow, seg = t % kLanesPerRow;
+// One level of kda_decayed_in_half_lanes' reduce-scatter: of the 2 HS values v[0 .. 2 HS), a lane
+// keeps the half selected by its lane bit HS / 2 (upper when set) plus its partner's copy of that
+// half (shuffle across HS / 2 lanes), in v[0 .. HS). Compile-time indices (registers, no stack).
+template <int HS>
+__device__ __forceinline__ void reduce_scatter_level(float (&v)[64], int lane) {
+  const bool up = (lane & (HS / 2)) != 0;
+#pragma unroll
+  for (int i = 0; i < HS; ++i) {
+    const float send = up ? v[i] : v[i + HS], keep = up ? v[i + HS] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, HS / 2);
+  }
+}
+
+// The in-half pairs of stage 1's diagonal blocks (kda_decayed_in_half_pairs' contract,
+// chunked_kda_decay.cuh: fp32, one exp per (i, j, d) shared by M and P), by warp and channel
+// instead of a thread per pair (whose 128-term chains of dependent FMAs on scalar shared loads
+// left 2.25 pairs per thread, 3 on warp 0): unit u = rows [8 u, 8 u + 8) (block u / 2, half
+// u % 2), units wp and wp + 4 per warp; lane l takes channels d = l + 32 s, loads the half's 8
+// G, k and q values of d once and adds every term into 64 register sums:
+//   v[a (a + 1) / 2 + c]       += q_a k_c e^(G_a - G_c)   (P, the 36 pairs c <= a)
+//   v[36 + a (a - 1) / 2 + c]  += k_a k_c e^(G_a - G_c)   (M, the 28 pairs c < a)
+// (a, c: rows of the half). The sums over the lanes are a reduce-scatter (5 shuffle levels: at
+// level n the lanes with bit 4 - n set keep the upper half of the remaining values and add their
+// partner's), after which lane l holds the totals of v[2 l] and v[2 l + 1]. No barrier.
+template <int KMAX, typename QF, typename KF>
+__device__ __forceinline__ void kda_decayed_in_half_lanes(QF&& q, KF&& k, const float* G, int ldg, float* out,
+                                                          int ldo) {
+  static_assert(KMAX % 32 == 0, "whole channel passes");
+  const int wp = threadIdx.x / 32, lane = threadIdx.x & 31;
 #pragma unroll 1
-  for (int p0 = 0; p0 < kPasses; p0 += kBatch) {
-    float e[kBatch][8];
+  for (int u = wp; u < 8; u += 4) {
+    const int r0 = 8 * u;
+    float v[64];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int r = (p0 + b) * kRowsPerPass + lr;
-      const bool ok = r < ci.len;
-      const int64_t base = ok ? off3(x, ci.b, ci.t0 + r, head) + seg * 8 : 0;
+    for (int i = 0; i < 64; ++i) v[i] = 0.f;
+#pragma unroll 1
+    for (int s = 0; s < KMAX / 32; ++s) {
+      const int d = lane + 32 * s;
+      float gg[8], kk[8], qq[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) e[b][i] = ok ? load_elem<T>(x, base + i) : 0.f;
+      for (int a = 0; a < 8; ++a) gg[a] = G[(r0 + a) * ldg + d], kk[a] = k(r0 + a, d), qq[a] = q(r0 + a, d);
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int a = c; a < 8; ++a) {
+          const float kc = kk[c] * decay_exp(gg[a] - gg[c]);
+          v[a * (a + 1) / 2 + c] += qq[a] * kc;
+          if (a > c) v[36 + a * (a - 1) / 2 + c] += kk[a] * kc;
+        }
     }
+    reduce_scatter_level<32>(v, lane);
+    reduce_scatter_level<16>(v, lane);
+    reduce_scatter_level<8>(v, lane);
+    reduce_scatter_level<4>(v, lane);
+    reduce_scatter_level<2>(v, lane);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ss += e[b][i] * e[b][i];
-      const float rstd = l2norm ? 1.0f / sqrtf(group_sum<kLanesPerRow>(ss) + kL2NormEps) : 1.f;
-      const int r = (p0 + b) * kRowsPerPass + lr;
-#pragma unroll
-      for (int i = 0; i < 8; i += 2)
-        *reinterpret_cast<uint32_t*>(&X[r * ldx + seg * 8 + i]) = mma::pack_floats<T>(e[b][i], e[b][i + 1]);
-      if (seg == 0) rs[r] = rstd;
+    for (int h = 0; h < 2; ++h) {
+      const int idx = 2 * lane + h;
+      if (idx < 36) {  // P_{r0 + a, r0 + c} at out[r0 + c][r0 + a]
+        int a = 0;
+        while ((a + 1) * (a + 2) / 2 <= idx) ++a;
+        out[(r0 + idx - a * (a + 1) / 2) * ldo + r0 + a] = v[h];
+      } else {  // M_{r0 + a, r0 + c} at out[r0 + a][r0 + c]
+        const int t = idx - 36;
+        int a = 1;
+        while ((a + 1) * a / 2 <= t) ++a;
+        out[(r0 + a) * ldo + r0 + t - a * (a - 1) / 2] = v[h];
+      }
     }
+  }
+}
+
+// kda_load_cumulative_gate's contract (chunked_kda_decay.cuh: G[r * ldg + d] = g_0d + .. + g_rd
+// for r < 64, rows >= L summing zeros; G_out rows < L written) without the trip through shared
+// memory: thread d < KMAX loads its channel's 64 gates into registers (all in flight at once;
+// consecutive threads read consecutive channels of a row, so each row's loads coalesce), sums them
+// in row order (the same fp32 sums) and writes G and G_out. No barrier.
+template <typename T, int KMAX>
+__device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, const ChunkInfo& ci, int64_t hv,
+                                                              float* G, int ldg, float* G_out, int64_t row0,
+                                                              int64_t HV) {
+  static_assert(KMAX <= kChunkThreads, "a thread per channel");
+  const int d = threadIdx.x;
+  if (d >= KMAX) return;
+  const int64_t g0 = off4(g, ci.b, ci.t0, hv, 0) + d;  // row r: + r * s1
+  float x[kChunkSize];
+#pragma unroll
+  for (int r = 0; r < kChunkSize; ++r) x[r] = r < ci.len ? load_elem<T>(g, g0 + r * g.s1) : 0.f;
+  float* out0 = G_out + (row0 * HV + hv) * KMAX + d;  // row r: + r * HV KMAX
+  float acc = 0.f;
+#pragma unroll
+  for (int r = 0; r < kChunkSize; ++r) {
+    acc += x[r];
+    G[r * ldg + d] = acc;
+    if (r < ci.len) out0[r * HV * KMAX] = acc;
   }
 }
 
@@ -162,6 +232,46 @@ __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& k
   }
 }
 
+// acc[b][nt] += L[16 rb_b + (0..15), :] Y[:, col0 + 8 nt + (0..7)] for a 64 x 64 lower-triangular
+// L (16-bit hi + lo, row-major, ld lda) and Y (hi + lo, ld ldb): column blocks kb <= rb_b only.
+// Balanced over the 4 warps: warp wp takes row blocks rb_0 = p and rb_1 = 3 - p (p = wp / 2) on
+// output columns [col0, col0 + 8 NTH), col0 = 8 NTH (wp % 2): five 16 x 16 block products per
+// warp (with a row block per warp, kda_mma::lower_times_split, the last warp did four times the
+// first one's and the others waited at the next barrier). Each kb's B fragments are loaded once
+// for both row blocks; three mmas per tile and step (hi hi + lo hi + hi lo).
+template <typename T, int NTH>
+__device__ __forceinline__ void lower_times_split_balanced(const T* Lh, const T* Ll, int lda, const T* Yh,
+                                                           const T* Yl, int ldb, float (&acc)[2][NTH][4]) {
+  static_assert(NTH % 2 == 0, "tile pairs");
+  const int wp = threadIdx.x / 32, p = wp / 2, col0 = 8 * NTH * (wp % 2);
+#pragma unroll 1
+  for (int kb = 0; kb <= 3 - p; ++kb) {
+    uint32_t bh[NTH / 2][4], bl[NTH / 2][4];
+#pragma unroll
+    for (int np = 0; np < NTH / 2; ++np) {
+      kda_mma::ldm_b_pair(Yh, ldb, 16 * kb, col0 + 16 * np, bh[np]);
+      kda_mma::ldm_b_pair(Yl, ldb, 16 * kb, col0 + 16 * np, bl[np]);
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int rb = b == 0 ? p : 3 - p;
+      if (kb > rb) continue;
+      uint32_t ah[4], al[4];
+      kda_mma::ldm_a(Lh, lda, 16 * rb, 16 * kb, ah);
+      kda_mma::ldm_a(Ll, lda, 16 * rb, 16 * kb, al);
+#pragma unroll
+      for (int np = 0; np < NTH / 2; ++np)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t b_h[2] = {bh[np][2 * h], bh[np][2 * h + 1]}, b_l[2] = {bl[np][2 * h], bl[np][2 * h + 1]};
+          mma::mma16816<T>(acc[b][2 * np + h], ah, b_h);
+          mma::mma16816<T>(acc[b][2 * np + h], al, b_h);
+          mma::mma16816<T>(acc[b][2 * np + h], ah, b_l);
+        }
+    }
+  }
+}
+
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(ChunkedArgs a) {
   using S = KdaPrepareCompactSmem<T, KMAX>;
@@ -173,10 +283,21 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);
 
+  // k and q rows by cp.async (element copies when a view is not 16-byte vectorizable), in flight
+  // while beta and the gate are loaded and summed; then each row's L2-norm factor.
+  key_tile_async<T, KMAX, kChunkThreads>(a.k, ci, head, key_rows_vectorizable(a.k), sm.k, LDK);
+  key_tile_async<T, KMAX, kChunkThreads>(a.q, ci, head, key_rows_vectorizable(a.q), sm.q, LDK);
+  mma::cp_async_commit();
   if (tid < C) sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
-  kda_raw_key_rows<T, KMAX>(a.k, ci, head, a.l2norm, sm.k, LDK, sm.rstd);
-  kda_raw_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, sm.q, LDK, sm.rstd + C);
-  kda_load_cumulative_gate<T, KMAX>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);  // barriers inside
+  kda_cumulative_gate_registers<T, KMAX>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  {
+    const float rk = tile_row_rstd<T, KMAX, kChunkThreads>(sm.k, LDK, a.l2norm);  // row tid / 2
+    const float rq = tile_row_rstd<T, KMAX, kChunkThreads>(sm.q, LDK, a.l2norm);
+    if (tid % 2 == 0) sm.rstd[tid / 2] = rk, sm.rstd[C + tid / 2] = rq;
+  }
+  __syncthreads();
 
   // x(i, d) = input value * row factor: the fp32 values the wide kernel kept (k / q normalized).
   const float* krs = sm.rstd;
@@ -194,9 +315,22 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   // M (strict lower triangle of sm.M) and P^T (its upper triangle and diagonal): the diagonal
   // blocks as the wide kernel, the rest from register fragments (disjoint tiles: no barrier
   // between them). Then M = diag(beta) M with rows past L zero.
-  kda_decayed_diagonal_halves<T, KMAX>(qx, kx, sm.G, LDG, sm.M, LDM);
+  kda_decayed_in_half_lanes<KMAX>(qx, kx, sm.G, LDG, sm.M, LDM);
+  kda_decayed_half_quadrant<T, KMAX>(qx, kx, sm.G, LDG, sm.M, LDM);
   kda_decayed_offdiag_registers<T, KMAX>(qp, kp, sm.G, LDG, sm.M, LDM);
   __syncthreads();
+  // The first 64 columns of v into registers (u's first piece), in flight during the inverse.
+  constexpr int kVPer = C * 64 / kChunkThreads;  // element e = tid + 128 m: row e / 64, column e % 64
+  const int64_t v0 = off4(a.v, ci.b, ci.t0, hv, 0);  // v row r: + r * s1
+  float vv[kVPer];
+  auto fetch_v = [&](int c0) {
+#pragma unroll
+    for (int m = 0; m < kVPer; ++m) {
+      const int r = (tid + kChunkThreads * m) / 64, col = (tid + kChunkThreads * m) % 64;
+      vv[m] = r < L ? load_elem<T>(a.v, v0 + r * a.v.s1 + c0 + col) : 0.f;
+    }
+  };
+  fetch_v(0);
   for (int e = tid; e < C * C; e += kChunkThreads) {
     const int i = e / C, j = e % C;
     if (j < i) sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
@@ -208,7 +342,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   float* A0 = a.A + (row0 * a.HV + hv) * C;
   T* w0 = static_cast<T*>(a.w) + (row0 * a.HV + hv) * a.K;
   float* u0 = a.u + (row0 * a.HV + hv) * a.V;
-  const int64_t v0 = off4(a.v, ci.b, ci.t0, hv, 0);  // v row r: + r * s1
   // Row i < L of the intermediate: A_ij for j < i, P_ji = sm.M[i][j] for j >= i (chunked_kda.h);
   // A as hi + lo over q (q's last readers were the decayed products, before the inverse's barriers).
   for (int e = tid; e < C * C; e += kChunkThreads) {
@@ -225,39 +358,41 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   }
   __syncthreads();  // G is free
 
-  // w = A wb (A lower triangular: column blocks kb <= wp only).
+  // Stores of a balanced product's tiles (lower_times_split_balanced's row blocks and columns).
+  const int p = wp / 2, half = wp % 2;
+  auto for_each_out = [&](auto&& acc, int nth, auto&& put) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int nt = 0; nt < nth; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * (b == 0 ? p : 3 - p) + mma::acc_row(e), col = 8 * (half * nth + nt) + mma::acc_col(e);
+          if (i < L) put(i, col, acc[b][nt][e]);
+        }
+  };
+  // w = A wb.
   {
-    constexpr int NT = KMAX / 8;
-    float acc[NT][4] = {};
-    kda_mma::lower_times_split<T, NT>(sm.a_hi, sm.a_lo, LDA, sm.wb, sm.wb_lo, LDK, 0, acc);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * wp + mma::acc_row(e), d = 8 * nt + mma::acc_col(e);
-        if (i < L) w0[i * a.HV * a.K + d] = from_f<T>(acc[nt][e]);
-      }
+    constexpr int NTH = KMAX / 16;
+    float acc[2][NTH][4] = {};
+    lower_times_split_balanced<T, NTH>(sm.a_hi, sm.a_lo, LDA, sm.wb, sm.wb_lo, LDK, acc);
+    for_each_out(acc, NTH, [&](int i, int d, float x) { w0[i * a.HV * a.K + d] = from_f<T>(x); });
   }
 
-  // u = A (beta v), 64 value columns at a time, the pieces over G.
+  // u = A (beta v), 64 value columns at a time, the pieces over G; the next piece's v values are
+  // loaded during the current piece's product.
   for (int c0 = 0; c0 < a.V; c0 += 64) {
     if (c0 > 0) __syncthreads();  // the previous piece's readers are done
-    batched_copy<C * 64, kChunkThreads, 32>(  // one batch
-        [&](int e) { return e / 64 < L ? load_elem<T>(a.v, v0 + (e / 64) * a.v.s1 + c0 + e % 64) : 0.f; },
-        [&](int e, float x) {
-          const int r = e / 64, col = e % 64;
-          store_split<T>(sm.beta[r] * x, &sm.ub[r * LDU + col], &sm.ub_lo[r * LDU + col]);
-        });
+#pragma unroll
+    for (int m = 0; m < kVPer; ++m) {
+      const int r = (tid + kChunkThreads * m) / 64, col = (tid + kChunkThreads * m) % 64;
+      store_split<T>(sm.beta[r] * vv[m], &sm.ub[r * LDU + col], &sm.ub_lo[r * LDU + col]);
+    }
     __syncthreads();
-    float acc[8][4] = {};
-    kda_mma::lower_times_split<T, 8>(sm.a_hi, sm.a_lo, LDA, sm.ub, sm.ub_lo, LDU, 0, acc);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * wp + mma::acc_row(e), col = c0 + 8 * nt + mma::acc_col(e);
-        if (i < L) u0[i * a.HV * a.V + col] = acc[nt][e];
-      }
+    if (c0 + 64 < a.V) fetch_v(c0 + 64);
+    float acc[2][4][4] = {};
+    lower_times_split_balanced<T, 4>(sm.a_hi, sm.a_lo, LDA, sm.ub, sm.ub_lo, LDU, acc);
+    for_each_out(acc, 4, [&](int i, int col, float x) { u0[i * a.HV * a.V + c0 + col] = x; });
   }
 }
 
