@@ -80,8 +80,10 @@ struct SplitFrags {
 
 // ---------------------------------------------------------------------------------------------
 // B2a: shared memory. q, k raw (for the rstd and the dG dots), two stages of two 32-column slice
-// tiles (pass 1: do, dv_new; pass 2: v_new in tile 0), per-row factors, and the dG dots' per-warp
-// column partials. Pitches +8 elements (conflict-free ldmatrix rows, 16-byte aligned).
+// tiles (pass 1: do, dv_new; pass 2: v_new in tile 0), three [C][K] staging tiles of the outputs in T
+// (dq_s, dk_s, dw: written element by element from the transposed accumulators, copied out in 16-byte
+// row pieces), per-row factors, and the dG dots' per-warp column partials. Pitches +8 elements
+// (conflict-free ldmatrix rows, 16-byte aligned).
 template <typename T, int KMAX>
 struct GradsStateSmem {
   static constexpr int C = kChunkSize, VS = 32, KS = KMAX / 16;
@@ -90,14 +92,17 @@ struct GradsStateSmem {
   static constexpr int64_t kSliceTile = sizeof(T) * C * LDS;
   static_assert(kKeyTile % 16 == 0 && kSliceTile % 16 == 0, "16-byte aligned tiles");
   // floats: rq, rk, eG, kd [C]; dot partials q, k [KS][C]; hdh per warp [8].
-  static constexpr int64_t bytes() { return 2 * kKeyTile + 4 * kSliceTile + sizeof(float) * ((4 + 2 * KS) * C + 8); }
+  static constexpr int64_t bytes() { return 5 * kKeyTile + 4 * kSliceTile + sizeof(float) * ((4 + 2 * KS) * C + 8); }
   unsigned char* raw;
-  T *q, *k;
+  T *q, *k, *out_q, *out_k, *out_w;
   float *rq, *rk, *eG, *kd, *pq, *pk, *hsum;
   __device__ explicit GradsStateSmem(unsigned char* r) : raw(r) {
     q = reinterpret_cast<T*>(raw);
     k = reinterpret_cast<T*>(raw + kKeyTile);
-    rq = reinterpret_cast<float*>(raw + 2 * kKeyTile + 4 * kSliceTile);
+    out_q = reinterpret_cast<T*>(raw + 2 * kKeyTile + 4 * kSliceTile);
+    out_k = reinterpret_cast<T*>(raw + 3 * kKeyTile + 4 * kSliceTile);
+    out_w = reinterpret_cast<T*>(raw + 4 * kKeyTile + 4 * kSliceTile);
+    rq = reinterpret_cast<float*>(raw + 5 * kKeyTile + 4 * kSliceTile);
     rk = rq + C;
     eG = rk + C;
     kd = eG + C;
@@ -194,13 +199,13 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
   }
   const float gl = a.G ? a.G[(row0 + L - 1) * HV + hv] : 0.f;
   const bool direct_qk = a.dq_out.p != nullptr;
-  // Stores one element (chunk row i < L, key channel d) of a state part of dq (which = 0) / dk (1):
-  // into the user's gradient (T) or, with GVA, added into the fp32 accumulator.
+  // One element (chunk row i, key channel d) of a state part of dq (which = 0) / dk (1): into its
+  // staging tile (copied into the user's gradient at the end) or, with GVA, added into the fp32
+  // accumulator (rows < L).
   auto store_qk = [&](int which, int i, int d, float x) {
     if (direct_qk) {
-      const View& o = which ? a.dk_out : a.dq_out;
-      store_elem<T>(o, off4(o, ci.b, ci.t0 + i, head, d), x);
-    } else {
+      (which ? sm.out_k : sm.out_q)[i * LDK + d] = from_f<T>(x);
+    } else if (i < L) {
       float* acc = which ? a.dk_acc : a.dq_acc;
       atomicAdd(acc + ((row0 + i) * a.H + head) * a.K + d, x);
     }
@@ -262,10 +267,8 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
       for (int e = 0; e < 4; ++e) {
         const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
         accY[nt][e] *= a.scale * sm.eG[i];
-        if (i < L) {
-          store_qk(0, i, d, accY[nt][e]);
-          store_elem<T>(a.dv_out, off4(a.dv_out, ci.b, ci.t0 + i, hv, d), -accZ[nt][e]);
-        }
+        store_qk(0, i, d, accY[nt][e]);
+        sm.out_w[i * LDK + d] = from_f<T>(-accZ[nt][e]);
       }
     column_dots(sm.q, accY, sm.pq);
   }
@@ -323,7 +326,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
       for (int e = 0; e < 4; ++e) {
         const int d = 16 * kst + erow(e), i = n0k + 8 * nt + ecol(e);
         accX[nt][e] *= sm.kd[i];
-        if (i < L) store_qk(1, i, d, accX[nt][e]);
+        store_qk(1, i, d, accX[nt][e]);
       }
     column_dots(sm.k, accX, sm.pk);
     // <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk (as the
@@ -349,7 +352,33 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
     hdh = group_sum<32>(hdh);
     if (lane == 0) sm.hsum[wp] = cgp == 0 ? hdh : 0.f;
   }
-  __syncthreads();  // dot partials, hdh complete
+  __syncthreads();  // dot partials, hdh, staging tiles complete
+
+  // ---- The staged outputs, rows < L: dq_s, dk_s into the user's dq, dk (direct), dw into dv's first
+  // K columns; 16-byte pieces (row e / (K / 8), channels 8 (e % (K / 8)) + [0, 8)) where the views
+  // allow, else element by element.
+  {
+    constexpr int P = KMAX / 8;
+    auto copy_out = [&](const T* tile, const View& o, int64_t idx) {
+      const bool vec = key_rows_vectorizable(o);
+      T* dst = static_cast<T*>(o.p);
+      for (int e = tid; e < L * P; e += THREADS) {
+        const int r = e / P, pc = e % P;
+        const int64_t at = off3(o, ci.b, ci.t0 + r, idx);
+        if (vec) {
+          *reinterpret_cast<uint4*>(dst + at + 8 * pc) = *reinterpret_cast<const uint4*>(tile + r * LDK + 8 * pc);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) store_elem<T>(o, at + (8 * pc + j) * o.s3, to_f<T>(tile[r * LDK + 8 * pc + j]));
+        }
+      }
+    };
+    if (direct_qk) {
+      copy_out(sm.out_q, a.dq_out, head);
+      copy_out(sm.out_k, a.dk_out, head);
+    }
+    copy_out(sm.out_w, a.dv_out, hv);
+  }
 
   // ---- dG's state terms (warp 0; lane l: rows l and l + 32): s_i = k_i.dk_s_i, dG_i = q_i.dq_s_i - s_i
   // (normalized q, k: the raw dots times rstd), dG_{L-1} += sum_{i < L} s_i + exp(G_last) <h, dh>.
@@ -425,6 +454,12 @@ struct GradsLocalSmem {
   // After pass 1: m = 0, 1 S (then tmp) hi / lo; 2, 3 dA (then S2) hi / lo, each [C][LDP].
   __device__ T* ptile(int m) const { return reinterpret_cast<T*>(region() + m * kPTile); }
 };
+
+// Element pairs (d, d + 1), d even, of a 16-bit [B, T, heads, width] view are one aligned 32-bit word:
+// unit inner stride, even outer strides, 4-byte aligned base.
+__device__ __forceinline__ bool pairs_ok(const View& x) {
+  return (reinterpret_cast<uintptr_t>(x.p) & 3) == 0 && x.s3 == 1 && x.s0 % 2 == 0 && x.s1 % 2 == 0 && x.s2 % 2 == 0;
+}
 
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a) {
@@ -549,6 +584,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
   // column terms of columns 32 hf + 8 nt + 2 tig + p.
   float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   const int64_t dvo_row[2] = {off3(a.dv_out, ci.b, ci.t0 + r0, hv), off3(a.dv_out, ci.b, ci.t0 + r0 + 8, hv)};
+  const bool dv_pairs = pairs_ok(a.dv_out);
   for (int s = 0; s < NS; ++s) {
     const int b = s & 1;
     const int64_t col0 = static_cast<int64_t>(s) * VS;
@@ -587,11 +623,20 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
       }
       float rsum[2] = {0.f, 0.f};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = 16 * rs + erow(e), n = 8 * hf + ecol(e);
-        const float x = acc[e] + accl[e];
-        if (j < L) store_elem<T>(a.dv_out, dvo_row[e >> 1] + (col0 + n) * a.dv_out.s3, sm.beta[j] * x);
-        rsum[e >> 1] += to_f<T>(sv[j * LDS + n]) * x;
+      for (int h = 0; h < 2; ++h) {
+        const int j = r0 + 8 * h, n = 8 * hf + 2 * tig;
+        const float x0 = acc[2 * h] + accl[2 * h], x1 = acc[2 * h + 1] + accl[2 * h + 1];
+        if (j < L) {
+          const float bj = sm.beta[j];
+          const int64_t at = dvo_row[h] + (col0 + n) * a.dv_out.s3;
+          if (dv_pairs) {
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_out.p) + at) = mma::pack_floats<T>(bj * x0, bj * x1);
+          } else {
+            store_elem<T>(a.dv_out, at, bj * x0);
+            store_elem<T>(a.dv_out, at + a.dv_out.s3, bj * x1);
+          }
+        }
+        rsum[h] += to_f<T>(sv[j * LDS + n]) * x0 + to_f<T>(sv[j * LDS + n + 1]) * x1;
       }
       rowB[0] += rsum[0];
       rowB[1] += rsum[1];
@@ -660,10 +705,36 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
   // Element (row r, column d) offsets of the user's dq / dk (direct) or the accumulators (GVA).
   auto qk_off = [&](const View& o, int r, int d) { return off4(o, ci.b, ci.t0 + r, head, d); };
   auto acc_off = [&](int r, int d) { return ((row0 + r) * a.H + head) * a.K + d; };
+  // The pair (r, d), (r, d + 1) (d even) of a direct dq / dk view as one 32-bit word of two T (pairs_ok
+  // views), else element by element; rows >= L are never touched.
+  auto load_qk_pair = [&](const View& o, bool pairs, int r, int d) -> uint32_t {
+    if (r >= L) return 0u;
+    const int64_t at = qk_off(o, r, d);
+    if (pairs) return *reinterpret_cast<const uint32_t*>(static_cast<const T*>(o.p) + at);
+    return mma::pack_floats<T>(load_elem<T>(o, at), load_elem<T>(o, at + o.s3));
+  };
+  auto store_qk_pair = [&](const View& o, bool pairs, int r, int d, float x0, float x1) {
+    const int64_t at = qk_off(o, r, d);
+    if (pairs) {
+      *reinterpret_cast<uint32_t*>(static_cast<T*>(o.p) + at) = mma::pack_floats<T>(x0, x1);
+    } else {
+      store_elem<T>(o, at, x0);
+      store_elem<T>(o, at + o.s3, x1);
+    }
+  };
+  const bool q_pairs = direct_qk && pairs_ok(a.dq_out), k_pairs = direct_qk && pairs_ok(a.dk_out);
   // ---- S3a: dq_i += (sum_j S_ij k_raw_j) / rq_i (S_ij = 0 for j > i: chunk steps kq <= rs); with
   // direct outputs plus B2a's state part (read back), and this K half's share of <q_raw_i, dq_i>.
   float dq[NKH][4];
   {
+    // B2a's state part of the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig + {0, 1}),
+    // in flight during the products.
+    uint32_t dqs[NKH][2];
+    if (direct_qk)
+#pragma unroll
+      for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) dqs[nt][h] = load_qk_pair(a.dq_out, q_pairs, r0 + 8 * h, d0 + 8 * nt + 2 * tig);
     mma::zero_acc(dq);
     for (int kq = 0; kq <= rs; ++kq) {
       uint32_t sh[4], sl[4], bk[NKH / 2][4];
@@ -685,7 +756,9 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
         const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
         dq[nt][e] *= f[e >> 1];
         if (direct_qk) {
-          if (r < L) dq[nt][e] += load_elem<T>(a.dq_out, qk_off(a.dq_out, r, d));
+          float s0, s1;
+          mma::unpack_floats<T>(dqs[nt][e >> 1], s0, s1);
+          dq[nt][e] += (e & 1) ? s1 : s0;
           dot[e >> 1] += to_f<T>(sm.q[r * LDK + d]) * dq[nt][e];
         } else if (r < L) {
           atomicAdd(a.dq_acc + acc_off(r, d), dq[nt][e]);
@@ -711,12 +784,16 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, r = r0 + 8 * h, d = d0 + 8 * nt + ecol(e);
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + 8 * h, d = d0 + 8 * nt + 2 * tig;
         if (r < L) {
-          const float g = dq[nt][e];
-          const float dx = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.q[r * LDK + d])) : g;
-          store_elem<T>(a.dq_out, qk_off(a.dq_out, r, d), dx);
+          float dx[2];
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const float g = dq[nt][2 * h + p];
+            dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.q[r * LDK + d + p])) : g;
+          }
+          store_qk_pair(a.dq_out, q_pairs, r, d, dx[0], dx[1]);
         }
       }
   }
@@ -897,6 +974,13 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
     }
     const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
     float dot[2] = {0.f, 0.f};
+    // B2a's state part of dk (as dqs above; loaded after the products: no registers left during them).
+    uint32_t dks[NKH][2];
+    if (direct_qk)
+#pragma unroll
+      for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) dks[nt][h] = load_qk_pair(a.dk_out, k_pairs, r0 + 8 * h, d0 + 8 * nt + 2 * tig);
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
@@ -904,7 +988,9 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
         const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
         dkr[nt][e] += acc[nt][e] * irk[e >> 1];
         if (direct_qk) {
-          if (r < L) dkr[nt][e] += load_elem<T>(a.dk_out, qk_off(a.dk_out, r, d));
+          float s0, s1;
+          mma::unpack_floats<T>(dks[nt][e >> 1], s0, s1);
+          dkr[nt][e] += (e & 1) ? s1 : s0;
           dot[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * dkr[nt][e];
         } else if (r < L) {
           atomicAdd(a.dk_acc + acc_off(r, d), dkr[nt][e]);
@@ -946,12 +1032,16 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, r = r0 + 8 * h, d = d0 + 8 * nt + ecol(e);
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + 8 * h, d = d0 + 8 * nt + 2 * tig;
         if (r < L) {
-          const float g = dkr[nt][e];
-          const float dx = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.k[r * LDK + d])) : g;
-          store_elem<T>(a.dk_out, qk_off(a.dk_out, r, d), dx);
+          float dx[2];
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const float g = dkr[nt][2 * h + p];
+            dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.k[r * LDK + d + p])) : g;
+          }
+          store_qk_pair(a.dk_out, k_pairs, r, d, dx[0], dx[1]);
         }
       }
   }
