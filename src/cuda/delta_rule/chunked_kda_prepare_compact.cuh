@@ -126,7 +126,7 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QF&& q, KF&& k, const 
       for (int c = 0; c < 8; ++c)
 #pragma unroll
         for (int a = c; a < 8; ++a) {
-          const float kc = kk[c] * decay_exp(gg[a] - gg[c]);
+          const float kc = a == c ? kk[c] : kk[c] * decay_exp(gg[a] - gg[c]);  // e^0 = 1 exactly
           v[a * (a + 1) / 2 + c] += qq[a] * kc;
           if (a > c) v[36 + a * (a - 1) / 2 + c] += kk[a] * kc;
         }
@@ -185,8 +185,10 @@ __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, con
 //   M_ij = sum_d (k_id e^(G_id - G_r0,d)) (k_jd e^(G_r0,d - G_jd)),  P_ij the same with q_i,
 // one mma tile each for M and P, the A (x) and B (y) fragments formed in registers from G and the
 // rows (split hi + lo: three mmas per step, close to fp32), the exps of x shared by M and P.
-// The 12 tiles (2 I per sub-chunk) are spread over the 4 warps, 3 each: tile index
-// job = w, w + 4, w + 8 in the order (1, 0), (1, 1), (2, 0) .. (2, 3), (3, 0) .. (3, 5).
+// The 12 tiles by warp, each warp on one sub-chunk so that its x fragments serve all its tiles:
+// warp 0 I = 3 tiles 0 - 2, warp 1 I = 3 tiles 3 - 5, warp 2 I = 2 tiles 0 - 3, warp 3 I = 1 tiles
+// 0 - 1 (per 16-column step: one x and 3 / 3 / 4 / 2 y fragments; a tile per job formed x for every
+// tile, 3 jobs per warp).
 // kpair / qpair(i, d) return (x(i, d), x(i, d + 1)) for even d (0 past L); G [64][ldg] fp32 in
 // shared memory with an even ldg (float2 loads; rows past L hold G_{L-1}). Writes only these
 // tiles of `out` (M at out[i][j], P^T at out[j][i]); no barrier.
@@ -194,40 +196,54 @@ template <typename T, int KMAX, typename QP, typename KP>
 __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& kpair, const float* G, int ldg,
                                                               float* out, int ldo) {
   const int wp = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
+  const int I = wp < 2 ? 3 : 4 - wp, nt0 = wp == 1 ? 3 : 0, ntl = wp < 2 ? 3 : (wp == 2 ? 4 : 2);  // warp-uniform
+  const int r0 = 16 * I, ra = r0 + g, rb = ra + 8;  // this lane's A rows
   auto g2 = [&](int r, int d) { return *reinterpret_cast<const float2*>(&G[r * ldg + d]); };
+  float accm[4][4] = {}, accp[4][4] = {};
 #pragma unroll 1
-  for (int job = wp; job < 12; job += 4) {
-    const int I = job < 2 ? 1 : (job < 6 ? 2 : 3), nt = job - (I == 1 ? 0 : (I == 2 ? 2 : 6));
-    const int r0 = 16 * I, ra = r0 + g, rb = ra + 8, j = 8 * nt + g;  // this lane's A rows, B column
-    float accm[4] = {}, accp[4] = {};
-#pragma unroll 2
-    for (int kk = 0; kk < KMAX; kk += 16) {
-      uint32_t kh[4], kl[4], qh[4], ql[4], bh[2], bl[2];
+  for (int kk = 0; kk < KMAX; kk += 16) {
+    uint32_t kh[4], kl[4], qh[4], ql[4];
+    float2 gr[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // columns d, d + 1 of A registers 2h (row ra), 2h + 1 (row rb); B register h
-        const int d = kk + t2 + 8 * h;
-        const float2 gr = g2(r0, d), ga = g2(ra, d), gb = g2(rb, d), gj = g2(j, d);
-        const float ea0 = decay_exp(ga.x - gr.x), ea1 = decay_exp(ga.y - gr.y);
-        const float eb0 = decay_exp(gb.x - gr.x), eb1 = decay_exp(gb.y - gr.y);
-        const float2 ka = kpair(ra, d), kb = kpair(rb, d), qa = qpair(ra, d), qb = qpair(rb, d), kj = kpair(j, d);
-        mma::split_pair<T>(ka.x * ea0, ka.y * ea1, kh[2 * h], kl[2 * h]);
-        mma::split_pair<T>(kb.x * eb0, kb.y * eb1, kh[2 * h + 1], kl[2 * h + 1]);
-        mma::split_pair<T>(qa.x * ea0, qa.y * ea1, qh[2 * h], ql[2 * h]);
-        mma::split_pair<T>(qb.x * eb0, qb.y * eb1, qh[2 * h + 1], ql[2 * h + 1]);
-        mma::split_pair<T>(kj.x * decay_exp(gr.x - gj.x), kj.y * decay_exp(gr.y - gj.y), bh[h], bl[h]);
-      }
-      mma::mma16816<T>(accm, kh, bh);
-      mma::mma16816<T>(accp, qh, bh);
-      mma::mma16816<T>(accm, kl, bh);
-      mma::mma16816<T>(accp, ql, bh);
-      mma::mma16816<T>(accm, kh, bl);
-      mma::mma16816<T>(accp, qh, bl);
+    for (int h = 0; h < 2; ++h) {  // columns d, d + 1 of A registers 2h (row ra), 2h + 1 (row rb)
+      const int d = kk + t2 + 8 * h;
+      const float2 ga = g2(ra, d), gb = g2(rb, d);
+      gr[h] = g2(r0, d);
+      const float ea0 = decay_exp(ga.x - gr[h].x), ea1 = decay_exp(ga.y - gr[h].y);
+      const float eb0 = decay_exp(gb.x - gr[h].x), eb1 = decay_exp(gb.y - gr[h].y);
+      const float2 ka = kpair(ra, d), kb = kpair(rb, d), qa = qpair(ra, d), qb = qpair(rb, d);
+      mma::split_pair<T>(ka.x * ea0, ka.y * ea1, kh[2 * h], kl[2 * h]);
+      mma::split_pair<T>(kb.x * eb0, kb.y * eb1, kh[2 * h + 1], kl[2 * h + 1]);
+      mma::split_pair<T>(qa.x * ea0, qa.y * ea1, qh[2 * h], ql[2 * h]);
+      mma::split_pair<T>(qb.x * eb0, qb.y * eb1, qh[2 * h + 1], ql[2 * h + 1]);
     }
 #pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      if (t >= ntl) break;
+      const int j = 8 * (nt0 + t) + g;  // this lane's B column
+      uint32_t bh[2], bl[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // B register h: rows (channels) d, d + 1
+        const int d = kk + t2 + 8 * h;
+        const float2 gj = g2(j, d), kj = kpair(j, d);
+        mma::split_pair<T>(kj.x * decay_exp(gr[h].x - gj.x), kj.y * decay_exp(gr[h].y - gj.y), bh[h], bl[h]);
+      }
+      mma::mma16816<T>(accm[t], kh, bh);
+      mma::mma16816<T>(accp[t], qh, bh);
+      mma::mma16816<T>(accm[t], kl, bh);
+      mma::mma16816<T>(accp[t], ql, bh);
+      mma::mma16816<T>(accm[t], kh, bl);
+      mma::mma16816<T>(accp[t], qh, bl);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    if (t >= ntl) break;
+#pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = r0 + mma::acc_row(e), jj = 8 * nt + mma::acc_col(e);
-      out[i * ldo + jj] = accm[e];
-      out[jj * ldo + i] = accp[e];
+      const int i = r0 + mma::acc_row(e), jj = 8 * (nt0 + t) + mma::acc_col(e);
+      out[i * ldo + jj] = accm[t][e];
+      out[jj * ldo + i] = accp[t][e];
     }
   }
 }
@@ -344,17 +360,24 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   float* u0 = a.u + (row0 * a.HV + hv) * a.V;
   // Row i < L of the intermediate: A_ij for j < i, P_ji = sm.M[i][j] for j >= i (chunked_kda.h);
   // A as hi + lo over q (q's last readers were the decayed products, before the inverse's barriers).
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    const float x = sm.A[i * LDM + j];
-    if (i < L) A0[i * a.HV * C + j] = j < i ? x : sm.M[i * LDM + j];
-    store_split<T>(x, &sm.a_hi[i * LDA + j], &sm.a_lo[i * LDA + j]);
+  // Two columns per step (float2 loads and stores; the intermediate's rows are 8-byte aligned).
+  for (int e = tid; e < C * C / 2; e += kChunkThreads) {
+    const int i = e / (C / 2), j = 2 * (e % (C / 2));
+    const float2 x = *reinterpret_cast<const float2*>(&sm.A[i * LDM + j]);
+    const float2 pm = *reinterpret_cast<const float2*>(&sm.M[i * LDM + j]);
+    if (i < L) *reinterpret_cast<float2*>(&A0[i * a.HV * C + j]) = make_float2(j < i ? x.x : pm.x, j + 1 < i ? x.y : pm.y);
+    mma::split_pair<T>(x.x, x.y, *reinterpret_cast<uint32_t*>(&sm.a_hi[i * LDA + j]),
+                       *reinterpret_cast<uint32_t*>(&sm.a_lo[i * LDA + j]));
   }
   __syncthreads();  // M, A and tmp are free
-  // beta exp(G) o k as hi + lo (exp(G) <= 1) over M, A and tmp.
-  for (int e = tid; e < C * KMAX; e += kChunkThreads) {
-    const int r = e / KMAX, d = e % KMAX;
-    store_split<T>(sm.beta[r] * decay_exp(sm.G[r * LDG + d]) * kx(r, d), &sm.wb[r * LDK + d], &sm.wb_lo[r * LDK + d]);
+  // beta exp(G) o k as hi + lo (exp(G) <= 1) over M, A and tmp, two channels per step (float2 G,
+  // 32-bit k and wb words).
+  for (int e = tid; e < C * KMAX / 2; e += kChunkThreads) {
+    const int r = e / (KMAX / 2), d = 2 * (e % (KMAX / 2));
+    const float2 gv = *reinterpret_cast<const float2*>(&sm.G[r * LDG + d]), kv = kp(r, d);
+    const float br = sm.beta[r];
+    mma::split_pair<T>(br * decay_exp(gv.x) * kv.x, br * decay_exp(gv.y) * kv.y,
+                       *reinterpret_cast<uint32_t*>(&sm.wb[r * LDK + d]), *reinterpret_cast<uint32_t*>(&sm.wb_lo[r * LDK + d]));
   }
   __syncthreads();  // G is free
 
