@@ -7,7 +7,9 @@
 #      stage 1 (FLASHGRAD_CHUNKED_KDA_PREPARE=old: session 6's kda_prepare_kernel) then the new
 #      default (kda_prepare_compact_kernel): forward and backward wall, every kda_* kernel's CUDA
 #      time per call (torch.profiler), and the new gradients / output against the old ones (rel RMS);
-#   3. if >= 35 s are left: ncu of one launch each of the new and the old stage 1.
+#   3. if >= 35 s are left: ncu of one launch each of the new and the old stage 1; for the new one
+#      also its warp-stall samples per phase (segments between block barriers,
+#      kdaprep_ncu_source.py).
 # Prints a compact summary last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -109,19 +111,27 @@ if [ -n "$ncu_bin" ] && [ "$(left)" -gt 35 ]; then
   metrics='regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
   for mode in new old; do
     [ "$(left)" -gt 15 ] || break
-    if [ $mode = new ]; then kname=kda_prepare_compact_kernel; lim=$(( $(left) / 2 )); else kname=kda_prepare_kernel; lim=$(( $(left) - 2 )); fi
+    if [ $mode = new ]; then kname=kda_prepare_compact_kernel; lim=$(( $(left) * 2 / 3 )); src="--section SourceCounters"
+    else kname=kda_prepare_kernel; lim=$(( $(left) - 2 )); src=""; fi
+    rep="$OUT/extra/kdaprep_ncu_$mode"
     FLASHGRAD_CHUNKED_KDA_PREPARE=$mode timeout -k 3 "$lim" "$ncu_bin" --clock-control none \
       -k "regex:$kname" --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-      --section InstructionStats --section Occupancy --section LaunchStats --metrics "$metrics" \
+      --section InstructionStats --section Occupancy --section LaunchStats $src --metrics "$metrics" -f -o "$rep" \
       python3 bench/profile_delta_rule.py --kind kda --B 4 --T 4096 --H 16 --K 128 --reps 1 --no-profiler \
-      > "$OUT/extra/kdaprep_ncu_$mode.txt" 2>&1
+      > "$rep.log" 2>&1
     echo "ncu $mode rc=$?"
-    grep -E "kda_[a-z_]+_kernel|Duration|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Registers Per|Achieved Occupancy|Block Limit Shared|Dynamic Shared|stalled_(long|short|wait|barrier|math|mio|lg|no_inst|dispatch|branch).*pct|issue_active" \
-      "$OUT/extra/kdaprep_ncu_$mode.txt" | grep -vE " 0(\.0+)?$| 0\.0[0-9]$" | cut -c1-160 | head -30
+    [ -f "$rep.ncu-rep" ] || { tail -3 "$rep.log"; continue; }
+    timeout -k 3 20 "$ncu_bin" --import "$rep.ncu-rep" > "$rep.txt" 2>&1
+    grep -E "kda_[a-z_]+_kernel|Duration|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Registers Per|Achieved Occupancy|Block Limit (Shared|Registers)|Dynamic Shared|stalled_(long|short|wait|barrier|math|mio|lg|no_inst|dispatch|branch).*pct|issue_active" \
+      "$rep.txt" | grep -vE " 0(\.0+)?$| 0\.0[0-9]$" | cut -c1-160 | head -30
     while IFS= read -r l; do summary+=("ncu $mode $l"); done < <(awk '/kda_[a-z_]+_kernel/ { match($0, /kda_[a-z_]+_kernel/); k = substr($0, RSTART, RLENGTH) }
          /^ +Duration/ { d = $(NF-1) " " $NF } /Executed Instructions  / { n = $NF } /Achieved Occupancy/ { oc = $NF }
-         /issue_active/ { ia = $NF } END { if (k != "") print k ": " d ", instructions " n ", occupancy " oc "%, issue active " ia "%" }' \
-         "$OUT/extra/kdaprep_ncu_$mode.txt")
+         /issue_active/ { ia = $NF } END { if (k != "") print k ": " d ", instructions " n ", occupancy " oc "%, issue active " ia "%" }' "$rep.txt")
+    if [ $mode = new ] && [ "$(left)" -gt 25 ]; then  # where the new kernel's warps wait, by phase (segments between barriers)
+      timeout -k 3 20 "$ncu_bin" --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.csv" 2>> "$rep.log"
+      python3 tools/gpu-extra/kdaprep_ncu_source.py "$rep.csv" 2>&1 | head -70
+      gzip -f "$rep.csv"
+    fi
   done
 else
   summary+=("ncu: skipped (no ncu or < 35 s left)")
