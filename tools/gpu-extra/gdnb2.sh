@@ -3,9 +3,9 @@
 # docs/perf/delta_rule.md "B2 split (session 7)"). Runs on the H200 from the repo root after
 # tools/gpu-check's build into build-gpu and the package install (cap 150 s; budget 135 s; logs in
 # $OUT/extra/):
-#   1. the chunked GDN GPU tests with the new default (split B2; FLASHGRAD_CHUNKED_B2 unset);
+#   1. the chunked GDN GPU tests with the split B2 (FLASHGRAD_CHUNKED_B2=split; the fused one is the default);
 #   2. one python process, B8 T4096 H16 K=V=128 and K=V=64 bf16 (+ a small GVA case, H8 HV16): the
-#      fused B2 (FLASHGRAD_CHUNKED_B2=fused, read per call) against the split one: forward / backward
+#      fused B2 (FLASHGRAD_CHUNKED_B2=fused, read per call) against the split one (=split): forward / backward
 #      wall ms, per-kernel CUDA time of the B2 kernels (torch.profiler), peak extra MiB, and the
 #      split's gradients against the fused one's (relative RMS);
 #   3. ncu of one launch of each split kernel (occupancy, issue, stalls) if >= 40 s are left.
@@ -19,10 +19,10 @@ left() { echo $(( 135 - ($(date +%s) - t0) )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 summary=()
 
-echo "== gdnb2 1/3: chunked GDN GPU tests, split B2 (default)"
+echo "== gdnb2 1/3: chunked GDN GPU tests, split B2 (FLASHGRAD_CHUNKED_B2=split)"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
-  env -u FLASHGRAD_CHUNKED_B2 timeout -k 3 "$(cap 45)" "$tests" \
+  FLASHGRAD_CHUNKED_B2=split timeout -k 3 "$(cap 45)" "$tests" \
     --gtest_filter='DeltaRuleChunked*:DeltaRuleGpu.Chunked*:-*Kda*:*KDA*' > "$OUT/extra/gdnb2_tests.log" 2>&1
   rc=$?
   grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
@@ -55,7 +55,7 @@ def kernel_ms(fn, reps):
     out = {}
     for e in prof.key_averages():
         if "chunk_grads" not in e.key: continue
-        name = e.key.split("delta_rule::")[-1].split("<")[0]
+        name = e.key.split("delta_rule::")[1].split("<")[0]
         t = getattr(e, "self_device_time_total", None)
         if t is None: t = e.self_cuda_time_total
         out[name] = out.get(name, 0.0) + t / 1000.0 / reps
@@ -80,7 +80,7 @@ def case(B, T, H=16, HV=16, K=128, reps=5):
         return torch.autograd.grad((o, ht), ins, (do, dht))
     res = {}
     for mode in ("fused", "split"):
-        os.environ["FLASHGRAD_CHUNKED_B2"] = "fused" if mode == "fused" else ""  # read at every call
+        os.environ["FLASHGRAD_CHUNKED_B2"] = mode  # read at every call
         gs = both(); torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
         both(); torch.cuda.synchronize()
@@ -117,7 +117,7 @@ echo "== gdnb2 3/3: ncu of one launch of each split kernel (B8 T4096 H16 K=V=128
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -n "$ncu_bin" ] && [ "$(left)" -gt 40 ]; then
   metrics='regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active$,regex:smsp__warp_issue_stalled_(long_scoreboard|short_scoreboard|wait|barrier|math_pipe_throttle|mio_throttle|lg_throttle|no_instruction)_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
-  timeout -k 3 "$(( $(left) - 5 ))" "$ncu_bin" --clock-control none \
+  FLASHGRAD_CHUNKED_B2=split timeout -k 3 "$(( $(left) - 5 ))" "$ncu_bin" --clock-control none \
     -k regex:'chunk_grads_(state|local)' --launch-count 2 --section SpeedOfLight \
     --section Occupancy --section LaunchStats --metrics "$metrics" \
     python3 bench/profile_delta_rule.py --B 8 --T 4096 --H 16 --K 128 --reps 1 --no-profiler \

@@ -1,6 +1,8 @@
-// Chunked backward stage B2 split in two kernels (session 7), the default of the 16-bit backward
-// (h, dh, dv_new in T, direct outputs, V >= K); FLASHGRAD_CHUNKED_B2=fused keeps the one-kernel B2 of
-// chunked_grads_mma.cuh (same notation: X = v_new dh^T, Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...).
+// Chunked backward stage B2 split in two kernels (session 7), opt-in by FLASHGRAD_CHUNKED_B2=split for the
+// 16-bit backward's common case (h, dh, dv_new in T, direct outputs, H == HV, V >= K, views in 16-byte
+// row pieces: split_grads_applies); the one-kernel B2 of chunked_grads_mma.cuh stays the default (run 7.1:
+// the split was slower, docs/perf/delta_rule.md "B2 split (session 7)"). Same notation: X = v_new dh^T,
+// Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...
 //
 // Why: the fused kernel holds one block of 8 warps per SM (211 KiB of shared memory, 232 registers)
 // and is latency-bound (ncu, session 6: issue active 28%, stalls wait / short / long scoreboard).
@@ -12,7 +14,7 @@
 //     transposed products so h / dh go from global memory straight into A fragments):
 //       pass 1: Y^T = h do^T, Z^T = h dv_new^T -> dq_s = scale exp(G_i) Y, dw = -Z;
 //       pass 2: X^T = dh v_new^T, <h_c, dh_{c+1}> -> dk_s = exp(G_last - G_i) X.
-//     Writes: dq_s, dk_s into the user's dq, dk (T; with GVA added into the fp32 accumulators),
+//     Writes: dq_s, dk_s into the user's dq, dk (T),
 //     dw (T) into the first K columns of the user's dv (dv is written only by B2b, which reads dw
 //     before it writes dv, block by block: no scratch), and dG's state terms per row into dG_state
 //     (fp32 [rows, HV]): q_i.dq_s_i - k_i.dk_s_i (normalized q, k), and on row L - 1 also
@@ -21,8 +23,7 @@
 //     warps as in the fused kernel: pass over V (16-column slices) dP = do v_new^T, du = dv_new v^T,
 //     dUb = A^T dv_new -> dv, dbeta; then QK, WK = dw k^T -> S, dA; dq += S k; dk += S^T q + WY
 //     terms (A^T dw, dA A^T, A^T tmp, S2 products); dbeta, dG -> dg (reverse cumsum, plus dG_state);
-//     dq, dk = the state parts read back + these, through the L2-norm backward (H == HV) or added
-//     into the accumulators (GVA).
+//     dq, dk = the state parts read back + these, through the L2-norm backward.
 //   dq, dk and dG partials stay in registers (no fp32 [64][K] tiles): dq's L2-norm dot <qn, dq> is
 //   summed per (row, K half) and exchanged through 2 x 64 floats.
 // Costs of the split: dq_s, dk_s, dw written and read back once in T (3 x 16 KiB per block at
@@ -137,7 +138,6 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
 
   const T* hc = static_cast<const T*>(a.h16) + (c * HV + hv) * a.K * V;   // h_c [K][V]
   const T* dhc = static_cast<const T*>(a.dh16) + (c * HV + hv) * a.K * V;  // dL/dh_{c+1} [K][V]
-  const bool do_vec = key_rows_vectorizable(a.dout);
   // Slice copies: thread tid copies row pr = tid / 4, 16-byte piece pp = tid % 4 of each tile (rows
   // past L zero-filled, their sources pointed at row 0). Pass 1: do, dv_new; pass 2: v_new.
   static_assert(C * VS / 8 == THREADS, "one 16-byte piece per thread and tile");
@@ -154,13 +154,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
       mma::cp_async16(sm.slice(b, 0) + p_at, vn_src + col0, pr_ok);
     } else {
       mma::cp_async16(sm.slice(b, 1) + p_at, dvn_src + col0, pr_ok);
-      if (do_vec) {
-        mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
-      } else {
-        View d = a.dout;
-        d.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
-        view_rows_async<T, THREADS>(d, ci, hv, VS, false, sm.slice(b, 0), LDS);
-      }
+      mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
     }
     mma::cp_async_commit();
   };
@@ -178,8 +172,8 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
   load_state_frag(hc, 16, hr[1]);
   // ---- Prologue: q, k and slice 0 by cp.async; per-row gate factors.
   {
-    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, key_rows_vectorizable(a.q), sm.q, LDK);
-    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, key_rows_vectorizable(a.k), sm.k, LDK);
+    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, true, sm.q, LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, true, sm.k, LDK);
     issue_slice(0, 0, 1);
     if (tid < C) {
       const float g = (a.G && tid < L) ? a.G[(row0 + tid) * HV + hv] : 0.f;
@@ -198,18 +192,9 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
     // (read after pass 2's barriers)
   }
   const float gl = a.G ? a.G[(row0 + L - 1) * HV + hv] : 0.f;
-  const bool direct_qk = a.dq_out.p != nullptr;
   // One element (chunk row i, key channel d) of a state part of dq (which = 0) / dk (1): into its
-  // staging tile (copied into the user's gradient at the end) or, with GVA, added into the fp32
-  // accumulator (rows < L).
-  auto store_qk = [&](int which, int i, int d, float x) {
-    if (direct_qk) {
-      (which ? sm.out_k : sm.out_q)[i * LDK + d] = from_f<T>(x);
-    } else if (i < L) {
-      float* acc = which ? a.dk_acc : a.dq_acc;
-      atomicAdd(acc + ((row0 + i) * a.H + head) * a.K + d, x);
-    }
-  };
+  // staging tile (copied into the user's gradient at the end).
+  auto store_qk = [&](int which, int i, int d, float x) { (which ? sm.out_k : sm.out_q)[i * LDK + d] = from_f<T>(x); };
   // Per-column (chunk row) partial dots sum_d x[i][d] y[i][d] of this warp's 16 key channels, with x
   // the raw q / k tile: into dst[kst][i] (column sums over the 8 lanes of a column).
   auto column_dots = [&](const T* x, const float(&y)[NTV][4], float* dst) {
@@ -354,29 +339,20 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
   }
   __syncthreads();  // dot partials, hdh, staging tiles complete
 
-  // ---- The staged outputs, rows < L: dq_s, dk_s into the user's dq, dk (direct), dw into dv's first
-  // K columns; 16-byte pieces (row e / (K / 8), channels 8 (e % (K / 8)) + [0, 8)) where the views
-  // allow, else element by element.
+  // ---- The staged outputs, rows < L: dq_s, dk_s into the user's dq, dk, dw into dv's first K columns;
+  // 16-byte pieces (row e / (K / 8), channels 8 (e % (K / 8)) + [0, 8)).
   {
     constexpr int P = KMAX / 8;
     auto copy_out = [&](const T* tile, const View& o, int64_t idx) {
-      const bool vec = key_rows_vectorizable(o);
       T* dst = static_cast<T*>(o.p);
       for (int e = tid; e < L * P; e += THREADS) {
         const int r = e / P, pc = e % P;
-        const int64_t at = off3(o, ci.b, ci.t0 + r, idx);
-        if (vec) {
-          *reinterpret_cast<uint4*>(dst + at + 8 * pc) = *reinterpret_cast<const uint4*>(tile + r * LDK + 8 * pc);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) store_elem<T>(o, at + (8 * pc + j) * o.s3, to_f<T>(tile[r * LDK + 8 * pc + j]));
-        }
+        *reinterpret_cast<uint4*>(dst + off3(o, ci.b, ci.t0 + r, idx) + 8 * pc) =
+            *reinterpret_cast<const uint4*>(tile + r * LDK + 8 * pc);
       }
     };
-    if (direct_qk) {
-      copy_out(sm.out_q, a.dq_out, head);
-      copy_out(sm.out_k, a.dk_out, head);
-    }
+    copy_out(sm.out_q, a.dq_out, head);
+    copy_out(sm.out_k, a.dk_out, head);
     copy_out(sm.out_w, a.dv_out, hv);
   }
 
@@ -455,12 +431,6 @@ struct GradsLocalSmem {
   __device__ T* ptile(int m) const { return reinterpret_cast<T*>(region() + m * kPTile); }
 };
 
-// Element pairs (d, d + 1), d even, of a 16-bit [B, T, heads, width] view are one aligned 32-bit word:
-// unit inner stride, even outer strides, 4-byte aligned base.
-__device__ __forceinline__ bool pairs_ok(const View& x) {
-  return (reinterpret_cast<uintptr_t>(x.p) & 3) == 0 && x.s3 == 1 && x.s0 % 2 == 0 && x.s1 % 2 == 0 && x.s2 % 2 == 0;
-}
-
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a) {
   using S = GradsLocalSmem<T, KMAX>;
@@ -497,7 +467,6 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
 
   // Slice copies (16 columns = two 16-byte pieces per row and tile): threads 0..127 copy do and
   // v_new, 128..255 v and dv_new; row pr = (tid % 128) / 2, piece pp = tid % 2.
-  const bool do_vec = key_rows_vectorizable(a.dout), v_vec = key_rows_vectorizable(a.v);
   const int pr = (tid & 127) >> 1, pp = tid & 1, second = tid >> 7;
   const bool pr_ok = pr < L;
   const int pr_src = pr_ok ? pr : 0;
@@ -510,20 +479,10 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
     const int64_t col0 = static_cast<int64_t>(s) * VS;
     if (second == 0) {
       mma::cp_async16(sm.slice(b, 1) + p_at, vn_src + col0, pr_ok);
-      if (do_vec) mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
+      mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
     } else {
       mma::cp_async16(sm.slice(b, 3) + p_at, dvn_src + col0, pr_ok);
-      if (v_vec) mma::cp_async16(sm.slice(b, 2) + p_at, v_src + col0, pr_ok);
-    }
-    if (!do_vec) {  // element by element (view_rows_async's fallback), all threads
-      View d = a.dout;
-      d.p = static_cast<T*>(a.dout.p) + col0 * a.dout.s3;
-      view_rows_async<T, THREADS>(d, ci, hv, VS, false, sm.slice(b, 0), LDS);
-    }
-    if (!v_vec) {
-      View v = a.v;
-      v.p = static_cast<T*>(a.v.p) + col0 * a.v.s3;
-      view_rows_async<T, THREADS>(v, ci, hv, VS, false, sm.slice(b, 2), LDS);
+      mma::cp_async16(sm.slice(b, 2) + p_at, v_src + col0, pr_ok);
     }
     mma::cp_async_commit();
   };
@@ -531,9 +490,9 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
   // ---- Prologue: q, k, dw (B2a's, in dv's first K columns: read here, before pass 1 writes dv) and
   // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta.
   {
-    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, key_rows_vectorizable(a.q), sm.q, LDK);
-    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, key_rows_vectorizable(a.k), sm.k, LDK);
-    view_rows_async<T, THREADS>(a.dv_out, ci, hv, KMAX, key_rows_vectorizable(a.dv_out), sm.dw, LDK);
+    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, true, sm.q, LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, true, sm.k, LDK);
+    view_rows_async<T, THREADS>(a.dv_out, ci, hv, KMAX, true, sm.dw, LDK);
     issue_slice(0, 0);
     // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4); all loads first.
     float4 y[4];
@@ -584,7 +543,6 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
   // column terms of columns 32 hf + 8 nt + 2 tig + p.
   float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   const int64_t dvo_row[2] = {off3(a.dv_out, ci.b, ci.t0 + r0, hv), off3(a.dv_out, ci.b, ci.t0 + r0 + 8, hv)};
-  const bool dv_pairs = pairs_ok(a.dv_out);
   for (int s = 0; s < NS; ++s) {
     const int b = s & 1;
     const int64_t col0 = static_cast<int64_t>(s) * VS;
@@ -629,12 +587,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
         if (j < L) {
           const float bj = sm.beta[j];
           const int64_t at = dvo_row[h] + (col0 + n) * a.dv_out.s3;
-          if (dv_pairs) {
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_out.p) + at) = mma::pack_floats<T>(bj * x0, bj * x1);
-          } else {
-            store_elem<T>(a.dv_out, at, bj * x0);
-            store_elem<T>(a.dv_out, at + a.dv_out.s3, bj * x1);
-          }
+          *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_out.p) + at) = mma::pack_floats<T>(bj * x0, bj * x1);
         }
         rsum[h] += to_f<T>(sv[j * LDS + n]) * x0 + to_f<T>(sv[j * LDS + n + 1]) * x1;
       }
@@ -701,28 +654,18 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
   }
   __syncthreads();
 
-  const bool direct_qk = a.dq_out.p != nullptr;
-  // Element (row r, column d) offsets of the user's dq / dk (direct) or the accumulators (GVA).
-  auto qk_off = [&](const View& o, int r, int d) { return off4(o, ci.b, ci.t0 + r, head, d); };
-  auto acc_off = [&](int r, int d) { return ((row0 + r) * a.H + head) * a.K + d; };
-  // The pair (r, d), (r, d + 1) (d even) of a direct dq / dk view as one 32-bit word of two T (pairs_ok
-  // views), else element by element; rows >= L are never touched.
-  auto load_qk_pair = [&](const View& o, bool pairs, int r, int d) -> uint32_t {
-    if (r >= L) return 0u;
-    const int64_t at = qk_off(o, r, d);
-    if (pairs) return *reinterpret_cast<const uint32_t*>(static_cast<const T*>(o.p) + at);
-    return mma::pack_floats<T>(load_elem<T>(o, at), load_elem<T>(o, at + o.s3));
+  // The pair (r, d), (r, d + 1) (d even) of the user's dq / dk as one 32-bit word of two T (rows of
+  // those views: two row pointers per thread, rows r0 and r0 + 8); rows >= L are never touched.
+  T* const dq_row[2] = {static_cast<T*>(a.dq_out.p) + off3(a.dq_out, ci.b, ci.t0 + r0, head),
+                        static_cast<T*>(a.dq_out.p) + off3(a.dq_out, ci.b, ci.t0 + r0 + 8, head)};
+  T* const dk_row[2] = {static_cast<T*>(a.dk_out.p) + off3(a.dk_out, ci.b, ci.t0 + r0, head),
+                        static_cast<T*>(a.dk_out.p) + off3(a.dk_out, ci.b, ci.t0 + r0 + 8, head)};
+  auto load_pair = [&](T* const (&rows)[2], int h, int d) -> uint32_t {
+    return r0 + 8 * h < L ? *reinterpret_cast<const uint32_t*>(rows[h] + d) : 0u;
   };
-  auto store_qk_pair = [&](const View& o, bool pairs, int r, int d, float x0, float x1) {
-    const int64_t at = qk_off(o, r, d);
-    if (pairs) {
-      *reinterpret_cast<uint32_t*>(static_cast<T*>(o.p) + at) = mma::pack_floats<T>(x0, x1);
-    } else {
-      store_elem<T>(o, at, x0);
-      store_elem<T>(o, at + o.s3, x1);
-    }
+  auto store_pair = [&](T* const (&rows)[2], int h, int d, float x0, float x1) {
+    *reinterpret_cast<uint32_t*>(rows[h] + d) = mma::pack_floats<T>(x0, x1);
   };
-  const bool q_pairs = direct_qk && pairs_ok(a.dq_out), k_pairs = direct_qk && pairs_ok(a.dk_out);
   // ---- S3a: dq_i += (sum_j S_ij k_raw_j) / rq_i (S_ij = 0 for j > i: chunk steps kq <= rs); with
   // direct outputs plus B2a's state part (read back), and this K half's share of <q_raw_i, dq_i>.
   float dq[NKH][4];
@@ -730,11 +673,10 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
     // B2a's state part of the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig + {0, 1}),
     // in flight during the products.
     uint32_t dqs[NKH][2];
-    if (direct_qk)
 #pragma unroll
-      for (int nt = 0; nt < NKH; ++nt)
+    for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) dqs[nt][h] = load_qk_pair(a.dq_out, q_pairs, r0 + 8 * h, d0 + 8 * nt + 2 * tig);
+      for (int h = 0; h < 2; ++h) dqs[nt][h] = load_pair(dq_row, h, d0 + 8 * nt + 2 * tig);
     mma::zero_acc(dq);
     for (int kq = 0; kq <= rs; ++kq) {
       uint32_t sh[4], sl[4], bk[NKH / 2][4];
@@ -754,26 +696,20 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
-        dq[nt][e] *= f[e >> 1];
-        if (direct_qk) {
-          float s0, s1;
-          mma::unpack_floats<T>(dqs[nt][e >> 1], s0, s1);
-          dq[nt][e] += (e & 1) ? s1 : s0;
-          dot[e >> 1] += to_f<T>(sm.q[r * LDK + d]) * dq[nt][e];
-        } else if (r < L) {
-          atomicAdd(a.dq_acc + acc_off(r, d), dq[nt][e]);
-        }
+        float s0, s1;
+        mma::unpack_floats<T>(dqs[nt][e >> 1], s0, s1);
+        dq[nt][e] = dq[nt][e] * f[e >> 1] + ((e & 1) ? s1 : s0);
+        dot[e >> 1] += to_f<T>(sm.q[r * LDK + d]) * dq[nt][e];
       }
-    if (direct_qk)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float x = mma::quad_sum(dot[h]);
-        if (tig == 0) sm.part[(8 + hf) * C + r0 + 8 * h] = x;
-      }
+    for (int h = 0; h < 2; ++h) {
+      const float x = mma::quad_sum(dot[h]);
+      if (tig == 0) sm.part[(8 + hf) * C + r0 + 8 * h] = x;
+    }
   }
   __syncthreads();  // dq's dot shares complete; S is still read below (S3b), tmp waits for the next barrier
   // dq through the L2-norm backward: dx = rstd (dy - xn <xn, dy>), xn = x_raw rstd (dx = dy without it).
-  if (direct_qk) {
+  {
     float rstd[2], dotn[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -793,7 +729,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
             const float g = dq[nt][2 * h + p];
             dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.q[r * LDK + d + p])) : g;
           }
-          store_qk_pair(a.dq_out, q_pairs, r, d, dx[0], dx[1]);
+          store_pair(dq_row, h, d, dx[0], dx[1]);
         }
       }
   }
@@ -976,32 +912,25 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
     float dot[2] = {0.f, 0.f};
     // B2a's state part of dk (as dqs above; loaded after the products: no registers left during them).
     uint32_t dks[NKH][2];
-    if (direct_qk)
 #pragma unroll
-      for (int nt = 0; nt < NKH; ++nt)
+    for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) dks[nt][h] = load_qk_pair(a.dk_out, k_pairs, r0 + 8 * h, d0 + 8 * nt + 2 * tig);
+      for (int h = 0; h < 2; ++h) dks[nt][h] = load_pair(dk_row, h, d0 + 8 * nt + 2 * tig);
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
-        dkr[nt][e] += acc[nt][e] * irk[e >> 1];
-        if (direct_qk) {
-          float s0, s1;
-          mma::unpack_floats<T>(dks[nt][e >> 1], s0, s1);
-          dkr[nt][e] += (e & 1) ? s1 : s0;
-          dot[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * dkr[nt][e];
-        } else if (r < L) {
-          atomicAdd(a.dk_acc + acc_off(r, d), dkr[nt][e]);
-        }
+        float s0, s1;
+        mma::unpack_floats<T>(dks[nt][e >> 1], s0, s1);
+        dkr[nt][e] += acc[nt][e] * irk[e >> 1] + ((e & 1) ? s1 : s0);
+        dot[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * dkr[nt][e];
       }
-    if (direct_qk)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float x = mma::quad_sum(dot[h]);
-        if (tig == 0) sm.part[(10 + hf) * C + r0 + 8 * h] = x;
-      }
+    for (int h = 0; h < 2; ++h) {
+      const float x = mma::quad_sum(dot[h]);
+      if (tig == 0) sm.part[(10 + hf) * C + r0 + 8 * h] = x;
+    }
   }
   // The row-role sums: quad sums (the 4 lanes of a row) and column sums (the 8 lanes of a column) into
   // their fixed slots, then dG and dbeta per row in a fixed order (no float atomics).
@@ -1021,7 +950,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
       if (grp == 0) sm.part[(4 + rs) * C + 32 * hf + 8 * nt + 2 * tig + q2] = g;
     }
   __syncthreads();
-  if (direct_qk) {  // dk through the L2-norm backward (as dq above)
+  {  // dk through the L2-norm backward (as dq above)
     float rstd[2], dotn[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1041,7 +970,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
             const float g = dkr[nt][2 * h + p];
             dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.k[r * LDK + d + p])) : g;
           }
-          store_qk_pair(a.dk_out, k_pairs, r, d, dx[0], dx[1]);
+          store_pair(dk_row, h, d, dx[0], dx[1]);
         }
       }
   }

@@ -258,9 +258,19 @@ void launch_grads_split(const ChunkedArgs& a, cudaStream_t s) {
   chunk_grads_local_kernel<T, KMAX><<<grid, 256, bytes_b, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
-// Whether the split B2 can run these arguments (see split_grads_wanted).
+// Whether the split B2 can run these arguments (see split_grads_wanted): 16-bit intermediates, direct
+// outputs with H == HV (dq_out), V >= K, dG_state with a gate, and every view it reads or writes by
+// rows of 16-byte pieces (unit inner stride, 16-byte aligned base and strides: its kernels carry no
+// element-by-element fallbacks; the fused B2 takes the rest).
+inline bool rows_vectorizable_host(const View& x) {
+  return (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 && x.s3 == 1 && x.s0 % 8 == 0 && x.s1 % 8 == 0 &&
+         x.s2 % 8 == 0;
+}
 inline bool split_grads_applies(const ChunkedArgs& a) {
-  return a.h16 && a.dv_out.p && a.V >= a.K && (!a.g.p || a.dG_state) && split_grads_wanted();
+  if (!(a.h16 && a.dv_out.p && a.dq_out.p && a.dk_out.p && a.V >= a.K && (!a.g.p || a.dG_state))) return false;
+  for (const View* x : {&a.q, &a.k, &a.v, &a.dout, &a.dv_out, &a.dq_out, &a.dk_out})
+    if (!rows_vectorizable_host(*x)) return false;
+  return split_grads_wanted();
 }
 template <typename T, int KMAX>
 void launch_grads_mma(const ChunkedArgs& a, cudaStream_t s) {

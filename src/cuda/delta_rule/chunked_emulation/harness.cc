@@ -239,9 +239,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 4>(a); });
   else if (v8_b2)
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 8>(a); }, 256);
-  else if (half == 3 && direct && V >= K && dr::split_grads_wanted()) {
-    // The split B2 (session 7, the launcher's default here; FLASHGRAD_CHUNKED_B2=fused: the fused one).
-    // B2a passes dw to B2b in dv's first K columns and dG's state terms in dG_state.
+  else if (half == 3 && direct_qk && V >= K && dr::split_grads_wanted()) {
+    // The split B2 (session 7, opt-in: FLASHGRAD_CHUNKED_B2=split; H == HV and V >= K, as the launcher;
+    // the harness's views are contiguous). B2a passes dw to B2b in dv's first K columns and dG's
+    // state terms in dG_state.
     if (gate) a.dG_state = (float*)bdGs.p();
     launch(NC, HV, 1, [&] { dr::chunk_grads_state_kernel<TT, KM>(a); }, 256);
     launch(NC, HV, 1, [&] { dr::chunk_grads_local_kernel<TT, KM>(a); }, 256);
