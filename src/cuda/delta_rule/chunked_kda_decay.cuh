@@ -73,71 +73,6 @@ constexpr int64_t kda_decay_stage_bytes() {
   return static_cast<int64_t>(sizeof(T)) * 2 * (16 + 48) * (KMAX + 8);
 }
 
-// The diagonal 16 x 16 blocks of stage 1's M and P (kda_decayed_mp's contract, below) by 8-row
-// halves (session 6): pairs inside a half in fp32, one exp per (i, j, d), shared by M and P
-// (kda_decayed_in_half_pairs, a thread per pair); the 8 x 8 quadrant between the halves on tensor
-// cores through the upper half's first row (kda_decayed_half_quadrant). Each writes only its part
-// of the diagonal blocks of `out` (no barrier); the caller barriers before reading them. The
-// compact stage 1 (chunked_kda_prepare_compact.cuh) calls the quadrant with its own in-half pass.
-template <typename T, int KMAX, typename QF, typename KF>
-__device__ __forceinline__ void kda_decayed_in_half_pairs(QF&& q, KF&& k, const float* G, int ldg, float* out,
-                                                          int ldo) {
-  const int tid = threadIdx.x;
-  // Diagonal blocks by 8-row halves. Pairs inside a half (2 x 36 per block, 288 in all: 2.25
-  // per thread instead of 4.25): fp32, one exp per term; pair p of a half is row a, column
-  // c = p - a (a + 1) / 2.
-  for (int pr = tid; pr < 4 * 72; pr += kChunkThreads) {
-    const int blk = pr / 72, hh = (pr % 72) / 36, p = pr % 36;
-    int a = static_cast<int>((sqrtf(8.f * p + 1.f) - 1.f) * 0.5f);
-    while ((a + 1) * (a + 2) / 2 <= p) ++a;  // float rounding of the root
-    while (a * (a + 1) / 2 > p) --a;
-    const int i = 16 * blk + 8 * hh + a, j = 16 * blk + 8 * hh + p - a * (a + 1) / 2;
-    float m = 0.f, pq = 0.f;
-    for (int d = 0; d < KMAX; ++d) {
-      const float kj = k(j, d) * decay_exp(G[i * ldg + d] - G[j * ldg + d]);
-      m += k(i, d) * kj;
-      pq += q(i, d) * kj;
-    }
-    if (j < i) out[i * ldo + j] = m;
-    out[j * ldo + i] = pq;
-  }
-}
-template <typename T, int KMAX, typename QF, typename KF>
-__device__ __forceinline__ void kda_decayed_half_quadrant(QF&& q, KF&& k, const float* G, int ldg, float* out,
-                                                          int ldo) {
-  const int wp = threadIdx.x / 32;
-  // The 8 x 8 quadrant (rows i in the upper half, columns j in the lower one) of block wp, through
-  // its upper half's first row m (j < m <= i, both factors <= 1) as one 16 x 8 tensor-core tile:
-  // A rows a < 8: k_{m+a} o exp(G_{m+a} - G_m), rows 8 + a: q_{m+a} o exp(..); B column jj:
-  // k_{16 wp + jj} o exp(G_m - G_{16 wp + jj}); formed in registers (split hi + lo), so the tile
-  // holds M (rows < 8) and P (rows >= 8) of the quadrant.
-  {
-    const int j0 = 16 * wp, m = j0 + 8;
-    float acc[1][4] = {};
-    kda_mma::warp_fp32_product<T, 1>(
-        [&](int row, int d) {
-          const int i = m + (row & 7);
-          return (row < 8 ? k(i, d) : q(i, d)) * decay_exp(G[i * ldg + d] - G[m * ldg + d]);
-        },
-        [&](int d, int jj) { return k(j0 + jj, d) * decay_exp(G[m * ldg + d] - G[(j0 + jj) * ldg + d]); }, 0, 0,
-        0, KMAX, acc);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = mma::acc_row(e), j = j0 + mma::acc_col(e), i = m + (row & 7);
-      if (row < 8)
-        out[i * ldo + j] = acc[0][e];
-      else
-        out[j * ldo + i] = acc[0][e];
-    }
-  }
-}
-template <typename T, int KMAX, typename QF, typename KF>
-__device__ __forceinline__ void kda_decayed_diagonal_halves(QF&& q, KF&& k, const float* G, int ldg, float* out,
-                                                            int ldo) {
-  kda_decayed_in_half_pairs<T, KMAX>(q, k, G, ldg, out, ldo);
-  kda_decayed_half_quadrant<T, KMAX>(q, k, G, ldg, out, ldo);
-}
-
 // Stage 1's two decayed products of one chunk into one 64 x 64 array `out` (leading dimension
 // ldo, shared memory):
 //   M_ij = sum_d k_id k_jd exp(G_id - G_jd)  (j < i)   at out[i][j]   (the strict lower triangle)
@@ -166,7 +101,48 @@ __device__ __forceinline__ void kda_decayed_mp(QF&& q, KF&& k, const float* G, i
   T* yl = yh + 48 * LDS;
   const int tid = threadIdx.x, wp = tid / 32;
   if constexpr (kHalves) {
-    kda_decayed_diagonal_halves<T, KMAX>(q, k, G, ldg, out, ldo);
+    // Diagonal blocks by 8-row halves. Pairs inside a half (2 x 36 per block, 288 in all: 2.25
+    // per thread instead of 4.25): fp32, one exp per term; pair p of a half is row a, column
+    // c = p - a (a + 1) / 2.
+    for (int pr = tid; pr < 4 * 72; pr += kChunkThreads) {
+      const int blk = pr / 72, hh = (pr % 72) / 36, p = pr % 36;
+      int a = static_cast<int>((sqrtf(8.f * p + 1.f) - 1.f) * 0.5f);
+      while ((a + 1) * (a + 2) / 2 <= p) ++a;  // float rounding of the root
+      while (a * (a + 1) / 2 > p) --a;
+      const int i = 16 * blk + 8 * hh + a, j = 16 * blk + 8 * hh + p - a * (a + 1) / 2;
+      float m = 0.f, pq = 0.f;
+      for (int d = 0; d < KMAX; ++d) {
+        const float kj = k(j, d) * decay_exp(G[i * ldg + d] - G[j * ldg + d]);
+        m += k(i, d) * kj;
+        pq += q(i, d) * kj;
+      }
+      if (j < i) out[i * ldo + j] = m;
+      out[j * ldo + i] = pq;
+    }
+    // The 8 x 8 quadrant (rows i in the upper half, columns j in the lower one) of block wp, through
+    // its upper half's first row m (j < m <= i, both factors <= 1) as one 16 x 8 tensor-core tile:
+    // A rows a < 8: k_{m+a} o exp(G_{m+a} - G_m), rows 8 + a: q_{m+a} o exp(..); B column jj:
+    // k_{16 wp + jj} o exp(G_m - G_{16 wp + jj}); formed in registers (split hi + lo), so the tile
+    // holds M (rows < 8) and P (rows >= 8) of the quadrant.
+    {
+      const int j0 = 16 * wp, m = j0 + 8;
+      float acc[1][4] = {};
+      kda_mma::warp_fp32_product<T, 1>(
+          [&](int row, int d) {
+            const int i = m + (row & 7);
+            return (row < 8 ? k(i, d) : q(i, d)) * decay_exp(G[i * ldg + d] - G[m * ldg + d]);
+          },
+          [&](int d, int jj) { return k(j0 + jj, d) * decay_exp(G[m * ldg + d] - G[(j0 + jj) * ldg + d]); }, 0, 0,
+          0, KMAX, acc);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = mma::acc_row(e), j = j0 + mma::acc_col(e), i = m + (row & 7);
+        if (row < 8)
+          out[i * ldo + j] = acc[0][e];
+        else
+          out[j * ldo + i] = acc[0][e];
+      }
+    }
   } else {
     // Lower triangles (with the diagonal) of the four diagonal blocks: 4 x 136 (i, j) pairs, one per
     // thread and pass (all lanes busy); pair p of a block is row a, column c = p - a (a + 1) / 2.

@@ -16,7 +16,10 @@
 //     summed in registers (kda_cumulative_gate_registers); v's first 64 columns are
 //     loaded into registers before the inverse, each later piece during the previous product;
 //   - the diagonal blocks' in-half pairs run by warp and channel with register sums and one
-//     reduce-scatter (kda_decayed_in_half_lanes) instead of a 128-term dependent chain per pair;
+//     reduce-scatter (kda_decayed_in_half_lanes) instead of a 128-term dependent chain per pair,
+//     their decays as products of the rows' factors (7 exps per channel and half instead of 28);
+//   - the gate and v loads bump row pointers (no per-row 64-bit products) and skip the row
+//     predicates in whole chunks; w and u are stored as element pairs from per-row offsets;
 //   - w and u are balanced over the warps (lower_times_split_balanced: 5 block products each
 //     instead of 1 .. 4 by row block).
 // One block of 128 threads per (chunk, value head), as the wide kernel. FLASHGRAD_CHUNKED_KDA_PREPARE
@@ -94,21 +97,26 @@ __device__ __forceinline__ void reduce_scatter_level(float (&v)[64], int lane) {
   }
 }
 
-// The in-half pairs of stage 1's diagonal blocks (kda_decayed_in_half_pairs' contract,
-// chunked_kda_decay.cuh: fp32, one exp per (i, j, d) shared by M and P), by warp and channel
-// instead of a thread per pair (whose 128-term chains of dependent FMAs on scalar shared loads
-// left 2.25 pairs per thread, 3 on warp 0): unit u = rows [8 u, 8 u + 8) (block u / 2, half
-// u % 2), units wp and wp + 4 per warp; lane l takes channels d = l + 32 s, loads the half's 8
-// G, k and q values of d once and adds every term into 64 register sums:
+// The in-half pairs of stage 1's diagonal blocks (kda_decayed_mp's contract and its kHalves
+// split, chunked_kda_decay.cuh: fp32, M and P sharing each decay), by warp and channel instead of a
+// thread per pair (whose 128-term chains of dependent FMAs on scalar shared loads left 2.25 pairs
+// per thread, 3 on warp 0): unit u = rows [8 u, 8 u + 8) (block u / 2, half u % 2), units wp and
+// wp + 4 per warp; lane l takes the channel pairs d = 2 l + 64 s, d + 1 (one float2 of G and one
+// 32-bit word of k and of q per row and pair), and adds every term of the half into 64 register
+// sums:
 //   v[a (a + 1) / 2 + c]       += q_a k_c e^(G_a - G_c)   (P, the 36 pairs c <= a)
 //   v[36 + a (a - 1) / 2 + c]  += k_a k_c e^(G_a - G_c)   (M, the 28 pairs c < a)
-// (a, c: rows of the half). The sums over the lanes are a reduce-scatter (5 shuffle levels: at
-// level n the lanes with bit 4 - n set keep the upper half of the remaining values and add their
-// partner's), after which lane l holds the totals of v[2 l] and v[2 l + 1]. No barrier.
-template <int KMAX, typename QF, typename KF>
-__device__ __forceinline__ void kda_decayed_in_half_lanes(QF&& q, KF&& k, const float* G, int ldg, float* out,
-                                                          int ldo) {
-  static_assert(KMAX % 32 == 0, "whole channel passes");
+// (a, c: rows of the half; q, k the 16-bit input values: the rows' L2-norm factors qrs / krs
+// multiply the totals). The decays are products of the rows' factors f_t = e^(G_t - G_{t-1}),
+// t = c + 1 .. a: 7 exps per channel instead of 28, and no product can overflow (every factor
+// <= 1; underflow only where the true decay does). The sums over the lanes are a reduce-scatter
+// (5 shuffle levels: at level n the lanes with bit 4 - n set keep the upper half of the remaining
+// values and add their partner's), after which lane l holds the totals of v[2 l] and v[2 l + 1].
+// kraw / qraw(r, d) return the raw pair (x(r, d), x(r, d + 1)) for even d. No barrier.
+template <int KMAX, typename QP, typename KP>
+__device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, const float* qrs, const float* krs,
+                                                          const float* G, int ldg, float* out, int ldo) {
+  static_assert(KMAX % 64 == 0, "whole channel-pair passes");
   const int wp = threadIdx.x / 32, lane = threadIdx.x & 31;
 #pragma unroll 1
   for (int u = wp; u < 8; u += 4) {
@@ -117,19 +125,33 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QF&& q, KF&& k, const 
 #pragma unroll
     for (int i = 0; i < 64; ++i) v[i] = 0.f;
 #pragma unroll 1
-    for (int s = 0; s < KMAX / 32; ++s) {
-      const int d = lane + 32 * s;
-      float gg[8], kk[8], qq[8];
+    for (int s = 0; s < KMAX / 64; ++s) {
+      const int d = 2 * lane + 64 * s;
+      float2 gg[8], kk[8], qq[8];
 #pragma unroll
-      for (int a = 0; a < 8; ++a) gg[a] = G[(r0 + a) * ldg + d], kk[a] = k(r0 + a, d), qq[a] = q(r0 + a, d);
+      for (int a = 0; a < 8; ++a) {
+        gg[a] = *reinterpret_cast<const float2*>(&G[(r0 + a) * ldg + d]);
+        kk[a] = kraw(r0 + a, d);
+        qq[a] = qraw(r0 + a, d);
+      }
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
+      for (int ch = 0; ch < 2; ++ch) {
+        auto pick = [ch](const float2& x) { return ch == 0 ? x.x : x.y; };
+        float f[8];
 #pragma unroll
-        for (int a = c; a < 8; ++a) {
-          const float kc = a == c ? kk[c] : kk[c] * decay_exp(gg[a] - gg[c]);  // e^0 = 1 exactly
-          v[a * (a + 1) / 2 + c] += qq[a] * kc;
-          if (a > c) v[36 + a * (a - 1) / 2 + c] += kk[a] * kc;
+        for (int t = 1; t < 8; ++t) f[t] = decay_exp(pick(gg[t]) - pick(gg[t - 1]));
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          float e = 1.f;
+#pragma unroll
+          for (int a = c; a < 8; ++a) {
+            e = a == c ? 1.f : (a == c + 1 ? f[a] : e * f[a]);
+            const float kc = a == c ? pick(kk[c]) : pick(kk[c]) * e;
+            v[a * (a + 1) / 2 + c] += pick(qq[a]) * kc;
+            if (a > c) v[36 + a * (a - 1) / 2 + c] += pick(kk[a]) * kc;
+          }
         }
+      }
     }
     reduce_scatter_level<32>(v, lane);
     reduce_scatter_level<16>(v, lane);
@@ -142,16 +164,62 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QF&& q, KF&& k, const 
       if (idx < 36) {  // P_{r0 + a, r0 + c} at out[r0 + c][r0 + a]
         int a = 0;
         while ((a + 1) * (a + 2) / 2 <= idx) ++a;
-        out[(r0 + idx - a * (a + 1) / 2) * ldo + r0 + a] = v[h];
+        const int c = idx - a * (a + 1) / 2;
+        out[(r0 + c) * ldo + r0 + a] = v[h] * qrs[r0 + a] * krs[r0 + c];
       } else {  // M_{r0 + a, r0 + c} at out[r0 + a][r0 + c]
         const int t = idx - 36;
         int a = 1;
         while ((a + 1) * a / 2 <= t) ++a;
-        out[(r0 + a) * ldo + r0 + t - a * (a - 1) / 2] = v[h];
+        const int c = t - a * (a - 1) / 2;
+        out[(r0 + a) * ldo + r0 + c] = v[h] * krs[r0 + a] * krs[r0 + c];
       }
     }
   }
 }
+
+// The 8 x 8 quadrant between the halves of diagonal block wp (as kda_decayed_mp's kHalves
+// quadrant, chunked_kda_decay.cuh: rows i = m + a of the upper half, m = 16 wp + 8,
+// columns j = 16 wp + jj of the lower one, through the reference row m, one 16 x 8 mma tile with k
+// rows 0 - 7 and q rows 8 - 15), its fragments from pairs: a lane's two A rows are k and q of the
+// same row i, so they share their exps; G as float2, q / k as 32-bit words (kpair / qpair as in
+// kda_decayed_offdiag_registers). No barrier.
+template <typename T, int KMAX, typename QP, typename KP>
+__device__ __forceinline__ void kda_decayed_quadrant_pairs(QP&& qpair, KP&& kpair, const float* G, int ldg,
+                                                           float* out, int ldo) {
+  const int wp = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
+  const int j0 = 16 * wp, m = j0 + 8, i = m + g, j = j0 + g;  // this lane's A row (k, q) and B column
+  auto g2 = [&](int r, int d) { return *reinterpret_cast<const float2*>(&G[r * ldg + d]); };
+  float acc[4] = {};
+#pragma unroll 2
+  for (int kk = 0; kk < KMAX; kk += 16) {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // columns d, d + 1: A registers 2h (k row i), 2h + 1 (q row i); B register h
+      const int d = kk + t2 + 8 * h;
+      const float2 gi = g2(i, d), gm = g2(m, d), gj = g2(j, d), ki = kpair(i, d), qi = qpair(i, d), kj = kpair(j, d);
+      const float e0 = decay_exp(gi.x - gm.x), e1 = decay_exp(gi.y - gm.y);
+      mma::split_pair<T>(ki.x * e0, ki.y * e1, ah[2 * h], al[2 * h]);
+      mma::split_pair<T>(qi.x * e0, qi.y * e1, ah[2 * h + 1], al[2 * h + 1]);
+      mma::split_pair<T>(kj.x * decay_exp(gm.x - gj.x), kj.y * decay_exp(gm.y - gj.y), bh[h], bl[h]);
+    }
+    mma::mma16816<T>(acc, ah, bh);
+    mma::mma16816<T>(acc, al, bh);
+    mma::mma16816<T>(acc, ah, bl);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // rows < 8: M_{m + row, j}; rows >= 8: P_{m + row - 8, j} at out[j][..]
+    const int row = mma::acc_row(e), jj = j0 + mma::acc_col(e), ii = m + (row & 7);
+    if (row < 8)
+      out[ii * ldo + jj] = acc[e];
+    else
+      out[jj * ldo + ii] = acc[e];
+  }
+}
+
+// A float or 16-bit element as float (the loaders below are written once for both storage types).
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return to_f<__nv_bfloat16>(x); }
+__device__ __forceinline__ float to_f32(__half x) { return to_f<__half>(x); }
 
 // kda_load_cumulative_gate's contract (chunked_kda_decay.cuh: G[r * ldg + d] = g_0d + .. + g_rd
 // for r < 64, rows >= L summing zeros; G_out rows < L written) without the trip through shared
@@ -165,17 +233,41 @@ __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, con
   static_assert(KMAX <= kChunkThreads, "a thread per channel");
   const int d = threadIdx.x;
   if (d >= KMAX) return;
-  const int64_t g0 = off4(g, ci.b, ci.t0, hv, 0) + d;  // row r: + r * s1
+  // Row pointers bumped by the row strides, and no per-row predicates in whole chunks (L = 64, the
+  // common case): base + r * s1 under a row predicate cost ~10 integer instructions per row in SASS.
+  const int64_t s1 = g.s1, so = HV * KMAX;
+  const int L = ci.len;
   float x[kChunkSize];
+  auto load = [&](auto* p) {  // p: this channel's element of row 0 (float or T)
+    if (L == kChunkSize) {
 #pragma unroll
-  for (int r = 0; r < kChunkSize; ++r) x[r] = r < ci.len ? load_elem<T>(g, g0 + r * g.s1) : 0.f;
-  float* out0 = G_out + (row0 * HV + hv) * KMAX + d;  // row r: + r * HV KMAX
+      for (int r = 0; r < kChunkSize; ++r, p += s1) x[r] = to_f32(*p);
+    } else {
+#pragma unroll
+      for (int r = 0; r < kChunkSize; ++r, p += s1) x[r] = r < L ? to_f32(*p) : 0.f;
+    }
+  };
+  const int64_t e0 = off4(g, ci.b, ci.t0, hv, 0) + d;
+  if (g.f32)  // (load_elem's dtype test, once instead of per row)
+    load(static_cast<const float*>(g.p) + e0);
+  else
+    load(static_cast<const T*>(g.p) + e0);
+  float* o = G_out + (row0 * HV + hv) * KMAX + d;  // row r: + r * HV KMAX
   float acc = 0.f;
+  if (L == kChunkSize) {
 #pragma unroll
-  for (int r = 0; r < kChunkSize; ++r) {
-    acc += x[r];
-    G[r * ldg + d] = acc;
-    if (r < ci.len) out0[r * HV * KMAX] = acc;
+    for (int r = 0; r < kChunkSize; ++r, o += so) {
+      acc += x[r];
+      G[r * ldg + d] = acc;
+      *o = acc;
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kChunkSize; ++r, o += so) {
+      acc += x[r];
+      G[r * ldg + d] = acc;
+      if (r < L) *o = acc;
+    }
   }
 }
 
@@ -315,36 +407,49 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   }
   __syncthreads();
 
-  // x(i, d) = input value * row factor: the fp32 values the wide kernel kept (k / q normalized).
+  // Element pairs (d, d + 1), d even, of the rows: raw input values, and times the row factor
+  // (kp, qp: the fp32 values the wide kernel kept, k / q normalized).
   const float* krs = sm.rstd;
   const float* qrs = sm.rstd + C;
-  auto kx = [&](int r, int d) { return to_f<T>(sm.k[r * LDK + d]) * krs[r]; };
-  auto qx = [&](int r, int d) { return to_f<T>(sm.q[r * LDK + d]) * qrs[r]; };
-  auto pair_of = [](const T* X, float s) {
+  auto raw_pair = [](const T* X) {
     float x0, x1;
     mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(X), x0, x1);
-    return make_float2(x0 * s, x1 * s);
+    return make_float2(x0, x1);
   };
-  auto kp = [&](int r, int d) { return pair_of(&sm.k[r * LDK + d], krs[r]); };
-  auto qp = [&](int r, int d) { return pair_of(&sm.q[r * LDK + d], qrs[r]); };
+  auto scaled = [](float2 x, float s) { return make_float2(x.x * s, x.y * s); };
+  auto kp = [&](int r, int d) { return scaled(raw_pair(&sm.k[r * LDK + d]), krs[r]); };
+  auto qp = [&](int r, int d) { return scaled(raw_pair(&sm.q[r * LDK + d]), qrs[r]); };
 
   // M (strict lower triangle of sm.M) and P^T (its upper triangle and diagonal): the diagonal
-  // blocks as the wide kernel, the rest from register fragments (disjoint tiles: no barrier
-  // between them). Then M = diag(beta) M with rows past L zero.
-  kda_decayed_in_half_lanes<KMAX>(qx, kx, sm.G, LDG, sm.M, LDM);
-  kda_decayed_half_quadrant<T, KMAX>(qx, kx, sm.G, LDG, sm.M, LDM);
+  // blocks' in-half pairs in fp32, their quadrants and the off-diagonal tiles on tensor cores from
+  // register fragments (disjoint parts of sm.M: no barrier between them). Then M = diag(beta) M
+  // with rows past L zero.
+  kda_decayed_in_half_lanes<KMAX>([&](int r, int d) { return raw_pair(&sm.q[r * LDK + d]); },
+                                  [&](int r, int d) { return raw_pair(&sm.k[r * LDK + d]); }, qrs, krs, sm.G, LDG,
+                                  sm.M, LDM);
+  kda_decayed_quadrant_pairs<T, KMAX>(qp, kp, sm.G, LDG, sm.M, LDM);
   kda_decayed_offdiag_registers<T, KMAX>(qp, kp, sm.G, LDG, sm.M, LDM);
   __syncthreads();
   // The first 64 columns of v into registers (u's first piece), in flight during the inverse.
-  constexpr int kVPer = C * 64 / kChunkThreads;  // element e = tid + 128 m: row e / 64, column e % 64
-  const int64_t v0 = off4(a.v, ci.b, ci.t0, hv, 0);  // v row r: + r * s1
+  // Element e = tid + 128 m of a piece: row tid / 64 + 2 m, column tid % 64 (pointer bumped by two
+  // rows per m, as the gate's rows).
+  constexpr int kVPer = C * 64 / kChunkThreads;
+  const int64_t v_elem0 = off4(a.v, ci.b, ci.t0, hv, 0) + (tid / 64) * a.v.s1 + tid % 64, v_step = 2 * a.v.s1;
   float vv[kVPer];
   auto fetch_v = [&](int c0) {
+    auto rows = [&](auto* p) {  // p: this thread's element of the piece's first row pair
+      if (L == C) {  // whole chunk: no row predicates
 #pragma unroll
-    for (int m = 0; m < kVPer; ++m) {
-      const int r = (tid + kChunkThreads * m) / 64, col = (tid + kChunkThreads * m) % 64;
-      vv[m] = r < L ? load_elem<T>(a.v, v0 + r * a.v.s1 + c0 + col) : 0.f;
-    }
+        for (int m = 0; m < kVPer; ++m, p += v_step) vv[m] = to_f32(*p);
+      } else {
+#pragma unroll
+        for (int m = 0; m < kVPer; ++m, p += v_step) vv[m] = tid / 64 + 2 * m < L ? to_f32(*p) : 0.f;
+      }
+    };
+    if (a.v.f32)
+      rows(static_cast<const float*>(a.v.p) + v_elem0 + c0);
+    else
+      rows(static_cast<const T*>(a.v.p) + v_elem0 + c0);
   };
   fetch_v(0);
   for (int e = tid; e < C * C; e += kChunkThreads) {
@@ -381,25 +486,30 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   }
   __syncthreads();  // G is free
 
-  // Stores of a balanced product's tiles (lower_times_split_balanced's row blocks and columns).
+  // Stores of a balanced product's tiles (lower_times_split_balanced's row blocks and columns):
+  // put2(offset, x0, x1) for the element pairs (row i, columns c, c + 1) of this lane, offset =
+  // i * row_stride + c (the row offsets formed once per row, not per element).
   const int p = wp / 2, half = wp % 2;
-  auto for_each_out = [&](auto&& acc, int nth, auto&& put) {
+  auto for_each_out = [&](auto&& acc, int nth, int64_t row_stride, auto&& put2) {
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int nt = 0; nt < nth; ++nt)
+      for (int hr = 0; hr < 2; ++hr) {  // accumulator rows grp (e = 0, 1) and grp + 8 (e = 2, 3)
+        const int i = 16 * (b == 0 ? p : 3 - p) + mma::grp() + 8 * hr;
+        if (i >= L) continue;
+        const int64_t ro = i * row_stride + 8 * half * nth + 2 * mma::tig();
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * (b == 0 ? p : 3 - p) + mma::acc_row(e), col = 8 * (half * nth + nt) + mma::acc_col(e);
-          if (i < L) put(i, col, acc[b][nt][e]);
-        }
+        for (int nt = 0; nt < nth; ++nt) put2(ro + 8 * nt, acc[b][nt][2 * hr], acc[b][nt][2 * hr + 1]);
+      }
   };
-  // w = A wb.
+  // w = A wb (pairs as one 32-bit word: w's rows have an even length K).
   {
     constexpr int NTH = KMAX / 16;
     float acc[2][NTH][4] = {};
     lower_times_split_balanced<T, NTH>(sm.a_hi, sm.a_lo, LDA, sm.wb, sm.wb_lo, LDK, acc);
-    for_each_out(acc, NTH, [&](int i, int d, float x) { w0[i * a.HV * a.K + d] = from_f<T>(x); });
+    for_each_out(acc, NTH, a.HV * a.K, [&](int64_t o, float x0, float x1) {
+      *reinterpret_cast<uint32_t*>(&w0[o]) = mma::pack_floats<T>(x0, x1);
+    });
   }
 
   // u = A (beta v), 64 value columns at a time, the pieces over G; the next piece's v values are
@@ -415,7 +525,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
     if (c0 + 64 < a.V) fetch_v(c0 + 64);
     float acc[2][4][4] = {};
     lower_times_split_balanced<T, 4>(sm.a_hi, sm.a_lo, LDA, sm.ub, sm.ub_lo, LDU, acc);
-    for_each_out(acc, 4, [&](int i, int col, float x) { u0[i * a.HV * a.V + c0 + col] = x; });
+    for_each_out(acc, 4, a.HV * a.V, [&](int64_t o, float x0, float x1) {
+      *reinterpret_cast<float2*>(&u0[o + c0]) = make_float2(x0, x1);
+    });
   }
 }
 
