@@ -66,13 +66,13 @@ void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int KMAX, int WARPS, bool kOutput = false, int KSPLIT = 1>
+template <typename T, int KMAX, int WARPS, bool kOutput = false, int KSPLIT = 1, bool kSingle = false>
 void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
   using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
   constexpr int64_t bytes = S::bytes();
-  set_smem(chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT>, bytes);
+  set_smem(chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT, kSingle>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
-  chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT><<<grid, 32 * WARPS, bytes, s>>>(a);
+  chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT, kSingle><<<grid, 32 * WARPS, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -196,10 +196,14 @@ bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (state and output)", dtype_of<T>(), a);
   if (!fused_output_wanted(a)) return false;
   if (a.num_seqs == 0 || a.HV == 0) return true;
+  // Single-fragment products (chunk_state_kernel's kSingle) unless FLASHGRAD_CHUNKED_FWD_SPLIT=1
+  // (read per call): the hi + lo kernel of session 6, for same-process comparisons.
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_FWD_SPLIT");
+  const bool split = env && std::string(env) == "1";
   if (a.K == 64)
-    launch_state_fixed<T, 64, 8, true>(a, s);
+    split ? launch_state_fixed<T, 64, 8, true, 1, false>(a, s) : launch_state_fixed<T, 64, 8, true, 1, true>(a, s);
   else
-    launch_state_fixed<T, 128, 8, true>(a, s);
+    split ? launch_state_fixed<T, 128, 8, true, 1, false>(a, s) : launch_state_fixed<T, 128, 8, true, 1, true>(a, s);
   return true;
 }
 

@@ -108,13 +108,24 @@ struct StateSmem {
 // share each 16 value columns, warp wp holding key channels [K/2 (wp / groups), +K/2) of h^T; their
 // halves of h^T w^T are summed through shared memory (one more barrier per chunk), the state update
 // splits by channel without exchange. Each warp's mmas per chunk halve.
-template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1>
+// kSingle (the forward's fused kernel by default, session 7): the fp32 operands h^T, v_new^T and
+// scale P enter each product as one T fragment (hi only: round to nearest), not hi + lo, as fla's
+// kernels take h and P in 16 bits: half the mmas on the serial chain. h itself stays in fp32
+// accumulators, so the rounding does not compound over chunks. The backward's stage 2 (unfused)
+// keeps hi + lo. FLASHGRAD_CHUNKED_FWD_SPLIT=1 (chunked_launch_impl.cuh) runs the hi + lo fused
+// kernel instead, to time and compare both in one process.
+#ifndef FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT  // host emulation: -D...=0 checks the hi + lo kernel
+#define FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT 1
+#endif
+template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1,
+          bool kSingle = kOutput && FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) {
   using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
   static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
+  static_assert(!kSingle || kOutput, "single-fragment products: the fused forward only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
@@ -235,7 +246,10 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         for (int e = 0; e < 4; ++e) {
           const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
           const float x = j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
-          store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+          if constexpr (kSingle)
+            sm.P[i * LDP + j] = from_f<T>(x);
+          else
+            store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
         }
       }
       __syncthreads();
@@ -275,7 +289,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
           uint32_t bq[1][4];
           mma::ldmatrix_x4<false>(bq[0], sm.q(s) + (16 * oh + nb_r) * LDK + 16 * ks + nb_c);
           mma::mma_tiles<T, 1>(o, ah, bq);
-          mma::mma_tiles<T, 1>(olo, al, bq);
+          if constexpr (!kSingle) mma::mma_tiles<T, 1>(olo, al, bq);
         }
 #pragma unroll
         for (int i4 = 0; i4 < 2; ++i4) {
@@ -302,7 +316,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       // All hi products, then all lo ones: an mma on the accumulator of the one just issued waits
       // for it, so each accumulator's two mmas are 8 mmas apart.
       mma::mma_tiles<T, 4>(p, ah, b);
-      mma::mma_tiles<T, 4>(p, al, b);
+      if constexpr (!kSingle) mma::mma_tiles<T, 4>(p, al, b);
     }
     if constexpr (KSPLIT == 2) {
       // The two channel halves' sums: each warp parks its own, then adds its partner's (same lane
@@ -352,10 +366,12 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
           mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], vh, vl);
           uint32_t bh[1][4], bl[1][4];
           mma::ldmatrix_x4<false>(bh[0], sm.P + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
-          mma::ldmatrix_x4<false>(bl[0], sm.P_lo + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
-          mma::mma_tiles<T, 1>(o, vh, bh);    // hi hi
-          mma::mma_tiles<T, 1>(olo, vl, bh);  // lo hi
-          mma::mma_tiles<T, 1>(o, vh, bl);    // hi lo
+          mma::mma_tiles<T, 1>(o, vh, bh);  // hi hi
+          if constexpr (!kSingle) {
+            mma::ldmatrix_x4<false>(bl[0], sm.P_lo + (16 * oh + nb_r) * LDP + 16 * js + nb_c);
+            mma::mma_tiles<T, 1>(olo, vl, bh);  // lo hi
+            mma::mma_tiles<T, 1>(o, vh, bl);    // hi lo
+          }
         }
 #pragma unroll
         for (int i4 = 0; i4 < 2; ++i4)
@@ -394,7 +410,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
         for (int q = 0; q < 2; ++q)
           mma::ldmatrix_x4<true>(b[q], sm.k(s) + (16 * js + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
         mma::mma_tiles<T, 2>(hT, ah, b, 2 * np);
-        mma::mma_tiles<T, 2>(hT, al, b, 2 * np);
+        if constexpr (!kSingle) mma::mma_tiles<T, 2>(hT, al, b, 2 * np);
       }
     }
   }
