@@ -1,13 +1,13 @@
-// Chunked backward stage B2 split in two kernels (session 7), opt-in by FLASHGRAD_CHUNKED_B2=split for the
-// 16-bit backward's common case (h, dh, dv_new in T, direct outputs, H == HV, V >= K, views in 16-byte
+// Chunked backward stage B2 split in two kernels (session 7), opt-in by FLASHGRAD_CHUNKED_B2=split (or
+// split1: one item per block, see kItems below) for the 16-bit backward's common case (h, dh, dv_new in T, direct outputs, H == HV, V >= K, views in 16-byte
 // row pieces: split_grads_applies); the one-kernel B2 of chunked_grads_mma.cuh stays the default (run 7.1:
 // the split was slower, docs/perf/delta_rule.md "B2 split (session 7)"). Same notation: X = v_new dh^T,
 // Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...
 //
 // Why: the fused kernel holds one block of 8 warps per SM (211 KiB of shared memory, 232 registers)
 // and is latency-bound (ncu, session 6: issue active 28%, stalls wait / short / long scoreboard).
-// Each kernel here is built for two blocks of 8 warps per SM (__launch_bounds__(256, 2): at most 128
-// registers; at most 113 KiB of shared memory each):
+// Each kernel here is built for 16 warps per SM, 8 per (chunk, value head) item (at most 128 registers,
+// at most 113 KiB of shared memory per item): two blocks of one item, or one block of two (kItems):
 //
 //   B2a, chunk_grads_state_kernel (grid chunks x HV): the products with the states h_c / dh_{c+1},
 //     each over V in 32-column slices, key-role warps as in the fused kernel (warp = 16 key channels,
@@ -79,6 +79,47 @@ struct SplitFrags {
   }
 };
 
+// Block shape: kItems = 1: one (chunk, value head) item per block of 8 warps, two blocks per SM; kItems =
+// 2: the items of value heads 2 y and 2 y + 1 in one block of 16 warps (threads [256 item, +256)), one
+// block per SM. Same warps per SM, but the two items pass the same barriers, so they run the same code
+// at the same time: with two independent blocks, each in its own phase of ~5000 instructions, B2b lost
+// 43% of its issue slots to instruction fetch (run 7.1). Helpers below take the item's thread index.
+//
+// dst[r * ld + 8 p ..] = 16-byte pieces of rows r < 64 (zeros past len) of x[b, t0 + r, idx, 0 .. width).
+template <typename T>
+__device__ __forceinline__ void rows16_async(const View& x, const ChunkInfo& ci, int64_t idx, int width, T* dst,
+                                             int ld, int tid) {
+  const T* src = static_cast<const T*>(x.p);
+  const int P = width / 8;
+  for (int e = tid; e < kChunkSize * P; e += 256) {
+    const int r = e / P, p = e % P;
+    const bool ok = r < ci.len;
+    mma::cp_async16(dst + r * ld + 8 * p, src + off3(x, ci.b, ci.t0 + (ok ? r : 0), idx) + 8 * p, ok);
+  }
+}
+// 1 / sqrt(sum_d x[r][d]^2 + eps) of row r = tid / 4 of a [64][ld] tile of T (four lanes per row, each
+// K / 4 columns; all four return it); 1 without the norm. (tile_row_rstd with the item's thread index.)
+template <typename T, int KMAX>
+__device__ __forceinline__ float row_rstd(const T* tile, int ld, bool l2norm, int tid) {
+  if (!l2norm) return 1.f;
+  constexpr int kPer = KMAX / 4;
+  const T* row = tile + (tid >> 2) * ld + (tid & 3) * kPer;
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; i += 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row + i);
+    const uint32_t x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float lo, hi;
+      mma::unpack_floats<T>(x[j], lo, hi);
+      ss += lo * lo + hi * hi;
+    }
+  }
+  ss = group_sum<4>(ss);
+  return 1.0f / sqrtf(ss + kL2NormEps);
+}
+
 // ---------------------------------------------------------------------------------------------
 // B2a: shared memory. q, k raw (for the rstd and the dG dots), two stages of two 32-column slice
 // tiles (pass 1: do, dv_new; pass 2: v_new in tile 0), three [C][K] staging tiles of the outputs in T
@@ -117,17 +158,18 @@ struct GradsStateSmem {
   }
 };
 
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a) {
+template <typename T, int KMAX, int kItems = 1>
+__global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_state_kernel(ChunkedArgs a) {
   using S = GradsStateSmem<T, KMAX>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDS = S::LDS;
   constexpr int KS = KMAX / 16, CG = 8 / KS, NTV = 8 / CG;  // key strips, column groups, 8-row tiles
   static_assert(KS * CG == 8 && NTV % 2 == 0, "K = 64 or 128 over 8 warps");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  S sm(smem_raw);
-  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
+  S sm(smem_raw + item * S::bytes());
+  const int64_t c = blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
-  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
+  const int L = ci.len, tid = kItems == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x & 255), lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
   // Key role: warp (kst, cgp) owns key rows [16 kst, +16) and chunk rows [n0k, n0k + 8 NTV).
   const int kst = wp % KS, cgp = wp / KS, n0k = cgp * 8 * NTV;
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
@@ -172,8 +214,8 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
   load_state_frag(hc, 16, hr[1]);
   // ---- Prologue: q, k and slice 0 by cp.async; per-row gate factors.
   {
-    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, true, sm.q, LDK);
-    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, true, sm.k, LDK);
+    rows16_async<T>(a.q, ci, head, KMAX, sm.q, LDK, tid);
+    rows16_async<T>(a.k, ci, head, KMAX, sm.k, LDK, tid);
     issue_slice(0, 0, 1);
     if (tid < C) {
       const float g = (a.G && tid < L) ? a.G[(row0 + tid) * HV + hv] : 0.f;
@@ -183,8 +225,8 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_kernel(ChunkedArgs a
     }
     mma::cp_async_wait<0>();
     __syncthreads();
-    const float rq = tile_row_rstd<T, KMAX, THREADS>(sm.q, LDK, a.l2norm);
-    const float rk = tile_row_rstd<T, KMAX, THREADS>(sm.k, LDK, a.l2norm);
+    const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
+    const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
     if ((tid & 3) == 0) {
       sm.rq[tid >> 2] = rq;
       sm.rk[tid >> 2] = rk;
@@ -431,17 +473,18 @@ struct GradsLocalSmem {
   __device__ T* ptile(int m) const { return reinterpret_cast<T*>(region() + m * kPTile); }
 };
 
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a) {
+template <typename T, int KMAX, int kItems = 1>
+__global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_kernel(ChunkedArgs a) {
   using S = GradsLocalSmem<T, KMAX>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
   static_assert(NKH % 2 == 0, "K = 64 or 128");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  S sm(smem_raw);
-  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
+  S sm(smem_raw + item * S::bytes());
+  const int64_t c = blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
-  const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
+  const int L = ci.len, tid = kItems == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x & 255), lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
   // Row role (as the fused kernel): hf = wp / 4, strip rs = wp % 4 (hf = 0) or 3 - wp % 4 (hf = 1), so
   // the two warps of a scheduler (wp, wp + 4) carry ~ equal triangular work.
   const int hf = wp >> 2, rs = hf == 0 ? (wp & 3) : 3 - (wp & 3);
@@ -490,9 +533,9 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
   // ---- Prologue: q, k, dw (B2a's, in dv's first K columns: read here, before pass 1 writes dv) and
   // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta.
   {
-    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, true, sm.q, LDK);
-    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, true, sm.k, LDK);
-    view_rows_async<T, THREADS>(a.dv_out, ci, hv, KMAX, true, sm.dw, LDK);
+    rows16_async<T>(a.q, ci, head, KMAX, sm.q, LDK, tid);
+    rows16_async<T>(a.k, ci, head, KMAX, sm.k, LDK, tid);
+    rows16_async<T>(a.dv_out, ci, hv, KMAX, sm.dw, LDK, tid);
     issue_slice(0, 0);
     // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4); all loads first.
     float4 y[4];
@@ -521,8 +564,8 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_local_kernel(ChunkedArgs a
     }
     mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
-    const float rq = tile_row_rstd<T, KMAX, THREADS>(sm.q, LDK, a.l2norm);
-    const float rk = tile_row_rstd<T, KMAX, THREADS>(sm.k, LDK, a.l2norm);
+    const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
+    const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
     if ((tid & 3) == 0) {
       const int r = tid >> 2;
       sm.rq[r] = rq;

@@ -251,16 +251,25 @@ void launch_grads_mma_half(const ChunkedArgs& a, cudaStream_t s) {
 }
 // B2 as two kernels (chunked_grads_split.cuh, session 7): B2a (h / dh products; writes dq_s, dk_s,
 // dw into dv's first K columns, dG_state), then B2b (chunk-local products and the outputs).
+// kItems = 2 (even HV, unless FLASHGRAD_CHUNKED_B2=split1): value heads 2 y, 2 y + 1 in one 16-warp block.
+template <typename T, int KMAX, int kItems>
+void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV / kItems));
+  constexpr int64_t bytes_a = kItems * GradsStateSmem<T, KMAX>::bytes(),
+                    bytes_b = kItems * GradsLocalSmem<T, KMAX>::bytes();
+  set_smem(chunk_grads_state_kernel<T, KMAX, kItems>, bytes_a);
+  chunk_grads_state_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_a, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  set_smem(chunk_grads_local_kernel<T, KMAX, kItems>, bytes_b);
+  chunk_grads_local_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_b, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
 template <typename T, int KMAX>
 void launch_grads_split(const ChunkedArgs& a, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
-  constexpr int64_t bytes_a = GradsStateSmem<T, KMAX>::bytes(), bytes_b = GradsLocalSmem<T, KMAX>::bytes();
-  set_smem(chunk_grads_state_kernel<T, KMAX>, bytes_a);
-  chunk_grads_state_kernel<T, KMAX><<<grid, 256, bytes_a, s>>>(a);
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
-  set_smem(chunk_grads_local_kernel<T, KMAX>, bytes_b);
-  chunk_grads_local_kernel<T, KMAX><<<grid, 256, bytes_b, s>>>(a);
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  if (a.HV % 2 == 0 && split_grads_paired_wanted())
+    launch_grads_split_items<T, KMAX, 2>(a, s);
+  else
+    launch_grads_split_items<T, KMAX, 1>(a, s);
 }
 // Whether the split B2 can run these arguments (see split_grads_wanted): 16-bit intermediates, direct
 // outputs with H == HV (dq_out), V >= K, dG_state with a gate, and every view it reads or writes by

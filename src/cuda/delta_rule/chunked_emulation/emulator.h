@@ -27,8 +27,8 @@ EmuDim emu_gdim;  // the grid of the current launch (set by the harness's launch
 #define blockIdx emu_bid
 #define gridDim emu_gdim
 std::barrier<>* g_block_bar;
-std::barrier<>* g_warp_bar[8];  // up to 256 threads per block
-struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[8];
+std::barrier<>* g_warp_bar[16];  // up to 512 threads per block
+struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[16];
 inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 #define __launch_bounds__(...)
@@ -106,7 +106,7 @@ inline void emulated_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const u
 // address of row l % 8 of tile l / 8; register m of lane l receives tile m's 16-bit elements
 // (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), or with .trans (rows 2 (l % 4), 2 (l % 4) + 1,
 // column l / 4); the lower index in the low half. Addresses are exchanged through the warp buffer.
-inline const void* g_warp_ptr[8][32];
+inline const void* g_warp_ptr[16][32];
 inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
   const int w = emu_tid.x / 32, l = emu_tid.x % 32;
   if ((reinterpret_cast<uintptr_t>(row_addr) & 15) != 0) {

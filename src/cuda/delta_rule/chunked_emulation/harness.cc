@@ -37,7 +37,7 @@ namespace dr = flashgrad::cuda_detail::delta_rule;
 namespace ref = flashgrad::reference::delta_rule;
 using flashgrad::DType;
 
-// Runs body() as a grid gx x gy x gz of blocks of `threads` threads (a multiple of 32, <= 256).
+// Runs body() as a grid gx x gy x gz of blocks of `threads` threads (a multiple of 32, <= 512).
 template <typename F>
 void launch(unsigned gx, unsigned gy, unsigned gz, F&& body, unsigned threads = 128) {
   emu_gdim = {gx, gy, gz};
@@ -243,9 +243,15 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     // The split B2 (session 7, opt-in: FLASHGRAD_CHUNKED_B2=split; H == HV and V >= K, as the launcher;
     // the harness's views are contiguous). B2a passes dw to B2b in dv's first K columns and dG's
     // state terms in dG_state.
+    // Two items per 16-warp block where HV is even (the launcher's choice unless =split1).
     if (gate) a.dG_state = (float*)bdGs.p();
-    launch(NC, HV, 1, [&] { dr::chunk_grads_state_kernel<TT, KM>(a); }, 256);
-    launch(NC, HV, 1, [&] { dr::chunk_grads_local_kernel<TT, KM>(a); }, 256);
+    if (HV % 2 == 0 && dr::split_grads_paired_wanted()) {
+      launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
+      launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
+    } else {
+      launch(NC, HV, 1, [&] { dr::chunk_grads_state_kernel<TT, KM>(a); }, 256);
+      launch(NC, HV, 1, [&] { dr::chunk_grads_local_kernel<TT, KM>(a); }, 256);
+    }
   } else if (half == 3)
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 3>(a); }, 256);
   else if (half == 1)
