@@ -15,19 +15,13 @@ summary=()
 if [ -n "$tests" ]; then
   timeout -k 3 60 "$tests" --gtest_filter='DeltaRuleGpu*' > "$OUT/extra/recurrent_tests.log" 2>&1
   summary+=("tests rc=$?: $(grep -cE '^\[       OK \]' "$OUT/extra/recurrent_tests.log") ok, $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/extra/recurrent_tests.log") failed")
-  # The backward passes with a barrier per step (the session-6 schedule) must pass too.
-  FLASHGRAD_RECURRENT_BARRIER_STEPS=1 timeout -k 3 60 "$tests" --gtest_filter='DeltaRuleGpu*' > "$OUT/extra/recurrent_tests_b1.log" 2>&1
-  summary+=("tests (BARRIER_STEPS=1) rc=$?: $(grep -cE '^\[       OK \]' "$OUT/extra/recurrent_tests_b1.log") ok, $(grep -cE '^\[  FAILED  \] [A-Za-z]' "$OUT/extra/recurrent_tests_b1.log") failed")
 fi
 timeout -k 3 70 python3 bench/delta_rule_vs_fla.py --cases recurrent --out "$OUT/extra/recurrent.md" \
   > "$OUT/extra/recurrent_bench.log" 2>&1
 summary+=("bench rc=$?: $(grep -E '^\| recurrent' "$OUT/extra/recurrent.md" 2>/dev/null)")
-for steps in 1 2; do  # backward barriers every step (session 6) / every second step (default)
-  FLASHGRAD_RECURRENT_BARRIER_STEPS=$steps timeout -k 3 40 python3 bench/profile_delta_rule.py --B 4 --T 4096 --recurrent \
-    --reps 2 > "$OUT/extra/recurrent_profile_b$steps.log" 2>&1
-  summary+=("profile, barrier every $steps step(s), rc=$?:")
-  while read -r line; do summary+=("  $line"); done < <(grep -E "recurrent_|finish_kernel|qk_rstd|Memset" "$OUT/extra/recurrent_profile_b$steps.log" | \
-    sed -E 's/^ *void flashgrad::cuda_detail::delta_rule:://; s/  +/ /g' | cut -c1-140 | head -8)
-done
+timeout -k 3 40 python3 bench/profile_delta_rule.py --B 4 --T 4096 --recurrent --reps 2 > "$OUT/extra/recurrent_profile.log" 2>&1
+summary+=("profile rc=$?:")
+while read -r line; do summary+=("  $line"); done < <(grep -E "recurrent_|finish_kernel|Memset" "$OUT/extra/recurrent_profile.log" | \
+  sed -E 's/^ *void flashgrad::cuda_detail::delta_rule:://; s/  +/ /g' | cut -c1-140 | head -8)
 echo "== recurrent summary"
 printf '%s\n' "${summary[@]}"

@@ -30,14 +30,12 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// NB: shared buffers of the per-step column sums, 2 (a barrier per step) or 4 (a barrier per two
-// steps; block_reduce.cuh, end_of_step).
-template <typename T, int KMAX, Gate G, int NB>
+template <typename T, int KMAX, Gate G>
 __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(RecurrentArgs a) {
   constexpr int KPT = kRowsPerThread;
   constexpr int L = KMAX / KPT;
   constexpr bool kPC = G == Gate::per_channel;
-  __shared__ ColumnReduceSmem<KMAX, 1, 2, NB> sm;
+  __shared__ ColumnReduceSmem<KMAX, 1, 2> sm;
   const BlockCoords c = block_coords<L>(a);
   const int tid = threadIdx.x;
 
@@ -63,28 +61,8 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
   };
 
   float run = 0.f;  // owner's running suffix sum of the pass-1 gate term (KDA: row tid; GDN: tid 0)
-  // After the barrier (block_reduce.cuh, end_of_step): the block's column sums of step t, in
-  // processing order (reverse time).
-  auto post = [&](int64_t t, int buf) {
-    if (tid < a.K) {
-      const float dk1 = column_sum(sm, buf, tid);
-      atomicAdd(&dqk_row.at<float2>(t)->y, dk1);
-      if constexpr (kPC) {
-        run -= sm.qk[buf][1][tid] * dk1;
-        atomicAdd(dg_row.at<float>(t), run);
-      }
-    }
-    if (tid == 0) {
-      atomicAdd(dbeta_at.at<float>(t), column_sum(sm, buf, KMAX + 0));
-      if constexpr (G == Gate::scalar) {
-        run += column_sum(sm, buf, KMAX + 1);
-        atomicAdd(dg_at.at<float>(t), run);
-      }
-    }
-  };
-  int32_t n_done = 0, t_prev = 0;
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
-    const int buf = step_buffer<NB>(n_done);
+    const int buf = static_cast<int>(t & 1);
     // q, k raw with their norms rq, rk folded into the scalars (GDN / plain; KDA: normalized rows,
     // rq = rk = 1): dS += (scale dout rq) q_raw, du = rk (k_raw.dS), dS -= (rk dv) k_raw.
     float q[KPT], k[KPT], d[KPT], rq, rk;
@@ -111,7 +89,22 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
     const float kdv = rk * dv;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) dS[i] = d[i] * (dS[i] - k[i] * kdv);
-    end_of_step<NB>(n_done, c.len, t, t_prev, post);
+    __syncthreads();
+    if (tid < a.K) {
+      const float dk1 = column_sum(sm, buf, tid);
+      atomicAdd(&dqk_row.at<float2>(t)->y, dk1);
+      if constexpr (kPC) {
+        run -= sm.qk[buf][1][tid] * dk1;
+        atomicAdd(dg_row.at<float>(t), run);
+      }
+    }
+    if (tid == 0) {
+      atomicAdd(dbeta_at.at<float>(t), column_sum(sm, buf, KMAX + 0));
+      if constexpr (G == Gate::scalar) {
+        run += column_sum(sm, buf, KMAX + 1);
+        atomicAdd(dg_at.at<float>(t), run);
+      }
+    }
   };
   constexpr int kDepth = prefetch_depth<T, G>();
   StepLoad<T, KPT, kPC> ring[kDepth];
@@ -120,12 +113,12 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass1_kernel(R
   store_state_slice<KMAX, KPT>(a.dh0, c, a.K, a.V, tile, dS);
 }
 
-template <typename T, int KMAX, Gate G, int NB>
+template <typename T, int KMAX, Gate G>
 __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(RecurrentArgs a) {
   constexpr int KPT = kRowsPerThread;
   constexpr int L = KMAX / KPT;
   constexpr bool kPC = G == Gate::per_channel;
-  __shared__ ColumnReduceSmem<KMAX, 2, 1, NB> sm;
+  __shared__ ColumnReduceSmem<KMAX, 2, 1> sm;
   const BlockCoords c = block_coords<L>(a);
   const int tid = threadIdx.x;
 
@@ -147,26 +140,8 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
   };
 
   float prefix = 0.f;  // owner's running prefix sum of the pass-2 gate term
-  // After the barrier (block_reduce.cuh, end_of_step): the block's column sums of step t, in order.
-  auto post = [&](int64_t t, int buf) {
-    if (tid < a.K) {
-      const float dq = column_sum(sm, buf, tid), p2 = column_sum(sm, buf, KMAX + tid);
-      atomicAdd(dqk_row.at<float2>(t), make_float2(dq, -p2));  // one 8-byte vector atomic (sm_90)
-      if constexpr (kPC) {
-        atomicAdd(dg_row.at<float>(t), -prefix);
-        prefix += sm.qk[buf][0][tid] * dq - sm.qk[buf][1][tid] * p2;
-      }
-    }
-    if constexpr (G == Gate::scalar) {
-      if (tid == 0) {
-        atomicAdd(dg_at.at<float>(t), -prefix);
-        prefix += column_sum(sm, buf, 2 * KMAX);
-      }
-    }
-  };
-  int32_t n_done = 0, t_prev = 0;
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
-    const int buf = step_buffer<NB>(n_done);
+    const int buf = static_cast<int>(t & 1);
     // As in pass 1: q, k raw, rq / rk folded (k.S~ = rk (k_raw.S~), S += (rk u) k_raw, o = scale rq (q_raw.S)).
     float q[KPT], k[KPT], d[KPT], rq, rk;
     qk_rows_rstd<T, KPT, !kPC>(cur.q, cur.k, cur.q_rstd, cur.k_rstd, q, k, rq, rk);
@@ -195,7 +170,21 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
     float sc[1] = {0.f};
     if constexpr (G == Gate::scalar) sc[0] = (sdo * rq) * group_sum<L>(pq);  // o_j do_j
     column_reduce_write<KMAX, L, KPT, 2, 1>(sm, buf, vec, sc, q, k, kPC);
-    end_of_step<NB>(n_done, c.len, t, t_prev, post);
+    __syncthreads();
+    if (tid < a.K) {
+      const float dq = column_sum(sm, buf, tid), p2 = column_sum(sm, buf, KMAX + tid);
+      atomicAdd(dqk_row.at<float2>(t), make_float2(dq, -p2));  // one 8-byte vector atomic (sm_90)
+      if constexpr (kPC) {
+        atomicAdd(dg_row.at<float>(t), -prefix);
+        prefix += sm.qk[buf][0][tid] * dq - sm.qk[buf][1][tid] * p2;
+      }
+    }
+    if constexpr (G == Gate::scalar) {
+      if (tid == 0) {
+        atomicAdd(dg_at.at<float>(t), -prefix);
+        prefix += column_sum(sm, buf, 2 * KMAX);
+      }
+    }
   };
   constexpr int kDepth = prefetch_depth<T, G>();
   StepLoad<T, KPT, kPC> ring[kDepth];
@@ -203,9 +192,7 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
 
   // Per-sequence constant of the gate gradient: this block's Total (= prefix) + <S_T, dht>.
   if constexpr (G != Gate::none) {
-    // Every thread has passed load_state_slice's barriers, so every post-barrier read of the loop is
-    // done: any buffer is free.
-    const int buf = 0;
+    const int buf = static_cast<int>(c.len & 1);
     float dh[KPT];
     load_state_slice<KMAX, KPT>(a.dht, c, a.K, a.V, tile, dh);
     float vec[2][KPT];

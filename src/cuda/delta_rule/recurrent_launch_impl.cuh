@@ -3,8 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "flashgrad/status.h"
 #include "cuda/common/cuda_check.h"
@@ -15,14 +13,6 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// The backward passes synchronize their blocks every second step (4 shared buffers, block_reduce.cuh)
-// where those fit (kTwoStepBarriers below); FLASHGRAD_RECURRENT_BARRIER_STEPS=1 (read per launch) keeps a barrier
-// per step, so one process can time both.
-inline bool barrier_every_two_steps() {
-  const char* v = std::getenv("FLASHGRAD_RECURRENT_BARRIER_STEPS");
-  return !(v && std::strcmp(v, "1") == 0);
-}
-
 template <typename T, int KMAX, Gate G>
 void launch_recurrent_fixed(RecurrentStage stage, const RecurrentArgs& a, int64_t num_seqs, cudaStream_t s) {
   constexpr int L = KMAX / kRowsPerThread;
@@ -30,28 +20,15 @@ void launch_recurrent_fixed(RecurrentStage stage, const RecurrentArgs& a, int64_
   // x: sequences (up to 2^31 - 1), y: value heads, z: column slices.
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(a.HV),
                   static_cast<unsigned>((a.V + kCols - 1) / kCols));
-  // Four buffers fit in static shared memory for KMAX <= 128; float32 KDA's passes would spill
-  // registers with the pair bookkeeping (ptxas), so they keep a barrier per step.
-  constexpr bool kTwoStepBarriers = KMAX <= 128 && !(sizeof(T) == 4 && G == Gate::per_channel);
   switch (stage) {
     case RecurrentStage::forward:
       recurrent_forward_kernel<T, KMAX, G><<<grid, kThreads, 0, s>>>(a);
       break;
     case RecurrentStage::backward_pass1:
-      if constexpr (kTwoStepBarriers)
-        if (barrier_every_two_steps()) {
-          recurrent_backward_pass1_kernel<T, KMAX, G, 4><<<grid, kThreads, 0, s>>>(a);
-          break;
-        }
-      recurrent_backward_pass1_kernel<T, KMAX, G, 2><<<grid, kThreads, 0, s>>>(a);
+      recurrent_backward_pass1_kernel<T, KMAX, G><<<grid, kThreads, 0, s>>>(a);
       break;
     case RecurrentStage::backward_pass2:
-      if constexpr (kTwoStepBarriers)
-        if (barrier_every_two_steps()) {
-          recurrent_backward_pass2_kernel<T, KMAX, G, 4><<<grid, kThreads, 0, s>>>(a);
-          break;
-        }
-      recurrent_backward_pass2_kernel<T, KMAX, G, 2><<<grid, kThreads, 0, s>>>(a);
+      recurrent_backward_pass2_kernel<T, KMAX, G><<<grid, kThreads, 0, s>>>(a);
       break;
   }
   FLASHGRAD_CUDA_CHECK_LAUNCH();
