@@ -561,6 +561,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       sm.G[tid] = g;
       sm.eG[tid] = expf(g);
       sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+      sm.dG[tid] = (a.dG_state && ok) ? a.dG_state[(row0 + tid) * HV + hv] : 0.f;  // B2a's dG terms (added last)
     }
     mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
@@ -698,15 +699,16 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   __syncthreads();
 
   // The pair (r, d), (r, d + 1) (d even) of the user's dq / dk as one 32-bit word of two T (rows of
-  // those views: two row pointers per thread, rows r0 and r0 + 8); rows >= L are never touched.
-  T* const dq_row[2] = {static_cast<T*>(a.dq_out.p) + off3(a.dq_out, ci.b, ci.t0 + r0, head),
-                        static_cast<T*>(a.dq_out.p) + off3(a.dq_out, ci.b, ci.t0 + r0 + 8, head)};
-  T* const dk_row[2] = {static_cast<T*>(a.dk_out.p) + off3(a.dk_out, ci.b, ci.t0 + r0, head),
-                        static_cast<T*>(a.dk_out.p) + off3(a.dk_out, ci.b, ci.t0 + r0 + 8, head)};
-  auto load_pair = [&](T* const (&rows)[2], int h, int d) -> uint32_t {
+  // those views: two row pointers per thread, rows r0 and r0 + 8, formed where used); rows >= L are
+  // never touched.
+  auto rows_of = [&](const View& o, T* (&rows)[2]) {
+    rows[0] = static_cast<T*>(o.p) + off3(o, ci.b, ci.t0 + r0, head);
+    rows[1] = static_cast<T*>(o.p) + off3(o, ci.b, ci.t0 + r0 + 8, head);
+  };
+  auto load_pair = [&](T* (&rows)[2], int h, int d) -> uint32_t {
     return r0 + 8 * h < L ? *reinterpret_cast<const uint32_t*>(rows[h] + d) : 0u;
   };
-  auto store_pair = [&](T* const (&rows)[2], int h, int d, float x0, float x1) {
+  auto store_pair = [&](T* (&rows)[2], int h, int d, float x0, float x1) {
     *reinterpret_cast<uint32_t*>(rows[h] + d) = mma::pack_floats<T>(x0, x1);
   };
   // ---- S3a: dq_i += (sum_j S_ij k_raw_j) / rq_i (S_ij = 0 for j > i: chunk steps kq <= rs); with
@@ -716,6 +718,8 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     // B2a's state part of the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig + {0, 1}),
     // in flight during the products.
     uint32_t dqs[NKH][2];
+    T* dq_row[2];
+    rows_of(a.dq_out, dq_row);
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
@@ -754,6 +758,8 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // dq through the L2-norm backward: dx = rstd (dy - xn <xn, dy>), xn = x_raw rstd (dx = dy without it).
   {
     float rstd[2], dotn[2];
+    T* dq_row2[2];
+    rows_of(a.dq_out, dq_row2);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r0 + 8 * h;
@@ -772,7 +778,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
             const float g = dq[nt][2 * h + p];
             dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.q[r * LDK + d + p])) : g;
           }
-          store_pair(dq_row, h, d, dx[0], dx[1]);
+          store_pair(dq_row2, h, d, dx[0], dx[1]);
         }
       }
   }
@@ -828,7 +834,10 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       rowG[h] += br[h] * x;
     }
   }
-  __syncthreads();  // S no longer read: tmp takes its place
+  __syncthreads();  // S no longer read: tmp takes its place; dw no longer read: B2a's dk part takes its place
+  // B2a's state part of dk (rows < L, zeros past) by cp.async into dw's tile, in flight through S5 and S6.
+  rows16_async<T>(a.dk_out, ci, head, KMAX, sm.dw, LDK, tid);
+  mma::cp_async_commit();
 
   // ---- S5: tmp = dA A^T (dA_ij = 0 for j > i: kq <= rs), as hi / lo where S was.
   {
@@ -922,7 +931,8 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       store_tile_split(S2_hi, S2_lo, 16 * rs, 32 * hf + 8 * nt, outs);
     }
   }
-  __syncthreads();
+  mma::cp_async_wait<0>();
+  __syncthreads();  // S2 complete; B2a's dk part landed (in dw's tile)
 
   // ---- S6b: dk_r += (sum_j S2_rj k_raw_j + sum_i S2_ir k_raw_i) / rk_r (S2 strictly lower); with direct
   // outputs plus B2a's state part and this K half's share of <k_raw_r, dk_r>.
@@ -953,20 +963,13 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     }
     const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
     float dot[2] = {0.f, 0.f};
-    // B2a's state part of dk (as dqs above; loaded after the products: no registers left during them).
-    uint32_t dks[NKH][2];
-#pragma unroll
-    for (int nt = 0; nt < NKH; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) dks[nt][h] = load_pair(dk_row, h, d0 + 8 * nt + 2 * tig);
+    const T* dks = sm.dw;  // B2a's state part of dk (copied in after S3b)
 #pragma unroll
     for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
-        float s0, s1;
-        mma::unpack_floats<T>(dks[nt][e >> 1], s0, s1);
-        dkr[nt][e] += acc[nt][e] * irk[e >> 1] + ((e & 1) ? s1 : s0);
+        dkr[nt][e] += acc[nt][e] * irk[e >> 1] + to_f<T>(dks[r * LDK + d]);
         dot[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * dkr[nt][e];
       }
 #pragma unroll
@@ -995,6 +998,8 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   __syncthreads();
   {  // dk through the L2-norm backward (as dq above)
     float rstd[2], dotn[2];
+    T* dk_row[2];
+    rows_of(a.dk_out, dk_row);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r0 + 8 * h;
@@ -1025,7 +1030,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       if (m == 2 || m == 3) continue;  // dbeta's rows
       g += sm.part[m * C + i];
     }
-    if (i < L && a.dG_state) g += a.dG_state[(row0 + i) * HV + hv];
+    g += sm.dG[i];  // B2a's terms, read in the prologue (this thread's own slot)
     sm.dG[i] = i < L ? g : 0.f;
     if (i < L) store_elem<T>(a.dbeta_out, off3(a.dbeta_out, ci.b, ci.t0 + i, hv), sm.part[2 * C + i] + sm.part[3 * C + i]);
   }

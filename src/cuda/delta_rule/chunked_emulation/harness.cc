@@ -379,6 +379,8 @@ int main(int argc, char** argv) {
                             {1, 63, 136, 0, 511, 75, 64}, 0.1f, true, 11);
     // V = 256: B2's V slices past what one stage holds (pass 2 streams v_new slice by slice).
     fails += run<bf16, 128>("gdn bf16 K128 V256 T=100", DType::bf16, 1, 100, 1, 1, 256, true, {}, 1.f, true, 15);
+    // H == HV = 2, K = 64, fp16, strong decay: the split B2 (FLASHGRAD_CHUNKED_B2=split: two items per block).
+    fails += run<__half, 64>("gdn f16 K64 V64 H=HV=2 T=300 n=0.1", DType::f16, 1, 300, 2, 2, 64, true, {}, 0.1f, true, 19);
   }
   if (mode == "long") {  // the 16-bit mode's dg over many chunks (<h_c, dh_{c+1}> from 16-bit h, dh)
     fails += run<bf16, 128>("gdn bf16 K128 V128 T=1500 n=1 H=HV", DType::bf16, 1, 1500, 1, 1, 128, true, {}, 1.f, true, 16);
