@@ -1,6 +1,6 @@
 // KDA chunked stage 1 ("prepare"), compact variant (session 7, the default): the same outputs as
 // kda_prepare_kernel (chunked_kda_prepare.cuh: G, A with P^T packed into its upper triangle, w, u)
-// in ~107 KiB of shared memory at K = 128 instead of 203 KiB, so that two blocks (8 warps) share
+// in 107 KiB of shared memory at K = 128 instead of 203 KiB, so that two blocks (8 warps) share
 // an SM. ncu of the wide kernel (session 6): 4 warps per SM, issue active 15%, most cycles waiting
 // on global loads (long scoreboard 36%) and on dependent instructions (wait 27%) that no other
 // warp could cover. What shrank:
@@ -21,7 +21,9 @@
 //   - the gate and v loads bump row pointers (no per-row 64-bit products) and skip the row
 //     predicates in whole chunks; w and u are stored as element pairs from per-row offsets;
 //   - w and u are balanced over the warps (lower_times_split_balanced: 5 block products each
-//     instead of 1 .. 4 by row block).
+//     instead of 1 .. 4 by row block);
+//   - the decayed products run on the raw 16-bit q / k values and apply the rows' factors (L2
+//     norm, and beta for M) to their totals: no per-element scaling, no diag(beta) pass.
 // One block of 128 threads per (chunk, value head), as the wide kernel. FLASHGRAD_CHUNKED_KDA_PREPARE
 // =old selects the wide kernel (chunked_kda_launch_impl.cuh) for the same-process comparison.
 #pragma once
@@ -34,8 +36,9 @@
 namespace flashgrad::cuda_detail::delta_rule {
 
 // Regions (bytes at K = 128, T 16-bit): G 34816 | k 17408 | q 18432 | M 17408 | A 17408 | tmp 3072
-// | rstd 512 | beta 256 = 109312 (106.75 KiB; two blocks need <= 113 KiB each).
-//   k, q: [C][LDK] input values (rows past L zero); rstd[0][r] k's, rstd[1][r] q's row factor.
+// | rstd 768 | beta 256 = 109568 (107 KiB; two blocks need <= 113 KiB each).
+//   k, q: [C][LDK] input values (rows past L zero); rstd[0][r] k's, rstd[1][r] q's L2-norm factor,
+//   rstd[2][r] = beta_r rstd[0][r] (M's row factor: M = diag(beta) K K^T decayed; 0 past L).
 //   q's region later holds a_hi, a_lo ([C][LDA] each, after the decayed products);
 //   M .. tmp later hold wb, wb_lo ([C][LDK] each: beta exp(G) o k, after A is stored);
 //   G later holds ub, ub_lo ([C][LDU] each: beta v, after wb is formed).
@@ -58,13 +61,13 @@ struct KdaPrepareCompactSmem {
   float* M;       // [C][LDM] M (strict lower triangle), P^T (upper triangle and diagonal)
   float* A;       // [C][LDM]
   float* tmp;     // [16][48] (the inverse's scratch)
-  float* rstd;    // [2][C]
+  float* rstd;    // [3][C]
   float* beta;    // [C]
   T *a_hi, *a_lo;  // over q
   T *wb, *wb_lo;   // over M, A, tmp
   T *ub, *ub_lo;   // over G
   static constexpr int64_t bytes() {
-    return kGBytes + kKBytes + kQBytes + 2 * kMBytes + kTmpBytes + sizeof(float) * 3 * C;
+    return kGBytes + kKBytes + kQBytes + 2 * kMBytes + kTmpBytes + sizeof(float) * 4 * C;
   }
   __device__ explicit KdaPrepareCompactSmem(unsigned char* raw) {
     G = reinterpret_cast<float*>(raw);
@@ -74,7 +77,7 @@ struct KdaPrepareCompactSmem {
     A = M + C * LDM;
     tmp = A + C * LDM;
     rstd = tmp + 16 * 48;
-    beta = rstd + 2 * C;
+    beta = rstd + 3 * C;
     a_hi = q;
     a_lo = q + C * LDA;
     wb = reinterpret_cast<T*>(M);
@@ -106,16 +109,17 @@ __device__ __forceinline__ void reduce_scatter_level(float (&v)[64], int lane) {
 // sums:
 //   v[a (a + 1) / 2 + c]       += q_a k_c e^(G_a - G_c)   (P, the 36 pairs c <= a)
 //   v[36 + a (a - 1) / 2 + c]  += k_a k_c e^(G_a - G_c)   (M, the 28 pairs c < a)
-// (a, c: rows of the half; q, k the 16-bit input values: the rows' L2-norm factors qrs / krs
-// multiply the totals). The decays are products of the rows' factors f_t = e^(G_t - G_{t-1}),
+// (a, c: rows of the half; q, k the 16-bit input values: the row factors multiply the totals,
+// P_ac by qrs[a] krs[c], M_ac by mrs[a] krs[c]). The decays are products of the rows' factors f_t = e^(G_t - G_{t-1}),
 // t = c + 1 .. a: 7 exps per channel instead of 28, and no product can overflow (every factor
 // <= 1; underflow only where the true decay does). The sums over the lanes are a reduce-scatter
 // (5 shuffle levels: at level n the lanes with bit 4 - n set keep the upper half of the remaining
 // values and add their partner's), after which lane l holds the totals of v[2 l] and v[2 l + 1].
 // kraw / qraw(r, d) return the raw pair (x(r, d), x(r, d + 1)) for even d. No barrier.
 template <int KMAX, typename QP, typename KP>
-__device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, const float* qrs, const float* krs,
-                                                          const float* G, int ldg, float* out, int ldo) {
+__device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, const float* qrs, const float* mrs,
+                                                          const float* krs, const float* G, int ldg, float* out,
+                                                          int ldo) {
   static_assert(KMAX % 64 == 0, "whole channel-pair passes");
   const int wp = threadIdx.x / 32, lane = threadIdx.x & 31;
 #pragma unroll 1
@@ -171,7 +175,7 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, 
         int a = 1;
         while ((a + 1) * a / 2 <= t) ++a;
         const int c = t - a * (a - 1) / 2;
-        out[(r0 + a) * ldo + r0 + c] = v[h] * krs[r0 + a] * krs[r0 + c];
+        out[(r0 + a) * ldo + r0 + c] = v[h] * mrs[r0 + a] * krs[r0 + c];
       }
     }
   }
@@ -181,11 +185,12 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, 
 // quadrant, chunked_kda_decay.cuh: rows i = m + a of the upper half, m = 16 wp + 8,
 // columns j = 16 wp + jj of the lower one, through the reference row m, one 16 x 8 mma tile with k
 // rows 0 - 7 and q rows 8 - 15), its fragments from pairs: a lane's two A rows are k and q of the
-// same row i, so they share their exps; G as float2, q / k as 32-bit words (kpair / qpair as in
-// kda_decayed_offdiag_registers). No barrier.
+// same row i, so they share their exps; G as float2, q / k as 32-bit words (kpair / qpair and the
+// row factors as in kda_decayed_offdiag_registers). No barrier.
 template <typename T, int KMAX, typename QP, typename KP>
-__device__ __forceinline__ void kda_decayed_quadrant_pairs(QP&& qpair, KP&& kpair, const float* G, int ldg,
-                                                           float* out, int ldo) {
+__device__ __forceinline__ void kda_decayed_quadrant_pairs(QP&& qpair, KP&& kpair, const float* qrs, const float* mrs,
+                                                           const float* krs, const float* G, int ldg, float* out,
+                                                           int ldo) {
   const int wp = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
   const int j0 = 16 * wp, m = j0 + 8, i = m + g, j = j0 + g;  // this lane's A row (k, q) and B column
   auto g2 = [&](int r, int d) { return *reinterpret_cast<const float2*>(&G[r * ldg + d]); };
@@ -210,9 +215,9 @@ __device__ __forceinline__ void kda_decayed_quadrant_pairs(QP&& qpair, KP&& kpai
   for (int e = 0; e < 4; ++e) {  // rows < 8: M_{m + row, j}; rows >= 8: P_{m + row - 8, j} at out[j][..]
     const int row = mma::acc_row(e), jj = j0 + mma::acc_col(e), ii = m + (row & 7);
     if (row < 8)
-      out[ii * ldo + jj] = acc[e];
+      out[ii * ldo + jj] = acc[e] * mrs[ii] * krs[jj];
     else
-      out[jj * ldo + ii] = acc[e];
+      out[jj * ldo + ii] = acc[e] * qrs[ii] * krs[jj];
   }
 }
 
@@ -281,12 +286,15 @@ __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, con
 // warp 0 I = 3 tiles 0 - 2, warp 1 I = 3 tiles 3 - 5, warp 2 I = 2 tiles 0 - 3, warp 3 I = 1 tiles
 // 0 - 1 (per 16-column step: one x and 3 / 3 / 4 / 2 y fragments; a tile per job formed x for every
 // tile, 3 jobs per warp).
-// kpair / qpair(i, d) return (x(i, d), x(i, d + 1)) for even d (0 past L); G [64][ldg] fp32 in
-// shared memory with an even ldg (float2 loads; rows past L hold G_{L-1}). Writes only these
-// tiles of `out` (M at out[i][j], P^T at out[j][i]); no barrier.
+// kpair / qpair(i, d) return the raw input pair (x(i, d), x(i, d + 1)) for even d (0 past L); the
+// row factors multiply the tiles' totals: P_ij by qrs[i] krs[j], M_ij by mrs[i] krs[j] (the
+// kernel's mrs = beta krs: M comes out as diag(beta) M). G [64][ldg] fp32 in shared memory
+// with an even ldg (float2 loads; rows past L hold G_{L-1}). Writes only these tiles of `out` (M
+// at out[i][j], P^T at out[j][i]); no barrier.
 template <typename T, int KMAX, typename QP, typename KP>
-__device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& kpair, const float* G, int ldg,
-                                                              float* out, int ldo) {
+__device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& kpair, const float* qrs,
+                                                              const float* mrs, const float* krs, const float* G,
+                                                              int ldg, float* out, int ldo) {
   const int wp = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
   const int I = wp < 2 ? 3 : 4 - wp, nt0 = wp == 1 ? 3 : 0, ntl = wp < 2 ? 3 : (wp == 2 ? 4 : 2);  // warp-uniform
   const int r0 = 16 * I, ra = r0 + g, rb = ra + 8;  // this lane's A rows
@@ -334,8 +342,8 @@ __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& k
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = r0 + mma::acc_row(e), jj = 8 * (nt0 + t) + mma::acc_col(e);
-      out[i * ldo + jj] = accm[t][e];
-      out[jj * ldo + i] = accp[t][e];
+      out[i * ldo + jj] = accm[t][e] * mrs[i] * krs[jj];
+      out[jj * ldo + i] = accp[t][e] * qrs[i] * krs[jj];
     }
   }
 }
@@ -403,14 +411,16 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   {
     const float rk = tile_row_rstd<T, KMAX, kChunkThreads>(sm.k, LDK, a.l2norm);  // row tid / 2
     const float rq = tile_row_rstd<T, KMAX, kChunkThreads>(sm.q, LDK, a.l2norm);
-    if (tid % 2 == 0) sm.rstd[tid / 2] = rk, sm.rstd[C + tid / 2] = rq;
+    if (tid % 2 == 0) sm.rstd[tid / 2] = rk, sm.rstd[C + tid / 2] = rq, sm.rstd[2 * C + tid / 2] = sm.beta[tid / 2] * rk;
   }
   __syncthreads();
 
-  // Element pairs (d, d + 1), d even, of the rows: raw input values, and times the row factor
-  // (kp, qp: the fp32 values the wide kernel kept, k / q normalized).
+  // Element pairs (d, d + 1), d even, of the rows: raw input values (the decayed products apply
+  // the rows' L2-norm factors to their totals), and k's times the row factor (kp: the fp32 value
+  // the wide kernel kept, normalized).
   const float* krs = sm.rstd;
   const float* qrs = sm.rstd + C;
+  const float* mrs = sm.rstd + 2 * C;
   auto raw_pair = [](const T* X) {
     float x0, x1;
     mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(X), x0, x1);
@@ -418,17 +428,16 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   };
   auto scaled = [](float2 x, float s) { return make_float2(x.x * s, x.y * s); };
   auto kp = [&](int r, int d) { return scaled(raw_pair(&sm.k[r * LDK + d]), krs[r]); };
-  auto qp = [&](int r, int d) { return scaled(raw_pair(&sm.q[r * LDK + d]), qrs[r]); };
 
   // M (strict lower triangle of sm.M) and P^T (its upper triangle and diagonal): the diagonal
   // blocks' in-half pairs in fp32, their quadrants and the off-diagonal tiles on tensor cores from
-  // register fragments (disjoint parts of sm.M: no barrier between them). Then M = diag(beta) M
-  // with rows past L zero.
-  kda_decayed_in_half_lanes<KMAX>([&](int r, int d) { return raw_pair(&sm.q[r * LDK + d]); },
-                                  [&](int r, int d) { return raw_pair(&sm.k[r * LDK + d]); }, qrs, krs, sm.G, LDG,
-                                  sm.M, LDM);
-  kda_decayed_quadrant_pairs<T, KMAX>(qp, kp, sm.G, LDG, sm.M, LDM);
-  kda_decayed_offdiag_registers<T, KMAX>(qp, kp, sm.G, LDG, sm.M, LDM);
+  // register fragments (disjoint parts of sm.M: no barrier between them). M's rows carry beta
+  // (mrs: M = diag(beta) K K^T decayed, rows past L zero) as the inverse needs them.
+  auto qraw = [&](int r, int d) { return raw_pair(&sm.q[r * LDK + d]); };
+  auto kraw = [&](int r, int d) { return raw_pair(&sm.k[r * LDK + d]); };
+  kda_decayed_in_half_lanes<KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  kda_decayed_quadrant_pairs<T, KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  kda_decayed_offdiag_registers<T, KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   __syncthreads();
   // The first 64 columns of v into registers (u's first piece), in flight during the inverse.
   // Element e = tid + 128 m of a piece: row tid / 64 + 2 m, column tid % 64 (pointer bumped by two
@@ -452,11 +461,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
       rows(static_cast<const T*>(a.v.p) + v_elem0 + c0);
   };
   fetch_v(0);
-  for (int e = tid; e < C * C; e += kChunkThreads) {
-    const int i = e / C, j = e % C;
-    if (j < i) sm.M[i * LDM + j] *= i < L ? sm.beta[i] : 0.f;
-  }
-  __syncthreads();
   invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // ends with a barrier
 
   // Intermediates' chunk rows: row i at + i * HV * (C, K, V) (addresses formed once).
