@@ -179,13 +179,10 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   a.cu_seqlens = upload_cu_seqlens(scratch, pr, stream);
   // dq, dk interleaved (RecurrentArgs::dqk_acc): 2 x 4 x qk bytes, as two separate arrays took.
   a.dqk_acc = scratch.take<float2>(8 * sz.qk);
-  a.dq_acc = &a.dqk_acc->x;
-  a.dk_acc = &a.dqk_acc->y;
-  a.qk_acc_stride = 2;
   a.dbeta_acc = scratch.take<float>(4 * sz.beta);
   a.dg_acc = sz.g ? scratch.take<float>(4 * sz.g) : nullptr;
   a.dg_const = sz.gconst ? scratch.take<float>(4 * sz.gconst) : nullptr;
-  for (auto [ptr, n] : {std::pair<float*, int64_t>{a.dq_acc, 2 * sz.qk}, {a.dbeta_acc, sz.beta},
+  for (auto [ptr, n] : {std::pair<float*, int64_t>{&a.dqk_acc->x, 2 * sz.qk}, {a.dbeta_acc, sz.beta},
                         {a.dg_acc, sz.g}, {a.dg_const, sz.gconst}})
     if (ptr && n) FLASHGRAD_CUDA_CHECK(cudaMemsetAsync(ptr, 0, 4 * static_cast<std::size_t>(n), stream));
 

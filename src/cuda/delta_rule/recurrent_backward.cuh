@@ -21,7 +21,9 @@
 //     c_s[k] = q[k] dq[k] - k[k] dk[k] - 2 k[k] P2[k] = (-k[k] dk1[k])_{pass 1} + (q[k] dq[k] - k[k] P2[k])_{pass 2}
 //   GDN: the sum over k of the KDA terms, which collapses to per-column sums
 //     c_s = sum_j (o_j do_j)_{pass 2} - (v_j dv_j)_{pass 1}
-//   (q.dq = o.do; k.dk1 = u.du = r.dv; k.P2 = (v - r).dv), so no extra K-reduction is needed.
+//   (q.dq = o.do; k.dk1 = u.du = r.dv; k.P2 = (v - r).dv). Pass 1 takes v.dv per column; pass 2
+//   takes o.do as q.dq over the rows after the block's column sums (one warp sum per warp of rows,
+//   each warp keeping its own prefix; session 7), instead of recomputing o per column at every step.
 #pragma once
 
 #include "block_reduce.cuh"
@@ -118,7 +120,9 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
   constexpr int KPT = kRowsPerThread;
   constexpr int L = KMAX / KPT;
   constexpr bool kPC = G == Gate::per_channel;
-  __shared__ ColumnReduceSmem<KMAX, 2, 1> sm;
+  // Two per-row vectors (dq, P2), no per-column scalar: GDN's gate term o.do is taken as q.dq after
+  // the barrier (see post below), KDA's per row.
+  __shared__ ColumnReduceSmem<KMAX, 2, 0> sm;
   const BlockCoords c = block_coords<L>(a);
   const int tid = threadIdx.x;
 
@@ -139,7 +143,11 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
     s.x2 = c.col_ok ? load_raw_at<T>(a.dv.f32, dv_at.at<const void>(t)) : 0u;
   };
 
-  float prefix = 0.f;  // owner's running prefix sum of the pass-2 gate term
+  // Running prefix sum of the pass-2 gate term: KDA, of row tid (tid < K); GDN, of this warp's rows
+  // (lane 0 of each warp with rows below K: the block's prefix is the sum over those warps).
+  float prefix = 0.f;
+  const int lane = tid & 31;
+  const bool row_warp = (tid & ~31) < a.K;  // warp-uniform: the warp holds rows below K
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
     const int buf = static_cast<int>(t & 1);
     // As in pass 1: q, k raw, rq / rk folded (k.S~ = rk (k_raw.S~), S += (rk u) k_raw, o = scale rq (q_raw.S)).
@@ -160,17 +168,16 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
     }
     const float ku = rk * (beta * (v - rk * group_sum<L>(pk)));
     const float sdo = a.scale * dout;
-    float pq = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
       S[i] += k[i] * ku;
       vec[0][i] = S[i] * sdo;  // dq
-      pq += S[i] * q[i];
     }
-    float sc[1] = {0.f};
-    if constexpr (G == Gate::scalar) sc[0] = (sdo * rq) * group_sum<L>(pq);  // o_j do_j
-    column_reduce_write<KMAX, L, KPT, 2, 1>(sm, buf, vec, sc, q, k, kPC);
+    float sc[1] = {0.f};  // (no per-column scalar)
+    // q's rows to shared memory: KDA's normalized ones for its per-row term, GDN's raw ones for o.do.
+    column_reduce_write<KMAX, L, KPT, 2, 0>(sm, buf, vec, sc, q, k, G != Gate::none);
     __syncthreads();
+    float qdq = 0.f;  // GDN: q_raw[row] dq[row] of this block's columns
     if (tid < a.K) {
       const float dq = column_sum(sm, buf, tid), p2 = column_sum(sm, buf, KMAX + tid);
       atomicAdd(dqk_row.at<float2>(t), make_float2(dq, -p2));  // one 8-byte vector atomic (sm_90)
@@ -178,11 +185,17 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
         atomicAdd(dg_row.at<float>(t), -prefix);
         prefix += sm.qk[buf][0][tid] * dq - sm.qk[buf][1][tid] * p2;
       }
+      if constexpr (G == Gate::scalar) qdq = sm.qk[buf][0][tid] * dq;
     }
     if constexpr (G == Gate::scalar) {
-      if (tid == 0) {
-        atomicAdd(dg_at.at<float>(t), -prefix);
-        prefix += column_sum(sm, buf, 2 * KMAX);
+      // o.do over the block's columns = q.dq (o_j = scale S_j.q, dq = scale S do): the warp's rows
+      // summed here, times rq (q's norm, folded); each warp keeps its own prefix (linear in c_s).
+      if (row_warp) {
+        qdq = rq * group_sum<32>(qdq);
+        if (lane == 0) {
+          atomicAdd(dg_at.at<float>(t), -prefix);
+          prefix += qdq;
+        }
       }
     }
   };
@@ -190,28 +203,28 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_backward_pass2_kernel(R
   StepLoad<T, KPT, kPC> ring[kDepth];
   pipelined_loop<kDepth, false>(c.len, ring, load_step, step);
 
-  // Per-sequence constant of the gate gradient: this block's Total (= prefix) + <S_T, dht>.
+  // Per-sequence constant of the gate gradient: this block's Total (= prefix; GDN: the warps' prefixes)
+  // + <S_T, dht> (summed over the block's columns per row, then over rows).
   if constexpr (G != Gate::none) {
     const int buf = static_cast<int>(c.len & 1);
     float dh[KPT];
     load_state_slice<KMAX, KPT>(a.dht, c, a.K, a.V, tile, dh);
     float vec[2][KPT];
-    float part = 0.f;
 #pragma unroll
     for (int i = 0; i < KPT; ++i) {
       vec[0][i] = S[i] * dh[i];
       vec[1][i] = 0.f;
-      part += S[i] * dh[i];
     }
-    float sc[1] = {group_sum<L>(part)};
+    float sc[1] = {0.f};
     float zq[KPT] = {}, zk[KPT] = {};
-    column_reduce_write<KMAX, L, KPT, 2, 1>(sm, buf, vec, sc, zq, zk, false);
+    column_reduce_write<KMAX, L, KPT, 2, 0>(sm, buf, vec, sc, zq, zk, false);
     __syncthreads();
     if constexpr (kPC) {
       if (tid < a.K)
         atomicAdd(a.dg_const + (c.n * a.HV + c.hv) * a.K + tid, prefix + column_sum(sm, buf, tid));
-    } else {
-      if (tid == 0) atomicAdd(a.dg_const + c.n * a.HV + c.hv, prefix + column_sum(sm, buf, 2 * KMAX));
+    } else if (row_warp) {  // GDN: the warp's rows of <S_T, dht> plus the warp's prefix
+      const float rows = group_sum<32>(tid < a.K ? column_sum(sm, buf, tid) : 0.f);
+      if (lane == 0) atomicAdd(a.dg_const + c.n * a.HV + c.hv, prefix + rows);
     }
   }
 }

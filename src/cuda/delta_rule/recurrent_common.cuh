@@ -42,10 +42,9 @@ struct RecurrentArgs {
   View dv, dh0;              // backward outputs written by the kernels (dh0 may be null)
   float* dq_acc = nullptr;   // [B, T, H, K] f32, zeroed: dq summed over V slices and value heads
   float* dk_acc = nullptr;   // [B, T, H, K] f32, zeroed
-  int64_t qk_acc_stride = 1;  // elements between consecutive entries of dq_acc / dk_acc
-  // The recurrent backward's dq, dk accumulators interleaved, [B, T, H, K] of (dq, dk): pass 2 adds
-  // both of a row with one 8-byte vector atomic (sm_90 float2 atomicAdd) instead of two; the
-  // finishing kernel reads them through dq_acc = &dqk_acc->x, dk_acc = &dqk_acc->y, stride 2.
+  // The recurrent backward's dq, dk accumulators interleaved, [B, T, H, K] of (dq, dk), zeroed: pass 2
+  // adds both of a row with one 8-byte vector atomic (sm_90 float2 atomicAdd) instead of two, and
+  // qk_pair_grad_finish_kernel reads each pair once. (dq_acc / dk_acc: the chunked path's GVA finish.)
   float2* dqk_acc = nullptr;
   float* dbeta_acc = nullptr;  // [B, T, HV] f32, zeroed
   float* dg_acc = nullptr;   // [B, T, HV] (GDN) or [B, T, HV, K] (KDA) f32, zeroed

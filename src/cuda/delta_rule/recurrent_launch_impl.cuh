@@ -93,12 +93,16 @@ template <typename T>
 void launch_finish(const RecurrentArgs& a, View dq, View dk, View dbeta, View dg, int64_t batch,
                    int64_t num_seqs, Gate gate, cudaStream_t s) {
   const int64_t qk_rows = batch * a.T * a.H;
-  if (qk_rows > 0) {
-    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.q, dq, a.dq_acc, batch, a.T, a.H, a.K,
-                                                                   a.l2norm, a.qk_acc_stride);
+  if (qk_rows > 0 && a.dqk_acc) {  // the recurrent backward: interleaved pairs, rstd precomputed
+    if (a.l2norm && (!a.q_rstd || !a.k_rstd))
+      throw_invalid_argument("delta_rule (recurrent finish)", "q_rstd", "the L2-norm backward needs launch_qk_rstd's rows");
+    qk_pair_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(
+        a.q, a.k, dq, dk, a.dqk_acc, a.l2norm ? a.q_rstd : nullptr, a.l2norm ? a.k_rstd : nullptr, batch, a.T, a.H, a.K);
     FLASHGRAD_CUDA_CHECK_LAUNCH();
-    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.k, dk, a.dk_acc, batch, a.T, a.H, a.K,
-                                                                   a.l2norm, a.qk_acc_stride);
+  } else if (qk_rows > 0) {
+    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.q, dq, a.dq_acc, batch, a.T, a.H, a.K, a.l2norm);
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
+    qk_grad_finish_kernel<T><<<grid_for(qk_rows, 8), 256, 0, s>>>(a.k, dk, a.dk_acc, batch, a.T, a.H, a.K, a.l2norm);
     FLASHGRAD_CUDA_CHECK_LAUNCH();
   }
   const int64_t beta_n = batch * a.T * a.HV;
