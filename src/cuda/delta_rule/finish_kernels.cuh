@@ -10,128 +10,125 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// One warp per row (b, t, h) of K elements; lane handles elements lane + 32 i.
-template <typename T>
-__global__ void __launch_bounds__(256) qk_grad_finish_kernel(View x, View dx, const float* acc, int64_t B,
-                                                            int64_t T_len, int64_t H, int64_t K, bool l2norm) {
-  constexpr int kMaxPerLane = 8;  // K <= 256
-  const int lane = threadIdx.x % 32;
+// The dq / dk kernels below work one warp per row (b, t, h) of K <= 256 elements, lane handling
+// elements lane + 32 i (i < kRowSlots), over a grid-stride loop of rows.
+constexpr int kRowSlots = 8;
+
+template <typename Body>
+__device__ __forceinline__ void for_each_qk_row(int64_t B, int64_t T_len, int64_t H, Body&& body) {
   const int64_t rows = B * T_len * H;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
-       row += warps_total) {
-    const int64_t h = row % H, t = (row / H) % T_len, b = row / (H * T_len);
-    float dy[kMaxPerLane], y[kMaxPerLane];
-    float ss = 0.f, dot = 0.f;
-    const int64_t xo = off3(x, b, t, h), dxo = off3(dx, b, t, h);
+       row += warps_total)
+    body(row, row / (H * T_len), (row / H) % T_len, row % H);  // row, b, t, h
+}
+
+// x[row] as float into the lane's slots (0 past K).
+template <typename T>
+__device__ __forceinline__ void load_row(const View& x, int64_t xo, int64_t K, int lane, float (&y)[kRowSlots]) {
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int64_t e = lane + 32 * i;
-      dy[i] = e < K ? acc[row * K + e] : 0.f;
-      y[i] = (l2norm && e < K) ? to_f<T>(static_cast<const T*>(x.p)[xo + e]) : 0.f;
-      ss += y[i] * y[i];
-    }
-    if (l2norm) {
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float rstd = 1.0f / sqrtf(ss + kL2NormEps);
-#pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i) {
-        y[i] *= rstd;
-        dot += dy[i] * y[i];
-      }
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-#pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i) dy[i] = rstd * (dy[i] - dot * y[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int64_t e = lane + 32 * i;
-      if (e < K) static_cast<T*>(dx.p)[dxo + e] = from_f<T>(dy[i]);
-    }
+  for (int i = 0; i < kRowSlots; ++i) {
+    const int64_t e = lane + 32 * i;
+    y[i] = e < K ? to_f<T>(static_cast<const T*>(x.p)[xo + e]) : 0.f;
   }
 }
 
-// The recurrent backward's dq and dk together: one warp per row (b, t, h) reads the row's interleaved
-// (dq, dk) accumulator pairs once (8 bytes per element; qk_grad_finish_kernel with stride 2 reads each
-// pair twice, once per gradient) and, with the in-kernel L2 norm, takes 1 / ||x|| from qk_rstd_kernel
-// (q_rstd / k_rstd) instead of reducing x again: dx = rstd (dy - (dy.y) y), y = x rstd.
-template <typename T>
-__device__ __forceinline__ void l2norm_backward_row(const View& x, int64_t xo, float rstd, int64_t K, int lane,
-                                                    float (&dy)[8]) {
-  float y[8], dot = 0.f;
+// ||y||^2 over the warp (every lane gets it).
+__device__ __forceinline__ float row_sq_sum(const float (&y)[kRowSlots]) {
+  float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int64_t e = lane + 32 * i;
-    y[i] = e < K ? to_f<T>(static_cast<const T*>(x.p)[xo + e]) * rstd : 0.f;
-    dot += dy[i] * y[i];
+  for (int i = 0; i < kRowSlots; ++i) ss += y[i] * y[i];
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  return ss;
+}
+
+// The L2-norm backward of one row in place, from the raw row x: dx = rstd (dy - (dy.y) y), y = x rstd.
+__device__ __forceinline__ void l2norm_backward_row(float (&x)[kRowSlots], float rstd, float (&dy)[kRowSlots]) {
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRowSlots; ++i) {
+    x[i] *= rstd;
+    dot += dy[i] * x[i];
   }
 #pragma unroll
   for (int o = 16; o >= 1; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) dy[i] = rstd * (dy[i] - dot * y[i]);
+  for (int i = 0; i < kRowSlots; ++i) dy[i] = rstd * (dy[i] - dot * x[i]);
 }
+
+template <typename T>
+__device__ __forceinline__ void store_row(const View& dx, int64_t dxo, int64_t K, int lane,
+                                          const float (&dy)[kRowSlots]) {
+#pragma unroll
+  for (int i = 0; i < kRowSlots; ++i) {
+    const int64_t e = lane + 32 * i;
+    if (e < K) static_cast<T*>(dx.p)[dxo + e] = from_f<T>(dy[i]);
+  }
+}
+
+// dx from one fp32 accumulator [B, T_len, H, K] (the chunked path with GVA), norm recomputed from x.
+template <typename T>
+__global__ void __launch_bounds__(256) qk_grad_finish_kernel(View x, View dx, const float* acc, int64_t B,
+                                                            int64_t T_len, int64_t H, int64_t K, bool l2norm) {
+  const int lane = threadIdx.x % 32;
+  for_each_qk_row(B, T_len, H, [&](int64_t row, int64_t b, int64_t t, int64_t h) {
+    float dy[kRowSlots];
+#pragma unroll
+    for (int i = 0; i < kRowSlots; ++i) {
+      const int64_t e = lane + 32 * i;
+      dy[i] = e < K ? acc[row * K + e] : 0.f;
+    }
+    if (l2norm) {
+      float y[kRowSlots];
+      load_row<T>(x, off3(x, b, t, h), K, lane, y);
+      l2norm_backward_row(y, 1.0f / sqrtf(row_sq_sum(y) + kL2NormEps), dy);
+    }
+    store_row<T>(dx, off3(dx, b, t, h), K, lane, dy);
+  });
+}
+
+// The recurrent backward's dq and dk together: each row's interleaved (dq, dk) accumulator pairs are
+// read once (8 bytes per element), and with the in-kernel L2 norm 1 / ||x|| comes from qk_rstd_kernel
+// (q_rstd / k_rstd, null without the norm) instead of a second reduction over x.
 template <typename T>
 __global__ void __launch_bounds__(256) qk_pair_grad_finish_kernel(View q, View k, View dq, View dk, const float2* acc,
                                                                  const float* q_rstd, const float* k_rstd,
                                                                  int64_t B, int64_t T_len, int64_t H, int64_t K) {
-  constexpr int kMaxPerLane = 8;  // K <= 256
   const int lane = threadIdx.x % 32;
-  const int64_t rows = B * T_len * H;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
-       row += warps_total) {
-    const int64_t h = row % H, t = (row / H) % T_len, b = row / (H * T_len);
-    float dyq[kMaxPerLane], dyk[kMaxPerLane];
+  for_each_qk_row(B, T_len, H, [&](int64_t row, int64_t b, int64_t t, int64_t h) {
+    float dyq[kRowSlots], dyk[kRowSlots];
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
+    for (int i = 0; i < kRowSlots; ++i) {
       const int64_t e = lane + 32 * i;
       const float2 v = e < K ? acc[row * K + e] : make_float2(0.f, 0.f);
       dyq[i] = v.x;
       dyk[i] = v.y;
     }
-    if (q_rstd) {  // the in-kernel L2 norm (k_rstd is given with q_rstd)
-      l2norm_backward_row<T>(q, off3(q, b, t, h), q_rstd[row], K, lane, dyq);
-      l2norm_backward_row<T>(k, off3(k, b, t, h), k_rstd[row], K, lane, dyk);
+    if (q_rstd) {  // (k_rstd comes with q_rstd)
+      float y[kRowSlots];
+      load_row<T>(q, off3(q, b, t, h), K, lane, y);
+      l2norm_backward_row(y, q_rstd[row], dyq);
+      load_row<T>(k, off3(k, b, t, h), K, lane, y);
+      l2norm_backward_row(y, k_rstd[row], dyk);
     }
-    const int64_t dqo = off3(dq, b, t, h), dko = off3(dk, b, t, h);
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int64_t e = lane + 32 * i;
-      if (e < K) {
-        static_cast<T*>(dq.p)[dqo + e] = from_f<T>(dyq[i]);
-        static_cast<T*>(dk.p)[dko + e] = from_f<T>(dyk[i]);
-      }
-    }
-  }
+    store_row<T>(dq, off3(dq, b, t, h), K, lane, dyq);
+    store_row<T>(dk, off3(dk, b, t, h), K, lane, dyk);
+  });
 }
 
 // rstd[row] = 1 / sqrt(||x[row]||^2 + eps) for every row (b, t, h) of q or k, as the kernels' in-kernel
 // L2 norm computes it (rsqrtf): taken by the backward passes instead of reducing over K at every step.
-// One warp per row; lane handles elements lane + 32 i.
 template <typename T>
 __global__ void __launch_bounds__(256) qk_rstd_kernel(View x, float* rstd, int64_t B, int64_t T_len, int64_t H,
                                                      int64_t K) {
-  constexpr int kMaxPerLane = 8;  // K <= 256
   const int lane = threadIdx.x % 32;
-  const int64_t rows = B * T_len * H;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
-       row += warps_total) {
-    const int64_t h = row % H, t = (row / H) % T_len, b = row / (H * T_len);
-    const int64_t xo = off3(x, b, t, h);
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int64_t e = lane + 32 * i;
-      const float y = e < K ? to_f<T>(static_cast<const T*>(x.p)[xo + e]) : 0.f;
-      ss += y * y;
-    }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  for_each_qk_row(B, T_len, H, [&](int64_t row, int64_t b, int64_t t, int64_t h) {
+    float y[kRowSlots];
+    load_row<T>(x, off3(x, b, t, h), K, lane, y);
+    const float ss = row_sq_sum(y);
     if (lane == 0) rstd[row] = rsqrtf(ss + kL2NormEps);
-  }
+  });
 }
 
 // dbeta[b, t, hv] = acc; dg[b, t, hv(, k)] = acc + dg_const[n, hv(, k)] (n: the token's sequence).
