@@ -3,13 +3,13 @@
 # docs/perf/delta_rule.md "B2 split (session 7)"). Runs on the H200 from the repo root after
 # tools/gpu-check's build into build-gpu and the package install (cap 150 s; budget 135 s; logs in
 # $OUT/extra/):
-#   1. the chunked GDN GPU tests with the split B2 (FLASHGRAD_CHUNKED_B2=split; the fused one is the default);
-#   2. one python process, B8 T4096 H16 K=V=128 and K=V=64 bf16: the fused B2 (the default,
-#      FLASHGRAD_CHUNKED_B2=fused, read per call) against the split one with one item per 8-warp block
-#      (=split1) and with two value heads per 16-warp block (=split): forward / backward wall ms,
+#   1. the chunked GDN GPU tests with the default B2 (the split one where it applies; FLASHGRAD_CHUNKED_B2 unset);
+#   2. one python process, B8 T4096 H16 K=V=128 and K=V=64 bf16: the fused B2 (FLASHGRAD_CHUNKED_B2=fused,
+#      read per call) against the split one (the default: one item per 8-warp block, =split) and the
+#      experiment =split2 (two value heads per 16-warp block): forward / backward wall ms,
 #      per-kernel CUDA time of the B2 kernels (torch.profiler), peak extra MiB, and the splits'
 #      gradients against the fused one's (relative RMS);
-#   3. ncu of one launch of each split kernel (=split; occupancy, issue, stalls) if >= 40 s are left.
+#   3. ncu of one launch of each split kernel (default shape; occupancy, issue, stalls) if >= 40 s are left.
 # Prints a compact summary last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,17 +20,17 @@ left() { echo $(( 135 - ($(date +%s) - t0) )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 summary=()
 
-echo "== gdnb2 1/3: chunked GDN GPU tests, split B2 (FLASHGRAD_CHUNKED_B2=split)"
+echo "== gdnb2 1/3: chunked GDN GPU tests, default B2 (split)"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
-  FLASHGRAD_CHUNKED_B2=split timeout -k 3 "$(cap 45)" "$tests" \
+  env -u FLASHGRAD_CHUNKED_B2 timeout -k 3 "$(cap 45)" "$tests" \
     --gtest_filter='DeltaRuleChunked*:DeltaRuleGpu.Chunked*:-*Kda*:*KDA*' > "$OUT/extra/gdnb2_tests.log" 2>&1
   rc=$?
   grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
     "$OUT/extra/gdnb2_tests.log" | cut -c1-300 | tail -30
   npass=$(grep -cE "^\[       OK \]" "$OUT/extra/gdnb2_tests.log")
   nfail=$(grep -cE "^\[  FAILED  \] [A-Za-z]" "$OUT/extra/gdnb2_tests.log")
-  summary+=("tests (split B2) rc=$rc: $npass ok, $nfail failed lines")
+  summary+=("tests (default = split B2) rc=$rc: $npass ok, $nfail failed lines")
 else
   summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
 fi
@@ -80,7 +80,7 @@ def case(B, T, H=16, HV=16, K=128, reps=5):
         o, ht = fn()
         return torch.autograd.grad((o, ht), ins, (do, dht))
     res = {}
-    for mode in ("fused", "split1", "split"):
+    for mode in ("fused", "split", "split2"):
         os.environ["FLASHGRAD_CHUNKED_B2"] = mode  # read at every call
         gs = both(); torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
@@ -94,13 +94,13 @@ def case(B, T, H=16, HV=16, K=128, reps=5):
     rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt())
     names = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     tag = f"B{B} T{T} H{H} HV{HV} K=V={K}"
-    for mode in ("fused", "split1", "split"):
+    for mode in ("fused", "split", "split2"):
         _, f, b, p, km = res[mode]
         ks = ", ".join(f"{n} {t:.3f}" for n, t in sorted(km.items()))
         b2 = sum(km.values())
         print(f"ROW {tag} {mode}: fwd {f:.3f} ms, bwd {b:.3f} ms, peak extra {p:.0f} MiB | B2 {b2:.3f} ms ({ks})")
     gf = res["fused"][0]
-    for mode in ("split1", "split"):
+    for mode in ("split", "split2"):
         gs = res[mode][0]
         print(f"ROW {tag} {mode} vs fused rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gs, gf))
               + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gs)))
@@ -119,7 +119,7 @@ echo "== gdnb2 3/3: ncu of one launch of each split kernel (B8 T4096 H16 K=V=128
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -n "$ncu_bin" ] && [ "$(left)" -gt 40 ]; then
   metrics='regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active$,regex:smsp__warp_issue_stalled_(long_scoreboard|short_scoreboard|wait|barrier|math_pipe_throttle|mio_throttle|lg_throttle|no_instruction)_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
-  FLASHGRAD_CHUNKED_B2=split timeout -k 3 "$(( $(left) - 5 ))" "$ncu_bin" --clock-control none \
+  env -u FLASHGRAD_CHUNKED_B2 timeout -k 3 "$(( $(left) - 5 ))" "$ncu_bin" --clock-control none \
     -k regex:'chunk_grads_(state|local)' --launch-count 2 --section SpeedOfLight \
     --section Occupancy --section LaunchStats --metrics "$metrics" \
     python3 bench/profile_delta_rule.py --B 8 --T 4096 --H 16 --K 128 --reps 1 --no-profiler \

@@ -1,8 +1,8 @@
-// Chunked backward stage B2 split in two kernels (session 7), opt-in by FLASHGRAD_CHUNKED_B2=split (or
-// split1: one item per block, see kItems below) for the 16-bit backward's common case (h, dh, dv_new in T, direct outputs, H == HV, V >= K, views in 16-byte
-// row pieces: split_grads_applies); the one-kernel B2 of chunked_grads_mma.cuh stays the default (run 7.1:
-// the split was slower, docs/perf/delta_rule.md "B2 split (session 7)"). Same notation: X = v_new dh^T,
-// Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...
+// Chunked backward stage B2 split in two kernels (session 7): the default of the 16-bit backward's common
+// case (h, dh, dv_new in T, direct outputs, H == HV, V >= K, views in 16-byte row pieces:
+// split_grads_applies); FLASHGRAD_CHUNKED_B2=fused runs the one-kernel B2 of chunked_grads_mma.cuh, which
+// also takes every other case (docs/perf/delta_rule.md "B2 split (session 7)"). Same notation:
+// X = v_new dh^T, Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...
 //
 // Why: the fused kernel holds one block of 8 warps per SM (211 KiB of shared memory, 232 registers)
 // and is latency-bound (ncu, session 6: issue active 28%, stalls wait / short / long scoreboard).
@@ -79,11 +79,13 @@ struct SplitFrags {
   }
 };
 
-// Block shape: kItems = 1: one (chunk, value head) item per block of 8 warps, two blocks per SM; kItems =
-// 2: the items of value heads 2 y and 2 y + 1 in one block of 16 warps (threads [256 item, +256)), one
-// block per SM. Same warps per SM, but the two items pass the same barriers, so they run the same code
-// at the same time: with two independent blocks, each in its own phase of ~5000 instructions, B2b lost
-// 43% of its issue slots to instruction fetch (run 7.1). Helpers below take the item's thread index.
+// Block shape: kItems = 1 (the default): one (chunk, value head) item per block of 8 warps, two blocks
+// per SM; kItems = 2 (FLASHGRAD_CHUNKED_B2=split2, an experiment): the items of value heads 2 y and
+// 2 y + 1 in one block of 16 warps (threads [256 item, +256)), one block per SM, both items passing the
+// same barriers, so they run the same code at the same time. (Run 7.1: with ~11600 instructions of code,
+// two independent blocks lost 43% of B2b's issue slots to instruction fetch; with the fallback paths
+// gone, ~5400, run 7.3 measured 1.6%, so one item per block stays the default.) Helpers below take the
+// item's thread index.
 //
 // dst[r * ld + 8 p ..] = 16-byte pieces of rows r < 64 (zeros past len) of x[b, t0 + r, idx, 0 .. width).
 template <typename T>

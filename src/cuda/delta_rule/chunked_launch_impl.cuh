@@ -251,7 +251,8 @@ void launch_grads_mma_half(const ChunkedArgs& a, cudaStream_t s) {
 }
 // B2 as two kernels (chunked_grads_split.cuh, session 7): B2a (h / dh products; writes dq_s, dk_s,
 // dw into dv's first K columns, dG_state), then B2b (chunk-local products and the outputs).
-// kItems = 2 (even HV, unless FLASHGRAD_CHUNKED_B2=split1): value heads 2 y, 2 y + 1 in one 16-warp block.
+// kItems = 1: one (chunk, value head) per 8-warp block; 2 (FLASHGRAD_CHUNKED_B2=split2, even HV): value
+// heads 2 y, 2 y + 1 in one 16-warp block.
 template <typename T, int KMAX, int kItems>
 void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV / kItems));

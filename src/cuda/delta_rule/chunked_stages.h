@@ -143,20 +143,20 @@ inline bool mma_grads_wanted() {
 }
 
 // Whether the mma B2 runs as two kernels (chunked_grads_split.cuh: B2a the products with h / dh, B2b
-// the chunk-local ones, each two blocks per SM) instead of the fused one, where the split applies
-// (16-bit intermediates, direct outputs, V >= K: B2a passes dw to B2b in dv's first K columns, and with
-// a gate a.dG_state): opt-in by FLASHGRAD_CHUNKED_B2=split (two items per 16-warp block where HV is even,
-// chunked_grads_split.cuh) or split1 (one item per 8-warp block, two blocks per SM) (run 7.1: split1
-// 3.85 ms against the fused kernel's 2.13 at B8 T4096 H16 K=V=128, so the fused one stays the default).
-// Read per call, so one process can time them all.
-constexpr bool kSplitGradsByDefault = false;
+// the chunk-local ones, 16 warps per SM) instead of the fused one, where the split applies (16-bit
+// intermediates, direct outputs with H == HV, V >= K, 16-byte-row views, dG_state with a gate:
+// split_grads_applies): the default since run 7.3 (B8 T4096 H16 bf16: B2 2.10 -> 1.84 ms at K=V=128,
+// 1.27 -> 1.03 at K=V=64); FLASHGRAD_CHUNKED_B2=fused (or mma) keeps the fused kernel. split2 (an
+// experiment): two value heads per 16-warp block instead of one per 8-warp block. Read per call, so one
+// process can time them all.
+constexpr bool kSplitGradsByDefault = true;
 inline bool split_grads_paired_wanted() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B2");
-  return !(env && std::string(env) == "split1");
+  return env && std::string(env) == "split2";
 }
 inline bool split_grads_wanted() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B2");
-  if (env && (std::string(env) == "split" || std::string(env) == "split1")) return true;
+  if (env && (std::string(env) == "split" || std::string(env) == "split2")) return true;
   if (env && (std::string(env) == "fused" || std::string(env) == "mma" || std::string(env) == "v8")) return false;
   return kSplitGradsByDefault;
 }

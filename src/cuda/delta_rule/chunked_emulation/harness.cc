@@ -240,10 +240,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   else if (v8_b2)
     launch(NC, HV, 1, [&] { dr::chunk_grads_kernel<TT, KM, 8>(a); }, 256);
   else if (half == 3 && direct_qk && V >= K && dr::split_grads_wanted()) {
-    // The split B2 (session 7, opt-in: FLASHGRAD_CHUNKED_B2=split; H == HV and V >= K, as the launcher;
-    // the harness's views are contiguous). B2a passes dw to B2b in dv's first K columns and dG's
-    // state terms in dG_state.
-    // Two items per 16-warp block where HV is even (the launcher's choice unless =split1).
+    // The split B2 (session 7, the launcher's default for H == HV and V >= K; the harness's views are
+    // contiguous; FLASHGRAD_CHUNKED_B2=fused: the fused one). B2a passes dw to B2b in dv's first K
+    // columns and dG's state terms in dG_state. FLASHGRAD_CHUNKED_B2=split2 (even HV): two items per
+    // 16-warp block.
     if (gate) a.dG_state = (float*)bdGs.p();
     if (HV % 2 == 0 && dr::split_grads_paired_wanted()) {
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
