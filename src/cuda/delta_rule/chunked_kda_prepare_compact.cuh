@@ -1,31 +1,24 @@
-// KDA chunked stage 1 ("prepare"), compact variant (session 7, the default): the same outputs as
+// KDA chunked stage 1 ("prepare"), compact variant (session 7, the default): the outputs of
 // kda_prepare_kernel (chunked_kda_prepare.cuh: G, A with P^T packed into its upper triangle, w, u)
-// in 107 KiB of shared memory at K = 128 instead of 203 KiB, so that two blocks (8 warps) share
-// an SM. ncu of the wide kernel (session 6): 4 warps per SM, issue active 15%, most cycles waiting
-// on global loads (long scoreboard 36%) and on dependent instructions (wait 27%) that no other
-// warp could cover. What shrank:
-//   - q and k are kept as their 16-bit input values plus one fp32 rstd (L2 norm) per row, read as
-//     x(i, d) = value * rstd[i] (the fp32 value the wide kernel stored, up to the sum of squares'
-//     order: 66 -> 35 KiB);
-//   - the off-diagonal 16 x 8 tiles of M and P form their tensor-core fragments in registers
-//     (kda_decayed_offdiag_registers) instead of staging the pre-scaled rows (35 KiB, 12 barriers);
-//   - beta exp(G) o k (w's operand, 35 KiB) is formed after the inverse, over M / A / tmp, and the
-//     beta v pieces of u over G; A's 16-bit hi / lo copies go over q.
-// And what waits less:
-//   - q and k rows arrive by cp.async while the gate is loaded (64 loads in flight per thread) and
-//     summed in registers (kda_cumulative_gate_registers); v's first 64 columns are
-//     loaded into registers before the inverse, each later piece during the previous product;
-//   - the diagonal blocks' in-half pairs run by warp and channel with register sums and one
-//     reduce-scatter (kda_decayed_in_half_lanes) instead of a 128-term dependent chain per pair,
-//     their decays as products of the rows' factors (7 exps per channel and half instead of 28);
-//   - the gate and v loads bump row pointers (no per-row 64-bit products) and skip the row
-//     predicates in whole chunks; w and u are stored as element pairs from per-row offsets;
-//   - w and u are balanced over the warps (lower_times_split_balanced: 5 block products each
-//     instead of 1 .. 4 by row block);
-//   - the decayed products run on the raw 16-bit q / k values and apply the rows' factors (L2
-//     norm, and beta for M) to their totals: no per-element scaling, no diag(beta) pass.
-// One block of 128 threads per (chunk, value head), as the wide kernel. FLASHGRAD_CHUNKED_KDA_PREPARE
-// =old selects the wide kernel (chunked_kda_launch_impl.cuh) for the same-process comparison.
+// in 107 KiB of shared memory at K = 128 instead of 203 KiB, so that two blocks (8 warps) share an
+// SM. (ncu of the wide kernel, session 6: 4 warps per SM, issue active 15%, most cycles waiting on
+// global loads and on dependent instructions that no other warp could cover.)
+//
+// Phases of one block (128 threads, one (chunk, value head)), barriers between them:
+//   1. q, k rows by cp.async as their 16-bit input values, in flight while beta and the gate load;
+//      the gate summed per channel in registers (kda_cumulative_gate_registers); per row the L2-norm
+//      factors of q and k and M's factor beta * rstd_k.
+//   2. M = diag(beta) [K K^T decayed] (strict lower) and P = [Q K^T decayed] (P^T in the upper
+//      triangle) from the raw values, the row factors applied to the totals:
+//      in-half pairs of the diagonal blocks in fp32 (kda_decayed_in_half_lanes), the quadrants
+//      between the halves (kda_decayed_quadrant_pairs) and the off-diagonal tiles
+//      (kda_decayed_offdiag_registers) on tensor cores, fragments formed in registers.
+//   3. A = (I + M)^{-1} (the GDN stage's blocked inverse); v's first 64 columns load meanwhile.
+//   4. A (and P) to the intermediate; A's 16-bit hi / lo copies over q; w's operand
+//      beta e^G o k over M / A / tmp; w = A (beta e^G o k) and u = A (beta v), balanced over the
+//      warps (lower_times_split_balanced), the beta v pieces over G.
+// FLASHGRAD_CHUNKED_KDA_PREPARE=old selects the wide kernel (chunked_kda_launch_impl.cuh) for the
+// same-process comparison.
 #pragma once
 
 #include "chunked_kda_decay.cuh"
@@ -110,11 +103,12 @@ __device__ __forceinline__ void reduce_scatter_level(float (&v)[64], int lane) {
 //   v[a (a + 1) / 2 + c]       += q_a k_c e^(G_a - G_c)   (P, the 36 pairs c <= a)
 //   v[36 + a (a - 1) / 2 + c]  += k_a k_c e^(G_a - G_c)   (M, the 28 pairs c < a)
 // (a, c: rows of the half; q, k the 16-bit input values: the row factors multiply the totals,
-// P_ac by qrs[a] krs[c], M_ac by mrs[a] krs[c]). The decays are products of the rows' factors f_t = e^(G_t - G_{t-1}),
-// t = c + 1 .. a: 7 exps per channel instead of 28, and no product can overflow (every factor
-// <= 1; underflow only where the true decay does). The sums over the lanes are a reduce-scatter
-// (5 shuffle levels: at level n the lanes with bit 4 - n set keep the upper half of the remaining
-// values and add their partner's), after which lane l holds the totals of v[2 l] and v[2 l + 1].
+// P_ac by qrs[a] krs[c], M_ac by mrs[a] krs[c]). The decays are products of the rows' factors
+// f_t = e^(G_t - G_{t-1}), t = c + 1 .. a: 7 exps per channel instead of 28, and no product can
+// overflow (every factor <= 1; underflow only where the true decay does). The sums over the
+// lanes are a reduce-scatter (5 shuffle levels: at level n the lanes with bit 4 - n set keep the
+// upper half of the remaining values and add their partner's), after which lane l holds the
+// totals of v[2 l] and v[2 l + 1].
 // kraw / qraw(r, d) return the raw pair (x(r, d), x(r, d + 1)) for even d. No barrier.
 template <int KMAX, typename QP, typename KP>
 __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, const float* qrs, const float* mrs,
@@ -411,13 +405,15 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   {
     const float rk = tile_row_rstd<T, KMAX, kChunkThreads>(sm.k, LDK, a.l2norm);  // row tid / 2
     const float rq = tile_row_rstd<T, KMAX, kChunkThreads>(sm.q, LDK, a.l2norm);
-    if (tid % 2 == 0) sm.rstd[tid / 2] = rk, sm.rstd[C + tid / 2] = rq, sm.rstd[2 * C + tid / 2] = sm.beta[tid / 2] * rk;
+    if (tid % 2 == 0) {
+      const int r = tid / 2;
+      sm.rstd[r] = rk, sm.rstd[C + r] = rq, sm.rstd[2 * C + r] = sm.beta[r] * rk;
+    }
   }
   __syncthreads();
 
-  // Element pairs (d, d + 1), d even, of the rows: raw input values (the decayed products apply
-  // the rows' L2-norm factors to their totals), and k's times the row factor (kp: the fp32 value
-  // the wide kernel kept, normalized).
+  // Element pairs (d, d + 1), d even, of the rows as their raw input values: the products below
+  // apply the row factors (L2 norm; beta for M and w's operand) to their totals.
   const float* krs = sm.rstd;
   const float* qrs = sm.rstd + C;
   const float* mrs = sm.rstd + 2 * C;
@@ -426,8 +422,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
     mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(X), x0, x1);
     return make_float2(x0, x1);
   };
-  auto scaled = [](float2 x, float s) { return make_float2(x.x * s, x.y * s); };
-  auto kp = [&](int r, int d) { return scaled(raw_pair(&sm.k[r * LDK + d]), krs[r]); };
 
   // M (strict lower triangle of sm.M) and P^T (its upper triangle and diagonal): the diagonal
   // blocks' in-half pairs in fp32, their quadrants and the off-diagonal tiles on tensor cores from
@@ -440,19 +434,23 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   kda_decayed_offdiag_registers<T, KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   __syncthreads();
   // The first 64 columns of v into registers (u's first piece), in flight during the inverse.
-  // Element e = tid + 128 m of a piece: row tid / 64 + 2 m, column tid % 64 (pointer bumped by two
-  // rows per m, as the gate's rows).
-  constexpr int kVPer = C * 64 / kChunkThreads;
-  const int64_t v_elem0 = off4(a.v, ci.b, ci.t0, hv, 0) + (tid / 64) * a.v.s1 + tid % 64, v_step = 2 * a.v.s1;
-  float vv[kVPer];
+  // A piece's elements of thread tid: columns 2 (tid % 32) and + 1 (vv[2 m], vv[2 m + 1]) of rows
+  // tid / 32 + 4 m (pointer bumped by four rows per m, as the gate's rows).
+  constexpr int kVPairs = C * 32 / kChunkThreads;
+  const int64_t v_elem0 = off4(a.v, ci.b, ci.t0, hv, 0) + (tid / 32) * a.v.s1 + 2 * (tid % 32), v_step = 4 * a.v.s1;
+  float vv[2 * kVPairs];
   auto fetch_v = [&](int c0) {
-    auto rows = [&](auto* p) {  // p: this thread's element of the piece's first row pair
+    auto rows = [&](auto* p) {  // p: this thread's first element of the piece's row tid / 32
       if (L == C) {  // whole chunk: no row predicates
 #pragma unroll
-        for (int m = 0; m < kVPer; ++m, p += v_step) vv[m] = to_f32(*p);
+        for (int m = 0; m < kVPairs; ++m, p += v_step) vv[2 * m] = to_f32(p[0]), vv[2 * m + 1] = to_f32(p[1]);
       } else {
 #pragma unroll
-        for (int m = 0; m < kVPer; ++m, p += v_step) vv[m] = tid / 64 + 2 * m < L ? to_f32(*p) : 0.f;
+        for (int m = 0; m < kVPairs; ++m, p += v_step) {
+          const bool ok = tid / 32 + 4 * m < L;
+          vv[2 * m] = ok ? to_f32(p[0]) : 0.f;
+          vv[2 * m + 1] = ok ? to_f32(p[1]) : 0.f;
+        }
       }
     };
     if (a.v.f32)
@@ -469,24 +467,38 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   float* u0 = a.u + (row0 * a.HV + hv) * a.V;
   // Row i < L of the intermediate: A_ij for j < i, P_ji = sm.M[i][j] for j >= i (chunked_kda.h);
   // A as hi + lo over q (q's last readers were the decayed products, before the inverse's barriers).
-  // Two columns per step (float2 loads and stores; the intermediate's rows are 8-byte aligned).
-  for (int e = tid; e < C * C / 2; e += kChunkThreads) {
-    const int i = e / (C / 2), j = 2 * (e % (C / 2));
-    const float2 x = *reinterpret_cast<const float2*>(&sm.A[i * LDM + j]);
-    const float2 pm = *reinterpret_cast<const float2*>(&sm.M[i * LDM + j]);
-    if (i < L) *reinterpret_cast<float2*>(&A0[i * a.HV * C + j]) = make_float2(j < i ? x.x : pm.x, j + 1 < i ? x.y : pm.y);
-    mma::split_pair<T>(x.x, x.y, *reinterpret_cast<uint32_t*>(&sm.a_hi[i * LDA + j]),
-                       *reinterpret_cast<uint32_t*>(&sm.a_lo[i * LDA + j]));
+  // Two columns per step (float2 loads and stores; the intermediate's rows are 8-byte aligned):
+  // thread tid keeps columns j, j + 1 (j = 2 (tid % 32)) and takes rows tid / 32 + 4 m (row
+  // offsets bumped, not recomputed).
+  {
+    const int j = 2 * (tid % 32);
+    float* a_out = A0 + (tid / 32) * a.HV * C + j;
+    const int64_t a_step = 4 * a.HV * C;
+#pragma unroll 4
+    for (int m = 0; m < C / 4; ++m, a_out += a_step) {
+      const int i = tid / 32 + 4 * m;
+      const float2 x = *reinterpret_cast<const float2*>(&sm.A[i * LDM + j]);
+      const float2 pm = *reinterpret_cast<const float2*>(&sm.M[i * LDM + j]);
+      if (i < L) *reinterpret_cast<float2*>(a_out) = make_float2(j < i ? x.x : pm.x, j + 1 < i ? x.y : pm.y);
+      mma::split_pair<T>(x.x, x.y, *reinterpret_cast<uint32_t*>(&sm.a_hi[i * LDA + j]),
+                         *reinterpret_cast<uint32_t*>(&sm.a_lo[i * LDA + j]));
+    }
   }
   __syncthreads();  // M, A and tmp are free
-  // beta exp(G) o k as hi + lo (exp(G) <= 1) over M, A and tmp, two channels per step (float2 G,
-  // 32-bit k and wb words).
-  for (int e = tid; e < C * KMAX / 2; e += kChunkThreads) {
-    const int r = e / (KMAX / 2), d = 2 * (e % (KMAX / 2));
-    const float2 gv = *reinterpret_cast<const float2*>(&sm.G[r * LDG + d]), kv = kp(r, d);
-    const float br = sm.beta[r];
-    mma::split_pair<T>(br * decay_exp(gv.x) * kv.x, br * decay_exp(gv.y) * kv.y,
-                       *reinterpret_cast<uint32_t*>(&sm.wb[r * LDK + d]), *reinterpret_cast<uint32_t*>(&sm.wb_lo[r * LDK + d]));
+  // beta e^G o k as hi + lo (e^G <= 1) over M, A and tmp: mrs[r] e^G_rd k_rd with the raw k and
+  // mrs = beta rstd_k. Thread tid keeps the channel pair d, d + 1 (d = 2 (tid % (KMAX / 2))) and
+  // takes every (128 / (KMAX / 2))-th row (float2 G, 32-bit k and wb words).
+  {
+    constexpr int kPairs = KMAX / 2, kRowStep = kChunkThreads / kPairs;
+    const int d = 2 * (tid % kPairs);
+#pragma unroll 4
+    for (int r = tid / kPairs; r < C; r += kRowStep) {
+      const float2 gv = *reinterpret_cast<const float2*>(&sm.G[r * LDG + d]), kv = raw_pair(&sm.k[r * LDK + d]);
+      const float mr = mrs[r];
+      mma::split_pair<T>(mr * decay_exp(gv.x) * kv.x, mr * decay_exp(gv.y) * kv.y,
+                         *reinterpret_cast<uint32_t*>(&sm.wb[r * LDK + d]),
+                         *reinterpret_cast<uint32_t*>(&sm.wb_lo[r * LDK + d]));
+    }
   }
   __syncthreads();  // G is free
 
@@ -521,9 +533,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   for (int c0 = 0; c0 < a.V; c0 += 64) {
     if (c0 > 0) __syncthreads();  // the previous piece's readers are done
 #pragma unroll
-    for (int m = 0; m < kVPer; ++m) {
-      const int r = (tid + kChunkThreads * m) / 64, col = (tid + kChunkThreads * m) % 64;
-      store_split<T>(sm.beta[r] * vv[m], &sm.ub[r * LDU + col], &sm.ub_lo[r * LDU + col]);
+    for (int m = 0; m < kVPairs; ++m) {  // pairs as 32-bit words
+      const int r = tid / 32 + 4 * m, col = 2 * (tid % 32);
+      const float br = sm.beta[r];
+      mma::split_pair<T>(br * vv[2 * m], br * vv[2 * m + 1], *reinterpret_cast<uint32_t*>(&sm.ub[r * LDU + col]),
+                         *reinterpret_cast<uint32_t*>(&sm.ub_lo[r * LDU + col]));
     }
     __syncthreads();
     if (c0 + 64 < a.V) fetch_v(c0 + 64);
