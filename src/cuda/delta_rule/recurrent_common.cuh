@@ -142,13 +142,19 @@ __device__ __forceinline__ int64_t row_of(int gl, int i) {
   return static_cast<int64_t>(gl) * KPT + i;
 }
 
-// Raw 32-bit storage of one element of a View whose type is float or T (converted at use, so
-// that a prefetched load is waited for only where its value is needed).
+// Raw 32-bit storage of the element at p, of a View whose type is float (`f32`) or T (converted at
+// use by raw_to_f, so that a prefetched load is waited for only where its value is needed).
 template <typename T>
-__device__ __forceinline__ uint32_t load_raw(const View& x, int64_t off) {
-  if (x.f32) return __float_as_uint(static_cast<const float*>(x.p)[off]);
-  if constexpr (sizeof(T) == 2) return static_cast<uint32_t>(static_cast<const uint16_t*>(x.p)[off]);
-  else return __float_as_uint(static_cast<const float*>(x.p)[off]);
+__device__ __forceinline__ uint32_t load_raw_at(bool f32, const void* p) {
+  if (f32 || sizeof(T) == 4) return *static_cast<const uint32_t*>(p);
+  return static_cast<uint32_t>(*static_cast<const uint16_t*>(p));
+}
+template <typename T>
+__device__ __forceinline__ void store_elem_at(bool f32, void* p, float val) {
+  if (f32)
+    *static_cast<float*>(p) = val;
+  else
+    *static_cast<T*>(p) = from_f<T>(val);
 }
 template <typename T>
 __device__ __forceinline__ float raw_to_f(bool f32, uint32_t bits) {
@@ -240,12 +246,13 @@ __device__ __forceinline__ int elem_size(const View& x) {
   return x.f32 ? 4 : static_cast<int>(sizeof(T));
 }
 
-// q and k rows for this thread, optionally normalized over the full K (group reduction).
-// kScale = false: the rows stay raw and only *q_rstd / *k_rstd get the norms (the caller folds them).
-template <typename T, int L, int KPT, bool kScale = true>
+// q and k rows for this thread as float, raw, and the norms that would normalize them over the full
+// K (group reduction; 1 without the L2 norm). The kernels fold rq, rk into their per-column scalars:
+// q and k enter only through dot products and rank-one updates with such scalars (k.S = rk (k_raw.S),
+// S += (rk u) k_raw, o = (scale rq) (q_raw.S)), which saves 2 KPT multiplies per step.
+template <typename T, int L, int KPT>
 __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KPT], bool l2norm,
-                                            float (&q)[KPT], float (&k)[KPT], float* q_rstd,
-                                            float* k_rstd) {
+                                            float (&q)[KPT], float (&k)[KPT], float& rq, float& rk) {
   float sq = 0.f, sk = 0.f;
 #pragma unroll
   for (int i = 0; i < KPT; ++i) {
@@ -254,55 +261,31 @@ __device__ __forceinline__ void qk_to_float(const T (&qr)[KPT], const T (&kr)[KP
     sq += q[i] * q[i];
     sk += k[i] * k[i];
   }
-  float rq = 1.f, rk = 1.f;
+  float nq = 1.f, nk = 1.f;
   if (l2norm) {
     // rsqrtf (~2 ulp): the exact 1 / sqrtf's division and square-root sequences with their
     // slow-path branches were ~8% of a step's instructions.
-    rq = rsqrtf(group_sum<L>(sq) + kL2NormEps);
-    rk = rsqrtf(group_sum<L>(sk) + kL2NormEps);
-    if constexpr (kScale) {
-#pragma unroll
-      for (int i = 0; i < KPT; ++i) {
-        q[i] *= rq;
-        k[i] *= rk;
-      }
-    }
+    nq = rsqrtf(group_sum<L>(sq) + kL2NormEps);
+    nk = rsqrtf(group_sum<L>(sk) + kL2NormEps);
   }
-  if (q_rstd) *q_rstd = rq;
-  if (k_rstd) *k_rstd = rk;
+  rq = nq;
+  rk = nk;
 }
 
-// q and k rows for this thread scaled by precomputed 1 / ||x|| (the backward passes; 1 without
-// the L2 norm): the same rows as qk_to_float's without its per-step group sums.
-template <typename T, int KPT>
-__device__ __forceinline__ void qk_to_float_rstd(const T (&qr)[KPT], const T (&kr)[KPT], float rq, float rk,
-                                                 float (&q)[KPT], float (&k)[KPT]) {
-#pragma unroll
-  for (int i = 0; i < KPT; ++i) {
-    q[i] = to_f<T>(qr[i]) * rq;
-    k[i] = to_f<T>(kr[i]) * rk;
-  }
-}
-
-// The step's q and k rows and the scales that normalize them (1 / ||x||, or 1). The GDN and plain
-// kernels fold the scales into their per-column scalars (q and k enter only through dot products
-// and rank-one updates with such scalars), saving 2 KPT multiplies per step; KDA's backward keeps
-// normalized rows (its gate terms and shared q, k rows need them).
+// The backward passes' q and k rows with their precomputed norms q_rstd, k_rstd (qk_rstd_kernel; 1
+// without the L2 norm). kFold (GDN and the plain rule): raw rows, rq / rk folded as in qk_to_float;
+// else (KDA's backward, whose gate terms and shared q, k rows need them) normalized rows, rq = rk = 1.
 template <typename T, int KPT, bool kFold>
 __device__ __forceinline__ void qk_rows_rstd(const T (&qr)[KPT], const T (&kr)[KPT], float q_rstd, float k_rstd,
                                              float (&q)[KPT], float (&k)[KPT], float& rq, float& rk) {
-  if constexpr (kFold) {
+  const float sq = kFold ? 1.f : q_rstd, sk = kFold ? 1.f : k_rstd;
 #pragma unroll
-    for (int i = 0; i < KPT; ++i) {
-      q[i] = to_f<T>(qr[i]);
-      k[i] = to_f<T>(kr[i]);
-    }
-    rq = q_rstd;
-    rk = k_rstd;
-  } else {
-    qk_to_float_rstd<T, KPT>(qr, kr, q_rstd, k_rstd, q, k);
-    rq = rk = 1.f;
+  for (int i = 0; i < KPT; ++i) {
+    q[i] = to_f<T>(qr[i]) * sq;
+    k[i] = to_f<T>(kr[i]) * sk;
   }
+  rq = kFold ? q_rstd : 1.f;
+  rk = kFold ? k_rstd : 1.f;
 }
 
 // This thread's q, k, gate and beta streams (row0: its first row, rows_left = K - row0).
@@ -322,20 +305,6 @@ __device__ __forceinline__ QkgbStreams qkgb_streams(const RecurrentArgs& a, cons
   st.k_rstd = acc_tokens(const_cast<float*>(a.k_rstd), a.T, c, a.H, c.h, 1, 0);
   st.rows_left = a.K - row0;
   return st;
-}
-
-// Raw bits of the element at p (float, or T widened), as load_raw.
-template <typename T>
-__device__ __forceinline__ uint32_t load_raw_at(bool f32, const void* p) {
-  if (f32 || sizeof(T) == 4) return *static_cast<const uint32_t*>(p);
-  return static_cast<uint32_t>(*static_cast<const uint16_t*>(p));
-}
-template <typename T>
-__device__ __forceinline__ void store_elem_at(bool f32, void* p, float val) {
-  if (f32)
-    *static_cast<float*>(p) = val;
-  else
-    *static_cast<T*>(p) = from_f<T>(val);
 }
 
 // Loads this thread's q, k rows and the gate / beta of step t (token bos + t).

@@ -41,10 +41,9 @@ __global__ void __launch_bounds__(kThreads, 2) recurrent_forward_kernel(Recurren
     s.x0 = c.col_ok ? load_raw_at<T>(a.v.f32, v_at.at<const void>(t)) : 0u;
   };
   auto step = [&](int64_t t, StepLoad<T, KPT, kPC>& cur) {
-    // q, k raw; their norms (1 without the L2 norm) fold into the scalars: k.S = rk (k_raw.S),
-    // S += (rk u) k_raw, o = (scale rq) (q_raw.S).
+    // q, k raw; their norms (1 without the L2 norm) fold into the scalars (qk_to_float).
     float q[KPT], k[KPT], d[KPT], rq, rk;
-    qk_to_float<T, L, KPT, false>(cur.q, cur.k, a.l2norm, q, k, &rq, &rk);
+    qk_to_float<T, L, KPT>(cur.q, cur.k, a.l2norm, q, k, rq, rk);
     gate_scalar<T, G>(a.g.f32, cur);
     decays<G, KPT>(cur.g, d);
     float pk = 0.f;

@@ -45,14 +45,15 @@ void launch_recurrent_gate(RecurrentStage stage, const RecurrentArgs& a, int64_t
 }
 
 // The kernels address step t of a sequence as one 32-bit multiply-add (TokenPtr): the token index
-// and every per-token stride in bytes must fit in int32. Contiguous tensors are far inside that
+// and every per-token stride in bytes must fit in int32 (the accumulators' too: dqk_acc's rows are
+// float2, H x K x 8 bytes per token; dg_acc's HV x K x 4). Contiguous tensors are far inside that
 // (a token's stride is heads x dim elements); a view strided past it is refused, not overflowed.
 template <typename T>
 void check_token_strides(const RecurrentArgs& a) {
   constexpr int64_t kMax = 0x7fffffff;
   auto fits = [&](const View& x) { return !x.p || (x.s1 >= 0 && x.s1 * (x.f32 ? 4 : int64_t(sizeof(T))) <= kMax); };
   const bool ok = a.T <= kMax && fits(a.q) && fits(a.k) && fits(a.v) && fits(a.g) && fits(a.beta) && fits(a.o) &&
-                  fits(a.r) && fits(a.dout) && fits(a.dv) && a.H * a.K * 4 <= kMax && a.HV * a.K * 4 <= kMax;
+                  fits(a.r) && fits(a.dout) && fits(a.dv) && a.H * a.K * 8 <= kMax && a.HV * a.K * 4 <= kMax;
   if (!ok)
     throw_unsupported("delta_rule (recurrent CUDA kernels)", "q",
                       "sequences longer than 2^31 - 1 tokens or a per-token stride above 2^31 - 1 bytes");
