@@ -13,29 +13,16 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 from triton.testing import do_bench
 
-import flashgrad
-
-
-def inputs(kind, B=8, T=4096, H=16, K=128):
-    torch.manual_seed(0)
-    dt = torch.bfloat16
-    q = torch.randn(B, T, H, K, device="cuda", dtype=dt)
-    k = F.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1).to(dt)
-    v = torch.randn(B, T, H, K, device="cuda", dtype=dt)
-    g = F.logsigmoid(torch.randn((B, T, H) if kind == "gdn" else (B, T, H, K), device="cuda")) / 4
-    beta = torch.rand(B, T, H, device="cuda").sigmoid().to(dt)
-    h0 = torch.randn(B, H, K, K, device="cuda") * 0.1
-    return [t.requires_grad_() for t in (q, k, v, g, beta, h0)]
+from delta_rule_vs_fla import fla_fn, flashgrad_fn, make_inputs  # the same inputs and calls as the bench
 
 
 def probe(name, fn, xs):
     call = lambda: fn(*xs)  # noqa: E731
     call(); torch.cuda.synchronize()
     bench = do_bench(call, warmup=10, rep=60, return_mode="median")
-    torch.cuda.synchronize(); t0 = time.perf_counter()
+    torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     for _ in range(20):
@@ -64,19 +51,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-fla", action="store_true"); ap.add_argument("--kind", default="gdn")
     a = ap.parse_args()
-    xs = inputs(a.kind)
-    fg = flashgrad.chunk_gated_delta_rule if a.kind == "gdn" else flashgrad.chunk_kda
-    probe(f"flashgrad chunk {a.kind} fwd", lambda q, k, v, g, b, h: fg(q=q, k=k, v=v, g=g, beta=b, initial_state=h,
-                                                                       output_final_state=True), xs)
+    xs = make_inputs(a.kind, 8, 4096, 16, 128)
+    probe(f"flashgrad chunk {a.kind} fwd", flashgrad_fn(a.kind, "chunk"), xs)
     if not a.no_fla:
-        import fla.ops.common.chunk_o as chunk_o
-        chunk_o.TRITON_ABOVE_3_4_0 = False  # timing only (see bench/delta_rule_vs_fla.py)
-        if a.kind == "gdn":
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as f
-        else:
-            from fla.ops.kda import chunk_kda as f
-        probe(f"fla chunk {a.kind} fwd", lambda q, k, v, g, b, h: f(q=q, k=k, v=v, g=g, beta=b, initial_state=h,
-                                                                     output_final_state=True), xs)
+        probe(f"fla chunk {a.kind} fwd", fla_fn(a.kind, "chunk"), xs)
 
 
 if __name__ == "__main__":
