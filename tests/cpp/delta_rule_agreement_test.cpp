@@ -39,6 +39,22 @@ void expect_close(const HostTensor& a, const HostTensor& ref, double tol, const 
   std::cout << "  [" << what << "] max |a - ref| / max |ref| = " << e << "\n";
 }
 
+// `a` is f32 and each element is `exact` (long double, then double) rounded once to float after an
+// fp64 computation: |a - exact| <= 2^-24 |exact| (round to nearest) + 1e-12 max |exact| (fp64 work).
+void expect_rounded_from(const HostTensor& a, const std::vector<double>& exact, const std::string& what) {
+  ASSERT_EQ(a.dtype(), DType::f32) << what;
+  const std::vector<double> x = a.to_doubles();
+  ASSERT_EQ(x.size(), exact.size()) << what;
+  double max_exact = 0, worst = 0;
+  for (double e : exact) max_exact = std::max(max_exact, std::abs(e));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double bound = std::ldexp(std::abs(exact[i]), -24) + 1e-12 * max_exact;
+    worst = std::max(worst, std::abs(x[i] - exact[i]) / bound);
+  }
+  EXPECT_LE(worst, 1.0) << what << ": worst |a - exact| / (half ulp + 1e-12 max) = " << worst;
+  std::cout << "  [" << what << "] worst |a - exact| / bound = " << worst << "\n";
+}
+
 TEST(DeltaRuleForward, MatchesDirectRecurrence) {
   auto rng = make_rng();
   for (auto alg : {DeltaRuleAlgorithm::recurrent, DeltaRuleAlgorithm::chunked})
@@ -205,7 +221,11 @@ TEST(DeltaRuleStrongDecay, FiniteAndAccurate) {
     const DeltaGrads gc = run_backward(d, p);
     const std::string what = gate_label(gate);
     expect_close(fc.o, fr.o, 1e-10, what + " o");
-    expect_close(gc.dg, gr.dg, 1e-10, what + " dg");
+    // dg has the gate's dtype, f32 here: each algorithm rounds its fp64 value once, and two values
+    // a hair apart can round to neighbouring floats (one ulp, ~3.8e-10 of max |dg| in a CI run).
+    // So both are held to the rounding bound around the long-double arbiter instead.
+    expect_rounded_from(gc.dg, direct_gate_gradient(d), what + " chunked dg");
+    expect_rounded_from(gr.dg, direct_gate_gradient(d), what + " recurrent dg");
     expect_close(gc.dk, gr.dk, 1e-10, what + " dk");
     expect_close(gc.dh0, gr.dh0, 1e-10, what + " dh0");
     // fp32 compute from the same inputs (converted once to float32).

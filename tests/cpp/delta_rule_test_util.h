@@ -278,4 +278,71 @@ inline DirectResult direct_recurrence(const DeltaData& d) {
   return res;
 }
 
+// Gate gradient of the plain recurrence, in long double with every state kept: for each step,
+// dL/dS~_t = (I - beta k k^T) dL/dS_t with S~_t = diag(exp g_t) S_{t-1} the decayed state, and
+// dg_t = sum over values of dL/dS~_t * S~_t (per key channel; GDN sums the channels). No
+// running sums that cancel, so it arbitrates between the library's two algorithms.
+// Returns dg in the layout of d.g ([B,T,HV] or [B,T,HV,K]).
+inline std::vector<double> direct_gate_gradient(const DeltaData& d) {
+  using LD = long double;
+  const DeltaCase& c = d.c;
+  const int64_t N = c.num_seqs(), K = c.K, V = c.V, group = c.HV / c.H;
+  const LD scale = std::isnan(c.scale) ? 1.0L / std::sqrt(static_cast<LD>(K)) : c.scale;
+  const int64_t gw = c.gate == GateKind::per_channel ? K : 1;
+  std::vector<double> dg(c.B * c.T * c.HV * gw, 0);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t b = c.cu_seqlens.empty() ? n : 0;
+    const int64_t t0 = c.cu_seqlens.empty() ? 0 : c.cu_seqlens[n];
+    const int64_t t1 = c.cu_seqlens.empty() ? c.T : c.cu_seqlens[n + 1];
+    for (int64_t j = 0; j < c.HV; ++j) {
+      const int64_t h = j / group, L = t1 - t0;
+      std::vector<LD> q(L * K), k(L * K), dec(L * K, 1.0L), beta(L), Sd(L * K * V), S(K * V, 0);
+      if (c.initial_state)
+        for (int64_t e = 0; e < K * V; ++e) S[e] = d.h0.get((n * c.HV + j) * K * V + e);
+      for (int64_t s = 0; s < L; ++s) {
+        const int64_t t = t0 + s, row = (b * c.T + t) * c.HV + j;
+        LD sq = 0, sk = 0;
+        for (int64_t i = 0; i < K; ++i) {
+          q[s * K + i] = d.q.get(((b * c.T + t) * c.H + h) * K + i);
+          k[s * K + i] = d.k.get(((b * c.T + t) * c.H + h) * K + i);
+          sq += q[s * K + i] * q[s * K + i], sk += k[s * K + i] * k[s * K + i];
+        }
+        if (c.l2norm)
+          for (int64_t i = 0; i < K; ++i) q[s * K + i] /= std::sqrt(sq + 1e-6L), k[s * K + i] /= std::sqrt(sk + 1e-6L);
+        for (int64_t i = 0; i < K; ++i)
+          dec[s * K + i] = std::exp(static_cast<LD>(d.g.get(c.gate == GateKind::per_channel ? row * K + i : row)));
+        beta[s] = d.beta.get(row);
+        for (int64_t i = 0; i < K; ++i)
+          for (int64_t e = 0; e < V; ++e) S[i * V + e] *= dec[s * K + i];
+        std::copy(S.begin(), S.end(), Sd.begin() + s * K * V);
+        for (int64_t e = 0; e < V; ++e) {
+          LD pred = 0;
+          for (int64_t i = 0; i < K; ++i) pred += S[i * V + e] * k[s * K + i];
+          const LD u = beta[s] * (static_cast<LD>(d.v.get(((b * c.T + t) * c.HV + j) * V + e)) - pred);
+          for (int64_t i = 0; i < K; ++i) S[i * V + e] += k[s * K + i] * u;
+        }
+      }
+      std::vector<LD> dS(K * V, 0);
+      if (c.dht) for (int64_t e = 0; e < K * V; ++e) dS[e] = d.dht.get((n * c.HV + j) * K * V + e);
+      for (int64_t s = L - 1; s >= 0; --s) {
+        const int64_t row = (b * c.T + t0 + s) * c.HV + j;
+        for (int64_t i = 0; i < K; ++i)
+          for (int64_t e = 0; e < V; ++e) dS[i * V + e] += scale * q[s * K + i] * static_cast<LD>(d.dout.get(row * V + e));
+        for (int64_t e = 0; e < V; ++e) {  // dS~ = (I - beta k k^T) dS, column by column
+          LD kd = 0;
+          for (int64_t i = 0; i < K; ++i) kd += k[s * K + i] * dS[i * V + e];
+          for (int64_t i = 0; i < K; ++i) dS[i * V + e] -= beta[s] * k[s * K + i] * kd;
+        }
+        for (int64_t i = 0; i < K; ++i) {
+          LD acc = 0;
+          for (int64_t e = 0; e < V; ++e) acc += dS[i * V + e] * Sd[(s * K + i) * V + e];
+          dg[row * gw + (gw == 1 ? 0 : i)] += static_cast<double>(acc);
+          for (int64_t e = 0; e < V; ++e) dS[i * V + e] *= dec[s * K + i];
+        }
+      }
+    }
+  }
+  return dg;
+}
+
 }  // namespace flashgrad::test
