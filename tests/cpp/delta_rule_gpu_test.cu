@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/host_dtype.h"
+#include "cuda/delta_rule/chunked_stages.h"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
 #include "gpu_test_util.h"
@@ -769,6 +770,30 @@ TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
     c.pad = pad;
     c.seed = 630 + pad;
     chunked(c);
+  }
+}
+
+// Enough (sequence, value head) chains that the backward's B1 runs one block per chain, so dv_new
+// goes into w's region (dv_new_in_w_allowed, the default since session 8): K = V = 64 with >= one
+// chain per SM (4 warps), K = V = 128 with >= 3/4 of the SMs' worth of 4-chain groups (8 warps).
+TEST(DeltaRuleGpu, ChunkedDvNewInWRegion) {
+  REQUIRE_GPU();
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  for (int64_t K : {64, 128}) {
+    Case c;
+    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+    c.saved_r = DType::i32;  // no saved r: the chunked path
+    c.H = K == 64 ? 4 : 2, c.HV = 4, c.K = K, c.V = K, c.T = 130;
+    c.B = (K == 64 ? sms : (3 * sms + 3) / 4) / c.HV + 1;
+    c.gate_div = K == 64 ? 0.1f : 1.f;
+    c.dtype = K == 64 ? DType::f16 : DType::bf16;
+    c.seed = 660 + K;
+    c.name = "chunked gdn dv_new in w K=V=" + std::to_string(K) + " B=" + std::to_string(c.B);
+    ASSERT_TRUE(flashgrad::cuda_detail::delta_rule::dv_new_in_w_allowed(c.B * c.HV, K, K, sms))
+        << c.name << ": these sizes no longer put dv_new in w's region (or FLASHGRAD_CHUNKED_DVNEW_IN_W=0 is set)";
+    run_case(c);
   }
 }
 

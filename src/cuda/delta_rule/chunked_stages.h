@@ -170,14 +170,16 @@ inline int state_backward_warps(int64_t chains, int64_t V, int64_t sms) {
   return 2;
 }
 
-// Experiment (session 6, off by default): FLASHGRAD_CHUNKED_DVNEW_IN_W=1 lets the 16-bit backward put
-// dv_new in w's region when that is race-free: K == V (the same [rows, HV, 16-bit] layout) and one B1
-// block per (sequence, value head) (16 x state_backward_warps == V), so w's rows of a chunk are read
-// (cp.async, waited for at the top of that chunk's iteration) by the block that then writes dv_new
-// over them, and by no other kernel after B1.
+// dv_new in w's region (session 6 experiment, default since session 8; FLASHGRAD_CHUNKED_DVNEW_IN_W=0
+// turns it off): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
+// same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head)
+// (16 x state_backward_warps == V), so w's rows of a chunk are read (cp.async, waited for at the top
+// of that chunk's iteration) by the block that then writes dv_new over them, and by no other kernel
+// after B1. Saves rows x HV x V 16-bit elements (128 MiB at B8 T4096 H16 K=V=128).
 inline bool dv_new_in_w_allowed(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_DVNEW_IN_W");
-  return env && std::string(env) == "1" && K == V && 16 * state_backward_warps(chains, V, sms) == V;
+  if (env && std::string(env) == "0") return false;
+  return K == V && 16 * state_backward_warps(chains, V, sms) == V;
 }
 
 // Whether the chunked GDN backward stores h, dh and dv_new in 16 bits and has B2 write the
