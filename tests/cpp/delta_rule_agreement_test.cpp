@@ -249,10 +249,15 @@ TEST(DeltaRuleStrongDecay, FiniteAndAccurate) {
       for (const HostTensor* t : {&f.o, &f.final_state, &g.dq, &g.dk, &g.dv, &g.dg, &g.dbeta, &g.dh0})
         EXPECT_TRUE(all_finite(*t)) << what << ": non-finite output";
       const std::string w = what + (alg == DeltaRuleAlgorithm::chunked ? " chunked fp32" : " recurrent fp32");
+      // Bars ~10x the median fp32 error over 240 seeds (chunked, the worse algorithm): o, dq, dk, dbeta
+      // median ~2e-6 (max 7e-6); dg median 6.3e-6, max 1.9e-5, and 2.6e-5 once in a 100-run sweep.
+      // dg is a difference of sums larger than itself (the recurrent closed form dg_1 - prefix; the
+      // chunked reverse cumsum of +-dE terms), so its error is ~3x the others'; accumulating the
+      // chunked dG in double changed nothing (the error comes with the terms, from fp32 products).
       EXPECT_LT(rel_rms(f.o.to_doubles(), fr.o.to_doubles()), 2e-5) << w << " o";
       EXPECT_LT(rel_rms(g.dq.to_doubles(), gr.dq.to_doubles()), 2e-5) << w << " dq";
       EXPECT_LT(rel_rms(g.dk.to_doubles(), gr.dk.to_doubles()), 2e-5) << w << " dk";
-      EXPECT_LT(rel_rms(g.dg.to_doubles(), gr.dg.to_doubles()), 2e-5) << w << " dg";
+      EXPECT_LT(rel_rms(g.dg.to_doubles(), gr.dg.to_doubles()), 6e-5) << w << " dg";
       EXPECT_LT(rel_rms(g.dbeta.to_doubles(), gr.dbeta.to_doubles()), 2e-5) << w << " dbeta";
     }
   }
