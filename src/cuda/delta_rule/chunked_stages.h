@@ -164,7 +164,14 @@ inline bool split_grads_wanted() {
 // Warps per block of the transposed B1 (16 value columns each; chunked_launch_impl.cuh), by the
 // number of (sequence, value head) chains and the SM count: 8 (128 columns) when V allows and the
 // (chain, slice) blocks still cover most SMs, else 4 (64 columns, twice the blocks), else 2 (32).
+// FLASHGRAD_CHUNKED_B1_WARPS=2 / 4 / 8 (an experiment, session 8; read per call) forces the count
+// where V allows it, to time the shapes against each other in one process (few long sequences,
+// B1 T32768 H16: 2 warps by the rule, each warp's serial chain forming a quarter of P per chunk).
 inline int state_backward_warps(int64_t chains, int64_t V, int64_t sms) {
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_WARPS")) {
+    const int w = std::atoi(env);
+    if ((w == 2 || w == 4 || w == 8) && V % (16 * w) == 0) return w;
+  }
   if (V % 128 == 0 && 4 * chains * (V / 128) >= 3 * sms) return 8;
   if (chains * (V / 64) >= sms) return 4;
   return 2;
