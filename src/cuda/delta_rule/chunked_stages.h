@@ -177,16 +177,18 @@ inline int state_backward_warps(int64_t chains, int64_t V, int64_t sms) {
   return 2;
 }
 
-// dv_new in w's region (session 6 experiment, default since session 8; FLASHGRAD_CHUNKED_DVNEW_IN_W=0
-// turns it off): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
-// same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head)
-// (16 x state_backward_warps == V), so w's rows of a chunk are read (cp.async, waited for at the top
-// of that chunk's iteration) by the block that then writes dv_new over them, and by no other kernel
-// after B1. Saves rows x HV x V 16-bit elements (128 MiB at B8 T4096 H16 K=V=128).
+// Experiment (session 6, off by default): FLASHGRAD_CHUNKED_DVNEW_IN_W=1 lets the 16-bit backward put
+// dv_new in w's region when that is race-free: K == V (the same [rows, HV, 16-bit] layout) and one B1
+// block per (sequence, value head) (16 x state_backward_warps == V), so w's rows of a chunk are read
+// (cp.async, waited for at the top of that chunk's iteration) by the block that then writes dv_new
+// over them, and by no other kernel after B1 (session 7's split B2 does not read w either). Saves
+// rows x HV x V 16-bit elements (128 MiB at B8 T4096 H16 K=V=128). Run 6.4 measured it (1557 ->
+// 1429 MiB, same time, gradients bit-identical) before the split B2 existed; it becomes the default
+// once a GPU run has passed DeltaRuleGpu.ChunkedDvNewInWRegion with the split B2 (session 8 had no
+// GPU time left).
 inline bool dv_new_in_w_allowed(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_DVNEW_IN_W");
-  if (env && std::string(env) == "0") return false;
-  return K == V && 16 * state_backward_warps(chains, V, sms) == V;
+  return env && std::string(env) == "1" && K == V && 16 * state_backward_warps(chains, V, sms) == V;
 }
 
 // Whether the chunked GDN backward stores h, dh and dv_new in 16 bits and has B2 write the
