@@ -12,6 +12,7 @@
 #include "finish_kernels.cuh"
 #include "chunked_output.cuh"
 #include "chunked_prepare.cuh"
+#include "chunked_prepare_compact.cuh"
 #include "chunked_stages.h"
 #include "chunked_state.cuh"
 #include "chunked_state_backward.cuh"
@@ -52,18 +53,28 @@ inline int sm_count() {
   return sms;
 }
 
-template <typename T, int KMAX>
-void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  const int64_t bytes = PrepareSmem<T, KMAX>::bytes(a.V);
-  set_smem(chunk_prepare_kernel<T, KMAX>, bytes);
-  // As many blocks as fit at once (each loops over (chunk, value head) items), at most one per item.
+// Stage 1's blocks loop over (chunk, value head) items: as many blocks as fit at once, at most one
+// per item. `kernel` takes `bytes` of dynamic shared memory.
+template <typename Kernel>
+void launch_prepare_looping(Kernel kernel, int64_t bytes, const ChunkedArgs& a, cudaStream_t s) {
+  set_smem(kernel, bytes);
   int per_sm = 0;
-  FLASHGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chunk_prepare_kernel<T, KMAX>,
-                                                                    kChunkThreads, static_cast<size_t>(bytes)));
+  FLASHGRAD_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kChunkThreads, static_cast<size_t>(bytes)));
   const int64_t items = a.num_chunks * a.HV;
   const int64_t blocks = std::min<int64_t>(items, static_cast<int64_t>(std::max(per_sm, 1)) * sm_count());
-  chunk_prepare_kernel<T, KMAX><<<static_cast<unsigned>(blocks), kChunkThreads, bytes, s>>>(a);
+  kernel<<<static_cast<unsigned>(blocks), kChunkThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+// The compact stage 1 (chunked_prepare_compact.cuh: three blocks per SM at K = V = 128) unless
+// FLASHGRAD_CHUNKED_PREPARE=old (read per call) asks for the session-6 kernel.
+template <typename T, int KMAX>
+void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  if (prepare_old_wanted())
+    launch_prepare_looping(chunk_prepare_kernel<T, KMAX>, PrepareSmem<T, KMAX>::bytes(a.V), a, s);
+  else
+    launch_prepare_looping(chunk_prepare_compact_kernel<T, KMAX>, PrepareCompactSmem<T, KMAX>::bytes(a.V), a, s);
 }
 
 template <typename T, int KMAX, int WARPS, bool kOutput = false, int KSPLIT = 1, bool kSingle = false>

@@ -21,6 +21,7 @@
 #include <memory>
 
 #include "cuda/delta_rule/chunked_prepare.cuh"
+#include "cuda/delta_rule/chunked_prepare_compact.cuh"
 #include "cuda/delta_rule/chunked_state.cuh"
 #include "cuda/delta_rule/chunked_output.cuh"
 #include "cuda/delta_rule/chunked_state_backward.cuh"
@@ -152,9 +153,11 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   a.chunks = plan.chunks.data(); a.seq_first_chunk = plan.seq_first_chunk.data(); a.num_chunks = NC; a.num_seqs = N;
   a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
   a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
-  // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here.
-  launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1,
-         [&] { dr::chunk_prepare_kernel<TT, KM>(a); });
+  // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here; the
+  // compact kernel unless FLASHGRAD_CHUNKED_PREPARE=old (as the launcher).
+  launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1, [&] {
+    if (dr::prepare_old_wanted()) dr::chunk_prepare_kernel<TT, KM>(a); else dr::chunk_prepare_compact_kernel<TT, KM>(a);
+  });
   // Stage 2 with 4 warps (64 value columns per block) on even seeds, 2 warps (32) on odd ones, so
   // that both instantiations the launcher picks from are covered.
   // Stage 3 fused into stage 2 (8 warps) instead of stage 3 on five of the V % 128 == 0 cases

@@ -1,0 +1,400 @@
+// Chunked GDN stage 1 ("prepare"), compact form (session 8): the same outputs and arithmetic as
+// chunk_prepare_kernel (chunked_prepare.cuh, whose header gives the math), in 72 KiB of shared
+// memory at K = V = 128 instead of 106 KiB, so three blocks of 4 warps fit per SM instead of two,
+// and with fewer shared-memory round trips. The launcher runs this kernel unless
+// FLASHGRAD_CHUNKED_PREPARE=old (read per call) selects the session-6 one.
+//
+// What differs from chunk_prepare_kernel (ncu, session 6: 29% issue active at 8 warps per SM,
+// short-scoreboard stalls 27% on the shared loads of M's store and of the A operands' splits):
+//   - A is formed in the place of M (invert_unit_lower64_in_place): block row I of M is last read
+//     by the block-row step that overwrites it with A's, and the diagonal blocks are read into
+//     registers before they are overwritten (one barrier between) - one 17 KiB matrix less;
+//   - one v tile instead of two: the next item's v rows are copied after this item's u (the last
+//     reader), and land during the next item's k k^T and inverse; k keeps two stages (the next
+//     item's rows arrive while this one computes, as before);
+//   - M's store: each thread reads its two rows' factors once (G, beta rstd) and its columns'
+//     (G, rstd) as float2, writes element pairs, and skips the tiles right of its diagonal block
+//     (the inverse never reads them); it was five scalar shared loads per element;
+//   - w and u: each warp loads its five 16 x 16 tiles of A (rows p, 3 - p: balanced_rows_times_tile's
+//     split) once per product as float2 pairs and splits them into hi / lo once, then reuses the
+//     fragments for every 32-column pass (w: K / 64 passes, u: V / 64); the old kernel reloaded and
+//     re-split the tiles for each pass of u. The mmas run in the old order (kb ascending, hi then
+//     lo), so w and u are the old sums of the same A.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+#include "chunked_prepare.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// exp of G_i - G_j (i > j; <= 0 for g <= 0) in M's store: the hardware ex2 (__expf: at most
+// 2 + floor(1.173 |x|) ulp, so an absolute error below ~1.3e-7 of the factor for every x <= 0,
+// under M's own fp32 rounding); the host emulation uses expf.
+__device__ __forceinline__ float prepare_decay_exp(float x) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  return expf(x);
+#else
+  return __expf(x);
+#endif
+}
+
+// FLASHGRAD_CHUNKED_PREPARE=old: the session-6 stage 1 (chunk_prepare_kernel); read per call.
+inline bool prepare_old_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_PREPARE");
+  return env && std::strcmp(env, "old") == 0;
+}
+
+// Shared memory: A (M before the inverse), the inverse's tmp, the per-row arrays, k's raw rows
+// twice (the next item's copies land while this one computes), v's raw rows once. K = V = 128:
+// 17 + 3 + 1 + 34 + 17 = 72 KiB.
+template <typename T, int KMAX>
+struct PrepareCompactSmem {
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDM = C + 4;
+  static constexpr int64_t kKeyBytes = sizeof(T) * C * LDK, kMatBytes = sizeof(float) * C * LDM;
+  static constexpr int64_t kFixedBytes = kMatBytes + sizeof(float) * (16 * 48 + 4 * C) + 2 * kKeyBytes;
+  static_assert(kFixedBytes % 16 == 0 && kKeyBytes % 16 == 0, "16-byte aligned tiles");
+  float* A;     // [C][LDM] StrictLower(beta_i exp(G_i - G_j) k_i.k_j), then (I + M)^{-1} in place
+  float* tmp;   // [16][48]: sum_m M_Im A_mJ of one block row
+  float* G;     // [C]
+  float* beta;  // [C] (0 past L)
+  float* rstd;  // [C] k's row rstd (1 without the L2 norm)
+  float* ws;    // [C] beta_j exp(G_j) rstd_j: w's column factor of A
+  unsigned char* keys;  // 2 x [C][LDK] k rows, raw
+  T* v;                 // [C][V + 8] v rows, raw
+
+  __host__ __device__ static int ldv(int64_t V) { return static_cast<int>(V) + 8; }
+  __host__ __device__ static int64_t bytes(int64_t V) { return kFixedBytes + sizeof(T) * C * ldv(V); }
+  __device__ explicit PrepareCompactSmem(unsigned char* raw) {
+    A = reinterpret_cast<float*>(raw);
+    tmp = A + C * LDM;
+    G = tmp + 16 * 48;
+    beta = G + C;
+    rstd = beta + C;
+    ws = rstd + C;
+    keys = reinterpret_cast<unsigned char*>(ws + C);
+    v = reinterpret_cast<T*>(keys + 2 * kKeyBytes);
+  }
+  __device__ T* k(int s) const { return reinterpret_cast<T*>(keys + s * kKeyBytes); }
+};
+
+// A = (I + M)^{-1} in place of the 64 x 64 strictly lower M (fp32 in shared memory, pitch
+// LDM % 4 == 0; 128 threads): invert_unit_lower64_blocked's algorithm and sums in the same order,
+// with A written over M:
+//   - diagonal blocks: thread (block bI, column jj) of the first 64 runs the forward substitution
+//     of its column in registers, reading M's diagonal block; the others zero the six blocks above
+//     the diagonal (never part of M: the store skips them); a barrier; then the columns are stored;
+//   - block row I: tmp = M_I,<I A_<I,<I reads row block I of M (still M) and rows < 16 I of A (done);
+//     after a barrier, A_I,<I = -A_II tmp is written over M_I,<I, which nothing reads any more.
+// Ends with a barrier.
+template <int LDM>
+__device__ __forceinline__ void invert_unit_lower64_in_place(float* As, float* tmp) {
+  static_assert(LDM % 4 == 0, "float4 rows");
+  const int tid = threadIdx.x;
+  const int r0 = 16 * (tid / 16), jj = tid % 16;  // used by threads < 64
+  float x[16];
+  if (tid < 64) {
+    // Column jj of diagonal block bI: x_i = [i == jj] - sum_{m < i} M_im x_m (x_m = 0 for m < jj).
+    const float* Mb = As + r0 * LDM + r0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float acc = 0.f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) acc = fmaf(Mb[i * LDM + m], x[m], acc);
+      x[i] = i == jj ? 1.f : -acc;
+    }
+  } else {
+    for (int e = tid - 64; e < 6 * 64; e += 64) {  // 6 blocks x 64 float4
+      const int blk = e / 64, q = e % 64;          // blk: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+      const int I = blk < 3 ? 0 : (blk < 5 ? 1 : 2), J = blk < 3 ? blk + 1 : (blk < 5 ? blk - 1 : 3);
+      *reinterpret_cast<float4*>(&As[(16 * I + q / 4) * LDM + 16 * J + 4 * (q % 4)]) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  __syncthreads();  // every read of M's diagonal blocks is done
+  if (tid < 64) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) As[(r0 + i) * LDM + r0 + jj] = x[i];
+  }
+  __syncthreads();
+  // Block rows I = 1..3 (invert_unit_lower64_blocked's fixed-range strips; M = As's row block I):
+  //   tmp[r][c] = sum_{m = 0}^{16 I - 1} M[16 I + r][m] A[m][c]
+  //   A[16 I + r][c] = -sum_{m' = 0}^{15} A[16 I + r][16 I + m'] tmp[m'][c]
+#pragma unroll
+  for (int I = 1; I < 4; ++I) {
+    const int rb = 16 * I, strips = rb / 4;  // strips per row
+    for (int e = tid; e < 16 * strips; e += kChunkThreads) {
+      const int r = e / strips, c4 = 4 * (e % strips);
+      const float* mrow = As + (rb + r) * LDM;
+      float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
+#pragma unroll
+      for (int m = 0; m < rb; m += 4) {
+        const float4 mv = *reinterpret_cast<const float4*>(mrow + m);
+        fma4(mv.x, *reinterpret_cast<const float4*>(&As[(m + 0) * LDM + c4]), acc0);
+        fma4(mv.y, *reinterpret_cast<const float4*>(&As[(m + 1) * LDM + c4]), acc1);
+        fma4(mv.z, *reinterpret_cast<const float4*>(&As[(m + 2) * LDM + c4]), acc0);
+        fma4(mv.w, *reinterpret_cast<const float4*>(&As[(m + 3) * LDM + c4]), acc1);
+      }
+      *reinterpret_cast<float4*>(&tmp[r * 48 + c4]) =
+          make_float4(acc0.x + acc1.x, acc0.y + acc1.y, acc0.z + acc1.z, acc0.w + acc1.w);
+    }
+    __syncthreads();  // row block I of M is read; A_I,<I may overwrite it
+    for (int e = tid; e < 16 * strips; e += kChunkThreads) {
+      const int r = e / strips, c4 = 4 * (e % strips);
+      const float* arow = As + (rb + r) * LDM + rb;
+      float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
+#pragma unroll
+      for (int m = 0; m < 16; m += 4) {
+        const float4 av = *reinterpret_cast<const float4*>(arow + m);
+        fma4(av.x, *reinterpret_cast<const float4*>(&tmp[(m + 0) * 48 + c4]), acc0);
+        fma4(av.y, *reinterpret_cast<const float4*>(&tmp[(m + 1) * 48 + c4]), acc1);
+        fma4(av.z, *reinterpret_cast<const float4*>(&tmp[(m + 2) * 48 + c4]), acc0);
+        fma4(av.w, *reinterpret_cast<const float4*>(&tmp[(m + 3) * 48 + c4]), acc1);
+      }
+      *reinterpret_cast<float4*>(&As[(rb + r) * LDM + c4]) =
+          make_float4(-(acc0.x + acc1.x), -(acc0.y + acc1.y), -(acc0.z + acc1.z), -(acc0.w + acc1.w));
+    }
+    __syncthreads();
+  }
+}
+
+// The five 16 x 16 tiles of A a warp multiplies in w and u (balanced_rows_times_tile's split: warp
+// wp takes row blocks p = wp / 2 and 3 - p), as hi / lo A fragments of (A diag(s)):
+//   slot 0: (p, 0);  slots 1, 2, 3: (3 - p, 0), (3 - p, 1), (3 - p, 2);
+//   slot 4: p = 0: (3, 3) (row block 3's diagonal), p = 1: (1, 1) (row block 1's diagonal).
+// (Row block p = 0 takes only tile (0, 0); p = 1 takes (1, 0) and (1, 1); row block 3 - p takes
+// 4 - p tiles: five in all either way.)
+struct WarpATiles {
+  uint32_t hi[5][4], lo[5][4];
+};
+
+template <typename T, int LDM>
+__device__ __forceinline__ void split_warp_tiles(const float* As, const float* s, int p, WarpATiles& f) {
+  const int g = mma::grp(), t = mma::tig();
+  const int rbs[5] = {p, 3 - p, 3 - p, 3 - p, p == 0 ? 3 : 1}, kbs[5] = {0, 0, 1, 2, p == 0 ? 3 : 1};
+#pragma unroll
+  for (int n = 0; n < 5; ++n) {
+    const int c0 = 16 * kbs[n] + 2 * t;  // this thread's columns c0, c0 + 1, c0 + 8, c0 + 9
+    const float* x0 = As + (16 * rbs[n] + g) * LDM + c0;  // row g of the tile; x0 + 8 LDM: row g + 8
+    const float2 a00 = *reinterpret_cast<const float2*>(x0), a01 = *reinterpret_cast<const float2*>(x0 + 8);
+    const float2 a10 = *reinterpret_cast<const float2*>(x0 + 8 * LDM);
+    const float2 a11 = *reinterpret_cast<const float2*>(x0 + 8 * LDM + 8);
+    const float2 s0 = *reinterpret_cast<const float2*>(s + c0), s1 = *reinterpret_cast<const float2*>(s + c0 + 8);
+    const float c_lo[4] = {a00.x, a00.y, a10.x, a10.y};  // accumulator-shaped: cols c0, c0 + 1
+    const float c_hi[4] = {a01.x, a01.y, a11.x, a11.y};  // cols c0 + 8, c0 + 9
+    const float f0[2] = {s0.x, s0.y}, f1[2] = {s1.x, s1.y};
+    mma::acc_to_a_split<T>(c_lo, c_hi, f0, f1, f.hi[n], f.lo[n]);
+  }
+}
+
+// acc[i][nt] += (A diag(s))[row block rb_i] Y[:, col0 + 8 nt + [0, 8)] for nt < 4 (rb_0 = p,
+// rb_1 = 3 - p), from the warp's split tiles; Y row-major T (pitch ldy) by ldmatrix.trans, rows
+// 16 kb + [0, 16) loaded once per kb for both row blocks. Per accumulator the mmas run in kb order,
+// hi before lo (the order of balanced_rows_times_tile).
+template <typename T>
+__device__ __forceinline__ void warp_tiles_times_cols(float (&acc)[2][4][4], const WarpATiles& f, int p, const T* Y,
+                                                      int ldy, int col0) {
+  const int lane = threadIdx.x & 31;
+  const T* yrow = Y + (8 * ((lane >> 3) & 1) + (lane & 7)) * ldy + col0 + 8 * (lane >> 4);
+  auto load_b = [&](int kb, uint32_t (&b)[2][4]) {
+    mma::ldmatrix_x4<true>(b[0], yrow + 16 * kb * ldy);
+    mma::ldmatrix_x4<true>(b[1], yrow + 16 * kb * ldy + 16);
+  };
+  auto product = [&](float (&c)[4][4], int n, const uint32_t (&b)[2][4]) {
+    mma::mma_tiles<T, 2>(c, f.hi[n], b);
+    mma::mma_tiles<T, 2>(c, f.lo[n], b);
+  };
+  uint32_t b[2][4];
+  load_b(0, b);
+  product(acc[0], 0, b);
+  product(acc[1], 1, b);
+  load_b(1, b);
+  if (p == 1) product(acc[0], 4, b);  // (1, 1)
+  product(acc[1], 2, b);
+  load_b(2, b);
+  product(acc[1], 3, b);
+  if (p == 0) {  // p is warp-uniform
+    load_b(3, b);
+    product(acc[1], 4, b);  // (3, 3)
+  }
+}
+
+// Each block loops over (chunk, value head) items blockIdx.x, + gridDim.x, ... (item = chunk * HV +
+// value head). Copies in flight (cp.async groups, committed in this order, one group each even when
+// empty, so that every wait below counts the same groups):
+//   before the loop: k(first), v(first);  top of item n: k(n + 1);  end of item n: v(n + 1).
+// So at the top of item n the groups k(n), v(n) are the newest two (wait<1>: k(n) is in), and
+// before the inverse v(n), k(n + 1) are (wait<1>: v(n) is in).
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel(ChunkedArgs a) {
+  using S = PrepareCompactSmem<T, KMAX>;
+  constexpr int C = kChunkSize, LDK = S::LDK, LDM = S::LDM;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const S sm(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
+  const int ldv = S::ldv(a.V);
+  const int64_t items = a.num_chunks * a.HV;
+  const bool k_vec = key_rows_vectorizable(a.k), v_vec = key_rows_vectorizable(a.v);
+
+  // item's k rows into stage s (one group), and g, beta of row tid (zeros past the chunk's length)
+  // into gn, bn; without an item, an empty group.
+  auto issue_k = [&](int64_t item, int s, float& gn, float& bn) {
+    gn = 0.f;
+    bn = 0.f;
+    if (item < items) {
+      const int64_t hv = item % a.HV, head = hv / (a.HV / a.H);
+      const ChunkInfo ci = a.chunks[item / a.HV];
+      view_rows_async<T, kChunkThreads>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
+      if (tid < ci.len) {
+        const int64_t tok = ci.t0 + tid;
+        bn = load_elem<T>(a.beta, off3(a.beta, ci.b, tok, hv));
+        if (a.g.p) gn = load_elem<T>(a.g, off3(a.g, ci.b, tok, hv));
+      }
+    }
+    mma::cp_async_commit();
+  };
+  auto issue_v = [&](int64_t item) {
+    if (item < items) {
+      const ChunkInfo ci = a.chunks[item / a.HV];
+      view_rows_async<T, kChunkThreads>(a.v, ci, item % a.HV, static_cast<int>(a.V), v_vec, sm.v, ldv);
+    }
+    mma::cp_async_commit();
+  };
+
+  float gn = 0.f, bn = 0.f;
+  int s = 0;
+  issue_k(blockIdx.x, 0, gn, bn);
+  issue_v(blockIdx.x);
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, s ^= 1) {
+    const int64_t hv = item % a.HV;
+    const ChunkInfo ci = a.chunks[item / a.HV];
+    const int L = ci.len;
+    const int64_t row0 = chunk_row0(ci, a.T);
+    const T* ks = sm.k(s);
+
+    // This item's g, beta and k rows in place (the previous item is done: barrier at the loop's
+    // end); then the next item's k copies into the other stage.
+    if (tid < C) {
+      sm.G[tid] = gn;
+      sm.beta[tid] = bn;
+    }
+    mma::cp_async_wait<1>();  // k(item) is in; v(item) may still be in flight
+    __syncthreads();
+    issue_k(item + gridDim.x, s ^ 1, gn, bn);
+
+    chunk_cumsum64(sm.G);  // G = cumsum(g); ends with a barrier
+    if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = sm.G[tid];
+    {
+      const float rstd = tile_row_rstd<T, KMAX, kChunkThreads>(ks, LDK, a.l2norm);
+      constexpr int kLanes = kChunkThreads / C;
+      if (tid % kLanes == 0) {
+        const int j = tid / kLanes;
+        sm.rstd[j] = rstd;
+        sm.ws[j] = sm.beta[j] * expf(sm.G[j]) * rstd;  // beta = 0 past L
+      }
+    }
+    __syncthreads();
+
+    // M = StrictLower(beta_i exp(G_i - G_j) rstd_i rstd_j (k k^T)_ij) into A's place: warp wp's rows
+    // 16 wp + [0, 16), column tiles nt <= 2 wp + 1 (the ones right of its diagonal block are never
+    // read). Thread: rows i = 16 wp + g + 8 half, columns j = 8 nt + 2 t + {0, 1}.
+    {
+      float acc[8][4] = {};
+      const T* arow = ks + (16 * wp + (lane & 15)) * LDK + 8 * (lane >> 4);
+      const T* brow = ks + (8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
+#pragma unroll
+      for (int kk = 0; kk < KMAX / 16; ++kk) {
+        uint32_t af[4];
+        mma::ldmatrix_x4<false>(af, arow + 16 * kk);  // tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          if (np > wp) continue;
+          uint32_t b[4];  // k rows 16 np + [0, 16) as B^T: chunk-column tiles 2 np, 2 np + 1
+          mma::ldmatrix_x4<false>(b, brow + 16 * np * LDK + 16 * kk);
+          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          mma::mma16816<T>(acc[2 * np], af, b0);
+          mma::mma16816<T>(acc[2 * np + 1], af, b1);
+        }
+      }
+      const int g = mma::grp(), c2 = 2 * mma::tig();
+      float Gi[2], fi[2];
+      bool live[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 16 * wp + g + 8 * half;
+        Gi[half] = sm.G[i];
+        fi[half] = sm.beta[i] * sm.rstd[i];
+        live[half] = i < L;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt > 2 * wp + 1) continue;  // wp is warp-uniform
+        const int j = 8 * nt + c2;
+        const float2 Gj = *reinterpret_cast<const float2*>(sm.G + j), rj = *reinterpret_cast<const float2*>(sm.rstd + j);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * wp + g + 8 * half;
+          // exp(G_i - G_j) with i > j only: bounded by 1 for g <= 0.
+          const float m0 = live[half] && i > j
+                               ? fi[half] * rj.x * acc[nt][2 * half] * prepare_decay_exp(Gi[half] - Gj.x) : 0.f;
+          const float m1 = live[half] && i > j + 1
+                               ? fi[half] * rj.y * acc[nt][2 * half + 1] * prepare_decay_exp(Gi[half] - Gj.y) : 0.f;
+          *reinterpret_cast<float2*>(sm.A + i * LDM + j) = make_float2(m0, m1);
+        }
+      }
+    }
+    mma::cp_async_wait<1>();  // v(item) is in (k(item + grid) may still be in flight)
+    __syncthreads();
+    invert_unit_lower64_in_place<LDM>(sm.A, sm.tmp);  // ends with a barrier
+
+    // A to the intermediates (rows < L; columns >= L are 0 there).
+    if (a.A)
+      for (int e = tid; e < L * C; e += kChunkThreads)
+        a.A[(row0 + e / C) * a.HV * C + hv * C + e % C] = sm.A[(e / C) * LDM + e % C];
+
+    // w = (A diag(ws)) k and u = (A diag(beta)) v, 64 columns per pass: warp wp writes row blocks
+    // p, 3 - p (rows 16 rb + g, + 8) of columns c0 + 32 h + [0, 32).
+    const int p = wp >> 1, h = wp & 1, g = mma::grp(), c2 = 2 * mma::tig();
+    const int rows[2][2] = {{16 * p + g, 16 * p + g + 8}, {16 * (3 - p) + g, 16 * (3 - p) + g + 8}};
+    WarpATiles f;
+    split_warp_tiles<T, LDM>(sm.A, sm.ws, p, f);
+    T* w = static_cast<T*>(a.w);
+#pragma unroll
+    for (int c0 = 0; c0 < KMAX; c0 += 64) {
+      float acc[2][4][4] = {};
+      warp_tiles_times_cols<T>(acc, f, p, ks, LDK, c0 + 32 * h);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = rows[i][half];
+          if (row >= L) continue;
+          T* wrow = w + ((row0 + row) * a.HV + hv) * a.K + c0 + 32 * h + c2;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+            *reinterpret_cast<uint32_t*>(wrow + 8 * nt) =
+                mma::pack_floats<T>(acc[i][nt][2 * half], acc[i][nt][2 * half + 1]);
+        }
+    }
+    split_warp_tiles<T, LDM>(sm.A, sm.beta, p, f);
+    for (int c0 = 0; c0 < a.V; c0 += 64) {
+      float acc[2][4][4] = {};
+      warp_tiles_times_cols<T>(acc, f, p, sm.v, ldv, c0 + 32 * h);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = rows[i][half];
+          if (row >= L) continue;
+          float* urow = a.u + ((row0 + row) * a.HV + hv) * a.V + c0 + 32 * h + c2;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+            *reinterpret_cast<float2*>(urow + 8 * nt) = make_float2(acc[i][nt][2 * half], acc[i][nt][2 * half + 1]);
+        }
+    }
+    __syncthreads();  // A, G, beta, k's stage s and v are free for the next items
+    issue_v(item + gridDim.x);
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
