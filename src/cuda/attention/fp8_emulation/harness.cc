@@ -463,7 +463,11 @@ int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   if (const char* e = std::getenv("FP8_EMULATION_EXACT_ACCUMULATOR")) g_hopper_accumulator = std::string(e) != "1";
   std::printf("e4m3 mma accumulator: %s\n", g_hopper_accumulator ? "Hopper model (14-bit aligned products, 13-bit C)" : "exact");
-  std::mt19937 rng(std::random_device{}());
+  // FLASHGRAD_EMULATION_SEED=<n> repeats a run's inputs (to compare two builds line by line).
+  const char* seed_env = std::getenv("FLASHGRAD_EMULATION_SEED");
+  const unsigned seed = seed_env ? static_cast<unsigned>(std::strtoul(seed_env, nullptr, 10)) : std::random_device{}();
+  std::printf("inputs: seed %u\n", seed);
+  std::mt19937 rng(seed);
   std::vector<Fp8Config> cases;
   // "quick" (for CTest): one case per kernel path at hd 64, about a minute on 2 cores.
   const std::vector<std::string> quick = {"causal d64 Sq=70 Sk=130", "varlen causal d64 gqa 4/2 with empty sequences",

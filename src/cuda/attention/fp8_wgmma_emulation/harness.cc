@@ -706,7 +706,11 @@ int main(int argc, char** argv) {
   if (const char* e = std::getenv("FP8W_EMULATION_EXACT_ACCUMULATOR")) g_hopper_accumulator = std::string(e) != "1";
   std::printf("e4m3 wgmma accumulator: %s\n",
               g_hopper_accumulator ? "Hopper model (14-bit aligned products, 13-bit C)" : "exact");
-  std::mt19937 rng(std::random_device{}());
+  // FLASHGRAD_EMULATION_SEED=<n> repeats a run's inputs (to compare two builds line by line).
+  const char* seed_env = std::getenv("FLASHGRAD_EMULATION_SEED");
+  const unsigned seed = seed_env ? static_cast<unsigned>(std::strtoul(seed_env, nullptr, 10)) : std::random_device{}();
+  std::printf("inputs: seed %u\n", seed);
+  std::mt19937 rng(seed);
   struct Entry {
     Fp8Config cfg;
     int variant;  // bit 0 ping-pong, bit 1 serial, bit 3 one-level, bit 4 polynomial exp2, bit 5 session-4
