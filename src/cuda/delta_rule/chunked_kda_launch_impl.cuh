@@ -14,6 +14,7 @@
 #include "chunked_kda_prepare_compact.cuh"
 #include "chunked_kda_state.cuh"
 #include "chunked_kda_state_backward.cuh"
+#include "chunked_kda_state_transposed.cuh"
 #include "chunked_launch_impl.cuh"  // set_smem, dtype_of
 #include "cuda/common/cuda_check.h"
 #include "flashgrad/status.h"
@@ -89,11 +90,46 @@ void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
         legacy ? kda_prepare_kernel<T, 128, false> : kda_prepare_kernel<T, 128>, kda_chunk_grid(a), a, s);
 }
 
+// FLASHGRAD_CHUNKED_KDA_STATE (read at every launch) picks stage 2's kernel, so that one GPU process
+// can time and compare them: unset, the transposed, pipelined kernel (session 8,
+// chunked_kda_state_transposed.cuh) with single-fragment products; =split, the same with every
+// operand hi + lo; =old, the session-6 kernel (kda_state_kernel, chunked_kda_state.cuh: 4 warps per
+// 32 value columns, hi + lo). FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the old kernel without
+// its L2 prefetch). All store the same intermediates (h fp32, v_new in T).
+enum class KdaStateKernel { transposed, transposed_split, old };
+inline KdaStateKernel kda_state_requested() {
+  const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_STATE");
+  if (v && std::strcmp(v, "old") == 0) return KdaStateKernel::old;
+  if (v && std::strcmp(v, "split") == 0) return KdaStateKernel::transposed_split;
+  return KdaStateKernel::transposed;
+}
+
+// The transposed stage 2: blocks of 8 warps, 64 value columns each (V is a multiple of 64).
+constexpr int kKdaStateWarps = 8;
+template <typename T, int KMAX, int SPLIT>
+void launch_kda_state_transposed(const ChunkedArgs& a, cudaStream_t s) {
+  using Smem = KdaStateTSmem<T, KMAX, kKdaStateWarps, SPLIT>;
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / Smem::BV));
+  launch_kda_kernel<Smem, Smem::THREADS>(kda_state_transposed_kernel<T, KMAX, kKdaStateWarps, SPLIT>, grid, a, s);
+}
+
 template <typename T>
 void launch_kda_state(const ChunkedArgs& a, cudaStream_t s) {
   check_kda_args("chunked KDA (state)", dtype_of<T>(), a);
   if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write ht = h0
   const bool legacy = kda_legacy_requested();
+  const KdaStateKernel which = legacy ? KdaStateKernel::old : kda_state_requested();
+  if (which != KdaStateKernel::old) {
+    constexpr int kAll = kKdaSplitH | kKdaSplitVnew | kKdaSplitKd;
+    const bool split = which == KdaStateKernel::transposed_split;
+    if (a.K == 64)
+      split ? launch_kda_state_transposed<T, 64, kAll>(a, s)
+            : launch_kda_state_transposed<T, 64, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>(a, s);
+    else
+      split ? launch_kda_state_transposed<T, 128, kAll>(a, s)
+            : launch_kda_state_transposed<T, 128, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>(a, s);
+    return;
+  }
   if (a.K == 64)
     launch_kda_kernel<KdaStateSmem<T, 64>>(legacy ? kda_state_kernel<T, 64, false> : kda_state_kernel<T, 64>,
                                            kda_seq_grid(a), a, s);

@@ -17,6 +17,7 @@
 #include "cuda/delta_rule/chunked_kda_prepare_compact.cuh"
 #include "cuda/delta_rule/chunked_kda_state.cuh"
 #include "cuda/delta_rule/chunked_kda_state_backward.cuh"
+#include "cuda/delta_rule/chunked_kda_state_transposed.cuh"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
 #include "reference/delta_rule/chunked.h"
@@ -222,7 +223,16 @@ int run(const Case& c) {
     launch(NC, HV, 1, [&] { dr::kda_prepare_kernel<TT, KM>(a); });
   else
     launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM>(a); });
-  launch(N, HV, V / 32, [&] { dr::kda_state_kernel<TT, KM>(a); });
+  // Stage 2: the transposed kernel (the default; operand splits by FLASHGRAD_KDA_STATE_SPLIT_DEFAULT at
+  // compile time); FLASHGRAD_CHUNKED_KDA_STATE=old: the session-6 one.
+  const char* st2 = std::getenv("FLASHGRAD_CHUNKED_KDA_STATE");
+  if (st2 && std::strcmp(st2, "old") == 0) {
+    launch(N, HV, V / 32, [&] { dr::kda_state_kernel<TT, KM>(a); });
+  } else {
+    using S2 = dr::KdaStateTSmem<TT, KM, 8, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>;
+    static_assert(S2::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)), "emulated shared memory");
+    launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8>(a); }, S2::THREADS);
+  }
   launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
   launch(N, HV, V / 32, [&] { dr::kda_state_backward_kernel<TT, KM>(a); });
   launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);

@@ -1,0 +1,348 @@
+// KDA chunked stage 2 ("state"), transposed and pipelined (session 8; the default stage 2,
+// chunked_kda_launch_impl.cuh; FLASHGRAD_CHUNKED_KDA_STATE=old runs chunked_kda_state.cuh's kernel).
+// Same outputs as that kernel: h_c (fp32, [chunks, HV, K, V]) for every chunk, v_new (T), the
+// final state. Per (sequence, value head, slice of BV = 8 WARPS value columns), over the chunks:
+//   store h_c;  v_new = u - w h_c;
+//   h_{c+1} = diag(exp(G_{L-1})) h_c + (k o exp(G_{L-1} - G))^T v_new     (per key channel d)
+//
+// Why this shape (the old kernel spent ~20 us per chunk step, ~36k cycles, on one sequential chain):
+// - Transposed, as the GDN stage (chunked_state.cuh): each warp holds a 16-column slice of h^T
+//   in mma accumulators, so both products take their state / v_new operand straight from its own
+//   registers (accumulator tiles -> A fragments) instead of h and v_new making a round trip through
+//   shared memory between warps every chunk. Two warps share 16 value columns (key channels
+//   [0, K/2) and [K/2, K): KSPLIT = 2 of the GDN stage), so each warp's serial chain per chunk is
+//   K/2 x 64 + 64 x K/2 mma columns; their halves of h^T w^T meet through shared memory (`swap`).
+//   Warp wp: value columns [16 (wp % NG), +16), key channels [K/2 (wp / NG), +K/2), NG = WARPS / 2.
+// - Everything that does not depend on h is off the chain: w, k (raw rows) and u of chunk c + 1 are
+//   copied by cp.async during chunk c (two stages), G's rows of chunk c + 1 are loaded into
+//   registers during chunk c, G_{L-1} and exp(G_{L-1}) of chunk c + 1 are written to shared memory
+//   at the end of chunk c; kd = k o exp(G_{L-1} - G) (with k's L2 norm) is formed by the whole block
+//   between the two products (it only needs chunk c's inputs), no longer before the first one.
+// - Two barriers per chunk (the old kernel had three, plus a global-load latency before each of
+//   its k / G batches): (A) chunk c's tiles and gate have landed and chunk c - 1 is done with every
+//   buffer; (B) the partial sums of h^T w^T and kd are written.
+// - Single-fragment products by default (SPLIT = 0, as the GDN forward's fused kernel and fla): h^T
+//   in h^T w^T, v_new^T and kd in the update enter as one T fragment each (round to nearest); h stays
+//   in fp32 accumulators, so the rounding does not compound over chunks. SPLIT's bits (kKdaSplit*)
+//   give any of the three operands hi + lo fragments instead (an extra mma each), for the
+//   emulation's error comparison.
+#pragma once
+
+#include "chunked_kda_decay.cuh"  // decay_exp
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
+#include "chunked_rows.cuh"  // kL2NormEps
+#include "chunked_tiles.cuh"  // intermediate_tile_async, key_tile_async
+
+#ifndef FLASHGRAD_KDA_STATE_SPLIT_DEFAULT  // host emulation: -D... to check other operand splits
+#define FLASHGRAD_KDA_STATE_SPLIT_DEFAULT 0
+#endif
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Operands of the transposed KDA state kernel given as hi + lo fragments (bits of SPLIT).
+constexpr int kKdaSplitH = 1;     // h^T in v_new = u - w h
+constexpr int kKdaSplitVnew = 2;  // v_new^T in the update
+constexpr int kKdaSplitKd = 4;    // kd in the update
+
+template <typename T, int KMAX, int WARPS, int SPLIT>
+struct KdaStateTSmem {
+  static constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = 8 * WARPS;
+  // Row pitches +8 (16-bit) / +4 (fp32) elements: the 8 rows of an ldmatrix (or the 4 x 8 pattern
+  // of u's reads) start in different banks; rows stay 16-byte aligned.
+  static constexpr int LDK = KMAX + 8, LDU = BV + 4;
+  static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
+  static constexpr int64_t kStageBytes = 2 * kTileBytes + sizeof(float) * C * LDU;  // w, k, u
+  static constexpr int kKdTiles = (SPLIT & kKdaSplitKd) ? 2 : 1;
+  static constexpr int64_t kSwapBytes = sizeof(float) * 32 * THREADS;  // 32 partial sums per thread
+  static constexpr int64_t kGateBytes = sizeof(float) * 4 * KMAX;    // [2 stages][G_{L-1}, exp(G_{L-1})]
+  static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned tiles");
+  static constexpr int64_t bytes() { return 2 * kStageBytes + kKdTiles * kTileBytes + kSwapBytes + kGateBytes; }
+
+  // Stage s (= chunk parity) by address arithmetic (an array of pointers indexed by the runtime
+  // parity would live in local memory): w(s) [C][LDK] w rows; k(s) [C][LDK] k rows, raw;
+  // u(s) [C][LDU] u rows, the slice's BV columns. Rows past the chunk are zero-filled.
+  unsigned char* raw;
+  T* kd;         // [C][LDK] k o exp(G_{L-1} - G) * rstd_k of the current chunk (hi part)
+  T* kd_lo;      // [C][LDK] its lo part (kKdaSplitKd)
+  float4* swap;  // [8][THREADS]: thread tid's j8-th float4 of h^T w^T at swap[j8 * THREADS + tid]
+  float* gate;   // [2][2 KMAX]: stage s: G_{L-1} at [2 KMAX s + d], exp(G_{L-1}) at [2 KMAX s + KMAX + d]
+  __device__ explicit KdaStateTSmem(unsigned char* r) : raw(r) {
+    kd = reinterpret_cast<T*>(raw + 2 * kStageBytes);
+    kd_lo = kd + C * LDK;
+    swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes);
+    gate = reinterpret_cast<float*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes + kSwapBytes);
+  }
+  __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
+  __device__ T* k(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kTileBytes); }
+  __device__ float* u(int s) const { return reinterpret_cast<float*>(raw + s * kStageBytes + 2 * kTileBytes); }
+};
+
+// The A fragment of two adjacent 16 x 8 accumulator tiles as one T fragment (round to nearest),
+// or hi + lo (mma::acc_to_a_split) when kSplit.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void kda_acc_to_a(const float (&c0)[4], const float (&c1)[4], uint32_t (&hi)[4],
+                                             uint32_t (&lo)[4]) {
+  if constexpr (kSplit) {
+    mma::acc_to_a_split<T>(c0, c1, hi, lo);
+  } else {
+    hi[0] = mma::pack_floats<T>(c0[0], c0[1]);
+    hi[1] = mma::pack_floats<T>(c0[2], c0[3]);
+    hi[2] = mma::pack_floats<T>(c1[0], c1[1]);
+    hi[3] = mma::pack_floats<T>(c1[2], c1[3]);
+  }
+}
+
+template <typename T, int KMAX, int WARPS = 8, int SPLIT = FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>
+__global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(ChunkedArgs a) {
+  using S = KdaStateTSmem<T, KMAX, WARPS, SPLIT>;
+  constexpr int C = kChunkSize, THREADS = S::THREADS, BV = S::BV, LDK = S::LDK, LDU = S::LDU;
+  constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
+  constexpr bool kSplitH = SPLIT & kKdaSplitH, kSplitV = SPLIT & kKdaSplitVnew, kSplitKd = SPLIT & kKdaSplitKd;
+  // kd formation: kLanes threads per chunk row (adjacent lanes), kPer consecutive channels each.
+  constexpr int kLanes = THREADS / C, kPer = KMAX / kLanes;
+  static_assert(WARPS % 2 == 0 && KH % 16 == 0, "two channel halves of whole 16-channel steps");
+  static_assert(THREADS % C == 0 && kPer % 8 == 0 && kLanes <= 32, "chunk rows over the block, 8-channel pieces");
+  static_assert(KMAX / 4 <= THREADS, "one float4 of G_{L-1} per thread");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
+  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
+  const int vc0 = 16 * (wp % NG), kh = wp / NG, kc0 = KH * kh;
+  // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
+  // 2 tig + e % 2 of the tile (a key channel of h^T, a chunk row of v_new^T).
+  auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
+  auto tcol = [&](int e) { return 2 * tig + (e & 1); };
+  // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile (chunked_state.cuh): non-trans
+  // B fragments of two 8-column tiles, and .trans B fragments.
+  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
+  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
+  const int fr = tid / kLanes, fd0 = (tid % kLanes) * kPer;  // kd formation: chunk row, first channel
+
+  float hT[NK][4];
+#pragma unroll
+  for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      hT[nk][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, kc0 + 8 * nk + tcol(e),
+                                                                   col0 + vcol(e))]
+                         : 0.f;
+
+  const T* w = static_cast<const T*>(a.w);
+  T* v_new = static_cast<T*>(a.v_new);
+  const bool k_vec = key_rows_vectorizable(a.k);
+  const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
+  const int64_t g_row = a.HV * a.K, vn_row = a.HV * a.V;  // row strides of G and of u / v_new
+
+  // Chunk ci's w, k, u tiles into stage s (one cp.async group).
+  auto issue_tiles = [&](const ChunkInfo& ci, int s) {
+    const int64_t row0 = chunk_row0(ci, a.T);
+    intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
+    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    intermediate_tile_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
+    mma::cp_async_commit();
+  };
+  // This thread's kPer gate values of chunk row fr (0 past the chunk), float4 loads.
+  auto load_gate_rows = [&](const ChunkInfo& ci, float (&g)[kPer]) {
+    const bool ok = fr < ci.len;
+    const float4* src =
+        reinterpret_cast<const float4*>(a.G + ((chunk_row0(ci, a.T) + (ok ? fr : 0)) * a.HV + hv) * a.K + fd0);
+#pragma unroll
+    for (int i = 0; i < kPer / 4; ++i) {
+      const float4 v = ok ? src[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      g[4 * i] = v.x, g[4 * i + 1] = v.y, g[4 * i + 2] = v.z, g[4 * i + 3] = v.w;
+    }
+  };
+  // G_{L-1} of chunk ci, channels [4 tid, +4) (threads tid < KMAX / 4).
+  auto load_gate_last = [&](const ChunkInfo& ci) {
+    return tid < KMAX / 4
+               ? reinterpret_cast<const float4*>(a.G + ((chunk_row0(ci, a.T) + ci.len - 1) * a.HV + hv) * a.K)[tid]
+               : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  auto put_gate_last = [&](const float4& gl, int s) {
+    if (tid < KMAX / 4) {
+      float* at = sm.gate + 2 * KMAX * s + 4 * tid;
+      *reinterpret_cast<float4*>(at) = gl;
+      *reinterpret_cast<float4*>(at + KMAX) =
+          make_float4(decay_exp(gl.x), decay_exp(gl.y), decay_exp(gl.z), decay_exp(gl.w));
+    }
+  };
+
+  // The chunk plan's entries are read two chunks ahead (ci_next: the one the next prefetch copies).
+  ChunkInfo ci_cur{}, ci_next{};
+  float g[kPer];  // G rows of the current chunk (this thread's part), loaded one chunk ahead
+  if (c_begin < c_end) {
+    ci_cur = a.chunks[c_begin];
+    issue_tiles(ci_cur, 0);
+    load_gate_rows(ci_cur, g);
+    put_gate_last(load_gate_last(ci_cur), 0);
+    if (c_begin + 1 < c_end) ci_next = a.chunks[c_begin + 1];
+  }
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int s = static_cast<int>((c - c_begin) & 1);
+    const ChunkInfo ci = ci_cur;
+    const int L = ci.len;
+    const int64_t row0 = chunk_row0(ci, a.T);
+    const bool has_next = c + 1 < c_end;
+    const ChunkInfo cn = ci_next;
+
+    // (A) chunk c's tiles and gate are in place; every warp is done with chunk c - 1's buffers.
+    mma::cp_async_wait<0>();
+    __syncthreads();
+    float4 gl_next = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (has_next) {
+      issue_tiles(cn, s ^ 1);
+      gl_next = load_gate_last(cn);
+      ci_cur = cn;
+      if (c + 2 < c_end) ci_next = a.chunks[c + 2];
+    }
+
+    // Partial v_new^T = h^T w^T over this warp's channel half: p[j8] covers chunk rows [8 j8, +8).
+    float p[8][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < KH / 16; ++ks) {
+      uint32_t ah[4], al[4];
+      kda_acc_to_a<T, kSplitH>(hT[2 * ks], hT[2 * ks + 1], ah, al);
+      // Tiles (rows 16 jp + [0, 8), channels kc0 + 16 ks + [0, 8)), (same rows, + 8 channels), (rows
+      // + 8, channels), (rows + 8, channels + 8): B fragments of chunk-row tiles 2 jp, 2 jp + 1.
+      uint32_t b[4][4];
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp)
+        mma::ldmatrix_x4<false>(b[jp], sm.w(s) + (16 * jp + nb_r) * LDK + kc0 + 16 * ks + nb_c);
+      mma::mma_tiles<T, 4>(p, ah, b);
+      if constexpr (kSplitH) mma::mma_tiles<T, 4>(p, al, b);
+    }
+
+    // h_c to the intermediates (fp32; its slice's columns, this warp's channels).
+    {
+      float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+    }
+
+    // kd = k o exp(G_{L-1} - G) * rstd_k, chunk row fr, channels [fd0, +kPer): raw k from shared
+    // memory (16-byte loads), G from registers; exp(G_{L-1, d} - G_rd) <= 1 (r <= L - 1); rows past
+    // L are zero (their G was not loaded).
+    {
+      uint32_t kw[kPer / 2];
+      const T* krow = sm.k(s) + fr * LDK + fd0;
+#pragma unroll
+      for (int i = 0; i < kPer / 8; ++i) {
+        const uint4 v = *reinterpret_cast<const uint4*>(krow + 8 * i);
+        kw[4 * i] = v.x, kw[4 * i + 1] = v.y, kw[4 * i + 2] = v.z, kw[4 * i + 3] = v.w;
+      }
+      float rstd = 1.f;
+      if (a.l2norm) {
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < kPer / 2; ++i) {
+          float x0, x1;
+          mma::unpack_floats<T>(kw[i], x0, x1);
+          ss += x0 * x0 + x1 * x1;
+        }
+#pragma unroll
+        for (int o = 1; o < kLanes; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        rstd = 1.0f / sqrtf(ss + kL2NormEps);
+      }
+      if (fr >= L) rstd = 0.f;  // rows past the chunk: kd = 0 (their k rows are zero-filled too)
+      const float* gl = sm.gate + 2 * KMAX * s + fd0;
+#pragma unroll
+      for (int i = 0; i < kPer / 8; ++i) {
+        const float4 l0 = *reinterpret_cast<const float4*>(gl + 8 * i);
+        const float4 l1 = *reinterpret_cast<const float4*>(gl + 8 * i + 4);
+        const float glv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float x0, x1;
+          mma::unpack_floats<T>(kw[4 * i + j], x0, x1);
+          const int d = 8 * i + 2 * j;
+          x0 *= rstd * decay_exp(glv[2 * j] - g[d]);
+          x1 *= rstd * decay_exp(glv[2 * j + 1] - g[d + 1]);
+          if constexpr (kSplitKd)
+            mma::split_pair<T>(x0, x1, hi[j], lo[j]);
+          else
+            hi[j] = mma::pack_floats<T>(x0, x1);
+        }
+        *reinterpret_cast<uint4*>(sm.kd + fr * LDK + fd0 + 8 * i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        if constexpr (kSplitKd)
+          *reinterpret_cast<uint4*>(sm.kd_lo + fr * LDK + fd0 + 8 * i) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      }
+    }
+    // The next chunk's G rows (g is free now), in flight until the next chunk's kd.
+    if (has_next) load_gate_rows(cn, g);
+
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
+    // (B) both channel halves' partial sums and kd are written.
+    __syncthreads();
+
+    // v_new^T = u^T - (own + partner's partial sums): the same sum in both warps of a column group
+    // (fp32 addition commutes). Each warp stores half of the chunk rows (j8 / 4 == kh), rows < L.
+    {
+      const int partner = tid ^ (32 * NG);  // same lane, the other channel half
+      const float* us = sm.u(s);
+      T* vn = v_new + (row0 * a.HV + hv) * a.V + col0;
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) {
+        const float4 x = sm.swap[j8 * THREADS + partner];
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 8 * j8 + tcol(e);
+          p[j8][e] = us[j * LDU + vcol(e)] - (p[j8][e] + xs[e]);
+          if (j8 / 4 == kh && j < L) vn[j * vn_row + vcol(e)] = from_f<T>(p[j8][e]);
+        }
+      }
+    }
+
+    // h^T = h^T diag(exp(G_{L-1})) + v_new^T kd (this warp's channels).
+    {
+      const float* dec = sm.gate + 2 * KMAX * s + KMAX + kc0;
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk) {
+        const float2 d = *reinterpret_cast<const float2*>(dec + 8 * nk + 2 * tig);
+        hT[nk][0] *= d.x, hT[nk][1] *= d.y, hT[nk][2] *= d.x, hT[nk][3] *= d.y;
+      }
+    }
+#pragma unroll
+    for (int js = 0; js < C / 16; ++js) {
+      uint32_t ah[4], al[4];
+      kda_acc_to_a<T, kSplitV>(p[2 * js], p[2 * js + 1], ah, al);
+#pragma unroll
+      for (int np = 0; np < NK / 2; np += 2) {
+        // Tiles (.trans): (chunk rows 16 js + [0, 8), channels kc0 + 16 np + [0, 8)), (rows + 8, same
+        // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles
+        // 2 np, 2 np + 1; two such at once.
+        uint32_t b[2][4];
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          mma::ldmatrix_x4<true>(b[q], sm.kd + (16 * js + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
+        mma::mma_tiles<T, 2>(hT, ah, b, 2 * np);
+        if constexpr (kSplitV) mma::mma_tiles<T, 2>(hT, al, b, 2 * np);
+        if constexpr (kSplitKd) {
+          uint32_t bl[2][4];
+#pragma unroll
+          for (int q = 0; q < 2; ++q)
+            mma::ldmatrix_x4<true>(bl[q], sm.kd_lo + (16 * js + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
+          mma::mma_tiles<T, 2>(hT, ah, bl, 2 * np);
+        }
+      }
+    }
+    // The next chunk's G_{L-1} and decay (its stage's gate slot was last read in chunk c - 1).
+    if (has_next) put_gate_last(gl_next, s ^ 1);
+  }
+
+  if (a.ht.p) {
+    float* ht = static_cast<float*>(a.ht.p);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = hT[nk][e];
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
