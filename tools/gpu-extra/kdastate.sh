@@ -3,13 +3,13 @@
 # Runs on the H200 from the repo root after tools/gpu-check's build into build-gpu and the package
 # install (cap 150 s, aims at <= 140 s; $OUT/extra/ collects the logs):
 #   1. the DeltaRuleChunkedKda* GPU tests, DeltaRuleGpu.ChunkedAlgorithmMatches (its KDA cases) and
-#      DeltaRuleGpu.Kda* with the default (transposed, single-fragment) stage 2; the DeltaRuleChunkedKda*
-#      ones again with FLASHGRAD_CHUNKED_KDA_STATE=split (the transposed kernel with hi + lo operands);
+#      DeltaRuleGpu.Kda* with FLASHGRAD_CHUNKED_KDA_STATE=transposed (the session-8 kernel, single-
+#      fragment products; opt-in: the default is still session 6's kda_state_kernel); the
+#      DeltaRuleChunkedKda* ones again with =split (the session-8 kernel with hi + lo operands);
 #   2. chunk KDA B4 T4096 H16 K=V=128 bf16 through flashgrad.chunk_kda, in one process: the old
-#      stage 2 (FLASHGRAD_CHUNKED_KDA_STATE=old: session 6's kda_state_kernel), =split, then the new
-#      default (kda_state_transposed_kernel): forward and backward wall, every kda_* kernel's CUDA
-#      time per call (torch.profiler), and the output / final state / gradients of split and new
-#      against the old ones (rel RMS);
+#      stage 2 (the default, "old"), =split, then =transposed ("new"): forward and backward wall,
+#      every kda_* kernel's CUDA time per call (torch.profiler), and the output / final state /
+#      gradients of split and new against the old ones (rel RMS);
 #   3. if >= 30 s are left: ncu of one launch of the new stage 2.
 # Prints a compact summary last.
 set -uo pipefail
@@ -21,10 +21,10 @@ left() { echo $(( 138 - ($(date +%s) - t0) )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 summary=()
 
-echo "== kdastate 1/3: KDA GPU tests with the default (transposed) stage 2"
+echo "== kdastate 1/3: KDA GPU tests with FLASHGRAD_CHUNKED_KDA_STATE=transposed (and =split)"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
-  timeout -k 3 "$(cap 45)" "$tests" --gtest_filter='DeltaRuleChunkedKda*:DeltaRuleGpu.ChunkedAlgorithmMatches:DeltaRuleGpu.Kda*' \
+  FLASHGRAD_CHUNKED_KDA_STATE=transposed timeout -k 3 "$(cap 45)" "$tests" --gtest_filter='DeltaRuleChunkedKda*:DeltaRuleGpu.ChunkedAlgorithmMatches:DeltaRuleGpu.Kda*' \
     > "$OUT/extra/kdastate_tests.log" 2>&1
   rc=$?
   grep -E "kda.*(vs CPU|rel_rms)|Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
@@ -34,7 +34,7 @@ if [ -n "$tests" ]; then
     "$OUT/extra/kdastate_tests.log")
   npass=$(grep -cE "^\[       OK \]" "$OUT/extra/kdastate_tests.log")
   nfail=$(grep -cE "^\[  FAILED  \] [A-Za-z]" "$OUT/extra/kdastate_tests.log")
-  summary+=("tests rc=$rc: $npass ok, $nfail failed; worst rel_rms/bar $worst")
+  summary+=("tests with =transposed rc=$rc: $npass ok, $nfail failed; worst rel_rms/bar $worst")
   FLASHGRAD_CHUNKED_KDA_STATE=split timeout -k 3 "$(cap 25)" "$tests" --gtest_filter='DeltaRuleChunkedKda*' \
     > "$OUT/extra/kdastate_tests_split.log" 2>&1
   rc=$?
@@ -87,7 +87,8 @@ def kernel_ms(steps):
 
 res = {}
 for mode in ("old", "split", "new"):
-    os.environ["FLASHGRAD_CHUNKED_KDA_STATE"] = mode  # read by the stage-2 launcher at every call
+    # read by the stage-2 launcher at every call: unset / "old" -> session 6's kernel
+    os.environ["FLASHGRAD_CHUNKED_KDA_STATE"] = {"old": "old", "split": "split", "new": "transposed"}[mode]
     o, ht = fwd()
     do, dht = torch.ones_like(o), torch.ones_like(ht)
     gs = torch.autograd.grad((o, ht), ins, (do, dht), retain_graph=True)
@@ -118,7 +119,7 @@ ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/
 if [ -n "$ncu_bin" ] && [ "$(left)" -gt 30 ]; then
   metrics='regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
   rep="$OUT/extra/kdastate_ncu_new"
-  timeout -k 3 "$(( $(left) - 4 ))" "$ncu_bin" --clock-control none \
+  FLASHGRAD_CHUNKED_KDA_STATE=transposed timeout -k 3 "$(( $(left) - 4 ))" "$ncu_bin" --clock-control none \
     -k "regex:kda_state_transposed_kernel" --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
     --section InstructionStats --section Occupancy --section LaunchStats --metrics "$metrics" -f -o "$rep" \
     python3 bench/profile_delta_rule.py --kind kda --B 4 --T 4096 --H 16 --K 128 --reps 1 --no-profiler \

@@ -1,5 +1,6 @@
-// KDA chunked stage 2 ("state"), transposed and pipelined (session 8; the default stage 2,
-// chunked_kda_launch_impl.cuh; FLASHGRAD_CHUNKED_KDA_STATE=old runs chunked_kda_state.cuh's kernel).
+// KDA chunked stage 2 ("state"), transposed and pipelined (session 8; opt-in until a GPU run has
+// tested it: FLASHGRAD_CHUNKED_KDA_STATE=transposed, chunked_kda_launch_impl.cuh; the default is still
+// chunked_kda_state.cuh's kernel).
 // Same outputs as that kernel: h_c (fp32, [chunks, HV, K, V]) for every chunk, v_new (T), the
 // final state. Per (sequence, value head, slice of BV = 8 WARPS value columns), over the chunks:
 //   store h_c;  v_new = u - w h_c;
