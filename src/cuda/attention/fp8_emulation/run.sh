@@ -4,13 +4,5 @@
 #   BUILD_DIR: a CPU (or CUDA) CMake build of flashgrad with libflashgrad.a (default build-fp8k/cpu)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../../.." && pwd)
-build=${1:-$root/build-fp8k/cpu}
-out=$build/fp8_emulation
-lib=$(find "$build" -maxdepth 2 -name libflashgrad.a | head -1)
-python3 "$here/rewrite_asm.py" "$root/src/cuda/attention" "$out/headers"
-cuda_inc=$(dirname "$(command -v nvcc)")/../include
-# -w: g++ warns about every CUDA attribute it ignores (__device__, __global__, ...).
-g++ -std=c++20 -O2 -w -pthread -I"$out/headers" -I"$root/src" -I"$root/include" -I"$root/tests/cpp" \
-  -I"$cuda_inc" "$here/harness.cc" "$lib" -o "$out/fp8_emulation"
-"$out/fp8_emulation" "${2:-}"
+build=${1:-$here/../../../../build-fp8k/cpu}
+"$here/../emulation_common/build_and_run.sh" "$here" "$here/rewrite_asm.py" "$build" "$build/fp8_emulation" "${2:-}"

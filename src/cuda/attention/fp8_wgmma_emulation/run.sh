@@ -3,16 +3,8 @@
 # usage: run.sh [BUILD_DIR] [case-name filter | quick]
 #   BUILD_DIR: a CPU (or CUDA) CMake build of flashgrad with libflashgrad.a (default build-fp8w/cpu)
 # prepare_headers.py copies the kernel's headers with the PTX of the 16-bit / mma.sync headers
-# replaced and the two Hopper primitive headers emptied (harness.cc defines their functions).
+# replaced and the two Hopper primitive headers emptied (../emulation_common/ defines their functions).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../../.." && pwd)
-build=${1:-$root/build-fp8w/cpu}
-out=$build/fp8_wgmma_emulation
-lib=$(find "$build" -maxdepth 2 -name libflashgrad.a | head -1)
-python3 "$here/prepare_headers.py" "$root/src/cuda/attention" "$out/headers"
-cuda_inc=$(dirname "$(command -v nvcc)")/../include
-# -w: g++ warns about every CUDA attribute it ignores (__device__, __global__, ...).
-g++ -std=c++20 -O2 -w -Wno-psabi -pthread -I"$out/headers" -I"$root/src" -I"$root/include" -I"$root/tests/cpp" \
-  -I"$cuda_inc" "$here/harness.cc" "$lib" -o "$out/fp8_wgmma_emulation"
-"$out/fp8_wgmma_emulation" "${2:-}"
+build=${1:-$here/../../../../build-fp8w/cpu}
+"$here/../emulation_common/build_and_run.sh" "$here" "$here/prepare_headers.py" "$build" "$build/fp8_wgmma_emulation" "${2:-}"
