@@ -73,19 +73,6 @@ struct CasePicker {
   }
 };
 
-// The varlen GQA case with empty sequences (q lengths 37, 0, 80, 5; k lengths 53, 0, 80, 0; 4 query
-// heads on 2 key heads), causal.
-inline Fp8Config varlen_gqa_with_empty_sequences(int d) {
-  Fp8Config c;
-  c.d = d;
-  c.lens_q = {37, 0, 80, 5};
-  c.lens_k = {53, 0, 80, 0};
-  c.hq = 4;
-  c.hk = 2;
-  c.mask = MaskKind::causal;
-  return c;
-}
-
 // The summary line and the exit status.
 inline int finish() {
   std::printf("%s: %d failed checks\n", g_failures ? "FAILED" : "PASSED", g_failures);

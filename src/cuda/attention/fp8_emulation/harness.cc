@@ -42,6 +42,7 @@ void emu_prepare_block() { std::memset(smem_raw, 0xff, sizeof(smem_raw)); }
 #include "fp8_forward_kernel.cuh"
 #include "fp8_prepass_kernels.cuh"
 
+#include "cuda/attention/emulation_common/fp8_cases.h"
 #include "cuda/attention/emulation_common/fp8_mma_sync_pipeline.h"
 #include "cuda/attention/emulation_common/fp8_output_checks.h"
 
@@ -89,15 +90,8 @@ int main(int argc, char** argv) {
     if (picker.picks(c.name)) cases.push_back(c);
   };
   for (int d : {64, 128, 256})
-    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-      Fp8Config c;
-      c.d = d;
-      c.mask = m;
-      c.batch = 1;
-      c.sq = 70;
-      c.sk = 130;
-      add(std::string(mask_name(m)) + " d" + std::to_string(d) + " Sq=70 Sk=130", c);
-    }
+    for (MaskKind m : {MaskKind::none, MaskKind::causal})
+      add(std::string(mask_name(m)) + " d" + std::to_string(d) + " Sq=70 Sk=130", one_sequence(d, m, 70, 130));
   {
     Fp8Config c = varlen_gqa_with_empty_sequences(64);
     add("varlen causal d64 gqa 4/2 with empty sequences", c);
@@ -107,49 +101,16 @@ int main(int argc, char** argv) {
     c.wr = 3;
     add("varlen window 20,3 d128", c);
   }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.batch = 1;
-    c.sq = 90;
-    c.sk = 60;
-    c.mask = MaskKind::causal;
-    c.softcap = 5.f;
-    c.input_std = 2.f;
-    c.with_dlse = true;
-    c.z_loss = 0.5f;
-    c.out_dtype = DType::f16;
-    add("causal Sq>Sk softcap tanh dlse z-loss fp16 out d128", c);
-  }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.batch = 3;
-    c.sq = c.sk = 100;
-    c.mask = MaskKind::prefix_lm;
-    c.prefix = {0, 40, 100};
-    add("prefix_lm d128", c);
-    c.d = 64;
-    c.mask = MaskKind::candidate_isolation;
-    c.prefix.clear();
-    c.bounds = {0, 60, 60, 100, 10, 40, 70, 95, 0, 0, 0, 100};
-    add("candidate_isolation d64", c);
-  }
+  add("causal Sq>Sk softcap tanh dlse z-loss fp16 out d128", causal_softcap_dlse_zloss_fp16());
+  add("prefix_lm d128", prefix_lm_three_sequences(128, 100));
+  add("candidate_isolation d64", candidate_isolation_three_sequences(64, 100));
   for (int d : {64, 256}) {
     Fp8Config c = varlen_gqa_with_empty_sequences(d);
     c.deterministic = true;
     c.softcap = d == 256 ? 5.f : 0.f;
     add("deterministic varlen causal d" + std::to_string(d) + (d == 256 ? " softcap" : ""), c);
   }
-  {
-    Fp8Config c;
-    c.d = 64;
-    c.batch = 1;
-    c.hq = c.hk = 1;
-    c.sq = 40;
-    c.sk = 3000;
-    add("none d64 Sq=40 Sk=3000 (long rows: accumulator drift)", c);
-  }
+  add("none d64 Sq=40 Sk=3000 (long rows: accumulator drift)", long_rows(64, 3000));
   for (auto& c : cases) check_case(c, rng);
   return finish();
 }

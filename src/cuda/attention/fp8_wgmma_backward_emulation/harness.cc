@@ -67,6 +67,7 @@ void emu_prepare_block() {
 #include "fp8_forward_kernel.cuh"
 #include "fp8_prepass_kernels.cuh"
 
+#include "cuda/attention/emulation_common/fp8_cases.h"
 #include "cuda/attention/emulation_common/fp8_mma_sync_pipeline.h"
 #include "cuda/attention/emulation_common/fp8_output_checks.h"
 
@@ -176,15 +177,8 @@ int main(int argc, char** argv) {
     c.out_dtype = DType::bf16;
     add("deterministic varlen causal d" + std::to_string(d) + " softcap" + suffix, c);
   };
-  for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-    Fp8Config c;
-    c.d = 128;
-    c.mask = m;
-    c.batch = 1;
-    c.sq = 70;
-    c.sk = 130;
-    add(std::string(mask_name(m)) + " d128 Sq=70 Sk=130", c);
-  }
+  for (MaskKind m : {MaskKind::none, MaskKind::causal})
+    add(std::string(mask_name(m)) + " d128 Sq=70 Sk=130", one_sequence(128, m, 70, 130));
   // Eight tiles per key block: the two-slot ring wraps several times (phases), GQA heads summed.
   add_b2_200("");
   {
@@ -205,44 +199,15 @@ int main(int argc, char** argv) {
     add("varlen window 20,3 d128", c);
   }
   {
-    Fp8Config c;
-    c.d = 128;
-    c.batch = 1;
-    c.sq = 90;
-    c.sk = 60;
-    c.mask = MaskKind::causal;
-    c.softcap = 5.f;
-    c.input_std = 2.f;
-    c.with_dlse = true;
-    c.z_loss = 0.5f;
-    c.out_dtype = DType::f16;
+    Fp8Config c = causal_softcap_dlse_zloss_fp16();
     add("causal Sq>Sk softcap tanh dlse z-loss fp16 out d128", c);
     c.method = SoftcapMethod::soft_sign;
     c.out_dtype = DType::bf16;
     add("causal Sq>Sk softcap soft_sign dlse z-loss d128", c);
   }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.batch = 3;
-    c.sq = c.sk = 100;
-    c.mask = MaskKind::prefix_lm;
-    c.prefix = {0, 40, 100};
-    add("prefix_lm d128", c);
-    c.mask = MaskKind::candidate_isolation;
-    c.prefix.clear();
-    c.bounds = {0, 60, 60, 100, 10, 40, 70, 95, 0, 0, 0, 100};
-    add("candidate_isolation d128", c);
-  }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.batch = 1;
-    c.hq = c.hk = 1;
-    c.sq = 40;
-    c.sk = 1000;
-    add("none d128 H1 Sq=40 Sk=1000", c);
-  }
+  add("prefix_lm d128", prefix_lm_three_sequences(128, 100));
+  add("candidate_isolation d128", candidate_isolation_three_sequences(128, 100));
+  add("none d128 H1 Sq=40 Sk=1000", long_rows(128, 1000));
   // D = 64 (FLASHGRAD_ATTN_FP8_WGMMA_BWD_HD64=1): 64-byte e4m3 rows with SWIZZLE_64B.
   add_b2_gqa(64, 200);
   add_varlen_softcap_dlse(64, "");

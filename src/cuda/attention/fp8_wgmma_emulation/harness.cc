@@ -66,6 +66,7 @@ int g_stagger = 0;  // Fp8wMapAxes::stagger of the next emulated launch (run_var
 #include "fp8_wgmma_maps.h"
 
 #include "cuda/attention/emulation_common/fp8_case_params.h"
+#include "cuda/attention/emulation_common/fp8_cases.h"
 #include "cuda/attention/emulation_common/fp8_output_checks.h"
 
 namespace {
@@ -217,15 +218,8 @@ int main(int argc, char** argv) {
     if (picker.picks(c.name) && (picker.only != "quick" || variant == 0)) cases.push_back({c, variant});
   };
   for (int d : {64, 128, 256})
-    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-      Fp8Config c;
-      c.d = d;
-      c.mask = m;
-      c.batch = 1;
-      c.sq = 200;
-      c.sk = 300;
-      add(std::string(mask_name(m)) + " d" + std::to_string(d) + " Sq=200 Sk=300", c);
-    }
+    for (MaskKind m : {MaskKind::none, MaskKind::causal})
+      add(std::string(mask_name(m)) + " d" + std::to_string(d) + " Sq=200 Sk=300", one_sequence(d, m, 200, 300));
   {
     Fp8Config c;
     c.d = 128;
@@ -267,12 +261,7 @@ int main(int argc, char** argv) {
     add("varlen window 20,3 d128", c, 512);
   }
   {
-    Fp8Config c;
-    c.d = 256;
-    c.batch = 1;
-    c.sq = 190;
-    c.sk = 160;
-    c.mask = MaskKind::causal;
+    Fp8Config c = one_sequence(256, MaskKind::causal, 190, 160);
     c.softcap = 5.f;
     c.input_std = 2.f;
     c.out_dtype = DType::f16;
@@ -284,33 +273,11 @@ int main(int argc, char** argv) {
     add("causal Sq>Sk softcap soft_sign fp16 out d128", c);
     add("causal Sq>Sk softcap soft_sign fp16 out d128", c, 512);
   }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.batch = 3;
-    c.sq = c.sk = 150;
-    c.mask = MaskKind::prefix_lm;
-    c.prefix = {0, 40, 150};
-    add("prefix_lm d128", c);
-    add("prefix_lm d128", c, 512);
-    c.d = 256;
-    c.mask = MaskKind::candidate_isolation;
-    c.prefix.clear();
-    c.bounds = {0, 60, 60, 150, 10, 40, 70, 145, 0, 0, 0, 150};
-    add("candidate_isolation d256", c);
-  }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.batch = 1;
-    c.hq = c.hk = 1;
-    c.sq = 40;
-    c.sk = 3000;
-    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c);
-    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 8);
-    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 16);
-    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", c, 512);
-  }
+  add("prefix_lm d128", prefix_lm_three_sequences(128, 150));
+  add("prefix_lm d128", prefix_lm_three_sequences(128, 150), 512);
+  add("candidate_isolation d256", candidate_isolation_three_sequences(256, 150));
+  for (int variant : {0, 8, 16, 512})
+    add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", long_rows(128, 3000), variant);
   {
     // Runs of full key blocks (kLean steps through them by fp8w_full_run_end): rows inside the
     // sequence (Sq a multiple of 128 per CTA), Sk not a multiple of 128 (a partial last block), and
