@@ -34,6 +34,19 @@ inline Fp8Config varlen_gqa_with_empty_sequences(int d) {
   return c;
 }
 
+// Two sequences (q lengths 150, 70; k lengths 150, 270) under a sliding window of 20 keys left, 3
+// right.
+inline Fp8Config varlen_window_20_3(int d) {
+  Fp8Config c;
+  c.d = d;
+  c.lens_q = {150, 70};
+  c.lens_k = {150, 270};
+  c.mask = MaskKind::sliding_window;
+  c.wl = 20;
+  c.wr = 3;
+  return c;
+}
+
 // Causal with Sq = 90 > Sk = 60 (the diagonal shifted left: the first rows see no key), tanh
 // softcap 5 on inputs of std 2, dlse and z-loss, fp16 outputs; d = 128.
 inline Fp8Config causal_softcap_dlse_zloss_fp16() {

@@ -53,6 +53,18 @@ inline void check_outputs(const char* subject, const Fp8Config& cfg, const Fp8Ou
   std::fflush(stdout);
 }
 
+// A forward + backward case: inputs drawn from rng, the fp32 reference and the recipe, run(c) the
+// emulated kernels' outputs; then its line and the checks of all five outputs.
+template <typename Run>
+void check_forward_backward_case(const Fp8Config& cfg, std::mt19937& rng, const Run& run) {
+  fp8_test::Fp8Case c = fp8_test::make_case(cfg, rng);
+  const Fp8Outputs ref = fp8_test::reference32(c);
+  const Fp8Outputs emu = fp8_test::recipe(c);
+  const Fp8Outputs got = run(c);
+  std::printf("  case %s\n", cfg.name.c_str());
+  check_outputs("kernels", cfg, got, ref, emu, /*grads=*/true);
+}
+
 // The inputs' generator: FLASHGRAD_EMULATION_SEED=<n> repeats a run's inputs (to compare two
 // builds line by line); otherwise a fresh seed, printed so that a failure can be repeated.
 inline std::mt19937 seeded_generator() {

@@ -66,13 +66,10 @@ Fp8Outputs run_emulated(Fp8Case& c) {
   });
 }
 
-void check_case(Fp8Config cfg, std::mt19937& rng) {
-  Fp8Case c = fp8_test::make_case(cfg, rng);
-  const Fp8Outputs ref = fp8_test::reference32(c);
-  const Fp8Outputs emu = fp8_test::recipe(c);
-  const Fp8Outputs got = cfg.d == 64 ? run_emulated<64>(c) : cfg.d == 128 ? run_emulated<128>(c) : run_emulated<256>(c);
-  std::printf("  case %s\n", cfg.name.c_str());
-  check_outputs("kernels", cfg, got, ref, emu, /*grads=*/true);
+void check_case(const Fp8Config& cfg, std::mt19937& rng) {
+  check_forward_backward_case(cfg, rng, [&](Fp8Case& c) {
+    return cfg.d == 64 ? run_emulated<64>(c) : cfg.d == 128 ? run_emulated<128>(c) : run_emulated<256>(c);
+  });
 }
 
 }  // namespace

@@ -106,18 +106,15 @@ Fp8Outputs run_emulated(Fp8Case& c) {
   });
 }
 
-void check_case(Fp8Config cfg, std::mt19937& rng) {
-  Fp8Case c = fp8_test::make_case(cfg, rng);
-  const Fp8Outputs ref = fp8_test::reference32(c);
-  const Fp8Outputs emu = fp8_test::recipe(c);
-  // The kernel's head dims; a case named "... (lagged dQ)" runs the lagged-dQ schedule (hd 128).
+// A case named "... (lagged dQ)" runs the lagged-dQ schedule (hd 128).
+void check_case(const Fp8Config& cfg, std::mt19937& rng) {
   const bool lag = cfg.name.find("(lagged dQ)") != std::string::npos;
-  const Fp8Outputs got = cfg.d == 256 ? run_emulated<256, false>(c)
-                         : cfg.d == 64 ? run_emulated<64, false>(c)
-                         : lag        ? run_emulated<128, true>(c)
-                                      : run_emulated<128, false>(c);
-  std::printf("  case %s\n", cfg.name.c_str());
-  check_outputs("kernels", cfg, got, ref, emu, /*grads=*/true);
+  check_forward_backward_case(cfg, rng, [&](Fp8Case& c) {
+    return cfg.d == 256 ? run_emulated<256, false>(c)
+           : cfg.d == 64 ? run_emulated<64, false>(c)
+           : lag        ? run_emulated<128, true>(c)
+                        : run_emulated<128, false>(c);
+  });
 }
 
 }  // namespace
@@ -188,16 +185,7 @@ int main(int argc, char** argv) {
     c.softcap = 5.f;
     add("deterministic varlen causal d128 softcap", c);
   }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.lens_q = {150, 70};
-    c.lens_k = {150, 270};
-    c.mask = MaskKind::sliding_window;
-    c.wl = 20;
-    c.wr = 3;
-    add("varlen window 20,3 d128", c);
-  }
+  add("varlen window 20,3 d128", varlen_window_20_3(128));
   {
     Fp8Config c = causal_softcap_dlse_zloss_fp16();
     add("causal Sq>Sk softcap tanh dlse z-loss fp16 out d128", c);

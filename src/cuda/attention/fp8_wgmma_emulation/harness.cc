@@ -249,17 +249,8 @@ int main(int argc, char** argv) {
     add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c, 16);
     if (d == 128) add("varlen causal d128 gqa 4/2 with empty sequences", c, 512);
   }
-  {
-    Fp8Config c;
-    c.d = 128;
-    c.lens_q = {150, 70};
-    c.lens_k = {150, 270};
-    c.mask = MaskKind::sliding_window;
-    c.wl = 20;
-    c.wr = 3;
-    add("varlen window 20,3 d128", c);
-    add("varlen window 20,3 d128", c, 512);
-  }
+  add("varlen window 20,3 d128", varlen_window_20_3(128));
+  add("varlen window 20,3 d128", varlen_window_20_3(128), 512);
   {
     Fp8Config c = one_sequence(256, MaskKind::causal, 190, 160);
     c.softcap = 5.f;
