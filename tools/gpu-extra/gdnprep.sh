@@ -4,9 +4,10 @@
 # build-gpu and the package install (cap 150 s, aims at <= 140 s; logs in $OUT/extra/):
 #   1. the chunked GDN GPU tests with the default stage 1 (the compact one; FLASHGRAD_CHUNKED_PREPARE unset);
 #   2. one python process, chunk GDN B8 T4096 H16 K=V=128 bf16 (L2 norm in kernel) through
-#      flashgrad.chunk_gated_delta_rule: the old stage 1 (FLASHGRAD_CHUNKED_PREPARE=old, read per call)
-#      then the new default: forward and backward wall, the stage-1 kernel's CUDA time per call and
-#      calls per step (torch.profiler), and the new outputs / gradients against the old ones (rel RMS);
+#      flashgrad.chunk_gated_delta_rule: the old stage 1 (FLASHGRAD_CHUNKED_PREPARE=old, read per call),
+#      the compact one with the CUDA-core inverse (=fma), then the new default (compact, tensor-core
+#      inverse): forward and backward wall, the stage-1 kernel's CUDA time per call and calls per step
+#      (torch.profiler), and the fma / new outputs and gradients against the old ones (rel RMS);
 #   3. if >= 35 s are left: ncu of one launch of the new stage 1 (occupancy, issue, stalls) with its
 #      warp-stall samples per phase (segments between barriers: kdaprep_ncu_source.py), then the old
 #      one's headline numbers if time is left.
@@ -80,7 +81,7 @@ def kernel_ms(steps):
     return {n: (ms / max(c, 1), c // steps) for n, (ms, c) in out.items()}
 
 res = {}
-for mode in ("old", "new"):
+for mode in ("old", "fma", "new"):
     os.environ["FLASHGRAD_CHUNKED_PREPARE"] = mode  # read by the stage-1 launcher at every call
     o, ht = fwd()
     do, dht = torch.ones_like(o), torch.ones_like(ht)
@@ -96,9 +97,11 @@ for mode in ("old", "new"):
 
 rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt().clamp_min(1e-30))
 names = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
-gn, go = res["new"][0], res["old"][0]
-print("ROW new vs old rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, go))
-      + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
+go = res["old"][0]
+for mode in ("fma", "new"):
+    gn = res[mode][0]
+    print(f"ROW {mode} vs old rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, go))
+          + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
 EOF
 rc=$?
 grep -E "^(ROW|INFO)" "$OUT/extra/gdnprep_compare.log" | cut -c1-500

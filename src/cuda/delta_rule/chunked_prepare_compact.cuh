@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "chunked_mma_tf32.cuh"
 #include "chunked_prepare.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -40,23 +41,54 @@ __device__ __forceinline__ float prepare_decay_exp(float x) {
 #endif
 }
 
-// FLASHGRAD_CHUNKED_PREPARE=old: the session-6 stage 1 (chunk_prepare_kernel); read per call.
-inline bool prepare_old_wanted() {
+// Which stage 1 runs, by FLASHGRAD_CHUNKED_PREPARE (read per call): unset / other values: the
+// compact kernel with the tensor-core inverse; "fma": the compact kernel with the CUDA-core
+// inverse; "old": the session-6 kernel (chunk_prepare_kernel).
+enum class PrepareKind { compact, compact_fma, old };
+inline PrepareKind prepare_kind() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_PREPARE");
-  return env && std::strcmp(env, "old") == 0;
+  if (env && std::strcmp(env, "old") == 0) return PrepareKind::old;
+  if (env && std::strcmp(env, "fma") == 0) return PrepareKind::compact_fma;
+  return PrepareKind::compact;
 }
 
-// Shared memory: A (M before the inverse), the inverse's tmp, the per-row arrays, k's raw rows
+// view_rows_async (chunked_tiles.cuh) for 16-byte-copyable rows (vec) of P = width / 8 pieces with
+// P a power of two <= 128: thread tid copies piece p = tid % P of rows tid / P + (128 / P) i, bumping
+// its source pointer by 128 / P rows per step instead of forming every row's 64-bit offset (SASS:
+// ~150 -> ~40 instructions per thread and 64 x 128 tile). Rows >= len are zero-filled (their copy
+// reads nothing and points at row 0). Otherwise (not vec, or V = 192) view_rows_async.
+template <typename T>
+__device__ __forceinline__ void rows_async(const View& x, const ChunkInfo& ci, int64_t idx, int width, bool vec,
+                                           T* dst, int ld) {
+  const int P = width / 8;
+  if (!vec || (P & (P - 1)) != 0 || P > kChunkThreads) {
+    view_rows_async<T, kChunkThreads>(x, ci, idx, width, vec, dst, ld);
+    return;
+  }
+  const int tid = threadIdx.x, p = tid & (P - 1), r0 = tid / P, step = kChunkThreads / P;
+  const T* row0 = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0, idx) + 8 * p;
+  const T* src = row0 + r0 * x.s1;
+  const int64_t bump = step * x.s1;
+  for (int r = r0; r < kChunkSize; r += step, src += bump) {
+    const bool ok = r < ci.len;
+    mma::cp_async16(dst + r * ld + 8 * p, ok ? src : row0, ok);
+  }
+}
+
+// Shared memory: A (M before the inverse), the inverse's scratch, the per-row arrays, k's raw rows
 // twice (the next item's copies land while this one computes), v's raw rows once. K = V = 128:
-// 17 + 3 + 1 + 34 + 17 = 72 KiB.
+// 17 + 5 + 1 + 34 + 17 = 74 KiB (three blocks per SM take 3 x 75 of the SM's 228 KiB).
 template <typename T, int KMAX>
 struct PrepareCompactSmem {
   static constexpr int C = kChunkSize, LDK = KMAX + 8, LDM = C + 4;
   static constexpr int64_t kKeyBytes = sizeof(T) * C * LDK, kMatBytes = sizeof(float) * C * LDM;
-  static constexpr int64_t kFixedBytes = kMatBytes + sizeof(float) * (16 * 48 + 4 * C) + 2 * kKeyBytes;
+  static constexpr int LDX = 40;  // pitch of the tensor-core inverse's X (== 8 mod 32: conflict-free B fragments)
+  static constexpr int kScratchFloats = 32 * LDX;
+  static_assert(kScratchFloats >= 16 * 48, "the CUDA-core inverse's tmp fits in the scratch");
+  static constexpr int64_t kFixedBytes = kMatBytes + sizeof(float) * (kScratchFloats + 4 * C) + 2 * kKeyBytes;
   static_assert(kFixedBytes % 16 == 0 && kKeyBytes % 16 == 0, "16-byte aligned tiles");
   float* A;     // [C][LDM] StrictLower(beta_i exp(G_i - G_j) k_i.k_j), then (I + M)^{-1} in place
-  float* tmp;   // [16][48]: sum_m M_Im A_mJ of one block row
+  float* tmp;   // scratch: [32][LDX] X of invert_unit_lower64_tc, or [16][48] tmp of _in_place
   float* G;     // [C]
   float* beta;  // [C] (0 past L)
   float* rstd;  // [C] k's row rstd (1 without the L2 norm)
@@ -69,7 +101,7 @@ struct PrepareCompactSmem {
   __device__ explicit PrepareCompactSmem(unsigned char* raw) {
     A = reinterpret_cast<float*>(raw);
     tmp = A + C * LDM;
-    G = tmp + 16 * 48;
+    G = tmp + kScratchFloats;
     beta = G + C;
     rstd = beta + C;
     ws = rstd + C;
@@ -79,17 +111,13 @@ struct PrepareCompactSmem {
   __device__ T* k(int s) const { return reinterpret_cast<T*>(keys + s * kKeyBytes); }
 };
 
-// A = (I + M)^{-1} in place of the 64 x 64 strictly lower M (fp32 in shared memory, pitch
-// LDM % 4 == 0; 128 threads): invert_unit_lower64_blocked's algorithm and sums in the same order,
-// with A written over M:
-//   - diagonal blocks: thread (block bI, column jj) of the first 64 runs the forward substitution
-//     of its column in registers, reading M's diagonal block; the others zero the six blocks above
-//     the diagonal (never part of M: the store skips them); a barrier; then the columns are stored;
-//   - block row I: tmp = M_I,<I A_<I,<I reads row block I of M (still M) and rows < 16 I of A (done);
-//     after a barrier, A_I,<I = -A_II tmp is written over M_I,<I, which nothing reads any more.
-// Ends with a barrier.
+// The diagonal 16 x 16 blocks of A = (I + M)^{-1} in place of M's (fp32 in shared memory, pitch
+// LDM % 4 == 0; 128 threads): thread (block bI, column jj) of the first 64 runs the forward
+// substitution of its column in registers, reading M's diagonal block, while the others zero the
+// six blocks above the diagonal (never part of M: its store skips them; A is stored whole); a
+// barrier; then the columns are stored. Ends with a barrier.
 template <int LDM>
-__device__ __forceinline__ void invert_unit_lower64_in_place(float* As, float* tmp) {
+__device__ __forceinline__ void invert_diagonal_blocks_in_place(float* As) {
   static_assert(LDM % 4 == 0, "float4 rows");
   const int tid = threadIdx.x;
   const int r0 = 16 * (tid / 16), jj = tid % 16;  // used by threads < 64
@@ -117,6 +145,19 @@ __device__ __forceinline__ void invert_unit_lower64_in_place(float* As, float* t
     for (int i = 0; i < 16; ++i) As[(r0 + i) * LDM + r0 + jj] = x[i];
   }
   __syncthreads();
+}
+
+// A = (I + M)^{-1} in place of the 64 x 64 strictly lower M (fp32 in shared memory, pitch
+// LDM % 4 == 0; 128 threads): invert_unit_lower64_blocked's algorithm and sums in the same order
+// (fp32 on CUDA cores), with A written over M:
+//   - the diagonal blocks (invert_diagonal_blocks_in_place);
+//   - block row I: tmp = M_I,<I A_<I,<I reads row block I of M (still M) and rows < 16 I of A (done);
+//     after a barrier, A_I,<I = -A_II tmp is written over M_I,<I, which nothing reads any more.
+// Ends with a barrier. (FLASHGRAD_CHUNKED_PREPARE=fma: the compact kernel with this inverse.)
+template <int LDM>
+__device__ __forceinline__ void invert_unit_lower64_in_place(float* As, float* tmp) {
+  const int tid = threadIdx.x;
+  invert_diagonal_blocks_in_place<LDM>(As);
   // Block rows I = 1..3 (invert_unit_lower64_blocked's fixed-range strips; M = As's row block I):
   //   tmp[r][c] = sum_{m = 0}^{16 I - 1} M[16 I + r][m] A[m][c]
   //   A[16 I + r][c] = -sum_{m' = 0}^{15} A[16 I + r][16 I + m'] tmp[m'][c]
@@ -156,6 +197,220 @@ __device__ __forceinline__ void invert_unit_lower64_in_place(float* As, float* t
     }
     __syncthreads();
   }
+}
+
+// The diagonal 16 x 16 blocks D_I of A = (I + M)^{-1} in place of M's, one warp per block (warp I,
+// rows and columns b = 16 I + [0, 16)), by the 2 x 2 formula on 8 x 8 halves:
+//   D_I = [[d0, 0], [-d1 m10 d0, d1]],  d0, d1 = the inverses of the unit lower 8 x 8 diagonal halves,
+// m10 = M's lower-left 8 x 8 of the block. Lanes 0 - 15 (half h = lane / 8, column c = lane % 8) run
+// the forward substitution of d_h's column c in registers (lanes 16 - 31 repeat it, unused); then
+// every lane forms two elements (row r = lane / 4, columns 2 (lane % 4) + {0, 1}) of Y = m10 d0, which
+// goes over m10, and of -d1 Y, which goes over Y. Each warp reads and writes only its own block
+// (__syncwarp between a read and the write over it); the threads also zero the six blocks above the
+// diagonal (never part of M: its store skips them; A is stored whole). 28 + 16 + 16 FMAs per lane at
+// most, against the 120 of a 16-row substitution on half the block's threads
+// (invert_diagonal_blocks_in_place). Ends with a barrier.
+template <int LDM>
+__device__ __forceinline__ void invert_diagonal_blocks_by_warp(float* As) {
+  static_assert(LDM % 4 == 0, "float4 rows");
+  const int tid = threadIdx.x, lane = tid & 31, b = 16 * (tid / 32);
+  for (int e = tid; e < 6 * 64; e += kChunkThreads) {  // 6 blocks x 64 float4
+    const int blk = e / 64, q = e % 64;                 // blk: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+    const int I = blk < 3 ? 0 : (blk < 5 ? 1 : 2), J = blk < 3 ? blk + 1 : (blk < 5 ? blk - 1 : 3);
+    *reinterpret_cast<float4*>(&As[(16 * I + q / 4) * LDM + 16 * J + 4 * (q % 4)]) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float* D = As + b * LDM + b;  // the warp's block
+  // d_h, column c: x_i = [i == c] - sum_{m < i} M_im x_m over the 8 x 8 half at (8 h, 8 h).
+  const int h = (lane >> 3) & 1, c = lane & 7;
+  float x[8];
+  {
+    const float* Mh = D + 8 * h * LDM + 8 * h;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float acc = 0.f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) acc = fmaf(Mh[i * LDM + m], x[m], acc);
+      x[i] = i == c ? 1.f : -acc;
+    }
+  }
+  __syncwarp();  // the diagonal halves of M are read
+  if (lane < 16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      D[(8 * h + i) * LDM + 8 * h + c] = x[i];
+      if (h == 0) D[i * LDM + 8 + c] = 0.f;  // D's upper-right 8 x 8
+    }
+  }
+  __syncwarp();
+  // Y[r][cc] = sum_{m < 8} m10[r][m] d0[m][cc] (d0's upper half is 0), cc = 2 (lane % 4) + {0, 1}.
+  const int r = lane >> 2, c2 = 2 * (lane & 3);
+  float y0 = 0.f, y1 = 0.f;
+  {
+    const float4 m_lo = *reinterpret_cast<const float4*>(D + (8 + r) * LDM);
+    const float4 m_hi = *reinterpret_cast<const float4*>(D + (8 + r) * LDM + 4);
+    const float mr[8] = {m_lo.x, m_lo.y, m_lo.z, m_lo.w, m_hi.x, m_hi.y, m_hi.z, m_hi.w};
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const float2 d = *reinterpret_cast<const float2*>(D + m * LDM + c2);
+      y0 = fmaf(mr[m], d.x, y0);
+      y1 = fmaf(mr[m], d.y, y1);
+    }
+  }
+  __syncwarp();  // m10 is read: Y goes in its place
+  *reinterpret_cast<float2*>(D + (8 + r) * LDM + c2) = make_float2(y0, y1);
+  __syncwarp();
+  // -d1 Y: row r of d1 (its upper half is 0) times Y's columns.
+  float z0 = 0.f, z1 = 0.f;
+  {
+    const float4 d_lo = *reinterpret_cast<const float4*>(D + (8 + r) * LDM + 8);
+    const float4 d_hi = *reinterpret_cast<const float4*>(D + (8 + r) * LDM + 12);
+    const float dr[8] = {d_lo.x, d_lo.y, d_lo.z, d_lo.w, d_hi.x, d_hi.y, d_hi.z, d_hi.w};
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const float2 yv = *reinterpret_cast<const float2*>(D + (8 + m) * LDM + c2);
+      z0 = fmaf(dr[m], yv.x, z0);
+      z1 = fmaf(dr[m], yv.y, z1);
+    }
+  }
+  __syncwarp();  // Y is read
+  *reinterpret_cast<float2*>(D + (8 + r) * LDM + c2) = make_float2(-z0, -z1);
+  __syncthreads();
+}
+
+// 3xTF32 products for the tensor-core inverse (mma.m16n8k8 .tf32; layouts in chunked_mma_tf32.cuh):
+// an fp32 operand x is split into hi = tf32(x) and lo = tf32(x - hi), and a b is summed as
+// lo_a hi_b + hi_a lo_b + hi_a hi_b (the small terms first; lo_a lo_b, ~2^-22 relative, dropped),
+// so each product keeps ~21 of fp32's 24 bits instead of tf32's 11.
+namespace tc3 {
+// tf32(x) for finite x: round to nearest (ties away from zero) at 10 mantissa bits by integer
+// arithmetic, as cvt.rna.tf32.f32 (and the emulator's model of it) does for finite values, in two
+// instructions instead of cvt's NaN / inf checks (ptxas: ~5 per conversion). Operands here are
+// finite (the inverse of a unit lower triangular matrix with finite entries).
+__device__ __forceinline__ uint32_t round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+__device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
+  hi = round_tf32(x);
+  lo = round_tf32(x - __uint_as_float(hi));  // x - hi is exact
+}
+// A fragment (16 x 8) of the fp32 row-major X at rows r0 + [0, 16), columns k0 + [0, 8), by one
+// ldmatrix .x4: an 8 x 8 tile of 16-bit elements is an 8 x 4 tile of fp32, and lane l's register m
+// is tile m's row l / 4, 32-bit column l % 4 - the tf32 A layout (a0 = (g, t), a1 = (g + 8, t),
+// a2 = (g, t + 4), a3 = (g + 8, t + 4)) for tiles (rows +0, cols +0), (+8, +0), (+0, +4), (+8, +4).
+// Rows 16-byte aligned (ld % 4 == 0, k0 % 4 == 0).
+__device__ __forceinline__ void frag_a(const float* X, int ld, int r0, int k0, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+  const int lane = threadIdx.x & 31;
+  uint32_t r[4];
+  mma::ldmatrix_x4<false>(r, X + (r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + k0 + 4 * (lane >> 4));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) split(__uint_as_float(r[i]), hi[i], lo[i]);
+}
+// B fragment (8 x 8) of the fp32 row-major Y at rows k0 + [0, 8), columns n0 + [0, 8):
+// b0 = Y[k0 + t][n0 + g], b1 = Y[k0 + t + 4][n0 + g].
+__device__ __forceinline__ void frag_b(const float* Y, int ld, int k0, int n0, uint32_t (&hi)[2], uint32_t (&lo)[2]) {
+  const int g = mma::grp(), t = mma::tig();
+  split(Y[(k0 + t) * ld + n0 + g], hi[0], lo[0]);
+  split(Y[(k0 + t + 4) * ld + n0 + g], hi[1], lo[1]);
+}
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                    const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+  mma::mma1688_tf32(d, al, bh);
+  mma::mma1688_tf32(d, ah, bl);
+  mma::mma1688_tf32(d, ah, bh);
+}
+// dst[(r0 + g (+ 8)) * ld + n0 + 2 t + {0, 1}] = f * acc (the C layout), as float2 pairs.
+__device__ __forceinline__ void store_acc(float* dst, int ld, int r0, int n0, const float (&acc)[4], float f) {
+  const int g = mma::grp(), t = mma::tig();
+  *reinterpret_cast<float2*>(dst + (r0 + g) * ld + n0 + 2 * t) = make_float2(f * acc[0], f * acc[1]);
+  *reinterpret_cast<float2*>(dst + (r0 + g + 8) * ld + n0 + 2 * t) = make_float2(f * acc[2], f * acc[3]);
+}
+}  // namespace tc3
+
+// A = (I + M)^{-1} in place of the 64 x 64 strictly lower M (fp32 in shared memory, pitch
+// LDM % 4 == 0; 128 threads), the off-diagonal blocks on tensor cores (3xTF32, tc3) by the 2 x 2
+// block formula (I + M)^{-1} = [[A11, 0], [-A22 M21 A11, A22]] on 32 x 32 halves, each half's
+// inverse by the same formula on 16 x 16 blocks (D_I = the diagonal blocks):
+//   1. D_0 .. D_3 (invert_diagonal_blocks_in_place: warps 0 - 1; warps 2 - 3 zero the upper blocks);
+//   2. A_10 = -D_1 (M_10 D_0) on warp 2 and A_32 = -D_3 (M_32 D_2) on warp 3 (Y = M D in X's rows
+//      [0, 16) / [16, 32) as the second product's B operand; each warp is the only reader of its
+//      M block, so it overwrites it after a __syncwarp);
+//   3. X = M21 A11 (M's rows 32 - 63, columns 0 - 31; 32 x 32 into the scratch, pitch LDX);
+//   4. A21 = -A22 X over M21 (whose reads ended at the barrier after step 3).
+// Warp w takes rows 16 (w % 2) + [0, 16) of X and A21, column tiles j0 = w / 2 and j1 = 2 + w / 2
+// (8 columns each); every product skips the k-steps of zero blocks (A11's column tile j has
+// nonzeros in rows >= 8 j only; A22's row block R in columns < 16 R + 16 only). Four barriers
+// after the diagonal blocks' two (the CUDA-core version: seven). Ends with a barrier.
+template <int LDM, int LDX>
+__device__ __forceinline__ void invert_unit_lower64_tc(float* As, float* X) {
+  static_assert(LDX % 4 == 0 && LDX % 32 == 8, "16-byte rows; conflict-free B fragments");
+  const int wp = threadIdx.x / 32;
+  invert_diagonal_blocks_by_warp<LDM>(As);
+  uint32_t ah[4], al[4], bh[2], bl[2];
+  if (wp >= 2) {
+    // Step 2: A_{I+1,I} = -D_{I+1} (M_{I+1,I} D_I), I = 0 (warp 2) or 2 (warp 3).
+    const int c = wp == 2 ? 0 : 32, r = c + 16;  // M_{I+1,I} at rows r + [0, 16), columns c + [0, 16)
+    float* Y = X + (wp - 2) * 16 * LDX;          // [16][LDX], this warp's
+    float y[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      tc3::frag_a(As, LDM, r, c + 8 * ks, ah, al);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (ks < j) continue;  // D_I's rows [0, 8) x columns [8, 16): zero
+        tc3::frag_b(As, LDM, c + 8 * ks, c + 8 * j, bh, bl);
+        tc3::mma(y[j], ah, al, bh, bl);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) tc3::store_acc(Y, LDX, 0, 8 * j, y[j], 1.f);
+    __syncwarp();
+    float z[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      tc3::frag_a(As, LDM, r, r + 8 * ks, ah, al);  // D_{I+1}
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        tc3::frag_b(Y, LDX, 8 * ks, 8 * j, bh, bl);
+        tc3::mma(z[j], ah, al, bh, bl);
+      }
+    }
+    __syncwarp();  // the warp's reads of M_{I+1,I} are done
+#pragma unroll
+    for (int j = 0; j < 2; ++j) tc3::store_acc(As, LDM, r, c + 8 * j, z[j], -1.f);
+  }
+  __syncthreads();
+  // Step 3: X = M21 A11 (rows 16 R of X = M's rows 32 + 16 R), column tiles j0, j1.
+  const int R = wp & 1, j0 = wp >> 1, j1 = 2 + (wp >> 1);
+  {
+    float x0[4] = {}, x1[4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (ks < j0) continue;  // j0 <= j1: the zero k-steps of both tiles
+      tc3::frag_a(As, LDM, 32 + 16 * R, 8 * ks, ah, al);
+      tc3::frag_b(As, LDM, 8 * ks, 8 * j0, bh, bl);
+      tc3::mma(x0, ah, al, bh, bl);
+      if (ks < j1) continue;
+      tc3::frag_b(As, LDM, 8 * ks, 8 * j1, bh, bl);
+      tc3::mma(x1, ah, al, bh, bl);
+    }
+    tc3::store_acc(X, LDX, 16 * R, 8 * j0, x0, 1.f);
+    tc3::store_acc(X, LDX, 16 * R, 8 * j1, x1, 1.f);
+  }
+  __syncthreads();
+  // Step 4: A21 = -A22 X: rows 32 + 16 R of A, k over A22's columns 32 + [0, 16 R + 16).
+  {
+    float z0[4] = {}, z1[4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (ks > 2 * R + 1) continue;  // R is warp-uniform
+      tc3::frag_a(As, LDM, 32 + 16 * R, 32 + 8 * ks, ah, al);
+      tc3::frag_b(X, LDX, 8 * ks, 8 * j0, bh, bl);
+      tc3::mma(z0, ah, al, bh, bl);
+      tc3::frag_b(X, LDX, 8 * ks, 8 * j1, bh, bl);
+      tc3::mma(z1, ah, al, bh, bl);
+    }
+    tc3::store_acc(As, LDM, 32 + 16 * R, 8 * j0, z0, -1.f);
+    tc3::store_acc(As, LDM, 32 + 16 * R, 8 * j1, z1, -1.f);
+  }
+  __syncthreads();
 }
 
 // The five 16 x 16 tiles of A a warp multiplies in w and u (balanced_rows_times_tile's split: warp
@@ -225,7 +480,7 @@ __device__ __forceinline__ void warp_tiles_times_cols(float (&acc)[2][4][4], con
 //   before the loop: k(first), v(first);  top of item n: k(n + 1);  end of item n: v(n + 1).
 // So at the top of item n the groups k(n), v(n) are the newest two (wait<1>: k(n) is in), and
 // before the inverse v(n), k(n + 1) are (wait<1>: v(n) is in).
-template <typename T, int KMAX>
+template <typename T, int KMAX, bool kTensorInverse = true>
 __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel(ChunkedArgs a) {
   using S = PrepareCompactSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDM = S::LDM;
@@ -244,7 +499,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     if (item < items) {
       const int64_t hv = item % a.HV, head = hv / (a.HV / a.H);
       const ChunkInfo ci = a.chunks[item / a.HV];
-      view_rows_async<T, kChunkThreads>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
+      rows_async<T>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
       if (tid < ci.len) {
         const int64_t tok = ci.t0 + tid;
         bn = load_elem<T>(a.beta, off3(a.beta, ci.b, tok, hv));
@@ -256,7 +511,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
   auto issue_v = [&](int64_t item) {
     if (item < items) {
       const ChunkInfo ci = a.chunks[item / a.HV];
-      view_rows_async<T, kChunkThreads>(a.v, ci, item % a.HV, static_cast<int>(a.V), v_vec, sm.v, ldv);
+      rows_async<T>(a.v, ci, item % a.HV, static_cast<int>(a.V), v_vec, sm.v, ldv);
     }
     mma::cp_async_commit();
   };
@@ -345,7 +600,10 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     }
     mma::cp_async_wait<1>();  // v(item) is in (k(item + grid) may still be in flight)
     __syncthreads();
-    invert_unit_lower64_in_place<LDM>(sm.A, sm.tmp);  // ends with a barrier
+    if constexpr (kTensorInverse)
+      invert_unit_lower64_tc<LDM, S::LDX>(sm.A, sm.tmp);  // ends with a barrier
+    else
+      invert_unit_lower64_in_place<LDM>(sm.A, sm.tmp);  // ends with a barrier
 
     // A to the intermediates (rows < L; columns >= L are 0 there).
     if (a.A)

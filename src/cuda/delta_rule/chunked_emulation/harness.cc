@@ -154,9 +154,13 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
   a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
   // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here; the
-  // compact kernel unless FLASHGRAD_CHUNKED_PREPARE=old (as the launcher).
+  // kernel FLASHGRAD_CHUNKED_PREPARE picks (as the launcher: the compact one by default).
   launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1, [&] {
-    if (dr::prepare_old_wanted()) dr::chunk_prepare_kernel<TT, KM>(a); else dr::chunk_prepare_compact_kernel<TT, KM>(a);
+    switch (dr::prepare_kind()) {
+      case dr::PrepareKind::old: dr::chunk_prepare_kernel<TT, KM>(a); break;
+      case dr::PrepareKind::compact_fma: dr::chunk_prepare_compact_kernel<TT, KM, false>(a); break;
+      case dr::PrepareKind::compact: dr::chunk_prepare_compact_kernel<TT, KM, true>(a); break;
+    }
   });
   // Stage 2 with 4 warps (64 value columns per block) on even seeds, 2 warps (32) on odd ones, so
   // that both instantiations the launcher picks from are covered.
