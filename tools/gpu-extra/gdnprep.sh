@@ -2,13 +2,15 @@
 # gdnprep (issue 6: the chunked GDN stage 1, chunked_prepare_compact.cuh; docs/perf/delta_rule.md
 # "GDN stage 1 (session 8)"). Runs on the H200 from the repo root after tools/gpu-check's build into
 # build-gpu and the package install (cap 150 s, aims at <= 140 s; logs in $OUT/extra/):
-#   1. the chunked GDN GPU tests with the default stage 1 (the compact one; FLASHGRAD_CHUNKED_PREPARE unset);
+#   1. the chunked GDN GPU tests with the compact stage 1 (FLASHGRAD_CHUNKED_PREPARE=compact; opt-in:
+#      the default stays the session-6 kernel until a GPU run has measured the compact one);
 #   2. one python process, chunk GDN B8 T4096 H16 K=V=128 bf16 (L2 norm in kernel) through
-#      flashgrad.chunk_gated_delta_rule: the old stage 1 (FLASHGRAD_CHUNKED_PREPARE=old, read per call),
-#      the compact one with the CUDA-core inverse (=fma), then the new default (compact, tensor-core
-#      inverse): forward and backward wall, the stage-1 kernel's CUDA time per call and calls per step
-#      (torch.profiler), and the fma / new outputs and gradients against the old ones (rel RMS);
-#   3. if >= 35 s are left: ncu of one launch of the new stage 1 (occupancy, issue, stalls) with its
+#      flashgrad.chunk_gated_delta_rule: the old stage 1 (FLASHGRAD_CHUNKED_PREPARE=old = unset: the
+#      default; read per call), the compact one with the CUDA-core inverse (=fma), then the compact one
+#      with the tensor-core inverse (=compact): forward and backward wall, the stage-1 kernel's CUDA time
+#      per call and calls per step (torch.profiler), and the fma / compact outputs and gradients
+#      against the old ones (rel RMS);
+#   3. if >= 35 s are left: ncu of one launch of the compact stage 1 (occupancy, issue, stalls) with its
 #      warp-stall samples per phase (segments between barriers: kdaprep_ncu_source.py), then the old
 #      one's headline numbers if time is left.
 # Prints a compact summary last.
@@ -21,22 +23,22 @@ left() { echo $(( 138 - ($(date +%s) - t0) )); }
 cap() { local want=$1 l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 summary=()
 
-echo "== gdnprep 1/3: chunked GDN GPU tests, default (compact) stage 1"
+echo "== gdnprep 1/3: chunked GDN GPU tests, compact stage 1 (FLASHGRAD_CHUNKED_PREPARE=compact)"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
-  env -u FLASHGRAD_CHUNKED_PREPARE timeout -k 3 "$(cap 40)" "$tests" \
+  FLASHGRAD_CHUNKED_PREPARE=compact timeout -k 3 "$(cap 40)" "$tests" \
     --gtest_filter='DeltaRuleChunkedGpu*:DeltaRuleGpu.Chunked*' > "$OUT/extra/gdnprep_tests.log" 2>&1
   rc=$?
   grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
     "$OUT/extra/gdnprep_tests.log" | cut -c1-300 | tail -30
   npass=$(grep -cE "^\[       OK \]" "$OUT/extra/gdnprep_tests.log")
   nfail=$(grep -cE "^\[  FAILED  \] [A-Za-z]" "$OUT/extra/gdnprep_tests.log")
-  summary+=("tests (default = compact stage 1) rc=$rc: $npass ok, $nfail failed lines")
+  summary+=("tests (FLASHGRAD_CHUNKED_PREPARE=compact) rc=$rc: $npass ok, $nfail failed lines")
 else
   summary+=("tests: no flashgrad_gpu_tests binary under build-gpu")
 fi
 
-echo "== gdnprep 2/3: chunk GDN B8 T4096 H16 K=V=128 bf16, old vs new stage 1 (one process)"
+echo "== gdnprep 2/3: chunk GDN B8 T4096 H16 K=V=128 bf16, old vs fma vs compact stage 1 (one process)"
 timeout -k 3 "$(cap 55)" python3 - > "$OUT/extra/gdnprep_compare.log" 2>&1 <<'EOF'
 import os, re, torch, torch.nn.functional as F
 import flashgrad
@@ -81,7 +83,7 @@ def kernel_ms(steps):
     return {n: (ms / max(c, 1), c // steps) for n, (ms, c) in out.items()}
 
 res = {}
-for mode in ("old", "fma", "new"):
+for mode in ("old", "fma", "compact"):
     os.environ["FLASHGRAD_CHUNKED_PREPARE"] = mode  # read by the stage-1 launcher at every call
     o, ht = fwd()
     do, dht = torch.ones_like(o), torch.ones_like(ht)
@@ -98,7 +100,7 @@ for mode in ("old", "fma", "new"):
 rel = lambda x, r: float((x.float() - r.float()).pow(2).mean().sqrt() / r.float().pow(2).mean().sqrt().clamp_min(1e-30))
 names = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 go = res["old"][0]
-for mode in ("fma", "new"):
+for mode in ("fma", "compact"):
     gn = res[mode][0]
     print(f"ROW {mode} vs old rel RMS: " + " ".join("%s %.2e" % (n, rel(a, b)) for n, a, b in zip(names, gn, go))
           + " | finite " + str(all(bool(torch.isfinite(x).all()) for x in gn)))
@@ -108,13 +110,13 @@ grep -E "^(ROW|INFO)" "$OUT/extra/gdnprep_compare.log" | cut -c1-500
 [ $rc -eq 0 ] || { tail -5 "$OUT/extra/gdnprep_compare.log" | cut -c1-300; summary+=("compare rc=$rc"); }
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/gdnprep_compare.log")
 
-echo "== gdnprep 3/3: ncu of one launch of the new (then the old) stage 1, if time is left"
+echo "== gdnprep 3/3: ncu of one launch of the compact (then the old) stage 1, if time is left"
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -n "$ncu_bin" ] && [ "$(left)" -gt 35 ]; then
   metrics='regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
-  for mode in new old; do
+  for mode in compact old; do
     [ "$(left)" -gt 15 ] || break
-    if [ $mode = new ]; then kname=chunk_prepare_compact_kernel; lim=$(( $(left) * 2 / 3 )); src="--section SourceCounters"
+    if [ $mode = compact ]; then kname=chunk_prepare_compact_kernel; lim=$(( $(left) * 2 / 3 )); src="--section SourceCounters"
     else kname=chunk_prepare_kernel; lim=$(( $(left) - 2 )); src=""; fi
     rep="$OUT/extra/gdnprep_ncu_$mode"
     FLASHGRAD_CHUNKED_PREPARE=$mode timeout -k 3 "$lim" "$ncu_bin" --clock-control none \
@@ -130,7 +132,7 @@ if [ -n "$ncu_bin" ] && [ "$(left)" -gt 35 ]; then
     while IFS= read -r l; do summary+=("ncu $mode $l"); done < <(awk '/chunk_[a-z_]+_kernel/ { match($0, /chunk_[a-z_]+_kernel/); k = substr($0, RSTART, RLENGTH) }
          /^ +Duration/ { d = $(NF-1) " " $NF } /Executed Instructions  / { n = $NF } /Achieved Occupancy/ { oc = $NF }
          /issue_active/ { ia = $NF } END { if (k != "") print k ": " d ", instructions " n ", occupancy " oc "%, issue active " ia "%" }' "$rep.txt")
-    if [ $mode = new ] && [ "$(left)" -gt 25 ]; then  # where the new kernel's warps wait, by phase (segments between barriers)
+    if [ $mode = compact ] && [ "$(left)" -gt 25 ]; then  # where the compact kernel's warps wait, by phase (segments between barriers)
       timeout -k 3 20 "$ncu_bin" --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.csv" 2>> "$rep.log"
       python3 tools/gpu-extra/kdaprep_ncu_source.py "$rep.csv" 2>&1 | head -70
       gzip -f "$rep.csv"

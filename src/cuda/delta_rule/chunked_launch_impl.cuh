@@ -54,13 +54,10 @@ inline int sm_count() {
 }
 
 // Stage 1's blocks loop over (chunk, value head) items: as many blocks as fit at once, at most one
-// per item. `kernel` takes `bytes` of dynamic shared memory; all of the SM's 228 KiB go to shared
-// memory (the compact kernel's three blocks take 3 x 75 KiB).
+// per item. `kernel` takes `bytes` of dynamic shared memory.
 template <typename Kernel>
 void launch_prepare_looping(Kernel kernel, int64_t bytes, const ChunkedArgs& a, cudaStream_t s) {
   set_smem(kernel, bytes);
-  FLASHGRAD_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   int per_sm = 0;
   FLASHGRAD_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kChunkThreads, static_cast<size_t>(bytes)));
@@ -70,21 +67,28 @@ void launch_prepare_looping(Kernel kernel, int64_t bytes, const ChunkedArgs& a, 
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-// The compact stage 1 (chunked_prepare_compact.cuh: three blocks per SM at K = V = 128, the inverse
-// on tensor cores) unless FLASHGRAD_CHUNKED_PREPARE (read per call) asks for the compact kernel with
-// the CUDA-core inverse (=fma) or the session-6 kernel (=old).
+// The compact stage 1 (chunked_prepare_compact.cuh: three blocks per SM at K = V = 128, 3 x 75 KiB
+// of the SM's 228: all of it as shared memory) with FLASHGRAD_CHUNKED_PREPARE=compact (=fma: with the
+// CUDA-core inverse), read per call; otherwise the session-6 kernel, launched as before.
+template <typename T, int KMAX, bool kTensorInverse>
+void launch_prepare_compact(const ChunkedArgs& a, cudaStream_t s) {
+  const auto kernel = chunk_prepare_compact_kernel<T, KMAX, kTensorInverse>;
+  FLASHGRAD_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  launch_prepare_looping(kernel, PrepareCompactSmem<T, KMAX>::bytes(a.V), a, s);
+}
+
 template <typename T, int KMAX>
 void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  const int64_t compact_bytes = PrepareCompactSmem<T, KMAX>::bytes(a.V);
   switch (prepare_kind()) {
     case PrepareKind::old:
       launch_prepare_looping(chunk_prepare_kernel<T, KMAX>, PrepareSmem<T, KMAX>::bytes(a.V), a, s);
       break;
-    case PrepareKind::compact_fma:
-      launch_prepare_looping(chunk_prepare_compact_kernel<T, KMAX, false>, compact_bytes, a, s);
-      break;
     case PrepareKind::compact:
-      launch_prepare_looping(chunk_prepare_compact_kernel<T, KMAX, true>, compact_bytes, a, s);
+      launch_prepare_compact<T, KMAX, true>(a, s);
+      break;
+    case PrepareKind::compact_fma:
+      launch_prepare_compact<T, KMAX, false>(a, s);
       break;
   }
 }

@@ -1,8 +1,8 @@
 // Chunked GDN stage 1 ("prepare"), compact form (session 8): the same outputs and arithmetic as
 // chunk_prepare_kernel (chunked_prepare.cuh, whose header gives the math), in 72 KiB of shared
 // memory at K = V = 128 instead of 106 KiB, so three blocks of 4 warps fit per SM instead of two,
-// and with fewer shared-memory round trips. The launcher runs this kernel unless
-// FLASHGRAD_CHUNKED_PREPARE=old (read per call) selects the session-6 one.
+// and with fewer shared-memory round trips. Opt-in (not measured on the GPU yet): the launcher runs
+// it with FLASHGRAD_CHUNKED_PREPARE=compact (=fma: with the CUDA-core inverse), read per call.
 //
 // What differs from chunk_prepare_kernel (ncu, session 6: 29% issue active at 8 warps per SM,
 // short-scoreboard stalls 27% on the shared loads of M's store and of the A operands' splits):
@@ -42,14 +42,15 @@ __device__ __forceinline__ float prepare_decay_exp(float x) {
 }
 
 // Which stage 1 runs, by FLASHGRAD_CHUNKED_PREPARE (read per call): unset / other values: the
-// compact kernel with the tensor-core inverse; "fma": the compact kernel with the CUDA-core
-// inverse; "old": the session-6 kernel (chunk_prepare_kernel).
-enum class PrepareKind { compact, compact_fma, old };
+// session-6 kernel (chunk_prepare_kernel, the default until a GPU run has measured the compact one);
+// "compact": the compact kernel with the tensor-core inverse; "fma": the compact kernel with the
+// CUDA-core inverse.
+enum class PrepareKind { old, compact, compact_fma };
 inline PrepareKind prepare_kind() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_PREPARE");
-  if (env && std::strcmp(env, "old") == 0) return PrepareKind::old;
+  if (env && std::strcmp(env, "compact") == 0) return PrepareKind::compact;
   if (env && std::strcmp(env, "fma") == 0) return PrepareKind::compact_fma;
-  return PrepareKind::compact;
+  return PrepareKind::old;
 }
 
 // view_rows_async (chunked_tiles.cuh) for 16-byte-copyable rows (vec) of P = width / 8 pieces with

@@ -154,7 +154,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
   a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
   // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here; the
-  // kernel FLASHGRAD_CHUNKED_PREPARE picks (as the launcher: the compact one by default).
+  // kernel FLASHGRAD_CHUNKED_PREPARE picks (as the launcher: the session-6 one unless =compact / =fma).
   launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1, [&] {
     switch (dr::prepare_kind()) {
       case dr::PrepareKind::old: dr::chunk_prepare_kernel<TT, KM>(a); break;
