@@ -6,7 +6,8 @@
 //   store h_c;  v_new = u - w h_c;
 //   h_{c+1} = diag(exp(G_{L-1})) h_c + (k o exp(G_{L-1} - G))^T v_new     (per key channel d)
 //
-// Why this shape (the old kernel spent ~20 us per chunk step, ~36k cycles, on one sequential chain):
+// Why this shape (the old kernel spent ~20 us per chunk step on one sequential chain: H200, B4 T4096
+// H16 K = V = 128, 1.31 ms over 64 chunks):
 // - Transposed, as the GDN stage (chunked_state.cuh): each warp holds a 16-column slice of h^T
 //   in mma accumulators, so both products take their state / v_new operand straight from its own
 //   registers (accumulator tiles -> A fragments) instead of h and v_new making a round trip through
@@ -19,21 +20,21 @@
 //   registers during chunk c, G_{L-1} and exp(G_{L-1}) of chunk c + 1 are written to shared memory
 //   at the end of chunk c; kd = k o exp(G_{L-1} - G) (with k's L2 norm) is formed by the whole block
 //   between the two products (it only needs chunk c's inputs), no longer before the first one.
-// - Two barriers per chunk (the old kernel had three, plus a global-load latency before each of
-//   its k / G batches): (A) chunk c's tiles and gate have landed and chunk c - 1 is done with every
+// - Two barriers per chunk (the old kernel had four, and a global-load latency before each of its
+//   k / G batches): (A) chunk c's tiles and gate have landed and chunk c - 1 is done with every
 //   buffer; (B) the partial sums of h^T w^T and kd are written.
 // - Single-fragment products by default (SPLIT = 0, as the GDN forward's fused kernel and fla): h^T
 //   in h^T w^T, v_new^T and kd in the update enter as one T fragment each (round to nearest); h stays
 //   in fp32 accumulators, so the rounding does not compound over chunks. SPLIT's bits (kKdaSplit*)
-//   give any of the three operands hi + lo fragments instead (an extra mma each), for the
-//   emulation's error comparison.
+//   give any of the three operands hi + lo fragments instead (an extra mma each):
+//   FLASHGRAD_CHUNKED_KDA_STATE=split runs all three so (its results equal the old kernel's to
+//   three digits in the emulation).
 #pragma once
 
-#include "chunked_kda_decay.cuh"  // decay_exp
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_rows.cuh"  // kL2NormEps
-#include "chunked_tiles.cuh"  // intermediate_tile_async, key_tile_async
+#include "chunked_tiles.cuh"  // key_tile_async, key_rows_vectorizable
 
 #ifndef FLASHGRAD_KDA_STATE_SPLIT_DEFAULT  // host emulation: -D... to check other operand splits
 #define FLASHGRAD_KDA_STATE_SPLIT_DEFAULT 0
@@ -79,6 +80,38 @@ struct KdaStateTSmem {
   __device__ float* u(int s) const { return reinterpret_cast<float*>(raw + s * kStageBytes + 2 * kTileBytes); }
 };
 
+// 2^x on the hardware ex2 with results below 2^-126 flushed to zero (a decay that small is 0 for
+// these sums; no denormal fix-up instructions). x <= 0 up to rounding here. The host emulation
+// uses exp2f.
+__device__ __forceinline__ float kda_exp2(float x) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+constexpr float kKdaLog2e = 1.4426950408889634f;
+
+// Rows r < 64 of a tile by cp.async, P 16-byte pieces per row (E elements, 16 / sizeof(E) per
+// piece): thread tid copies piece tid % P of rows tid / P + (THREADS / P) m. `src` is its first
+// piece (row tid / P), `src_step` the distance in elements of THREADS / P rows; rows >= len are
+// zero-filled (nothing read). Fixed trip count and one pointer bump per copy, instead of
+// intermediate_tile_async's per-copy index division and 64-bit row products.
+template <int P, int THREADS, typename E>
+__device__ __forceinline__ void kda_rows_async(const E* src, int64_t src_step, int len, E* dst, int ld) {
+  constexpr int kRows = THREADS / P, kPasses = kChunkSize / kRows, kPer = 16 / static_cast<int>(sizeof(E));
+  static_assert(THREADS % P == 0 && kChunkSize % kRows == 0, "whole passes");
+  const int r0 = static_cast<int>(threadIdx.x) / P;
+  E* d = dst + r0 * ld + kPer * (static_cast<int>(threadIdx.x) % P);
+#pragma unroll
+  for (int m = 0; m < kPasses; ++m) {
+    const bool ok = r0 + kRows * m < len;
+    mma::cp_async16(d + kRows * m * ld, ok ? src + m * src_step : src, ok);
+  }
+}
+
 // The A fragment of two adjacent 16 x 8 accumulator tiles as one T fragment (round to nearest),
 // or hi + lo (mma::acc_to_a_split) when kSplit.
 template <typename T, bool kSplit>
@@ -100,7 +133,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   constexpr int C = kChunkSize, THREADS = S::THREADS, BV = S::BV, LDK = S::LDK, LDU = S::LDU;
   constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
   constexpr bool kSplitH = SPLIT & kKdaSplitH, kSplitV = SPLIT & kKdaSplitVnew, kSplitKd = SPLIT & kKdaSplitKd;
-  // kd formation: kLanes threads per chunk row (adjacent lanes), kPer consecutive channels each.
+  // kd formation: kLanes threads per chunk row (adjacent lanes), kPer channels each (kd_ch below).
   constexpr int kLanes = THREADS / C, kPer = KMAX / kLanes;
   static_assert(WARPS % 2 == 0 && KH % 16 == 0, "two channel halves of whole 16-channel steps");
   static_assert(THREADS % C == 0 && kPer % 8 == 0 && kLanes <= 32, "chunk rows over the block, 8-channel pieces");
@@ -119,7 +152,13 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   // B fragments of two 8-column tiles, and .trans B fragments.
   const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
   const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
-  const int fr = tid / kLanes, fd0 = (tid % kLanes) * kPer;  // kd formation: chunk row, first channel
+  // kd formation: thread tid takes chunk row fr and the 8-channel pieces q < kPer / 8 at channels
+  // kd_ch(q) = 16 fp + 16 kLanes (q / 2) + 8 (q % 2), fp = tid % kLanes: so each 16-byte shared store
+  // (and k load) of a quarter warp, two rows x 4 lanes, hits 8 distinct 16-byte bank groups (row
+  // pitch 272 bytes = 16 mod 128, lanes 32 bytes apart).
+  static_assert(kPer % 16 == 0, "pairs of 8-channel pieces");
+  const int fr = tid / kLanes, fp = tid % kLanes;
+  auto kd_ch = [&](int q) { return 16 * fp + 16 * kLanes * (q >> 1) + 8 * (q & 1); };
 
   float hT[NK][4];
 #pragma unroll
@@ -134,24 +173,35 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   T* v_new = static_cast<T*>(a.v_new);
   const bool k_vec = key_rows_vectorizable(a.k);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
-  const int64_t g_row = a.HV * a.K, vn_row = a.HV * a.V;  // row strides of G and of u / v_new
+  const int64_t vn_row = a.HV * a.V;  // row stride of v_new
 
-  // Chunk ci's w, k, u tiles into stage s (one cp.async group).
+  // Chunk ci's w, k, u tiles into stage s (one cp.async group). Row r of w / u at row0 + r of
+  // [rows, HV, K / V]; of k at (b, t0 + r, head) of the view (element copies when its rows are not
+  // 16-byte pieces: key_tile_async's synchronous path).
+  constexpr int PK = KMAX / 8, PU = BV / 4;  // 16-byte pieces per row of w / k and of u
+  const int rk = tid / PK, ru = tid / PU;    // this thread's first row of w / k and of u
+  const int64_t wk_step = (THREADS / PK) * a.HV * a.K, u_step = (THREADS / PU) * a.HV * a.V;
   auto issue_tiles = [&](const ChunkInfo& ci, int s) {
     const int64_t row0 = chunk_row0(ci, a.T);
-    intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
-    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
-    intermediate_tile_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
+    kda_rows_async<PK, THREADS>(w + ((row0 + rk) * a.HV + hv) * a.K + 8 * (tid % PK), wk_step, ci.len, sm.w(s), LDK);
+    if (k_vec)
+      kda_rows_async<PK, THREADS>(static_cast<const T*>(a.k.p) + off3(a.k, ci.b, ci.t0 + rk, head) + 8 * (tid % PK),
+                                  (THREADS / PK) * a.k.s1, ci.len, sm.k(s), LDK);
+    else
+      key_tile_async<T, KMAX, THREADS>(a.k, ci, head, false, sm.k(s), LDK);
+    kda_rows_async<PU, THREADS>(a.u + ((row0 + ru) * a.HV + hv) * a.V + col0 + 4 * (tid % PU), u_step, ci.len,
+                                sm.u(s), LDU);
     mma::cp_async_commit();
   };
-  // This thread's kPer gate values of chunk row fr (0 past the chunk), float4 loads.
+  // This thread's kPer gate values of chunk row fr (g[8 q + j] at channel kd_ch(q) + j; 0 past the
+  // chunk), float4 loads.
   auto load_gate_rows = [&](const ChunkInfo& ci, float (&g)[kPer]) {
     const bool ok = fr < ci.len;
-    const float4* src =
-        reinterpret_cast<const float4*>(a.G + ((chunk_row0(ci, a.T) + (ok ? fr : 0)) * a.HV + hv) * a.K + fd0);
+    const float* src = a.G + ((chunk_row0(ci, a.T) + (ok ? fr : 0)) * a.HV + hv) * a.K;
 #pragma unroll
     for (int i = 0; i < kPer / 4; ++i) {
-      const float4 v = ok ? src[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 v = ok ? *reinterpret_cast<const float4*>(src + kd_ch(i >> 1) + 4 * (i & 1))
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
       g[4 * i] = v.x, g[4 * i + 1] = v.y, g[4 * i + 2] = v.z, g[4 * i + 3] = v.w;
     }
   };
@@ -161,12 +211,14 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
                ? reinterpret_cast<const float4*>(a.G + ((chunk_row0(ci, a.T) + ci.len - 1) * a.HV + hv) * a.K)[tid]
                : make_float4(0.f, 0.f, 0.f, 0.f);
   };
+  // Stage s's gate slot: G_{L-1} and exp(G_{L-1}).
   auto put_gate_last = [&](const float4& gl, int s) {
     if (tid < KMAX / 4) {
       float* at = sm.gate + 2 * KMAX * s + 4 * tid;
       *reinterpret_cast<float4*>(at) = gl;
       *reinterpret_cast<float4*>(at + KMAX) =
-          make_float4(decay_exp(gl.x), decay_exp(gl.y), decay_exp(gl.z), decay_exp(gl.w));
+          make_float4(kda_exp2(gl.x * kKdaLog2e), kda_exp2(gl.y * kKdaLog2e), kda_exp2(gl.z * kKdaLog2e),
+                      kda_exp2(gl.w * kKdaLog2e));
     }
   };
 
@@ -215,25 +267,29 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
       if constexpr (kSplitH) mma::mma_tiles<T, 4>(p, al, b);
     }
 
-    // h_c to the intermediates (fp32; its slice's columns, this warp's channels).
+    // h_c to the intermediates (fp32; its slice's columns, this warp's channels): element e of tile
+    // nk at channel kc0 + 8 nk + 2 tig (+ 1 for odd e), column vc0 + grp (+ 8 for e >= 2).
     {
-      float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
+      const int64_t V = a.V;
+      float* hc = a.h + (c * a.HV + hv) * a.K * V + col0 + (kc0 + 2 * tig) * V + vc0 + grp;
 #pragma unroll
-      for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
+      for (int nk = 0; nk < NK; ++nk) {
+        float* q = hc + 8 * nk * V;
+        q[0] = hT[nk][0], q[V] = hT[nk][1], q[8] = hT[nk][2], q[V + 8] = hT[nk][3];
+      }
     }
 
-    // kd = k o exp(G_{L-1} - G) * rstd_k, chunk row fr, channels [fd0, +kPer): raw k from shared
-    // memory (16-byte loads), G from registers; exp(G_{L-1, d} - G_rd) <= 1 (r <= L - 1); rows past
-    // L are zero (their G was not loaded).
+    // kd = k o exp(G_{L-1} - G) * rstd_k, chunk row fr, this thread's channels kd_ch(q) + [0, 8):
+    // raw k from shared memory (16-byte loads), G from registers; exp(G_{L-1, d} - G_rd) <= 1
+    // (r <= L - 1) as 2^((G_{L-1} - G) log2 e): the difference first, so that its rounding is
+    // relative to it, not to G (which reaches -1e3 under strong decay); rows past L are zero (rstd = 0).
     {
       uint32_t kw[kPer / 2];
-      const T* krow = sm.k(s) + fr * LDK + fd0;
+      const T* krow = sm.k(s) + fr * LDK;
 #pragma unroll
-      for (int i = 0; i < kPer / 8; ++i) {
-        const uint4 v = *reinterpret_cast<const uint4*>(krow + 8 * i);
-        kw[4 * i] = v.x, kw[4 * i + 1] = v.y, kw[4 * i + 2] = v.z, kw[4 * i + 3] = v.w;
+      for (int q = 0; q < kPer / 8; ++q) {
+        const uint4 v = *reinterpret_cast<const uint4*>(krow + kd_ch(q));
+        kw[4 * q] = v.x, kw[4 * q + 1] = v.y, kw[4 * q + 2] = v.z, kw[4 * q + 3] = v.w;
       }
       float rstd = 1.f;
       if (a.l2norm) {
@@ -249,28 +305,29 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
         rstd = 1.0f / sqrtf(ss + kL2NormEps);
       }
       if (fr >= L) rstd = 0.f;  // rows past the chunk: kd = 0 (their k rows are zero-filled too)
-      const float* gl = sm.gate + 2 * KMAX * s + fd0;
+      const float* gls = sm.gate + 2 * KMAX * s;
+      T* kdrow = sm.kd + fr * LDK;
 #pragma unroll
-      for (int i = 0; i < kPer / 8; ++i) {
-        const float4 l0 = *reinterpret_cast<const float4*>(gl + 8 * i);
-        const float4 l1 = *reinterpret_cast<const float4*>(gl + 8 * i + 4);
+      for (int q = 0; q < kPer / 8; ++q) {
+        const float4 l0 = *reinterpret_cast<const float4*>(gls + kd_ch(q));
+        const float4 l1 = *reinterpret_cast<const float4*>(gls + kd_ch(q) + 4);
         const float glv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
         uint32_t hi[4], lo[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           float x0, x1;
-          mma::unpack_floats<T>(kw[4 * i + j], x0, x1);
-          const int d = 8 * i + 2 * j;
-          x0 *= rstd * decay_exp(glv[2 * j] - g[d]);
-          x1 *= rstd * decay_exp(glv[2 * j + 1] - g[d + 1]);
+          mma::unpack_floats<T>(kw[4 * q + j], x0, x1);
+          const int i = 8 * q + 2 * j;
+          x0 *= rstd * kda_exp2((glv[2 * j] - g[i]) * kKdaLog2e);
+          x1 *= rstd * kda_exp2((glv[2 * j + 1] - g[i + 1]) * kKdaLog2e);
           if constexpr (kSplitKd)
             mma::split_pair<T>(x0, x1, hi[j], lo[j]);
           else
             hi[j] = mma::pack_floats<T>(x0, x1);
         }
-        *reinterpret_cast<uint4*>(sm.kd + fr * LDK + fd0 + 8 * i) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(kdrow + kd_ch(q)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         if constexpr (kSplitKd)
-          *reinterpret_cast<uint4*>(sm.kd_lo + fr * LDK + fd0 + 8 * i) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+          *reinterpret_cast<uint4*>(sm.kd_lo + fr * LDK + kd_ch(q)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
       }
     }
     // The next chunk's G rows (g is free now), in flight until the next chunk's kd.
@@ -286,16 +343,19 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
     {
       const int partner = tid ^ (32 * NG);  // same lane, the other channel half
       const float* us = sm.u(s);
-      T* vn = v_new + (row0 * a.HV + hv) * a.V + col0;
+      // Element e of tile j8: chunk row 8 j8 + 2 tig (+ 1 for odd e), column vc0 + grp (+ 8 for e >= 2).
+      T* vn = v_new + ((row0 + 2 * tig) * a.HV + hv) * a.V + col0 + vc0 + grp;
 #pragma unroll
       for (int j8 = 0; j8 < 8; ++j8) {
         const float4 x = sm.swap[j8 * THREADS + partner];
         const float xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = 8 * j8 + tcol(e);
-          p[j8][e] = us[j * LDU + vcol(e)] - (p[j8][e] + xs[e]);
-          if (j8 / 4 == kh && j < L) vn[j * vn_row + vcol(e)] = from_f<T>(p[j8][e]);
+        for (int e = 0; e < 4; ++e) p[j8][e] = us[(8 * j8 + tcol(e)) * LDU + vcol(e)] - (p[j8][e] + xs[e]);
+        if (j8 / 4 == kh) {
+          T* q = vn + 8 * j8 * vn_row;
+          const int j = 8 * j8 + 2 * tig;
+          if (j < L) q[0] = from_f<T>(p[j8][0]), q[8] = from_f<T>(p[j8][2]);
+          if (j + 1 < L) q[vn_row] = from_f<T>(p[j8][1]), q[vn_row + 8] = from_f<T>(p[j8][3]);
         }
       }
     }
