@@ -1,20 +1,28 @@
-// Chunked GDN stage 1 ("prepare"), compact form (session 8): the same outputs and arithmetic as
-// chunk_prepare_kernel (chunked_prepare.cuh, whose header gives the math), in 72 KiB of shared
-// memory at K = V = 128 instead of 106 KiB, so three blocks of 4 warps fit per SM instead of two,
-// and with fewer shared-memory round trips. Opt-in (not measured on the GPU yet): the launcher runs
-// it with FLASHGRAD_CHUNKED_PREPARE=compact (=fma: with the CUDA-core inverse), read per call.
+// Chunked GDN stage 1 ("prepare"), compact form (session 8): the same outputs and math as
+// chunk_prepare_kernel (chunked_prepare.cuh, whose header gives it), in 74 KiB of shared memory at
+// K = V = 128 instead of 106 KiB, so three blocks of 4 warps fit per SM instead of two, with the
+// inverse on tensor cores and fewer instructions and shared-memory round trips per item. Opt-in
+// (not measured on the GPU yet): the launcher runs it with FLASHGRAD_CHUNKED_PREPARE=compact
+// (=fma: with the CUDA-core inverse), read per call.
 //
 // What differs from chunk_prepare_kernel (ncu, session 6: 29% issue active at 8 warps per SM,
-// short-scoreboard stalls 27% on the shared loads of M's store and of the A operands' splits):
-//   - A is formed in the place of M (invert_unit_lower64_in_place): block row I of M is last read
-//     by the block-row step that overwrites it with A's, and the diagonal blocks are read into
-//     registers before they are overwritten (one barrier between) - one 17 KiB matrix less;
+// short-scoreboard stalls 27% on the shared loads of M's store and of the A operands' splits;
+// executed instructions per item: copies 17%, M 22%, inverse 28%, w and u 29%):
+//   - A is formed in the place of M (block row I of M is last read by the step that overwrites it
+//     with A's; the diagonal blocks are read before they are overwritten) - one 17 KiB matrix less;
 //   - one v tile instead of two: the next item's v rows are copied after this item's u (the last
 //     reader), and land during the next item's k k^T and inverse; k keeps two stages (the next
 //     item's rows arrive while this one computes, as before);
+//   - the copies bump one row pointer per thread (rows_async) instead of forming a 64-bit offset
+//     per 16-byte piece;
+//   - k k^T: each warp issues only its own column blocks (warp-uniform branches; they were
+//     predicated off, every warp issuing all four);
 //   - M's store: each thread reads its two rows' factors once (G, beta rstd) and its columns'
-//     (G, rstd) as float2, writes element pairs, and skips the tiles right of its diagonal block
-//     (the inverse never reads them); it was five scalar shared loads per element;
+//     (G, rstd) as float2, forms every element without branches (ex2.approx.ftz) and selects, writes
+//     element pairs and skips the tiles right of its diagonal block (the inverse never reads them);
+//     it was five scalar shared loads and a branch per element;
+//   - the inverse: the diagonal blocks one warp each (invert_diagonal_blocks_by_warp), the rest on
+//     tensor cores in 3xTF32 (invert_unit_lower64_tc); =fma keeps the CUDA-core block rows;
 //   - w and u: each warp loads its five 16 x 16 tiles of A (rows p, 3 - p: balanced_rows_times_tile's
 //     split) once per product as float2 pairs and splits them into hi / lo once, then reuses the
 //     fragments for every 32-column pass (w: K / 64 passes, u: V / 64); the old kernel reloaded and
@@ -30,14 +38,18 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// exp of G_i - G_j (i > j; <= 0 for g <= 0) in M's store: the hardware ex2 (__expf: at most
-// 2 + floor(1.173 |x|) ulp, so an absolute error below ~1.3e-7 of the factor for every x <= 0,
-// under M's own fp32 rounding); the host emulation uses expf.
+// exp(x) for x = G_i - G_j in M's store (i > j; x <= 0 for g <= 0): 2^(x log2 e) by the hardware
+// ex2 with flush to zero (ex2.approx.ftz: ~2 ulp, plus x log2 e's rounding, ~|x| 2^-24 relative: an
+// absolute error below ~1.3e-7 of the factor for every x <= 0, under M's own fp32 rounding; a
+// factor below 2^-126 is 0 for these sums). Three instructions, against __expf's five with its
+// denormal fix-ups and expf's eight. The host emulation uses expf.
 __device__ __forceinline__ float prepare_decay_exp(float x) {
 #ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
   return expf(x);
 #else
-  return __expf(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
 #endif
 }
 
@@ -215,10 +227,11 @@ template <int LDM>
 __device__ __forceinline__ void invert_diagonal_blocks_by_warp(float* As) {
   static_assert(LDM % 4 == 0, "float4 rows");
   const int tid = threadIdx.x, lane = tid & 31, b = 16 * (tid / 32);
-  for (int e = tid; e < 6 * 64; e += kChunkThreads) {  // 6 blocks x 64 float4
-    const int blk = e / 64, q = e % 64;                 // blk: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
-    const int I = blk < 3 ? 0 : (blk < 5 ? 1 : 2), J = blk < 3 ? blk + 1 : (blk < 5 ? blk - 1 : 3);
-    *reinterpret_cast<float4*>(&As[(16 * I + q / 4) * LDM + 16 * J + 4 * (q % 4)]) = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {  // 6 blocks x 64 float4: e = tid + 128 i, blk = e / 64, q = e % 64
+    const int blk = (tid >> 6) + 2 * i, q = tid & 63;  // blk: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+    const int I = (blk >= 3) + (blk >= 5), J = blk + 1 - 2 * (blk >= 3) - (blk >= 5);
+    *reinterpret_cast<float4*>(&As[(16 * I + (q >> 2)) * LDM + 16 * J + 4 * (q & 3)]) = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float* D = As + b * LDM + b;  // the warp's block
   // d_h, column c: x_i = [i == c] - sum_{m < i} M_im x_m over the 8 x 8 half at (8 h, 8 h).
@@ -555,18 +568,22 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     // 16 wp + [0, 16), column tiles nt <= 2 wp + 1 (the ones right of its diagonal block are never
     // read). Thread: rows i = 16 wp + g + 8 half, columns j = 8 nt + 2 t + {0, 1}.
     {
+      // The column blocks np <= wp, each behind a warp-uniform branch, the warp's A fragment (k rows
+      // 16 wp + [0, 16)) loaded again per block: with the np loop inside the kk loop (the session-6
+      // kernel) every warp issued all four blocks' ldmatrix / mma predicated off (SASS: ~360
+      // instructions per warp whatever wp, against ~40 - 160 here); holding all KMAX / 16 A fragments
+      // instead costs 32 registers (a spill in the fma variant).
       float acc[8][4] = {};
       const T* arow = ks + (16 * wp + (lane & 15)) * LDK + 8 * (lane >> 4);
       const T* brow = ks + (8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
 #pragma unroll
-      for (int kk = 0; kk < KMAX / 16; ++kk) {
-        uint32_t af[4];
-        mma::ldmatrix_x4<false>(af, arow + 16 * kk);  // tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
+      for (int np = 0; np < 4; ++np) {
+        if (np > wp) break;  // wp is warp-uniform
 #pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          if (np > wp) continue;
-          uint32_t b[4];  // k rows 16 np + [0, 16) as B^T: chunk-column tiles 2 np, 2 np + 1
-          mma::ldmatrix_x4<false>(b, brow + 16 * np * LDK + 16 * kk);
+        for (int kk = 0; kk < KMAX / 16; ++kk) {
+          uint32_t af[4], b[4];  // A: tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8);
+          mma::ldmatrix_x4<false>(af, arow + 16 * kk);  // B: k rows 16 np + [0, 16) as B^T, chunk-column
+          mma::ldmatrix_x4<false>(b, brow + 16 * np * LDK + 16 * kk);  // tiles 2 np, 2 np + 1
           const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
           mma::mma16816<T>(acc[2 * np], af, b0);
           mma::mma16816<T>(acc[2 * np + 1], af, b1);
@@ -590,12 +607,12 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * wp + g + 8 * half;
-          // exp(G_i - G_j) with i > j only: bounded by 1 for g <= 0.
-          const float m0 = live[half] && i > j
-                               ? fi[half] * rj.x * acc[nt][2 * half] * prepare_decay_exp(Gi[half] - Gj.x) : 0.f;
-          const float m1 = live[half] && i > j + 1
-                               ? fi[half] * rj.y * acc[nt][2 * half + 1] * prepare_decay_exp(Gi[half] - Gj.y) : 0.f;
-          *reinterpret_cast<float2*>(sm.A + i * LDM + j) = make_float2(m0, m1);
+          // Formed for every element and then selected (no branches): exp(G_i - G_j) is bounded by 1
+          // for i > j and g <= 0; where i <= j or i >= L it may be anything, even inf, and is dropped.
+          const float v0 = fi[half] * rj.x * acc[nt][2 * half] * prepare_decay_exp(Gi[half] - Gj.x);
+          const float v1 = fi[half] * rj.y * acc[nt][2 * half + 1] * prepare_decay_exp(Gi[half] - Gj.y);
+          *reinterpret_cast<float2*>(sm.A + i * LDM + j) =
+              make_float2(live[half] && i > j ? v0 : 0.f, live[half] && i > j + 1 ? v1 : 0.f);
         }
       }
     }
