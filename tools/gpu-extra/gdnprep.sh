@@ -2,8 +2,9 @@
 # gdnprep (issue 6: the chunked GDN stage 1, chunked_prepare_compact.cuh; docs/perf/delta_rule.md
 # "GDN stage 1 (session 8)"). Runs on the H200 from the repo root after tools/gpu-check's build into
 # build-gpu and the package install (cap 150 s, aims at <= 140 s; logs in $OUT/extra/):
-#   1. the chunked GDN GPU tests with the compact stage 1 (FLASHGRAD_CHUNKED_PREPARE=compact; opt-in:
-#      the default stays the session-6 kernel until a GPU run has measured the compact one);
+#   1. the chunked GDN GPU tests (and the past-2^31-elements test) with the compact stage 1
+#      (FLASHGRAD_CHUNKED_PREPARE=compact; opt-in: the default stays the session-6 kernel until a GPU
+#      run has measured the compact one);
 #   2. one python process, chunk GDN B8 T4096 H16 K=V=128 bf16 (L2 norm in kernel) through
 #      flashgrad.chunk_gated_delta_rule: the old stage 1 (FLASHGRAD_CHUNKED_PREPARE=old = unset: the
 #      default; read per call), the compact one with the CUDA-core inverse (=fma), then the compact one
@@ -26,8 +27,10 @@ summary=()
 echo "== gdnprep 1/3: chunked GDN GPU tests, compact stage 1 (FLASHGRAD_CHUNKED_PREPARE=compact)"
 tests=$(find build-gpu -name flashgrad_gpu_tests -type f | head -1)
 if [ -n "$tests" ]; then
-  FLASHGRAD_CHUNKED_PREPARE=compact timeout -k 3 "$(cap 40)" "$tests" \
-    --gtest_filter='DeltaRuleChunkedGpu*:DeltaRuleGpu.Chunked*' > "$OUT/extra/gdnprep_tests.log" 2>&1
+  # PastTwoToThe31Elements: int64 offsets past 2^31 elements (v of 2.2e9) through the chunked path too.
+  FLASHGRAD_CHUNKED_PREPARE=compact timeout -k 3 "$(cap 50)" "$tests" \
+    --gtest_filter='DeltaRuleChunkedGpu*:DeltaRuleGpu.Chunked*:DeltaRuleGpu.PastTwoToThe31Elements' \
+    > "$OUT/extra/gdnprep_tests.log" 2>&1
   rc=$?
   grep -E "Failure|Expected|Which is|error|illegal|^\[  (PASSED|FAILED|  FAILED  |  SKIPPED )" \
     "$OUT/extra/gdnprep_tests.log" | cut -c1-300 | tail -30
@@ -39,7 +42,7 @@ else
 fi
 
 echo "== gdnprep 2/3: chunk GDN B8 T4096 H16 K=V=128 bf16, old vs fma vs compact stage 1 (one process)"
-timeout -k 3 "$(cap 55)" python3 - > "$OUT/extra/gdnprep_compare.log" 2>&1 <<'EOF'
+timeout -k 3 "$(cap 50)" python3 - > "$OUT/extra/gdnprep_compare.log" 2>&1 <<'EOF'
 import os, re, torch, torch.nn.functional as F
 import flashgrad
 
