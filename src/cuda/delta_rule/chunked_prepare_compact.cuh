@@ -15,8 +15,9 @@
 //     item's rows arrive while this one computes, as before);
 //   - the copies bump one row pointer per thread (rows_async) instead of forming a 64-bit offset
 //     per 16-byte piece;
-//   - k k^T: each warp issues only its own column blocks (warp-uniform branches; they were
-//     predicated off, every warp issuing all four);
+//   - k k^T by 16 x 16 blocks in strips balanced over the warps (rows by warp gave warp 3 four
+//     blocks and warp 0 one), each block behind a warp-uniform branch (they were predicated off,
+//     every warp issuing all four);
 //   - M's store: each thread reads its two rows' factors once (G, beta rstd) and its columns'
 //     (G, rstd) as float2, forms every element without branches (ex2.approx.ftz) and selects, writes
 //     element pairs and skips the tiles right of its diagonal block (the inverse never reads them);
@@ -564,55 +565,63 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     }
     __syncthreads();
 
-    // M = StrictLower(beta_i exp(G_i - G_j) rstd_i rstd_j (k k^T)_ij) into A's place: warp wp's rows
-    // 16 wp + [0, 16), column tiles nt <= 2 wp + 1 (the ones right of its diagonal block are never
-    // read). Thread: rows i = 16 wp + g + 8 half, columns j = 8 nt + 2 t + {0, 1}.
+    // M = StrictLower(beta_i exp(G_i - G_j) rstd_i rstd_j (k k^T)_ij) into A's place, by 16 x 16
+    // blocks (rb, cb), cb <= rb (the blocks right of the diagonal are never read), in strips of nb
+    // blocks (rb, cb0 .. cb0 + nb - 1) balanced over the warps with the inverse's work below (steps
+    // 2 - 4 of invert_unit_lower64_tc put more on warps 2 - 3 and on odd warps):
+    //   warp 0: (2, 0 - 2);  warp 1: (1, 0 - 1) and (0, 0);  warp 2: (3, 0 - 1);  warp 3: (3, 2 - 3).
+    // (With rows by warp, warp 3 took four blocks and warp 0 one, and a block's warp w always runs
+    // on SM sub-partition w, so every block's heaviest warp shared one sub-partition.) Each block
+    // sits behind a warp-uniform branch: the session-6 loop predicated the blocks off, so every
+    // warp issued all four blocks' ldmatrix / mma (SASS: ~360 instructions per warp).
+    // Thread: rows i = 16 rb + g + 8 half, columns j = 16 cb0 + 8 nt + 2 t + {0, 1}.
     {
-      // The column blocks np <= wp, each behind a warp-uniform branch, the warp's A fragment (k rows
-      // 16 wp + [0, 16)) loaded again per block: with the np loop inside the kk loop (the session-6
-      // kernel) every warp issued all four blocks' ldmatrix / mma predicated off (SASS: ~360
-      // instructions per warp whatever wp, against ~40 - 160 here); holding all KMAX / 16 A fragments
-      // instead costs 32 registers (a spill in the fma variant).
-      float acc[8][4] = {};
-      const T* arow = ks + (16 * wp + (lane & 15)) * LDK + 8 * (lane >> 4);
-      const T* brow = ks + (8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np > wp) break;  // wp is warp-uniform
-#pragma unroll
-        for (int kk = 0; kk < KMAX / 16; ++kk) {
-          uint32_t af[4], b[4];  // A: tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8);
-          mma::ldmatrix_x4<false>(af, arow + 16 * kk);  // B: k rows 16 np + [0, 16) as B^T, chunk-column
-          mma::ldmatrix_x4<false>(b, brow + 16 * np * LDK + 16 * kk);  // tiles 2 np, 2 np + 1
-          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma::mma16816<T>(acc[2 * np], af, b0);
-          mma::mma16816<T>(acc[2 * np + 1], af, b1);
-        }
-      }
       const int g = mma::grp(), c2 = 2 * mma::tig();
-      float Gi[2], fi[2];
-      bool live[2];
+      const int strips = wp == 1 ? 2 : 1;
+      for (int st = 0; st < strips; ++st) {
+        const int rb = wp == 0 ? 2 : (wp == 1 ? 1 - st : 3), cb0 = wp == 3 ? 2 : 0;
+        const int nb = wp == 0 ? 3 : (wp == 1 && st == 1 ? 1 : 2);
+        float acc[6][4] = {};
+        const T* arow = ks + (16 * rb + (lane & 15)) * LDK + 8 * (lane >> 4);
+        const T* brow = ks + (16 * cb0 + 8 * (lane >> 4) + (lane & 7)) * LDK + 8 * ((lane >> 3) & 1);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 16 * wp + g + 8 * half;
-        Gi[half] = sm.G[i];
-        fi[half] = sm.beta[i] * sm.rstd[i];
-        live[half] = i < L;
-      }
+        for (int jb = 0; jb < 3; ++jb) {
+          if (jb >= nb) break;  // warp-uniform
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        if (nt > 2 * wp + 1) continue;  // wp is warp-uniform
-        const int j = 8 * nt + c2;
-        const float2 Gj = *reinterpret_cast<const float2*>(sm.G + j), rj = *reinterpret_cast<const float2*>(sm.rstd + j);
+          for (int kk = 0; kk < KMAX / 16; ++kk) {
+            uint32_t af[4], b[4];  // A: tiles (rows +0, cols +0), (+8, +0), (+0, +8), (+8, +8);
+            mma::ldmatrix_x4<false>(af, arow + 16 * kk);  // B: k rows 16 (cb0 + jb) + [0, 16) as B^T,
+            mma::ldmatrix_x4<false>(b, brow + 16 * jb * LDK + 16 * kk);  // column tiles 2 jb, 2 jb + 1
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma::mma16816<T>(acc[2 * jb], af, b0);
+            mma::mma16816<T>(acc[2 * jb + 1], af, b1);
+          }
+        }
+        float Gi[2], fi[2];
+        bool live[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int i = 16 * wp + g + 8 * half;
-          // Formed for every element and then selected (no branches): exp(G_i - G_j) is bounded by 1
-          // for i > j and g <= 0; where i <= j or i >= L it may be anything, even inf, and is dropped.
-          const float v0 = fi[half] * rj.x * acc[nt][2 * half] * prepare_decay_exp(Gi[half] - Gj.x);
-          const float v1 = fi[half] * rj.y * acc[nt][2 * half + 1] * prepare_decay_exp(Gi[half] - Gj.y);
-          *reinterpret_cast<float2*>(sm.A + i * LDM + j) =
-              make_float2(live[half] && i > j ? v0 : 0.f, live[half] && i > j + 1 ? v1 : 0.f);
+          const int i = 16 * rb + g + 8 * half;
+          Gi[half] = sm.G[i];
+          fi[half] = sm.beta[i] * sm.rstd[i];
+          live[half] = i < L;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 6; ++nt) {
+          if (nt >= 2 * nb) break;  // warp-uniform
+          const int j = 16 * cb0 + 8 * nt + c2;
+          const float2 Gj = *reinterpret_cast<const float2*>(sm.G + j);
+          const float2 rj = *reinterpret_cast<const float2*>(sm.rstd + j);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = 16 * rb + g + 8 * half;
+            // Formed for every element and then selected (no branches): exp(G_i - G_j) is bounded by
+            // 1 for i > j and g <= 0; where i <= j or i >= L it may be anything, even inf, and is dropped.
+            const float v0 = fi[half] * rj.x * acc[nt][2 * half] * prepare_decay_exp(Gi[half] - Gj.x);
+            const float v1 = fi[half] * rj.y * acc[nt][2 * half + 1] * prepare_decay_exp(Gi[half] - Gj.y);
+            *reinterpret_cast<float2*>(sm.A + i * LDM + j) =
+                make_float2(live[half] && i > j ? v0 : 0.f, live[half] && i > j + 1 ? v1 : 0.f);
+          }
         }
       }
     }
