@@ -11,6 +11,7 @@
 #include "chunked_kda_mma.cuh"
 #include "chunked_kda_prefetch.cuh"
 #include "chunked_state.cuh"  // kStateCols
+#include "chunked_state_acc.cuh"
 #include "chunked_tiles.cuh"  // intermediate_tile_async
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -50,18 +51,9 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kStateCols;
   const int tid = threadIdx.x, wp = tid / 32;
   auto state_row = [&](int mt, int e) { return 16 * (wp + 4 * mt) + mma::acc_row(e); };
-  auto state_col = [&](int nt, int e) { return 8 * nt + mma::acc_col(e); };
 
   float h[MT][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        h[mt][nt][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, state_row(mt, e),
-                                                                         col0 + state_col(nt, e))]
-                              : 0.f;
+  load_state_acc(h, a.h0, n, hv, col0, wp);
 
   const T* w = static_cast<const T*>(a.w);
   T* v_new = static_cast<T*>(a.v_new);
@@ -77,17 +69,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
     const int64_t g_stride = a.HV * a.K;
     auto G_at = [&](int r, int d) { return Gc[r * g_stride + d]; };
 
-    float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = state_row(mt, e), col = state_col(nt, e);
-          hc[d * a.V + col0 + col] = h[mt][nt][e];
-          store_split<T>(h[mt][nt][e], &sm.hs[d * LDH + col], &sm.hs_lo[d * LDH + col]);
-        }
+    store_state_acc_chunk<T>(h, a.h, a, c, hv, col0, sm.hs, sm.hs_lo, LDH, wp);
     if (tid < KMAX) sm.Gl[tid] = G_at(L - 1, tid);
     // w's rows by cp.async (raw T, 16 bytes per copy, rows past L zero-filled; chunked_tiles.cuh),
     // in flight while k is loaded and scaled below.
@@ -183,16 +165,7 @@ __global__ void __launch_bounds__(kChunkThreads) kda_state_kernel(ChunkedArgs a)
     __syncthreads();  // shared memory is refilled by the next chunk
   }
 
-  if (a.ht.p) {
-    float* ht = static_cast<float*>(a.ht.p);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          ht[off4(a.ht, n, hv, state_row(mt, e), col0 + state_col(nt, e))] = h[mt][nt][e];
-  }
+  if (a.ht.p) store_state_acc(h, a.ht, n, hv, col0, wp);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -14,6 +14,7 @@
 #include "chunked_kda_prefetch.cuh"
 #include "chunked_kda_output.cuh"  // kda_packed_P
 #include "chunked_state.cuh"       // kStateCols
+#include "chunked_state_acc.cuh"
 #include "chunked_tiles.cuh"       // intermediate_tile_async, view_rows_async
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -65,18 +66,9 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kStateCols;
   const int tid = threadIdx.x, wp = tid / 32;
   auto state_row = [&](int mt, int e) { return 16 * (wp + 4 * mt) + mma::acc_row(e); };
-  auto state_col = [&](int nt, int e) { return 8 * nt + mma::acc_col(e); };
 
   float dh[MT][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dh[mt][nt][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, state_row(mt, e),
-                                                                           col0 + state_col(nt, e))]
-                                : 0.f;
+  load_state_acc(dh, a.dht, n, hv, col0, wp);
 
   const T* w = static_cast<const T*>(a.w);
   // do's columns [col0, col0 + 32) as a view of their own (16-byte copies when aligned).
@@ -91,17 +83,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
 
-    float* dhc = a.dh + (c * a.HV + hv) * a.K * a.V;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = state_row(mt, e), col = state_col(nt, e);
-          dhc[d * a.V + col0 + col] = dh[mt][nt][e];
-          store_split<T>(dh[mt][nt][e], &sm.dhs[d * LDH + col], &sm.dhs_lo[d * LDH + col]);
-        }
+    store_state_acc_chunk<T>(dh, a.dh, a, c, hv, col0, sm.dhs, sm.dhs_lo, LDH, wp);
     // G rows of the chunk: row r at Gc + r * HV K (formed once, not per element).
     const float* Gc = a.G + (row0 * a.HV + hv) * a.K;
     const int64_t g_stride = a.HV * a.K;
@@ -222,16 +204,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
     __syncthreads();  // shared memory is refilled by the previous chunk
   }
 
-  if (a.dh0.p) {
-    float* dh0 = static_cast<float*>(a.dh0.p);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dh0[off4(a.dh0, n, hv, state_row(mt, e), col0 + state_col(nt, e))] = dh[mt][nt][e];
-  }
+  if (a.dh0.p) store_state_acc(dh, a.dh0, n, hv, col0, wp);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

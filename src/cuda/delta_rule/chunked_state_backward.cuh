@@ -18,6 +18,7 @@
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
 #include "chunked_state.cuh"   // kStateCols
+#include "chunked_state_acc.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -61,19 +62,9 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_backward_kernel(Chu
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kStateCols;
   const int tid = threadIdx.x, wp = tid / 32;
-  auto state_row = [&](int mt, int e) { return 16 * (wp + 4 * mt) + mma::acc_row(e); };
-  auto state_col = [&](int nt, int e) { return 8 * nt + mma::acc_col(e); };
 
   float dh[MT][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dh[mt][nt][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, state_row(mt, e),
-                                                                           col0 + state_col(nt, e))]
-                                : 0.f;
+  load_state_acc(dh, a.dht, n, hv, col0, wp);
 
   const T* w = static_cast<const T*>(a.w);
   for (int64_t c = a.seq_first_chunk[n + 1] - 1; c >= a.seq_first_chunk[n]; --c) {
@@ -82,17 +73,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_backward_kernel(Chu
     const int64_t row0 = chunk_row0(ci, a.T);
 
     // dL/dh_{c+1}: to the intermediates (fp32) and to shared memory (hi + lo).
-    float* dhc = a.dh + (c * a.HV + hv) * a.K * a.V;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int d = state_row(mt, e), col = state_col(nt, e);
-          dhc[d * a.V + col0 + col] = dh[mt][nt][e];
-          store_split<T>(dh[mt][nt][e], &sm.dhs[d * LDH + col], &sm.dhs_lo[d * LDH + col]);
-        }
+    store_state_acc_chunk<T>(dh, a.dh, a, c, hv, col0, sm.dhs, sm.dhs_lo, LDH, wp);
     if (tid < C) sm.G[tid] = (a.G && tid < L) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
     for_each_key_row<T, KMAX>(a.q, ci, head, a.l2norm, [&](int r, int d, float x) {
       store_split<T>(x, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
@@ -223,16 +204,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_backward_kernel(Chu
     __syncthreads();  // shared memory is refilled by the previous chunk
   }
 
-  if (a.dh0.p) {
-    float* dh0 = static_cast<float*>(a.dh0.p);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          dh0[off4(a.dh0, n, hv, state_row(mt, e), col0 + state_col(nt, e))] = dh[mt][nt][e];
-  }
+  if (a.dh0.p) store_state_acc(dh, a.dh0, n, hv, col0, wp);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
