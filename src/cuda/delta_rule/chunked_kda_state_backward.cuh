@@ -15,6 +15,7 @@
 #include "chunked_kda_output.cuh"  // kda_packed_P
 #include "chunked_state.cuh"       // kStateCols
 #include "chunked_state_acc.cuh"
+#include "chunked_dv_new_rows.cuh"
 #include "chunked_tiles.cuh"       // intermediate_tile_async, view_rows_async
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -168,15 +169,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
         }
       }
       __syncthreads();  // every warp is done with k's arrays: -dv_new takes their place
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * wp + mma::acc_row(e), col = 8 * nt + mma::acc_col(e);
-          const float val = i < L ? acc[nt][e] : 0.f;
-          if (i < L) a.dv_new[((row0 + i) * a.HV + hv) * a.V + col0 + col] = val;
-          store_split<T>(-val, &sm.nd[i * LDH + col], &sm.nd_lo[i * LDH + col]);
-        }
+      store_dv_new_rows<T>(acc, a, row0, hv, col0, L, sm.nd, sm.nd_lo, LDH, wp);
     }
     __syncthreads();
 
