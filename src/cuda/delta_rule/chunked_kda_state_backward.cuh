@@ -66,7 +66,6 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kStateCols;
   const int tid = threadIdx.x, wp = tid / 32;
-  auto state_row = [&](int mt, int e) { return 16 * (wp + 4 * mt) + mma::acc_row(e); };
 
   float dh[MT][NT][4];
   load_state_acc(dh, a.dht, n, hv, col0, wp);
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= decay_exp(sm.Gl[state_row(mt, e)]);
+        for (int e = 0; e < 4; ++e) dh[mt][nt][e] *= decay_exp(sm.Gl[state_acc_row(wp, mt, e)]);
 #pragma unroll
       for (int kk = 0; kk < C; kk += 16) {
         const int m0 = 16 * (wp + 4 * mt);
