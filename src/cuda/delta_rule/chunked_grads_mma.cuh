@@ -50,6 +50,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "chunked_grads_frags.cuh"
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_mma_tf32.cuh"  // zero_acc, quad_sum, column_sum
@@ -148,34 +149,8 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   const int NS = static_cast<int>(V / VS);  // even: V % 64 == 0
   const bool vn_whole = NS <= 5;             // pass 2's v_new slices all fit in one stage's five tiles
   const float scale = a.scale;
-  // ldmatrix lane addresses (chunked_state_backward_transposed.cuh): a_* non-trans A fragments
-  // (rows +8 by (lane / 8) % 2, columns +8 by lane / 16); nb_* non-trans B fragments of two 8-column
-  // tiles and .trans A fragments; tb_* .trans B fragments.
-  const int a_r = lane & 15, a_c = 8 * (lane >> 4);
-  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
-  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
-  // A[r][kk] = X[r0 + r][k0 + kk] (X row-major, pitch ld).
-  auto lda = [&](uint32_t(&f)[4], const T* X, int ld, int r0, int k0) {
-    mma::ldmatrix_x4<false>(f, X + (r0 + a_r) * ld + k0 + a_c);
-  };
-  // A[r][kk] = X[k0 + kk][r0 + r].
-  auto lda_t = [&](uint32_t(&f)[4], const T* X, int ld, int r0, int k0) {
-    mma::ldmatrix_x4<true>(f, X + (k0 + nb_r) * ld + r0 + nb_c);
-  };
-  // B fragments of the two 8-column tiles n0 / 8, n0 / 8 + 1: B[kk][n] = Y[n0 + n][k0 + kk].
-  auto ldb = [&](uint32_t(&f)[4], const T* Y, int ld, int k0, int n0) {
-    mma::ldmatrix_x4<false>(f, Y + (n0 + nb_r) * ld + k0 + nb_c);
-  };
-  // B[kk][n] = X[k0 + kk][n0 + n].
-  auto ldb_t = [&](uint32_t(&f)[4], const T* X, int ld, int k0, int n0) {
-    mma::ldmatrix_x4<true>(f, X + (k0 + tb_r) * ld + n0 + tb_c);
-  };
-  // acc[t] += a * (first tile of b), acc[t + 1] += a * (second tile of b).
-  auto mma2 = [](float(&c0)[4], float(&c1)[4], const uint32_t(&af)[4], const uint32_t(&b)[4]) {
-    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-    mma::mma16816<T>(c0, af, b0);
-    mma::mma16816<T>(c1, af, b1);
-  };
+  // ldmatrix fragment loads and paired mmas (lane addresses formed once; chunked_grads_frags.cuh).
+  const GradsFrags<T> fr(lane);
   // Accumulator element e of a 16 x 8 tile: row grp + 8 (e / 2), column 2 tig + e % 2.
   auto erow = [&](int e) { return grp + 8 * (e >> 1); };
   auto ecol = [&](int e) { return 2 * tig + (e & 1); };
@@ -416,18 +391,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         // Row role: dP (exact operands) and du (dv_new hi / lo); column blocks right of the
         // diagonal block are never used.
         uint32_t ado[4], auh[4], aul[4];
-        lda(ado, sdo, LDS, 16 * rs, 16 * k2);
-        lda(auh, sdh, LDS, 16 * rs, 16 * k2);
-        if constexpr (!kDvn16) lda(aul, sdl, LDS, 16 * rs, 16 * k2);
+        fr.lda(ado, sdo, LDS, 16 * rs, 16 * k2);
+        fr.lda(auh, sdh, LDS, 16 * rs, 16 * k2);
+        if constexpr (!kDvn16) fr.lda(aul, sdl, LDS, 16 * rs, 16 * k2);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           if (2 * hf + np > rs) continue;
           uint32_t bvn[4], bv[4];
-          ldb(bvn, svn, LDS, 16 * k2, 32 * hf + 16 * np);
-          ldb(bv, sv, LDS, 16 * k2, 32 * hf + 16 * np);
-          mma2(accU[2 * np], accU[2 * np + 1], auh, bv);
-          mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
-          if constexpr (!kDvn16) mma2(accU[2 * np], accU[2 * np + 1], aul, bv);
+          fr.ldb(bvn, svn, LDS, 16 * k2, 32 * hf + 16 * np);
+          fr.ldb(bv, sv, LDS, 16 * k2, 32 * hf + 16 * np);
+          fr.mma2(accU[2 * np], accU[2 * np + 1], auh, bv);
+          fr.mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
+          if constexpr (!kDvn16) fr.mma2(accU[2 * np], accU[2 * np + 1], aul, bv);
         }
         // Key role. Once split, hr[k2] is refilled with the next slice's fragment (in flight during the
         // rest of this slice).
@@ -437,18 +412,18 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 #pragma unroll
         for (int np = 0; np < NTV / 2; ++np) {
           uint32_t bd[4], bh[4], bl[4];
-          ldb(bd, sdo, LDS, 16 * k2, n0k + 16 * np);
-          ldb(bh, sdh, LDS, 16 * k2, n0k + 16 * np);
-          if constexpr (!kDvn16) ldb(bl, sdl, LDS, 16 * k2, n0k + 16 * np);
+          fr.ldb(bd, sdo, LDS, 16 * k2, n0k + 16 * np);
+          fr.ldb(bh, sdh, LDS, 16 * k2, n0k + 16 * np);
+          if constexpr (!kDvn16) fr.ldb(bl, sdl, LDS, 16 * k2, n0k + 16 * np);
           // Issue order: the mmas on one accumulator 4 (Y) / 4 and 2 (Z) apart (the lo terms only
           // with fp32 h / dv_new).
-          mma2(accY[2 * np], accY[2 * np + 1], hh, bd);
-          mma2(accZ[2 * np], accZ[2 * np + 1], hh, bh);
+          fr.mma2(accY[2 * np], accY[2 * np + 1], hh, bd);
+          fr.mma2(accZ[2 * np], accZ[2 * np + 1], hh, bh);
           if constexpr (!kH16) {
-            mma2(accY[2 * np], accY[2 * np + 1], hl, bd);
-            mma2(accZ[2 * np], accZ[2 * np + 1], hl, bh);
+            fr.mma2(accY[2 * np], accY[2 * np + 1], hl, bd);
+            fr.mma2(accZ[2 * np], accZ[2 * np + 1], hl, bh);
           }
-          if constexpr (!kDvn16) mma2(accZ[2 * np], accZ[2 * np + 1], hh, bl);
+          if constexpr (!kDvn16) fr.mma2(accZ[2 * np], accZ[2 * np + 1], hh, bl);
         }
       }
       // Row role: dUb[j][n] = sum_i A_ij dv_new[i][col0 + n] for rows j of the strip, columns
@@ -459,13 +434,13 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         mma::zero_acc(accl);
         for (int kq = rs; kq < 4; ++kq) {
           uint32_t ah[4], al[4], bh[4], bl[4];
-          lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
-          lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
-          ldb_t(bh, sdh, LDS, 16 * kq, 16 * hf);
-          if constexpr (!kDvn16) ldb_t(bl, sdl, LDS, 16 * kq, 16 * hf);
-          mma2(acc[0], acc[1], ah, bh);
-          if constexpr (!kDvn16) mma2(accl[0], accl[1], ah, bl);
-          mma2(accl[0], accl[1], al, bh);
+          fr.lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+          fr.lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+          fr.ldb_t(bh, sdh, LDS, 16 * kq, 16 * hf);
+          if constexpr (!kDvn16) fr.ldb_t(bl, sdl, LDS, 16 * kq, 16 * hf);
+          fr.mma2(acc[0], acc[1], ah, bh);
+          if constexpr (!kDvn16) fr.mma2(accl[0], accl[1], ah, bl);
+          fr.mma2(accl[0], accl[1], al, bh);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -536,12 +511,12 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
         uint32_t xh[4], xl[4], bv[NTV / 2][4];
         split_frag(d[k2], xh, xl);
 #pragma unroll
-        for (int np = 0; np < NTV / 2; ++np) ldb(bv[np], svn, LDS, 16 * k2, n0k + 16 * np);
+        for (int np = 0; np < NTV / 2; ++np) fr.ldb(bv[np], svn, LDS, 16 * k2, n0k + 16 * np);
 #pragma unroll
-        for (int np = 0; np < NTV / 2; ++np) mma2(accX[2 * np], accX[2 * np + 1], xh, bv[np]);
+        for (int np = 0; np < NTV / 2; ++np) fr.mma2(accX[2 * np], accX[2 * np + 1], xh, bv[np]);
 #pragma unroll
         for (int np = 0; np < NTV / 2; ++np)
-          if constexpr (!kH16) mma2(accX[2 * np], accX[2 * np + 1], xl, bv[np]);
+          if constexpr (!kH16) fr.mma2(accX[2 * np], accX[2 * np + 1], xl, bv[np]);
         if (cgp == 0)
 #pragma unroll
           for (int m = 0; m < 4; ++m) {
@@ -632,17 +607,17 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
 #pragma unroll
     for (int kq = 0; kq < KMAX / 16; ++kq) {
       uint32_t aq[4], awh[4], awl[4];
-      lda(aq, sm.q, LDK, 16 * rs, 16 * kq);
-      lda(awh, sm.dw_hi, LDK, 16 * rs, 16 * kq);
-      lda(awl, sm.dw_lo, LDK, 16 * rs, 16 * kq);
+      fr.lda(aq, sm.q, LDK, 16 * rs, 16 * kq);
+      fr.lda(awh, sm.dw_hi, LDK, 16 * rs, 16 * kq);
+      fr.lda(awl, sm.dw_lo, LDK, 16 * rs, 16 * kq);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         if (2 * hf + np > rs) continue;
         uint32_t bk[4];
-        ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
-        mma2(accW[2 * np], accW[2 * np + 1], awh, bk);
-        mma2(accQ[2 * np], accQ[2 * np + 1], aq, bk);
-        mma2(accW[2 * np], accW[2 * np + 1], awl, bk);
+        fr.ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
+        fr.mma2(accW[2 * np], accW[2 * np + 1], awh, bk);
+        fr.mma2(accQ[2 * np], accQ[2 * np + 1], aq, bk);
+        fr.mma2(accW[2 * np], accW[2 * np + 1], awl, bk);
       }
     }
     float rsum[2] = {0.f, 0.f}, csum[4][2] = {};
@@ -698,14 +673,14 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     // tiles, then the lo ones: the mmas on one accumulator are NKH apart.)
     for (int kq = 0; kq <= rs; ++kq) {
       uint32_t sh[4], sl[4], bk[NKH / 2][4];
-      lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
-      lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
+      fr.lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
+      for (int np = 0; np < NKH / 2; ++np) fr.ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sh, bk[np]);
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sh, bk[np]);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
     }
     {
       const float f[2] = {sm.irq[16 * rs + grp], sm.irq[16 * rs + grp + 8]};
@@ -721,14 +696,14 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     mma::zero_acc(acc);
     for (int kq = rs; kq < 4; ++kq) {
       uint32_t sh[4], sl[4], bq[NKH / 2][4];
-      lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
-      lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) ldb_t(bq[np], sm.q, LDK, 16 * kq, d0 + 16 * np);
+      for (int np = 0; np < NKH / 2; ++np) fr.ldb_t(bq[np], sm.q, LDK, 16 * kq, d0 + 16 * np);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sh, bq[np]);
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sh, bq[np]);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bq[np]);
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sl, bq[np]);
     }
     const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};
 #pragma unroll
@@ -740,20 +715,20 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     mma::zero_acc(acc);
     for (int kq = rs; kq < 4; ++kq) {
       uint32_t ah[4], al[4];
-      lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
-      lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
       uint32_t bh[NKH / 2][4], bl[NKH / 2][4];
 #pragma unroll
       for (int np = 0; np < NKH / 2; ++np) {
-        ldb_t(bh[np], sm.dw_hi, LDK, 16 * kq, d0 + 16 * np);
-        ldb_t(bl[np], sm.dw_lo, LDK, 16 * kq, d0 + 16 * np);
+        fr.ldb_t(bh[np], sm.dw_hi, LDK, 16 * kq, d0 + 16 * np);
+        fr.ldb_t(bl[np], sm.dw_lo, LDK, 16 * kq, d0 + 16 * np);
       }
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bh[np]);
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], ah, bh[np]);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bl[np]);
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], ah, bl[np]);
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
+      for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
     }
     float rsum[2] = {0.f, 0.f};
     const float er[2] = {sm.eG[r0], sm.eG[r0 + 8]}, br[2] = {sm.beta[r0], sm.beta[r0 + 8]};
@@ -781,20 +756,20 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     mma::zero_acc(acc);
     for (int kq = 0; kq <= rs; ++kq) {
       uint32_t ah[4], al[4];
-      lda(ah, dA_hi, LDP, 16 * rs, 16 * kq);
-      lda(al, dA_lo, LDP, 16 * rs, 16 * kq);
+      fr.lda(ah, dA_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda(al, dA_lo, LDP, 16 * rs, 16 * kq);
       uint32_t bh[2][4], bl[2][4];
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
-        ldb(bh[np], sm.A_hi, LDP, 16 * kq, 32 * hf + 16 * np);
-        ldb(bl[np], sm.A_lo, LDP, 16 * kq, 32 * hf + 16 * np);
+        fr.ldb(bh[np], sm.A_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+        fr.ldb(bl[np], sm.A_lo, LDP, 16 * kq, 32 * hf + 16 * np);
       }
 #pragma unroll
-      for (int np = 0; np < 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bh[np]);
+      for (int np = 0; np < 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], ah, bh[np]);
 #pragma unroll
-      for (int np = 0; np < 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], ah, bl[np]);
+      for (int np = 0; np < 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], ah, bl[np]);
 #pragma unroll
-      for (int np = 0; np < 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
+      for (int np = 0; np < 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], al, bh[np]);
     }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) store_tile_split(tmp_hi, tmp_lo, 16 * rs, 32 * hf + 8 * nt, acc[nt]);
@@ -809,36 +784,36 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     mma::zero_acc(accK);
     for (int kq = rs; kq < 4; ++kq) {  // (A^T)_im = A_mi = 0 for m < i
       uint32_t ah[4], al[4];
-      lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
-      lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
       const int nps = std::min(2, rs - 2 * hf + 1);  // column blocks 2 hf + np <= rs only
       uint32_t bh[2][4], bl[2][4];
 #pragma unroll
       for (int np = 0; np < 2; ++np)
         if (np < nps) {
-          ldb_t(bh[np], tmp_hi, LDP, 16 * kq, 32 * hf + 16 * np);
-          ldb_t(bl[np], tmp_lo, LDP, 16 * kq, 32 * hf + 16 * np);
+          fr.ldb_t(bh[np], tmp_hi, LDP, 16 * kq, 32 * hf + 16 * np);
+          fr.ldb_t(bl[np], tmp_lo, LDP, 16 * kq, 32 * hf + 16 * np);
         }
 #pragma unroll
       for (int np = 0; np < 2; ++np)
-        if (np < nps) mma2(accM[2 * np], accM[2 * np + 1], ah, bh[np]);
+        if (np < nps) fr.mma2(accM[2 * np], accM[2 * np + 1], ah, bh[np]);
 #pragma unroll
       for (int np = 0; np < 2; ++np)
-        if (np < nps) mma2(accM[2 * np], accM[2 * np + 1], ah, bl[np]);
+        if (np < nps) fr.mma2(accM[2 * np], accM[2 * np + 1], ah, bl[np]);
 #pragma unroll
       for (int np = 0; np < 2; ++np)
-        if (np < nps) mma2(accM[2 * np], accM[2 * np + 1], al, bh[np]);
+        if (np < nps) fr.mma2(accM[2 * np], accM[2 * np + 1], al, bh[np]);
     }
 #pragma unroll
     for (int kq = 0; kq < KMAX / 16; ++kq) {
       uint32_t ak[4];
-      lda(ak, sm.k, LDK, 16 * rs, 16 * kq);
+      fr.lda(ak, sm.k, LDK, 16 * rs, 16 * kq);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         if (2 * hf + np > rs) continue;
         uint32_t bk[4];
-        ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
-        mma2(accK[2 * np], accK[2 * np + 1], ak, bk);
+        fr.ldb(bk, sm.k, LDK, 16 * kq, 32 * hf + 16 * np);
+        fr.mma2(accK[2 * np], accK[2 * np + 1], ak, bk);
       }
     }
     float rb[2] = {0.f, 0.f}, rg[2] = {0.f, 0.f}, cgs[4][2] = {};
@@ -884,23 +859,23 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     for (int kq = 0; kq < 4; ++kq) {
       uint32_t bk[NKH / 2][4];
 #pragma unroll
-      for (int np = 0; np < NKH / 2; ++np) ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
+      for (int np = 0; np < NKH / 2; ++np) fr.ldb_t(bk[np], sm.k, LDK, 16 * kq, d0 + 16 * np);
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass) {
         // pass 0: S2's rows of the strip (columns kq <= rs); pass 1: S2^T's (rows kq >= rs).
         if (pass == 0 ? kq > rs : kq < rs) continue;
         uint32_t sh[4], sl[4];
         if (pass == 0) {
-          lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
-          lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
+          fr.lda(sh, S_hi, LDP, 16 * rs, 16 * kq);
+          fr.lda(sl, S_lo, LDP, 16 * rs, 16 * kq);
         } else {
-          lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
-          lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
+          fr.lda_t(sh, S_hi, LDP, 16 * rs, 16 * kq);
+          fr.lda_t(sl, S_lo, LDP, 16 * rs, 16 * kq);
         }
 #pragma unroll
-        for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sh, bk[np]);
+        for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sh, bk[np]);
 #pragma unroll
-        for (int np = 0; np < NKH / 2; ++np) mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
+        for (int np = 0; np < NKH / 2; ++np) fr.mma2(acc[2 * np], acc[2 * np + 1], sl, bk[np]);
       }
     }
     const float irk[2] = {sm.irk[r0], sm.irk[r0 + 8]};

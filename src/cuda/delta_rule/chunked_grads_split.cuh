@@ -32,6 +32,7 @@
 
 #include <algorithm>
 
+#include "chunked_grads_frags.cuh"
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_mma_tf32.cuh"  // zero_acc, quad_sum, column_sum
@@ -41,43 +42,6 @@
 #include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
-
-// Fragment addressing shared by both kernels (lane = 4 grp + tig; chunked_grads_mma.cuh's helpers):
-// a_* non-trans A fragments, nb_* non-trans B fragments of two 8-column tiles and .trans A fragments,
-// tb_* .trans B fragments.
-template <typename T>
-struct SplitFrags {
-  int a_r, a_c, nb_r, nb_c, tb_r, tb_c;
-  __device__ explicit SplitFrags(int lane)
-      : a_r(lane & 15),
-        a_c(8 * (lane >> 4)),
-        nb_r(8 * (lane >> 4) + (lane & 7)),
-        nb_c(8 * ((lane >> 3) & 1)),
-        tb_r(8 * ((lane >> 3) & 1) + (lane & 7)),
-        tb_c(8 * (lane >> 4)) {}
-  // A[r][kk] = X[r0 + r][k0 + kk] (X row-major, pitch ld).
-  __device__ void lda(uint32_t (&f)[4], const T* X, int ld, int r0, int k0) const {
-    mma::ldmatrix_x4<false>(f, X + (r0 + a_r) * ld + k0 + a_c);
-  }
-  // A[r][kk] = X[k0 + kk][r0 + r].
-  __device__ void lda_t(uint32_t (&f)[4], const T* X, int ld, int r0, int k0) const {
-    mma::ldmatrix_x4<true>(f, X + (k0 + nb_r) * ld + r0 + nb_c);
-  }
-  // B fragments of the two 8-column tiles n0 / 8, n0 / 8 + 1: B[kk][n] = Y[n0 + n][k0 + kk].
-  __device__ void ldb(uint32_t (&f)[4], const T* Y, int ld, int k0, int n0) const {
-    mma::ldmatrix_x4<false>(f, Y + (n0 + nb_r) * ld + k0 + nb_c);
-  }
-  // B[kk][n] = X[k0 + kk][n0 + n].
-  __device__ void ldb_t(uint32_t (&f)[4], const T* X, int ld, int k0, int n0) const {
-    mma::ldmatrix_x4<true>(f, X + (k0 + tb_r) * ld + n0 + tb_c);
-  }
-  // acc0 += a * (first tile of b), acc1 += a * (second tile of b).
-  __device__ static void mma2(float (&c0)[4], float (&c1)[4], const uint32_t (&af)[4], const uint32_t (&b)[4]) {
-    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-    mma::mma16816<T>(c0, af, b0);
-    mma::mma16816<T>(c1, af, b1);
-  }
-};
 
 // Block shape: kItems = 1 (the default): one (chunk, value head) item per block of 8 warps, two blocks
 // per SM; kItems = 2 (FLASHGRAD_CHUNKED_B2=split2, an experiment): the items of value heads 2 y and
@@ -176,7 +140,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_state_ke
   const int kst = wp % KS, cgp = wp / KS, n0k = cgp * 8 * NTV;
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
   const int NS = static_cast<int>(V / VS);
-  const SplitFrags<T> fr(lane);
+  const GradsFrags<T> fr(lane);
   auto erow = [&](int e) { return grp + 8 * (e >> 1); };
   auto ecol = [&](int e) { return 2 * tig + (e & 1); };
 
@@ -495,7 +459,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
   const int NS = static_cast<int>(V / VS);
   const float scale = a.scale;
-  const SplitFrags<T> fr(lane);
+  const GradsFrags<T> fr(lane);
   auto erow = [&](int e) { return grp + 8 * (e >> 1); };
   auto ecol = [&](int e) { return 2 * tig + (e & 1); };
   // x[e] split into hi / lo T tiles of pitch LDP at rows r0' + grp (+ 8), columns c0 + 2 tig + {0, 1}.
