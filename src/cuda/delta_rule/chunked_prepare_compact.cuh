@@ -125,6 +125,20 @@ struct PrepareCompactSmem {
   __device__ T* k(int s) const { return reinterpret_cast<T*>(keys + s * kKeyBytes); }
 };
 
+// Column c of (I + Mb)^{-1} for the N x N unit-lower block Mb (strict lower part read; fp32 in
+// shared memory, pitch LDM) by forward substitution in registers: x_i = [i == c] - sum_{m < i}
+// Mb_im x_m (x_m = 0 for m < c).
+template <int N, int LDM>
+__device__ __forceinline__ void unit_lower_inverse_column(const float* Mb, int c, float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float acc = 0.f;
+#pragma unroll
+    for (int m = 0; m < i; ++m) acc = fmaf(Mb[i * LDM + m], x[m], acc);
+    x[i] = i == c ? 1.f : -acc;
+  }
+}
+
 // The diagonal 16 x 16 blocks of A = (I + M)^{-1} in place of M's (fp32 in shared memory, pitch
 // LDM % 4 == 0; 128 threads): thread (block bI, column jj) of the first 64 runs the forward
 // substitution of its column in registers, reading M's diagonal block, while the others zero the
@@ -137,15 +151,7 @@ __device__ __forceinline__ void invert_diagonal_blocks_in_place(float* As) {
   const int r0 = 16 * (tid / 16), jj = tid % 16;  // used by threads < 64
   float x[16];
   if (tid < 64) {
-    // Column jj of diagonal block bI: x_i = [i == jj] - sum_{m < i} M_im x_m (x_m = 0 for m < jj).
-    const float* Mb = As + r0 * LDM + r0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      float acc = 0.f;
-#pragma unroll
-      for (int m = 0; m < i; ++m) acc = fmaf(Mb[i * LDM + m], x[m], acc);
-      x[i] = i == jj ? 1.f : -acc;
-    }
+    unit_lower_inverse_column<16, LDM>(As + r0 * LDM + r0, jj, x);  // column jj of diagonal block bI
   } else {
     for (int e = tid - 64; e < 6 * 64; e += 64) {  // 6 blocks x 64 float4
       const int blk = e / 64, q = e % 64;          // blk: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
@@ -238,16 +244,7 @@ __device__ __forceinline__ void invert_diagonal_blocks_by_warp(float* As) {
   // d_h, column c: x_i = [i == c] - sum_{m < i} M_im x_m over the 8 x 8 half at (8 h, 8 h).
   const int h = (lane >> 3) & 1, c = lane & 7;
   float x[8];
-  {
-    const float* Mh = D + 8 * h * LDM + 8 * h;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float acc = 0.f;
-#pragma unroll
-      for (int m = 0; m < i; ++m) acc = fmaf(Mh[i * LDM + m], x[m], acc);
-      x[i] = i == c ? 1.f : -acc;
-    }
-  }
+  unit_lower_inverse_column<8, LDM>(D + 8 * h * LDM + 8 * h, c, x);
   __syncwarp();  // the diagonal halves of M are read
   if (lane < 16) {
 #pragma unroll
