@@ -224,8 +224,9 @@ TEST(DeltaRuleStrongDecay, FiniteAndAccurate) {
     // dg has the gate's dtype, f32 here: each algorithm rounds its fp64 value once, and two values
     // a hair apart can round to neighbouring floats (one ulp, ~3.8e-10 of max |dg| in a CI run).
     // So both are held to the rounding bound around the long-double arbiter instead.
-    expect_rounded_from(gc.dg, direct_gate_gradient(d), what + " chunked dg");
-    expect_rounded_from(gr.dg, direct_gate_gradient(d), what + " recurrent dg");
+    const std::vector<double> exact_dg = direct_gate_gradient(d);
+    expect_rounded_from(gc.dg, exact_dg, what + " chunked dg");
+    expect_rounded_from(gr.dg, exact_dg, what + " recurrent dg");
     expect_close(gc.dk, gr.dk, 1e-10, what + " dk");
     expect_close(gc.dh0, gr.dh0, 1e-10, what + " dh0");
     // fp32 compute from the same inputs (converted once to float32).
