@@ -773,19 +773,16 @@ TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
   }
 }
 
-// Enough (sequence, value head) chains that the backward's B1 runs one block per chain, so with
-// FLASHGRAD_CHUNKED_DVNEW_IN_W=1 (set here) dv_new goes into w's region (dv_new_in_w_allowed, an
-// experiment to become the default once this passes on the GPU): K = V = 64 with >= one chain per
-// SM (4 warps), K = V = 128 with >= 3/4 of the SMs' worth of 4-chain groups (8 warps).
+// Enough (sequence, value head) chains that the backward's B1 runs one block per chain, so dv_new
+// goes into w's region (dv_new_in_w_allowed: the default since run 9.1; the test unsets
+// FLASHGRAD_CHUNKED_DVNEW_IN_W, which can turn it off): K = V = 64 (4 warps), K = V = 128 with >=
+// 3/4 of the SMs' worth of 4-chain groups (8 warps).
 TEST(DeltaRuleGpu, ChunkedDvNewInWRegion) {
   REQUIRE_GPU();
   int dev = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-  struct EnvGuard {  // restores the variable whatever the test's outcome
-    EnvGuard() { setenv("FLASHGRAD_CHUNKED_DVNEW_IN_W", "1", 1); }
-    ~EnvGuard() { unsetenv("FLASHGRAD_CHUNKED_DVNEW_IN_W"); }
-  } guard;
+  unsetenv("FLASHGRAD_CHUNKED_DVNEW_IN_W");
   for (int64_t K : {64, 128}) {
     Case c;
     c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;

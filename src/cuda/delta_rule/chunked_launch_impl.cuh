@@ -148,8 +148,8 @@ void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // (legacy_backward_wanted, mma_grads_wanted: chunked_stages.h)
 
 // Transposed B1: 8 warps (128 value columns per block) when V allows and the (sequence, value
-// head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks), else 2
-// (32 columns).
+// head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks):
+// state_backward_warps (chunked_stages.h).
 template <typename T, int KMAX, int WARPS>
 void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
   using S = StateBackwardTSmem<T, KMAX, WARPS>;
@@ -173,10 +173,8 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
                              "dv_new may share w's memory only with K == V and one block per chain");
     if (warps == 8)
       launch_state_backward_transposed<T, KMAX, 8>(a, s);
-    else if (warps == 4)
+    else
       launch_state_backward_transposed<T, KMAX, 4>(a, s);
-    else  // few long sequences (B1 T32768 H16: 64 blocks instead of 32)
-      launch_state_backward_transposed<T, KMAX, 2>(a, s);
     return;
   }
   constexpr int64_t bytes = StateBackwardSmem<T, KMAX>::bytes();

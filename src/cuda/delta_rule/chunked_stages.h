@@ -163,32 +163,32 @@ inline bool split_grads_wanted() {
 
 // Warps per block of the transposed B1 (16 value columns each; chunked_launch_impl.cuh), by the
 // number of (sequence, value head) chains and the SM count: 8 (128 columns) when V allows and the
-// (chain, slice) blocks still cover most SMs, else 4 (64 columns, twice the blocks), else 2 (32).
-// FLASHGRAD_CHUNKED_B1_WARPS=2 / 4 / 8 (an experiment, session 8; read per call) forces the count
-// where V allows it, to time the shapes against each other in one process (few long sequences,
-// B1 T32768 H16: 2 warps by the rule, each warp's serial chain forming a quarter of P per chunk).
+// (chain, slice) blocks still cover most SMs, else 4 (64 columns, twice the blocks; V is a multiple
+// of 64, chunked_plan.cu). Run 9.1 (H200, 2026-11-30, b1warps.sh) timed 2 / 4 / 8 warps in one process:
+// B1 T32768 H16 K=V=128 (16 chains) 6.83 / 5.09 / 5.75 ms, B8 T4096 (128 chains) 3.39 / 1.32 / 0.74 ms,
+// so 2-warp blocks (the old rule's choice for few chains) lost everywhere and are gone.
+// FLASHGRAD_CHUNKED_B1_WARPS=4 / 8 forces the count where V allows it (to time them in one process).
 inline int state_backward_warps(int64_t chains, int64_t V, int64_t sms) {
   if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_WARPS")) {
     const int w = std::atoi(env);
-    if ((w == 2 || w == 4 || w == 8) && V % (16 * w) == 0) return w;
+    if ((w == 4 || w == 8) && V % (16 * w) == 0) return w;
   }
   if (V % 128 == 0 && 4 * chains * (V / 128) >= 3 * sms) return 8;
-  if (chains * (V / 64) >= sms) return 4;
-  return 2;
+  return 4;
 }
 
-// Experiment (session 6, off by default): FLASHGRAD_CHUNKED_DVNEW_IN_W=1 lets the 16-bit backward put
-// dv_new in w's region when that is race-free: K == V (the same [rows, HV, 16-bit] layout) and one B1
-// block per (sequence, value head) (16 x state_backward_warps == V), so w's rows of a chunk are read
-// (cp.async, waited for at the top of that chunk's iteration) by the block that then writes dv_new
-// over them, and by no other kernel after B1 (session 7's split B2 does not read w either). Saves
-// rows x HV x V 16-bit elements (128 MiB at B8 T4096 H16 K=V=128). Run 6.4 measured it (1557 ->
-// 1429 MiB, same time, gradients bit-identical) before the split B2 existed; it becomes the default
-// once a GPU run has passed DeltaRuleGpu.ChunkedDvNewInWRegion with the split B2 (session 8 had no
-// GPU time left).
+// dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,
+// read per call): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
+// same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head) (16 x
+// state_backward_warps == V), so w's rows of a chunk are read (cp.async, waited for at the top of
+// that chunk's iteration) by the block that then writes dv_new over them, and by no other kernel
+// after B1 (the split B2 does not read w). Saves rows x HV x V 16-bit elements (128 MiB at B8 T4096
+// H16 K=V=128: run 6.4 measured 1557 -> 1429 MiB peak). Run 9.1 passed DeltaRuleGpu.ChunkedDvNewInWRegion
+// and the chunked GPU tests, memcheck and racecheck with it.
 inline bool dv_new_in_w_allowed(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_DVNEW_IN_W");
-  return env && std::string(env) == "1" && K == V && 16 * state_backward_warps(chains, V, sms) == V;
+  if (env && std::string(env) == "0") return false;
+  return K == V && 16 * state_backward_warps(chains, V, sms) == V;
 }
 
 // Whether the chunked GDN backward stores h, dh and dv_new in 16 bits and has B2 write the

@@ -90,7 +90,7 @@ __device__ __forceinline__ void scale_a_split(const uint32_t (&a)[4], const floa
 template <typename T, int KMAX, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
   using S = StateBackwardTSmem<T, KMAX, WARPS>;
-  static_assert(WARPS == 2 || WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
+  static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
                 NK = KMAX / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];

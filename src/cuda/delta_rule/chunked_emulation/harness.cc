@@ -215,14 +215,12 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   if (!states) a.dht = dr::View{}; a.dh0 = vw(bdh0, {N, HV, K, V});
   if (half & 1) a.dh16 = bdh.p(); else a.dh = (float*)bdh.p();
   if (half & 2) a.dv_new16 = bdvn.p(); else a.dv_new = (float*)bdvn.p();
-  // B1: the transposed kernel (8 warps where V % 128 == 0 on even seeds, 2 warps on seeds 7 and
-  // 13, else 4), or the legacy one with FLASHGRAD_CHUNKED_BACKWARD=legacy (as the launcher).
+  // B1: the transposed kernel (8 warps where V % 128 == 0 on even seeds, else 4), or the legacy
+  // one with FLASHGRAD_CHUNKED_BACKWARD=legacy (as the launcher).
   if (legacy_bwd)
     launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
   else if (V % 128 == 0 && seed % 2 == 0)
     launch(N, HV, V / 128, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 8>(a); }, 256);
-  else if (seed == 7 || seed == 13)
-    launch(N, HV, V / 32, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 2>(a); }, 64);
   else
     launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4>(a); }, 128);
   // Backward stage B2.
