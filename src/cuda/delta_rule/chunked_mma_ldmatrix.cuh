@@ -106,6 +106,16 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uin
   lo = pack_floats<T>(x0 - h0, x1 - h1);
 }
 
+// (x0, x1) -> hi = T(x) pair, and with kSplit lo = T(x - hi) pair (lo untouched otherwise): for
+// kernels whose products are hi + lo or single-fragment by a template parameter.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void round_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit)
+    split_pair<T>(x0, x1, hi, lo);
+  else
+    hi = pack_floats<T>(x0, x1);
+}
+
 // The A fragment (16 x 16) of an operand held as two adjacent 16 x 8 accumulator tiles
 // (columns [0, 8) in c0, [8, 16) in c1), each element multiplied by the column's factor:
 // columns 2 tig + {0, 1} by s0[0..1] (tile c0) and 8 + 2 tig + {0, 1} by s1[0..1] (tile c1).
@@ -125,6 +135,24 @@ __device__ __forceinline__ void acc_to_a_split(const float (&c0)[4], const float
   split_pair<T>(c0[2], c0[3], hi[1], lo[1]);
   split_pair<T>(c1[0], c1[1], hi[2], lo[2]);
   split_pair<T>(c1[2], c1[3], hi[3], lo[3]);
+}
+
+// acc_to_a_split's two forms with the split optional (round_pair): hi only unless kSplit.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void acc_to_a(const float (&c0)[4], const float (&c1)[4], const float (&s0)[2],
+                                         const float (&s1)[2], uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+  round_pair<T, kSplit>(c0[0] * s0[0], c0[1] * s0[1], hi[0], lo[0]);
+  round_pair<T, kSplit>(c0[2] * s0[0], c0[3] * s0[1], hi[1], lo[1]);
+  round_pair<T, kSplit>(c1[0] * s1[0], c1[1] * s1[1], hi[2], lo[2]);
+  round_pair<T, kSplit>(c1[2] * s1[0], c1[3] * s1[1], hi[3], lo[3]);
+}
+template <typename T, bool kSplit>
+__device__ __forceinline__ void acc_to_a(const float (&c0)[4], const float (&c1)[4], uint32_t (&hi)[4],
+                                         uint32_t (&lo)[4]) {
+  round_pair<T, kSplit>(c0[0], c0[1], hi[0], lo[0]);
+  round_pair<T, kSplit>(c0[2], c0[3], hi[1], lo[1]);
+  round_pair<T, kSplit>(c1[0], c1[1], hi[2], lo[2]);
+  round_pair<T, kSplit>(c1[2], c1[3], hi[3], lo[3]);
 }
 
 // acc[t0 + 2 i] += a * (b[i][0], b[i][1]) and acc[t0 + 2 i + 1] += a * (b[i][2], b[i][3]) for i < N

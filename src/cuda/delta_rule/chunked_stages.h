@@ -177,6 +177,23 @@ inline int state_backward_warps(int64_t chains, int64_t V, int64_t sms) {
   return 4;
 }
 
+// Whether B1's products are hi + lo (chunk_state_backward_transposed_kernel's kSplit): yes unless
+// FLASHGRAD_CHUNKED_B1_PRODUCTS=single (an experiment, session 9: single-fragment products as fla's
+// backward, half the mmas; read per call, so one process can time both).
+inline bool state_backward_split_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_PRODUCTS");
+  return !(env && std::string(env) == "single");
+}
+
+// Whether the unfused stage 2 (chunk_state_kernel without kOutput: the forward on few long
+// sequences, the backward's recomputation of h) takes single-fragment products (kSingle, as the
+// fused forward has since session 7): no unless FLASHGRAD_CHUNKED_STATE_PRODUCTS=single (an
+// experiment, session 9; read per call, so one process can time both).
+inline bool state_single_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_PRODUCTS");
+  return env && std::string(env) == "single";
+}
+
 // dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,
 // read per call): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
 // same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head) (16 x

@@ -16,6 +16,12 @@
 //       A = do^T times rowscale_i = scale exp(G_i) rstd_qi per column (fp32, split hi + lo),
 //       B = q's raw rows (ldmatrix.trans); A = dv_new^T (accumulators, hi + lo, negated),
 //       B = w (ldmatrix.trans).
+// kSplit (true: the kernel run 9.1 measured) makes every product above hi + lo: the fp32 operand
+// (dh^T, scale P, do^T * rowscale, dv_new^T) is rounded to T and its remainder multiplied too, so
+// the products are fp32-accurate at twice the mmas. kSplit = false rounds those operands to T once,
+// as fla's backward does (its dh, dv and A enter bf16 dot products): half the mmas, P_lo unused.
+// Counted per warp and chunk at K = 128: ~456 -> ~244 mma.m16n8k16, and at 8 warps (B8 T4096) the
+// split kernel is near the SM's mma.sync rate (11.6 us per chunk measured, ~6 us of mma issue).
 // The block forms scale P once per chunk: work items it = (16-row block it % 4, column half it / 4)
 // of P's lower triangle, 8 / WARPS per warp (chunked_state.cuh's fused output does the same with
 // 8 warps).
@@ -71,23 +77,24 @@ struct StateBackwardTSmem {
 
 namespace mma {
 // The A fragment `a` (16-bit T pairs) with column c's elements multiplied by that column's factor
-// (columns 2 tig + {0, 1} by s0, 8 + 2 tig + {0, 1} by s1), in fp32, split into hi and lo.
-template <typename T>
-__device__ __forceinline__ void scale_a_split(const uint32_t (&a)[4], const float2 s0, const float2 s1,
-                                              uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+// (columns 2 tig + {0, 1} by s0, 8 + 2 tig + {0, 1} by s1), in fp32, rounded to T (hi), and with
+// kSplit the remainder as lo.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void scale_a(const uint32_t (&a)[4], const float2 s0, const float2 s1, uint32_t (&hi)[4],
+                                        uint32_t (&lo)[4]) {
   float x0, x1;
   unpack_floats<T>(a[0], x0, x1);  // row grp, columns 2 tig + {0, 1}
-  split_pair<T>(x0 * s0.x, x1 * s0.y, hi[0], lo[0]);
+  round_pair<T, kSplit>(x0 * s0.x, x1 * s0.y, hi[0], lo[0]);
   unpack_floats<T>(a[1], x0, x1);  // row grp + 8
-  split_pair<T>(x0 * s0.x, x1 * s0.y, hi[1], lo[1]);
+  round_pair<T, kSplit>(x0 * s0.x, x1 * s0.y, hi[1], lo[1]);
   unpack_floats<T>(a[2], x0, x1);  // row grp, columns 8 + 2 tig + {0, 1}
-  split_pair<T>(x0 * s1.x, x1 * s1.y, hi[2], lo[2]);
+  round_pair<T, kSplit>(x0 * s1.x, x1 * s1.y, hi[2], lo[2]);
   unpack_floats<T>(a[3], x0, x1);
-  split_pair<T>(x0 * s1.x, x1 * s1.y, hi[3], lo[3]);
+  round_pair<T, kSplit>(x0 * s1.x, x1 * s1.y, hi[3], lo[3]);
 }
 }  // namespace mma
 
-template <typename T, int KMAX, int WARPS>
+template <typename T, int KMAX, int WARPS, bool kSplit = true>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
   using S = StateBackwardTSmem<T, KMAX, WARPS>;
   static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
@@ -205,7 +212,10 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
           const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
           const float x =
               j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
-          store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+          if constexpr (kSplit)
+            store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+          else
+            sm.P[i * LDP + j] = from_f<T>(x);
         }
       }
     }
@@ -234,16 +244,16 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 #pragma unroll
     for (int kq = 0; kq < KMAX / 16; ++kq) {
       uint32_t ah[4], al[4];
-      mma::acc_to_a_split<T>(dhT[2 * kq], dhT[2 * kq + 1], ah, al);
+      mma::acc_to_a<T, kSplit>(dhT[2 * kq], dhT[2 * kq + 1], ah, al);
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         uint32_t b[4];
         mma::ldmatrix_x4<false>(b, ks + (16 * jp + nb_r) * LDK + 16 * kq + nb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(p[2 * jp], ah, b0);
-        mma::mma16816<T>(p[2 * jp], al, b0);
+        if constexpr (kSplit) mma::mma16816<T>(p[2 * jp], al, b0);
         mma::mma16816<T>(p[2 * jp + 1], ah, b1);
-        mma::mma16816<T>(p[2 * jp + 1], al, b1);
+        if constexpr (kSplit) mma::mma16816<T>(p[2 * jp + 1], al, b1);
       }
     }
 #pragma unroll
@@ -271,29 +281,35 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         if (jp > is) continue;
-        uint32_t bh[4], bl[4];
+        uint32_t bh[4];
         mma::ldmatrix_x4<true>(bh, sm.P + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
-        mma::ldmatrix_x4<true>(bl, sm.P_lo + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
-        const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]}, bl0[2] = {bl[0], bl[1]},
-                       bl1[2] = {bl[2], bl[3]};
-        mma::mma16816<T>(p[2 * jp], ad, bh0);
-        mma::mma16816<T>(p[2 * jp], ad, bl0);
-        mma::mma16816<T>(p[2 * jp + 1], ad, bh1);
-        mma::mma16816<T>(p[2 * jp + 1], ad, bl1);
+        const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
+        if constexpr (kSplit) {
+          uint32_t bl[4];
+          mma::ldmatrix_x4<true>(bl, sm.P_lo + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
+          const uint32_t bl0[2] = {bl[0], bl[1]}, bl1[2] = {bl[2], bl[3]};
+          mma::mma16816<T>(p[2 * jp], ad, bh0);
+          mma::mma16816<T>(p[2 * jp], ad, bl0);
+          mma::mma16816<T>(p[2 * jp + 1], ad, bh1);
+          mma::mma16816<T>(p[2 * jp + 1], ad, bl1);
+        } else {
+          mma::mma16816<T>(p[2 * jp], ad, bh0);
+          mma::mma16816<T>(p[2 * jp + 1], ad, bh1);
+        }
       }
       const float2 r0 = *reinterpret_cast<const float2*>(&sm.rowscale[16 * is + 2 * tig]);
       const float2 r1 = *reinterpret_cast<const float2*>(&sm.rowscale[16 * is + 8 + 2 * tig]);
       uint32_t sh[4], sl[4];
-      mma::scale_a_split<T>(ad, r0, r1, sh, sl);
+      mma::scale_a<T, kSplit>(ad, r0, r1, sh, sl);
 #pragma unroll
       for (int np = 0; np < NK / 2; ++np) {
         uint32_t b[4];
         mma::ldmatrix_x4<true>(b, qs + (16 * is + tb_r) * LDK + 16 * np + tb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(dhT[2 * np], sh, b0);
-        mma::mma16816<T>(dhT[2 * np], sl, b0);
+        if constexpr (kSplit) mma::mma16816<T>(dhT[2 * np], sl, b0);
         mma::mma16816<T>(dhT[2 * np + 1], sh, b1);
-        mma::mma16816<T>(dhT[2 * np + 1], sl, b1);
+        if constexpr (kSplit) mma::mma16816<T>(dhT[2 * np + 1], sl, b1);
       }
     }
 
@@ -323,16 +339,16 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 #pragma unroll
     for (int js = 0; js < C / 16; ++js) {
       uint32_t ah[4], al[4];
-      mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], fneg, fneg, ah, al);
+      mma::acc_to_a<T, kSplit>(p[2 * js], p[2 * js + 1], fneg, fneg, ah, al);
 #pragma unroll
       for (int np = 0; np < NK / 2; ++np) {
         uint32_t b[4];
         mma::ldmatrix_x4<true>(b, ws + (16 * js + tb_r) * LDK + 16 * np + tb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(dhT[2 * np], ah, b0);
-        mma::mma16816<T>(dhT[2 * np], al, b0);
+        if constexpr (kSplit) mma::mma16816<T>(dhT[2 * np], al, b0);
         mma::mma16816<T>(dhT[2 * np + 1], ah, b1);
-        mma::mma16816<T>(dhT[2 * np + 1], al, b1);
+        if constexpr (kSplit) mma::mma16816<T>(dhT[2 * np + 1], al, b1);
       }
     }
   }
