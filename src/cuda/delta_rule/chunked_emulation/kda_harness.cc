@@ -17,6 +17,7 @@
 #include "cuda/delta_rule/chunked_kda_prepare_compact.cuh"
 #include "cuda/delta_rule/chunked_kda_state.cuh"
 #include "cuda/delta_rule/chunked_kda_state_backward.cuh"
+#include "cuda/delta_rule/chunked_kda_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_kda_state_transposed.cuh"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
@@ -240,7 +241,18 @@ int run(const Case& c) {
     launch(N, HV, V / 32, [&] { dr::kda_state_kernel<TT, KM>(a); });
   }
   launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
-  launch(N, HV, V / 32, [&] { dr::kda_state_backward_kernel<TT, KM>(a); });
+  // B1 as the library picks it (chunked_kda_launch_impl.cuh): the session-6 kernel by default;
+  // FLASHGRAD_CHUNKED_KDA_B1=transposed: the transposed one (single-fragment products),
+  // =transposed_split: the same with dh, P and dv_new hi + lo.
+  const char* b1 = std::getenv("FLASHGRAD_CHUNKED_KDA_B1");
+  using SB = dr::KdaStateBackwardTSmem<TT, KM, 8>;
+  static_assert(SB::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)), "emulated shared memory");
+  if (b1 && std::strcmp(b1, "transposed") == 0)
+    launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
+  else if (b1 && std::strcmp(b1, "transposed_split") == 0)
+    launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, true>(a); }, SB::THREADS);
+  else
+    launch(N, HV, V / 32, [&] { dr::kda_state_backward_kernel<TT, KM>(a); });
   launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
 
   // Stage by stage against the CPU chunked reference (float64) per (sequence, value head).
