@@ -64,7 +64,7 @@ for k in $set_; do
     fp8_fwd_d128) profile $k fp8_attention_forward_wgmma /tmp/ncu_fp8_bench 2 16 8192 w d128 none ;;
     # chunked GDN B8 T4096 H16 K=V=128 (issue 6): stage 1, the fused stage 2+3 (the forward's first
     # chunk_state_kernel launch), B1 (the kernels' first launches in the step)
-    gdn_prepare) profile $k chunk_prepare_kernel python3 bench/profile_delta_rule.py --no-profiler --reps 1 ;;
+    gdn_prepare) profile $k chunk_prepare_compact_kernel python3 bench/profile_delta_rule.py --no-profiler --reps 1 ;;
     gdn_state) profile $k chunk_state_kernel python3 bench/profile_delta_rule.py --no-profiler --reps 1 ;;
     gdn_b1) profile $k chunk_state_backward python3 bench/profile_delta_rule.py --no-profiler --reps 1 ;;
   esac

@@ -12,7 +12,6 @@
 #include "chunked_kda_output.cuh"
 #include "chunked_kda_prepare.cuh"
 #include "chunked_kda_prepare_compact.cuh"
-#include "chunked_kda_state.cuh"
 #include "chunked_kda_state_backward.cuh"
 #include "chunked_kda_state_transposed.cuh"
 #include "chunked_launch_impl.cuh"  // set_smem, dtype_of
@@ -47,8 +46,9 @@ void launch_kda_kernel(Kernel kernel, dim3 grid, const ChunkedArgs& a, cudaStrea
 }
 
 // FLASHGRAD_CHUNKED_KDA=legacy (read at every launch) selects the session-5 kernels of the stages
-// changed in session 6 (B2; stage 1's diagonal blocks; stage 2 without the L2 prefetch), so that
-// one GPU process can time and compare both.
+// changed in session 6 (B2; stage 1's diagonal blocks), so that one GPU process can time and compare
+// both. (It also selected stage 2 without its L2 prefetch, until that kernel was removed after run
+// 9.1: stage 2 is the transposed kernel either way.)
 inline bool kda_legacy_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA");
   return v && std::strcmp(v, "legacy") == 0;
@@ -90,19 +90,17 @@ void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
         legacy ? kda_prepare_kernel<T, 128, false> : kda_prepare_kernel<T, 128>, kda_chunk_grid(a), a, s);
 }
 
-// FLASHGRAD_CHUNKED_KDA_STATE (read at every launch) picks stage 2's kernel, so that one GPU process
-// can time and compare them: unset (the default since run 9.1, H200 2026-11-30: 1.289 -> 0.330 ms per
-// call at B4 T4096 H16 K=V=128), the transposed, pipelined kernel of session 8
-// (chunked_kda_state_transposed.cuh) with single-fragment products (h rounded to T as fla does: o and
-// the gradients move by <= 1e-3 rel RMS against the old kernel's); =split, that kernel with every
-// operand hi + lo (0.367 ms, equal to the old kernel to three digits); =old, the session-6 kernel
-// (kda_state_kernel, chunked_kda_state.cuh: 4 warps per 32 value columns, hi + lo operands).
-// FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-6 kernel without its L2 prefetch). All
-// store the same intermediates (h fp32, v_new in T).
-enum class KdaStateKernel { old, transposed, transposed_split };
+// FLASHGRAD_CHUNKED_KDA_STATE (read at every launch) picks stage 2's operand splits, so that one GPU
+// process can time and compare them: unset, the transposed, pipelined kernel of session 8
+// (chunked_kda_state_transposed.cuh) with single-fragment products (h rounded to T as fla does);
+// =split, that kernel with every operand hi + lo (0.367 against 0.330 ms per call at B4 T4096 H16
+// K=V=128, run 9.1). Both store the same intermediates (h fp32, v_new in T). Run 9.1 (H200,
+// 2026-11-30: 1.289 -> 0.330 ms per call) made the transposed kernel the default; the session-6
+// kernel it replaced (kda_state_kernel, 4 warps per 32 value columns, hi + lo operands: o and the
+// gradients within 1e-3 rel RMS of the default's, ht 2.2e-3) was then removed.
+enum class KdaStateKernel { transposed, transposed_split };
 inline KdaStateKernel kda_state_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_STATE");
-  if (v && std::strcmp(v, "old") == 0) return KdaStateKernel::old;
   if (v && std::strcmp(v, "split") == 0) return KdaStateKernel::transposed_split;
   return KdaStateKernel::transposed;
 }
@@ -120,25 +118,14 @@ template <typename T>
 void launch_kda_state(const ChunkedArgs& a, cudaStream_t s) {
   check_kda_args("chunked KDA (state)", dtype_of<T>(), a);
   if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write ht = h0
-  const bool legacy = kda_legacy_requested();
-  const KdaStateKernel which = legacy ? KdaStateKernel::old : kda_state_requested();
-  if (which != KdaStateKernel::old) {
-    constexpr int kAll = kKdaSplitH | kKdaSplitVnew | kKdaSplitKd;
-    const bool split = which == KdaStateKernel::transposed_split;
-    if (a.K == 64)
-      split ? launch_kda_state_transposed<T, 64, kAll>(a, s)
-            : launch_kda_state_transposed<T, 64, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>(a, s);
-    else
-      split ? launch_kda_state_transposed<T, 128, kAll>(a, s)
-            : launch_kda_state_transposed<T, 128, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>(a, s);
-    return;
-  }
+  constexpr int kAll = kKdaSplitH | kKdaSplitVnew | kKdaSplitKd;
+  const bool split = kda_state_requested() == KdaStateKernel::transposed_split;
   if (a.K == 64)
-    launch_kda_kernel<KdaStateSmem<T, 64>>(legacy ? kda_state_kernel<T, 64, false> : kda_state_kernel<T, 64>,
-                                           kda_seq_grid(a), a, s);
+    split ? launch_kda_state_transposed<T, 64, kAll>(a, s)
+          : launch_kda_state_transposed<T, 64, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>(a, s);
   else
-    launch_kda_kernel<KdaStateSmem<T, 128>>(legacy ? kda_state_kernel<T, 128, false> : kda_state_kernel<T, 128>,
-                                            kda_seq_grid(a), a, s);
+    split ? launch_kda_state_transposed<T, 128, kAll>(a, s)
+          : launch_kda_state_transposed<T, 128, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>(a, s);
 }
 
 template <typename T>

@@ -1,7 +1,7 @@
 // Warp-level products shared by the KDA chunked stages, on the mma.sync helpers of
-// chunked_mma.cuh. Operands are split x = hi + lo (both in T, see chunked_prepare.cuh); a product
-// of two split operands is hi hi + hi lo + lo hi (the lo lo term is below fp32 rounding of the
-// sum). Warp wp = threadIdx.x / 32 owns result rows [16 wp, 16 wp + 16); acc[nt] is the 16 x 8
+// chunked_mma.cuh. Operands are split x = hi + lo (both in T, see chunked_prepare_compact.cuh); a
+// product of two split operands is hi hi + hi lo + lo hi (the lo lo term is below fp32 rounding of
+// the sum). Warp wp = threadIdx.x / 32 owns result rows [16 wp, 16 wp + 16); acc[nt] is the 16 x 8
 // accumulator tile of columns [8 nt, 8 nt + 8).
 #pragma once
 

@@ -1,5 +1,6 @@
-// L2 prefetch of the next chunk's rows for the sequence-serial KDA stages (stage 2, B1). Their
-// chunk-local inputs (q, k, G, w, u, do, P) do not depend on the carried state, but each step loads
+// L2 prefetch of the next chunk's rows for the sequence-serial KDA B1 (chunked_kda_state_backward.cuh,
+// kPrefetch: off by default; the session-6 stage 2 used it until run 9.1 replaced that kernel). Its
+// chunk-local inputs (q, k, G, w, do, P) do not depend on the carried state, but each step loads
 // them after the previous step's state work, so every batch of those loads waits a full HBM latency
 // (the working set, e.g. G at 134 MB for B4 T4096 H16 K = 128, is larger than the 50 MB L2). A step
 // now first asks L2 for the next step's rows (prefetch.global.L2: no registers, no shared memory,
@@ -33,26 +34,21 @@ __device__ __forceinline__ void prefetch_rows_l2(const E* base, int64_t stride, 
   }
 }
 
-// The chunk-local rows stage 2 and B1 read for chunk `ci` (value head hv, key head `head`, value
-// columns [col0, col0 + kStateCols)): k (and q, with_q), G, w, and u (stage 2) or do and P (B1).
+// The chunk-local rows B1 reads for chunk `ci` (value head hv, key head `head`, value columns
+// [col0, col0 + kStateCols)): q, k, G, w, do and P.
 template <typename T, int NTHR>
 __device__ __forceinline__ void prefetch_kda_serial_rows(const ChunkedArgs& a, const ChunkInfo& ci, int64_t hv,
-                                                         int64_t head, int64_t col0, bool backward) {
+                                                         int64_t head, int64_t col0) {
   const int L = ci.len;
   const int64_t row0 = chunk_row0(ci, a.T), K = a.K;
   const int kbytes = static_cast<int>(K * sizeof(T));
   prefetch_rows_l2<NTHR>(static_cast<const T*>(a.k.p) + off3(a.k, ci.b, ci.t0, head), a.k.s1, L, kbytes);
   prefetch_rows_l2<NTHR>(a.G + (row0 * a.HV + hv) * K, a.HV * K, L, static_cast<int>(K * 4));
   prefetch_rows_l2<NTHR>(static_cast<const T*>(a.w) + (row0 * a.HV + hv) * K, a.HV * K, L, kbytes);
-  if (!backward) {
-    prefetch_rows_l2<NTHR>(a.u + (row0 * a.HV + hv) * a.V + col0, a.HV * a.V, L, kStateCols * 4);
-  } else {
-    prefetch_rows_l2<NTHR>(static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head), a.q.s1, L, kbytes);
-    prefetch_rows_l2<NTHR>(static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, col0), a.dout.s1, L,
-                           static_cast<int>(kStateCols * sizeof(T)));
-    prefetch_rows_l2<NTHR>(a.A + row0 * a.HV * kChunkSize + hv * kChunkSize, a.HV * kChunkSize, L,
-                           kChunkSize * 4);
-  }
+  prefetch_rows_l2<NTHR>(static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head), a.q.s1, L, kbytes);
+  prefetch_rows_l2<NTHR>(static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, col0), a.dout.s1, L,
+                         static_cast<int>(kStateCols * sizeof(T)));
+  prefetch_rows_l2<NTHR>(a.A + row0 * a.HV * kChunkSize + hv * kChunkSize, a.HV * kChunkSize, L, kChunkSize * 4);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -7,14 +7,14 @@
 // another) read it instead of recomputing it.
 //
 // M and P come from one sub-chunk pass (chunked_kda_decay.cuh, kda_decayed_mp); the inverse is
-// the GDN stage's blocked one (chunked_prepare.cuh). w and u are tensor-core products with hi + lo
-// operand splits (three mmas per product, as chunked_prepare.cuh), warp wp owning rows
+// the blocked CUDA-core one (chunked_unit_lower_inverse.cuh). w and u are tensor-core products with
+// hi + lo operand splits (three mmas per product, chunked_kda_mma.cuh), warp wp owning rows
 // [16 wp, 16 wp + 16).
 #pragma once
 
 #include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
-#include "chunked_prepare.cuh"  // invert_unit_lower64(_blocked)
+#include "chunked_unit_lower_inverse.cuh"  // invert_unit_lower64(_blocked)
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_prepare_kernel(ChunkedAr
   }
   __syncthreads();
   if constexpr (kHalves)
-    invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // the GDN stage's (float4 strips, fixed trip counts)
+    invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // float4 strips, fixed trip counts
   else
     invert_unit_lower64<LDM>(sm.M, sm.A, sm.tmp);
 

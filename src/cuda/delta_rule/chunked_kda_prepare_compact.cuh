@@ -13,7 +13,7 @@
 //      in-half pairs of the diagonal blocks in fp32 (kda_decayed_in_half_lanes), the quadrants
 //      between the halves (kda_decayed_quadrant_pairs) and the off-diagonal tiles
 //      (kda_decayed_offdiag_registers) on tensor cores, fragments formed in registers.
-//   3. A = (I + M)^{-1} (the GDN stage's blocked inverse); v's first 64 columns load meanwhile.
+//   3. A = (I + M)^{-1} (the blocked CUDA-core inverse); v's first 64 columns load meanwhile.
 //   4. A (and P) to the intermediate; A's 16-bit hi / lo copies over q; w's operand
 //      beta e^G o k over M / A / tmp; w = A (beta e^G o k) and u = A (beta v), balanced over the
 //      warps (lower_times_split_balanced), the beta v pieces over G.
@@ -23,7 +23,7 @@
 
 #include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
-#include "chunked_prepare.cuh"  // invert_unit_lower64_blocked
+#include "chunked_unit_lower_inverse.cuh"  // invert_unit_lower64_blocked
 #include "chunked_tiles.cuh"    // key_tile_async, tile_row_rstd
 
 namespace flashgrad::cuda_detail::delta_rule {

@@ -55,8 +55,8 @@ struct KdaStateBackwardSmem {
   }
 };
 
-// kPrefetch: as kda_state_kernel's; off by default here (run 6.4: 2.22 ms without, 2.36 ms with,
-// once the step's loads were cp.async and its addresses hoisted).
+// kPrefetch: the next chunk's rows into L2 each step (chunked_kda_prefetch.cuh); off by default (run
+// 6.4: 2.22 ms without, 2.36 ms with, once the step's loads were cp.async and its addresses hoisted).
 template <typename T, int KMAX, bool kPrefetch = false>
 __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(ChunkedArgs a) {
   using S = KdaStateBackwardSmem<T, KMAX>;
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_state_backward_kernel(Ch
     view_rows_async<T, kChunkThreads>(do_slice, ci, hv, kStateCols, do_vec, sm.dos, LDH);
     mma::cp_async_commit();
     // The next chunk's q, k, G, w, do, P rows into L2 while this one computes.
-    if (kPrefetch && has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0, true);
+    if (kPrefetch && has_next) prefetch_kda_serial_rows<T, kChunkThreads>(a, cn, hv, head, col0);
     __syncthreads();
     // scale q o exp(G) and k o exp(G_last - G) (exponents <= 0; rows past L are zero).
     auto G_in = [&](int r, int d) { return r < L ? G_at(r, d) : 0.f; };

@@ -1,8 +1,8 @@
-// KDA chunked stage 2 ("state"), transposed and pipelined (session 8; opt-in until a GPU run has
-// tested it: FLASHGRAD_CHUNKED_KDA_STATE=transposed, chunked_kda_launch_impl.cuh; the default is still
-// chunked_kda_state.cuh's kernel).
-// Same outputs as that kernel: h_c (fp32, [chunks, HV, K, V]) for every chunk, v_new (T), the
-// final state. Per (sequence, value head, slice of BV = 8 WARPS value columns), over the chunks:
+// KDA chunked stage 2 ("state"), transposed and pipelined (session 8; stage 2 since run 9.1, H200
+// 2026-11-30: 1.289 -> 0.330 ms per call at B4 T4096 H16 K=V=128 against the session-6 kernel, which
+// was then removed; chunked_kda_launch_impl.cuh).
+// Outputs: h_c (fp32, [chunks, HV, K, V]) for every chunk, v_new (T), the final state.
+// Per (sequence, value head, slice of BV = 8 WARPS value columns), over the chunks:
 //   store h_c;  v_new = u - w h_c;
 //   h_{c+1} = diag(exp(G_{L-1})) h_c + (k o exp(G_{L-1} - G))^T v_new     (per key channel d)
 //
@@ -27,8 +27,8 @@
 //   in h^T w^T, v_new^T and kd in the update enter as one T fragment each (round to nearest); h stays
 //   in fp32 accumulators, so the rounding does not compound over chunks. SPLIT's bits (kKdaSplit*)
 //   give any of the three operands hi + lo fragments instead (an extra mma each):
-//   FLASHGRAD_CHUNKED_KDA_STATE=split runs all three so (its results equal the old kernel's to
-//   three digits in the emulation).
+//   FLASHGRAD_CHUNKED_KDA_STATE=split runs all three so (its results equal the session-6 kernel's,
+//   all hi + lo, to three digits in the emulation).
 #pragma once
 
 #include "chunked_mma.cuh"

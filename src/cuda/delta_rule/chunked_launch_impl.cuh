@@ -11,7 +11,6 @@
 #include "chunked_grads_split.cuh"
 #include "finish_kernels.cuh"
 #include "chunked_output.cuh"
-#include "chunked_prepare.cuh"
 #include "chunked_prepare_compact.cuh"
 #include "chunked_stages.h"
 #include "chunked_state.cuh"
@@ -67,30 +66,14 @@ void launch_prepare_looping(Kernel kernel, int64_t bytes, const ChunkedArgs& a, 
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-// The compact stage 1 (chunked_prepare_compact.cuh: three blocks per SM at K = V = 128, 3 x 75 KiB
-// of the SM's 228: all of it as shared memory) with FLASHGRAD_CHUNKED_PREPARE=compact (=fma: with the
-// CUDA-core inverse), read per call; otherwise the session-6 kernel, launched as before.
-template <typename T, int KMAX, bool kTensorInverse>
-void launch_prepare_compact(const ChunkedArgs& a, cudaStream_t s) {
-  const auto kernel = chunk_prepare_compact_kernel<T, KMAX, kTensorInverse>;
+// Stage 1 (chunked_prepare_compact.cuh): three blocks per SM at K = V = 128, 3 x 75 KiB of the SM's
+// 228 (all of it as shared memory).
+template <typename T, int KMAX>
+void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  const auto kernel = chunk_prepare_compact_kernel<T, KMAX>;
   FLASHGRAD_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   launch_prepare_looping(kernel, PrepareCompactSmem<T, KMAX>::bytes(a.V), a, s);
-}
-
-template <typename T, int KMAX>
-void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  switch (prepare_kind()) {
-    case PrepareKind::old:
-      launch_prepare_looping(chunk_prepare_kernel<T, KMAX>, PrepareSmem<T, KMAX>::bytes(a.V), a, s);
-      break;
-    case PrepareKind::compact:
-      launch_prepare_compact<T, KMAX, true>(a, s);
-      break;
-    case PrepareKind::compact_fma:
-      launch_prepare_compact<T, KMAX, false>(a, s);
-      break;
-  }
 }
 
 template <typename T, int KMAX, int WARPS, bool kOutput = false, int KSPLIT = 1, bool kSingle = false>

@@ -1,11 +1,28 @@
-// Chunked GDN stage 1 ("prepare"), compact form (session 8): the same outputs and math as
-// chunk_prepare_kernel (chunked_prepare.cuh, whose header gives it), in 74 KiB of shared memory at
-// K = V = 128 instead of 106 KiB, so three blocks of 4 warps fit per SM instead of two, with the
-// inverse on tensor cores and fewer instructions and shared-memory round trips per item. Opt-in
-// (not measured on the GPU yet): the launcher runs it with FLASHGRAD_CHUNKED_PREPARE=compact
-// (=fma: with the CUDA-core inverse), read per call.
+// Chunked GDN stage 1 ("prepare"), blocks of 128 threads (4 warps) looping over (chunk, value head)
+// items:
+//   G = cumsum(g) inside the chunk,  M_ij = beta_i exp(G_i - G_j) k_i.k_j (i > j),
+//   A = (I + M)^{-1},  w = A (beta exp(G) k),  u = A (beta v).
+// Writes G, A (fp32), w (T) and u (fp32) to the intermediates (layouts: chunked_stages.h).
 //
-// What differs from chunk_prepare_kernel (ncu, session 6: 29% issue active at 8 warps per SM,
+// The raw rows of k and v (exact in T) are copied to shared memory with cp.async; with the in-kernel
+// L2 norm, k's row rstd is applied in fp32 outside the products:
+//   k k^T:  M_ij = beta_i exp(G_i - G_j) rstd_i rstd_j (k_raw k_raw^T)_ij  (exact T products,
+//           fp32 accumulation: A and B fragments by ldmatrix from k's rows);
+//   w = (A diag(s)) k_raw with s_j = beta_j exp(G_j) rstd_j,  u = (A diag(beta)) v_raw:
+//           the fp32 factor A diag(.) is the A operand, split into hi = T(x) and lo = T(x - hi) in
+//           registers (two mmas), the raw rows the B operand (ldmatrix.trans), so w and u keep
+//           ~fp32 accuracy before w's storage in T.
+// The inverse: the diagonal 16 x 16 blocks one warp each, the rest on tensor cores in 3xTF32
+// (invert_unit_lower64_tc).
+//
+// This compact form (session 8) replaced the session-6 kernel as stage 1 after run 9.1 (H200,
+// 2026-11-30: 0.542 -> 0.316 ms per call at B8 T4096 H16 K=V=128, gradients within 5e-5 rel RMS of
+// the old kernel's; the old kernel and a variant with the CUDA-core inverse, 0.385 ms, were then
+// removed). It takes 74 KiB of shared memory at K = V = 128 instead of the old kernel's 106 KiB, so
+// three blocks of 4 warps fit per SM instead of two, with fewer instructions and shared-memory
+// round trips per item.
+//
+// What differs from the session-6 kernel (ncu, session 6: 29% issue active at 8 warps per SM,
 // short-scoreboard stalls 27% on the shared loads of M's store and of the A operands' splits;
 // executed instructions per item: copies 17%, M 22%, inverse 28%, w and u 29%):
 //   - A is formed in the place of M (block row I of M is last read by the step that overwrites it
@@ -23,19 +40,19 @@
 //     element pairs and skips the tiles right of its diagonal block (the inverse never reads them);
 //     it was five scalar shared loads and a branch per element;
 //   - the inverse: the diagonal blocks one warp each (invert_diagonal_blocks_by_warp), the rest on
-//     tensor cores in 3xTF32 (invert_unit_lower64_tc); =fma keeps the CUDA-core block rows;
-//   - w and u: each warp loads its five 16 x 16 tiles of A (rows p, 3 - p: balanced_rows_times_tile's
-//     split) once per product as float2 pairs and splits them into hi / lo once, then reuses the
-//     fragments for every 32-column pass (w: K / 64 passes, u: V / 64); the old kernel reloaded and
-//     re-split the tiles for each pass of u. The mmas run in the old order (kb ascending, hi then
-//     lo), so w and u are the old sums of the same A.
+//     tensor cores in 3xTF32 (invert_unit_lower64_tc) instead of CUDA-core block rows;
+//   - w and u: each warp loads its five 16 x 16 tiles of A (WarpATiles: row blocks p, 3 - p) once
+//     per product as float2 pairs and splits them into hi / lo once, then reuses the fragments for
+//     every 32-column pass (w: K / 64 passes, u: V / 64); the old kernel reloaded and re-split the
+//     tiles for each pass of u. The mmas run in the old order (kb ascending, hi then lo), so w and
+//     u are the old sums of the same A.
 #pragma once
 
-#include <cstdlib>
-#include <cstring>
-
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
 #include "chunked_mma_tf32.cuh"
-#include "chunked_prepare.cuh"
+#include "chunked_rows.cuh"
+#include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -54,16 +71,20 @@ __device__ __forceinline__ float prepare_decay_exp(float x) {
 #endif
 }
 
-// Which stage 1 runs, by FLASHGRAD_CHUNKED_PREPARE (read per call): unset / other values: the
-// compact kernel with the tensor-core inverse (the default since run 9.1, H200 2026-11-30: 0.542 ->
-// 0.316 ms per call at B8 T4096 H16 K=V=128, gradients within 5e-5 rel RMS of the old kernel's);
-// "fma": the compact kernel with the CUDA-core inverse (0.385 ms); "old": the session-6 kernel.
-enum class PrepareKind { old, compact, compact_fma };
-inline PrepareKind prepare_kind() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_PREPARE");
-  if (env && std::strcmp(env, "old") == 0) return PrepareKind::old;
-  if (env && std::strcmp(env, "fma") == 0) return PrepareKind::compact_fma;
-  return PrepareKind::compact;
+// Inclusive prefix sum of G[0..63] in place (threads 0..63; the whole block calls it).
+__device__ __forceinline__ void chunk_cumsum64(float* G) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  float x = tid < kChunkSize ? G[tid] : 0.f;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();
+  if (tid < kChunkSize) G[tid] = x;
+  __syncthreads();
+  if (tid >= 32 && tid < kChunkSize) G[tid] += G[31];  // warp 1 adds warp 0's total
+  __syncthreads();
 }
 
 // view_rows_async (chunked_tiles.cuh) for 16-byte-copyable rows (vec) of P = width / 8 pieces with
@@ -98,11 +119,10 @@ struct PrepareCompactSmem {
   static constexpr int64_t kKeyBytes = sizeof(T) * C * LDK, kMatBytes = sizeof(float) * C * LDM;
   static constexpr int LDX = 40;  // pitch of the tensor-core inverse's X (== 8 mod 32: conflict-free B fragments)
   static constexpr int kScratchFloats = 32 * LDX;
-  static_assert(kScratchFloats >= 16 * 48, "the CUDA-core inverse's tmp fits in the scratch");
   static constexpr int64_t kFixedBytes = kMatBytes + sizeof(float) * (kScratchFloats + 4 * C) + 2 * kKeyBytes;
   static_assert(kFixedBytes % 16 == 0 && kKeyBytes % 16 == 0, "16-byte aligned tiles");
   float* A;     // [C][LDM] StrictLower(beta_i exp(G_i - G_j) k_i.k_j), then (I + M)^{-1} in place
-  float* tmp;   // scratch: [32][LDX] X of invert_unit_lower64_tc, or [16][48] tmp of _in_place
+  float* tmp;   // scratch: [32][LDX] X of invert_unit_lower64_tc
   float* G;     // [C]
   float* beta;  // [C] (0 past L)
   float* rstd;  // [C] k's row rstd (1 without the L2 norm)
@@ -139,86 +159,6 @@ __device__ __forceinline__ void unit_lower_inverse_column(const float* Mb, int c
   }
 }
 
-// The diagonal 16 x 16 blocks of A = (I + M)^{-1} in place of M's (fp32 in shared memory, pitch
-// LDM % 4 == 0; 128 threads): thread (block bI, column jj) of the first 64 runs the forward
-// substitution of its column in registers, reading M's diagonal block, while the others zero the
-// six blocks above the diagonal (never part of M: its store skips them; A is stored whole); a
-// barrier; then the columns are stored. Ends with a barrier.
-template <int LDM>
-__device__ __forceinline__ void invert_diagonal_blocks_in_place(float* As) {
-  static_assert(LDM % 4 == 0, "float4 rows");
-  const int tid = threadIdx.x;
-  const int r0 = 16 * (tid / 16), jj = tid % 16;  // used by threads < 64
-  float x[16];
-  if (tid < 64) {
-    unit_lower_inverse_column<16, LDM>(As + r0 * LDM + r0, jj, x);  // column jj of diagonal block bI
-  } else {
-    for (int e = tid - 64; e < 6 * 64; e += 64) {  // 6 blocks x 64 float4
-      const int blk = e / 64, q = e % 64;          // blk: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
-      const int I = blk < 3 ? 0 : (blk < 5 ? 1 : 2), J = blk < 3 ? blk + 1 : (blk < 5 ? blk - 1 : 3);
-      *reinterpret_cast<float4*>(&As[(16 * I + q / 4) * LDM + 16 * J + 4 * (q % 4)]) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  __syncthreads();  // every read of M's diagonal blocks is done
-  if (tid < 64) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) As[(r0 + i) * LDM + r0 + jj] = x[i];
-  }
-  __syncthreads();
-}
-
-// A = (I + M)^{-1} in place of the 64 x 64 strictly lower M (fp32 in shared memory, pitch
-// LDM % 4 == 0; 128 threads): invert_unit_lower64_blocked's algorithm and sums in the same order
-// (fp32 on CUDA cores), with A written over M:
-//   - the diagonal blocks (invert_diagonal_blocks_in_place);
-//   - block row I: tmp = M_I,<I A_<I,<I reads row block I of M (still M) and rows < 16 I of A (done);
-//     after a barrier, A_I,<I = -A_II tmp is written over M_I,<I, which nothing reads any more.
-// Ends with a barrier. (FLASHGRAD_CHUNKED_PREPARE=fma: the compact kernel with this inverse.)
-template <int LDM>
-__device__ __forceinline__ void invert_unit_lower64_in_place(float* As, float* tmp) {
-  const int tid = threadIdx.x;
-  invert_diagonal_blocks_in_place<LDM>(As);
-  // Block rows I = 1..3 (invert_unit_lower64_blocked's fixed-range strips; M = As's row block I):
-  //   tmp[r][c] = sum_{m = 0}^{16 I - 1} M[16 I + r][m] A[m][c]
-  //   A[16 I + r][c] = -sum_{m' = 0}^{15} A[16 I + r][16 I + m'] tmp[m'][c]
-#pragma unroll
-  for (int I = 1; I < 4; ++I) {
-    const int rb = 16 * I, strips = rb / 4;  // strips per row
-    for (int e = tid; e < 16 * strips; e += kChunkThreads) {
-      const int r = e / strips, c4 = 4 * (e % strips);
-      const float* mrow = As + (rb + r) * LDM;
-      float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
-#pragma unroll
-      for (int m = 0; m < rb; m += 4) {
-        const float4 mv = *reinterpret_cast<const float4*>(mrow + m);
-        fma4(mv.x, *reinterpret_cast<const float4*>(&As[(m + 0) * LDM + c4]), acc0);
-        fma4(mv.y, *reinterpret_cast<const float4*>(&As[(m + 1) * LDM + c4]), acc1);
-        fma4(mv.z, *reinterpret_cast<const float4*>(&As[(m + 2) * LDM + c4]), acc0);
-        fma4(mv.w, *reinterpret_cast<const float4*>(&As[(m + 3) * LDM + c4]), acc1);
-      }
-      *reinterpret_cast<float4*>(&tmp[r * 48 + c4]) =
-          make_float4(acc0.x + acc1.x, acc0.y + acc1.y, acc0.z + acc1.z, acc0.w + acc1.w);
-    }
-    __syncthreads();  // row block I of M is read; A_I,<I may overwrite it
-    for (int e = tid; e < 16 * strips; e += kChunkThreads) {
-      const int r = e / strips, c4 = 4 * (e % strips);
-      const float* arow = As + (rb + r) * LDM + rb;
-      float4 acc0 = make_float4(0.f, 0.f, 0.f, 0.f), acc1 = acc0;
-#pragma unroll
-      for (int m = 0; m < 16; m += 4) {
-        const float4 av = *reinterpret_cast<const float4*>(arow + m);
-        fma4(av.x, *reinterpret_cast<const float4*>(&tmp[(m + 0) * 48 + c4]), acc0);
-        fma4(av.y, *reinterpret_cast<const float4*>(&tmp[(m + 1) * 48 + c4]), acc1);
-        fma4(av.z, *reinterpret_cast<const float4*>(&tmp[(m + 2) * 48 + c4]), acc0);
-        fma4(av.w, *reinterpret_cast<const float4*>(&tmp[(m + 3) * 48 + c4]), acc1);
-      }
-      *reinterpret_cast<float4*>(&As[(rb + r) * LDM + c4]) =
-          make_float4(-(acc0.x + acc1.x), -(acc0.y + acc1.y), -(acc0.z + acc1.z), -(acc0.w + acc1.w));
-    }
-    __syncthreads();
-  }
-}
-
 // The diagonal 16 x 16 blocks D_I of A = (I + M)^{-1} in place of M's, one warp per block (warp I,
 // rows and columns b = 16 I + [0, 16)), by the 2 x 2 formula on 8 x 8 halves:
 //   D_I = [[d0, 0], [-d1 m10 d0, d1]],  d0, d1 = the inverses of the unit lower 8 x 8 diagonal halves,
@@ -228,8 +168,8 @@ __device__ __forceinline__ void invert_unit_lower64_in_place(float* As, float* t
 // goes over m10, and of -d1 Y, which goes over Y. Each warp reads and writes only its own block
 // (__syncwarp between a read and the write over it); the threads also zero the six blocks above the
 // diagonal (never part of M: its store skips them; A is stored whole). 28 + 16 + 16 FMAs per lane at
-// most, against the 120 of a 16-row substitution on half the block's threads
-// (invert_diagonal_blocks_in_place). Ends with a barrier.
+// most, against the 120 of a 16-row substitution by column on half the block's threads (the CUDA-core
+// inverse's diagonal blocks, chunked_unit_lower_inverse.cuh). Ends with a barrier.
 template <int LDM>
 __device__ __forceinline__ void invert_diagonal_blocks_by_warp(float* As) {
   static_assert(LDM % 4 == 0, "float4 rows");
@@ -340,7 +280,7 @@ __device__ __forceinline__ void store_acc(float* dst, int ld, int r0, int n0, co
 // LDM % 4 == 0; 128 threads), the off-diagonal blocks on tensor cores (3xTF32, tc3) by the 2 x 2
 // block formula (I + M)^{-1} = [[A11, 0], [-A22 M21 A11, A22]] on 32 x 32 halves, each half's
 // inverse by the same formula on 16 x 16 blocks (D_I = the diagonal blocks):
-//   1. D_0 .. D_3 (invert_diagonal_blocks_in_place: warps 0 - 1; warps 2 - 3 zero the upper blocks);
+//   1. D_0 .. D_3 (invert_diagonal_blocks_by_warp: one warp each; the warps also zero the upper blocks);
 //   2. A_10 = -D_1 (M_10 D_0) on warp 2 and A_32 = -D_3 (M_32 D_2) on warp 3 (Y = M D in X's rows
 //      [0, 16) / [16, 32) as the second product's B operand; each warp is the only reader of its
 //      M block, so it overwrites it after a __syncwarp);
@@ -348,8 +288,9 @@ __device__ __forceinline__ void store_acc(float* dst, int ld, int r0, int n0, co
 //   4. A21 = -A22 X over M21 (whose reads ended at the barrier after step 3).
 // Warp w takes rows 16 (w % 2) + [0, 16) of X and A21, column tiles j0 = w / 2 and j1 = 2 + w / 2
 // (8 columns each); every product skips the k-steps of zero blocks (A11's column tile j has
-// nonzeros in rows >= 8 j only; A22's row block R in columns < 16 R + 16 only). Four barriers
-// after the diagonal blocks' two (the CUDA-core version: seven). Ends with a barrier.
+// nonzeros in rows >= 8 j only; A22's row block R in columns < 16 R + 16 only). Four barriers, the
+// diagonal blocks' one included (the CUDA-core inverse, invert_unit_lower64_blocked: seven). Ends
+// with a barrier.
 template <int LDM, int LDX>
 __device__ __forceinline__ void invert_unit_lower64_tc(float* As, float* X) {
   static_assert(LDX % 4 == 0 && LDX % 32 == 8, "16-byte rows; conflict-free B fragments");
@@ -425,8 +366,11 @@ __device__ __forceinline__ void invert_unit_lower64_tc(float* As, float* X) {
   __syncthreads();
 }
 
-// The five 16 x 16 tiles of A a warp multiplies in w and u (balanced_rows_times_tile's split: warp
-// wp takes row blocks p = wp / 2 and 3 - p), as hi / lo A fragments of (A diag(s)):
+// The five 16 x 16 tiles of A a warp multiplies in w and u, as hi / lo A fragments of (A diag(s)).
+// A is lower triangular by 16-blocks, so row block rb takes rb + 1 block products; warp wp takes row
+// blocks p = wp / 2 and 3 - p (5 products either way) on its half of the output columns (with one
+// block of rows per warp, the warp of row block 3 did four times the products of row block 0's, and
+// every warp waited for it at the next barrier: ncu, session 6):
 //   slot 0: (p, 0);  slots 1, 2, 3: (3 - p, 0), (3 - p, 1), (3 - p, 2);
 //   slot 4: p = 0: (3, 3) (row block 3's diagonal), p = 1: (1, 1) (row block 1's diagonal).
 // (Row block p = 0 takes only tile (0, 0); p = 1 takes (1, 0) and (1, 1); row block 3 - p takes
@@ -457,7 +401,7 @@ __device__ __forceinline__ void split_warp_tiles(const float* As, const float* s
 // acc[i][nt] += (A diag(s))[row block rb_i] Y[:, col0 + 8 nt + [0, 8)] for nt < 4 (rb_0 = p,
 // rb_1 = 3 - p), from the warp's split tiles; Y row-major T (pitch ldy) by ldmatrix.trans, rows
 // 16 kb + [0, 16) loaded once per kb for both row blocks. Per accumulator the mmas run in kb order,
-// hi before lo (the order of balanced_rows_times_tile).
+// hi before lo.
 template <typename T>
 __device__ __forceinline__ void warp_tiles_times_cols(float (&acc)[2][4][4], const WarpATiles& f, int p, const T* Y,
                                                       int ldy, int col0) {
@@ -492,7 +436,7 @@ __device__ __forceinline__ void warp_tiles_times_cols(float (&acc)[2][4][4], con
 //   before the loop: k(first), v(first);  top of item n: k(n + 1);  end of item n: v(n + 1).
 // So at the top of item n the groups k(n), v(n) are the newest two (wait<1>: k(n) is in), and
 // before the inverse v(n), k(n + 1) are (wait<1>: v(n) is in).
-template <typename T, int KMAX, bool kTensorInverse = true>
+template <typename T, int KMAX>
 __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel(ChunkedArgs a) {
   using S = PrepareCompactSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDM = S::LDM;
@@ -624,10 +568,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     }
     mma::cp_async_wait<1>();  // v(item) is in (k(item + grid) may still be in flight)
     __syncthreads();
-    if constexpr (kTensorInverse)
-      invert_unit_lower64_tc<LDM, S::LDX>(sm.A, sm.tmp);  // ends with a barrier
-    else
-      invert_unit_lower64_in_place<LDM>(sm.A, sm.tmp);  // ends with a barrier
+    invert_unit_lower64_tc<LDM, S::LDX>(sm.A, sm.tmp);  // ends with a barrier
 
     // A to the intermediates (rows < L; columns >= L are 0 there).
     if (a.A)

@@ -1,8 +1,8 @@
 // The K x 32 state slice that the chunked state stages keep in mma accumulators (GDN B1
-// chunked_state_backward.cuh, KDA stage 2 chunked_kda_state.cuh and B1 chunked_kda_state_backward.cuh):
+// chunked_state_backward.cuh and KDA B1 chunked_kda_state_backward.cuh):
 // a block of 4 warps per (sequence, value head, 32 value columns [col0, col0 + 32)); warp wp owns state
 // rows [16 (wp + 4 mt), +16), and s[mt][nt][e] is the element (row 16 (wp + 4 mt) + acc_row(e), column
-// 8 nt + acc_col(e)) of the slice. Its loads and stores, shared by the three kernels (their machine code
+// 8 nt + acc_col(e)) of the slice. Its loads and stores, shared by the kernels (their machine code
 // is the same as with the copies these replaced). (Not recurrent_common.cuh's load_state_slice, which
 // stages a slice of the recurrent kernels through shared memory.)
 #pragma once

@@ -9,7 +9,7 @@
 //
 // Layout as stage 2 (chunked_state.cuh): dh (K x 32, fp32) lives in mma accumulators; warp wp owns
 // rows [16 (wp + 4 mt), +16) of it and rows [16 wp, +16) of dv_new. Operands are split into
-// hi + lo parts in T (chunked_prepare.cuh says why), except do and w, which are exact in T.
+// hi + lo parts in T (chunked_prepare_compact.cuh says why), except do and w, which are exact in T.
 // The shared arrays of q and k are first used for P, then transformed in place into
 // scale exp(G) q and k exp(G_last - G) (each element by the thread that reads it).
 #pragma once

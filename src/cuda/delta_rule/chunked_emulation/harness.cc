@@ -1,6 +1,6 @@
 // CPU emulation of the chunked delta-rule stages: runs the kernels' own source
-// (chunked_prepare.cuh, chunked_state.cuh, chunked_output.cuh) on the host, one std::thread per
-// CUDA thread, and compares every stage's output with the CPU chunked reference
+// (chunked_prepare_compact.cuh, chunked_state.cuh, chunked_output.cuh, ...) on the host, one
+// std::thread per CUDA thread, and compares every stage's output with the CPU chunked reference
 // (src/reference/delta_rule/chunked.h, float64) by relative RMS, as the GPU test does.
 //
 // What it checks: the kernels' index math, barriers (a missing one shows up as a wrong or NaN
@@ -21,7 +21,6 @@
 #include <memory>
 #include <type_traits>
 
-#include "cuda/delta_rule/chunked_prepare.cuh"
 #include "cuda/delta_rule/chunked_prepare_compact.cuh"
 #include "cuda/delta_rule/chunked_state.cuh"
 #include "cuda/delta_rule/chunked_output.cuh"
@@ -154,15 +153,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   a.chunks = plan.chunks.data(); a.seq_first_chunk = plan.seq_first_chunk.data(); a.num_chunks = NC; a.num_seqs = N;
   a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
   a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
-  // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here; the
-  // kernel FLASHGRAD_CHUNKED_PREPARE picks (as the launcher: the session-6 one unless =compact / =fma).
-  launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1, [&] {
-    switch (dr::prepare_kind()) {
-      case dr::PrepareKind::old: dr::chunk_prepare_kernel<TT, KM>(a); break;
-      case dr::PrepareKind::compact_fma: dr::chunk_prepare_compact_kernel<TT, KM, false>(a); break;
-      case dr::PrepareKind::compact: dr::chunk_prepare_compact_kernel<TT, KM, true>(a); break;
-    }
-  });
+  // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here.
+  launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1,
+         [&] { dr::chunk_prepare_compact_kernel<TT, KM>(a); });
   // Stage 2 with 4 warps (64 value columns per block) on even seeds, 2 warps (32) on odd ones, so
   // that both instantiations the launcher picks from are covered.
   // Stage 3 fused into stage 2 (8 warps) instead of stage 3 on five of the V % 128 == 0 cases

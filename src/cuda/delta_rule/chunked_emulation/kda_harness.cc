@@ -15,7 +15,6 @@
 #include "cuda/delta_rule/chunked_kda_output.cuh"
 #include "cuda/delta_rule/chunked_kda_prepare.cuh"
 #include "cuda/delta_rule/chunked_kda_prepare_compact.cuh"
-#include "cuda/delta_rule/chunked_kda_state.cuh"
 #include "cuda/delta_rule/chunked_kda_state_backward.cuh"
 #include "cuda/delta_rule/chunked_kda_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_kda_state_transposed.cuh"
@@ -224,22 +223,17 @@ int run(const Case& c) {
     launch(NC, HV, 1, [&] { dr::kda_prepare_kernel<TT, KM>(a); });
   else
     launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM>(a); });
-  // Stage 2 as the library picks it (chunked_kda_launch_impl.cuh): the session-6 kernel by default;
-  // FLASHGRAD_CHUNKED_KDA_STATE=transposed: the session-8 one (operand splits by
-  // FLASHGRAD_KDA_STATE_SPLIT_DEFAULT at compile time; =split: all hi + lo).
+  // Stage 2 as the library picks it (chunked_kda_launch_impl.cuh): the transposed kernel, operand
+  // splits by FLASHGRAD_KDA_STATE_SPLIT_DEFAULT at compile time; FLASHGRAD_CHUNKED_KDA_STATE=split:
+  // all hi + lo.
   const char* st2 = std::getenv("FLASHGRAD_CHUNKED_KDA_STATE");
-  const bool st2_split = st2 && std::strcmp(st2, "split") == 0;
-  if (st2 && (std::strcmp(st2, "transposed") == 0 || st2_split)) {
-    constexpr int kAll = dr::kKdaSplitH | dr::kKdaSplitVnew | dr::kKdaSplitKd;
-    using S2 = dr::KdaStateTSmem<TT, KM, 8, kAll>;  // the larger layout bounds both
-    static_assert(S2::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)), "emulated shared memory");
-    if (st2_split)
-      launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8, kAll>(a); }, S2::THREADS);
-    else
-      launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8>(a); }, S2::THREADS);
-  } else {
-    launch(N, HV, V / 32, [&] { dr::kda_state_kernel<TT, KM>(a); });
-  }
+  constexpr int kAll = dr::kKdaSplitH | dr::kKdaSplitVnew | dr::kKdaSplitKd;
+  using S2 = dr::KdaStateTSmem<TT, KM, 8, kAll>;  // the larger layout bounds both
+  static_assert(S2::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)), "emulated shared memory");
+  if (st2 && std::strcmp(st2, "split") == 0)
+    launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8, kAll>(a); }, S2::THREADS);
+  else
+    launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8>(a); }, S2::THREADS);
   launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
   // B1 as the library picks it (chunked_kda_launch_impl.cuh): the session-6 kernel by default;
   // FLASHGRAD_CHUNKED_KDA_B1=transposed: the transposed one (single-fragment products),
