@@ -13,6 +13,7 @@
 #include "chunked_kda_prepare.cuh"
 #include "chunked_kda_prepare_compact.cuh"
 #include "chunked_kda_state_backward.cuh"
+#include "chunked_kda_state_backward_transposed.cuh"
 #include "chunked_kda_state_transposed.cuh"
 #include "chunked_launch_impl.cuh"  // set_smem, dtype_of
 #include "cuda/common/cuda_check.h"
@@ -139,12 +140,47 @@ void launch_kda_output(const ChunkedArgs& a, cudaStream_t s) {
     launch_kda_kernel<KdaOutputSmem<T, 128>>(kda_output_kernel<T, 128>, grid, a, s);
 }
 
+// FLASHGRAD_CHUNKED_KDA_B1 (read at every launch) picks B1's kernel, so that one GPU process can
+// time and compare them: unset, the session-6 kernel (chunked_kda_state_backward.cuh: 4 warps per
+// 32 value columns, dh through shared memory, hi + lo operands); =transposed, the transposed,
+// pipelined kernel of session 9 (chunked_kda_state_backward_transposed.cuh: dh^T in accumulators,
+// 8 warps per 64 value columns, single-fragment products as fla); =transposed_split, that kernel
+// with dh, P and dv_new hi + lo. All store the same intermediates (dh and dv_new fp32, dh0).
+enum class KdaB1Kernel { old, transposed, transposed_split };
+inline KdaB1Kernel kda_b1_requested() {
+  const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B1");
+  if (v && std::strcmp(v, "transposed") == 0) return KdaB1Kernel::transposed;
+  if (v && std::strcmp(v, "transposed_split") == 0) return KdaB1Kernel::transposed_split;
+  return KdaB1Kernel::old;
+}
+
+// The transposed B1: blocks of 8 warps, 64 value columns each (V is a multiple of 64).
+constexpr int kKdaStateBackwardWarps = 8;
+template <typename T, int KMAX, bool kSplit>
+void launch_kda_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
+  using Smem = KdaStateBackwardTSmem<T, KMAX, kKdaStateBackwardWarps>;
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / Smem::BV));
+  launch_kda_kernel<Smem, Smem::THREADS>(kda_state_backward_transposed_kernel<T, KMAX, kKdaStateBackwardWarps, kSplit>,
+                                         grid, a, s);
+}
+
 template <typename T>
 void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
   const char* stage = "chunked KDA (state backward)";
   check_kda_args(stage, dtype_of<T>(), a);
   if (!a.dout.p || !a.dh || !a.dv_new) throw_invalid_argument(stage, "scratch", "dout, dh and dv_new must be given");
   if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write dh0 = dht
+  const KdaB1Kernel which = kda_b1_requested();
+  if (which != KdaB1Kernel::old) {
+    const bool split = which == KdaB1Kernel::transposed_split;
+    if (a.K == 64)
+      split ? launch_kda_state_backward_transposed<T, 64, true>(a, s)
+            : launch_kda_state_backward_transposed<T, 64, false>(a, s);
+    else
+      split ? launch_kda_state_backward_transposed<T, 128, true>(a, s)
+            : launch_kda_state_backward_transposed<T, 128, false>(a, s);
+    return;
+  }
   // B1 runs without the L2 prefetch: with its loads by cp.async and its addresses hoisted, run 6.4
   // timed it at 2.22 ms without against 2.36 ms with (B4 T4096 H16 K = V = 128); stage 2 keeps it
   // (1.28 against 1.31 ms).
