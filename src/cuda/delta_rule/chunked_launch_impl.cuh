@@ -133,7 +133,7 @@ void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // Transposed B1: 8 warps (128 value columns per block) when V allows and the (sequence, value
 // head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks):
 // state_backward_warps (chunked_stages.h).
-// Products hi + lo unless state_backward_split_wanted() says otherwise (chunked_stages.h).
+// Single-fragment products unless state_backward_split_wanted() (chunked_stages.h).
 template <typename T, int KMAX, int WARPS, bool kSplit>
 void launch_state_backward_transposed_as(const ChunkedArgs& a, cudaStream_t s) {
   using S = StateBackwardTSmem<T, KMAX, WARPS>;
@@ -187,36 +187,29 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
     launch_prepare_fixed<T, 128>(a, s);
 }
 
-template <typename T, int KMAX, bool kSingle>
-void launch_state_shaped(const ChunkedArgs& a, cudaStream_t s) {
-  switch (state_shape(a)) {
-    case StateShape::four_warps:
-      launch_state_fixed<T, KMAX, 4, false, 1, kSingle>(a, s);
-      break;
-    case StateShape::two_warps:
-      launch_state_fixed<T, KMAX, 2, false, 1, kSingle>(a, s);
-      break;
-    case StateShape::channel_split:
-      launch_state_fixed<T, KMAX, 2, false, 2, kSingle>(a, s);
-      break;
-    case StateShape::eight_warps:
-      launch_state_fixed<T, KMAX, 8, false, 1, kSingle>(a, s);
-      break;
-  }
-}
-
-// Stage 2 unfused (the forward on few long sequences, and the backward's recomputation), with
-// hi + lo products unless state_single_wanted() (chunked_stages.h).
+// Stage 2 unfused (the forward on few long sequences, and the backward's recomputation), hi + lo
+// products: single-fragment ones (kSingle, FLASHGRAD_CHUNKED_STATE_PRODUCTS=single in session 9) saved
+// nothing in run 9.2 (B8 T4096 0.520 -> 0.513 ms, B1 T32768 1.768 -> 1.861), so they stay the fused
+// forward's alone.
 template <typename T>
 void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (state)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
-  const bool single = state_single_wanted();
-  if (a.K == 64)
-    single ? launch_state_shaped<T, 64, true>(a, s) : launch_state_shaped<T, 64, false>(a, s);
-  else
-    single ? launch_state_shaped<T, 128, true>(a, s) : launch_state_shaped<T, 128, false>(a, s);
+  switch (state_shape(a)) {
+    case StateShape::four_warps:
+      a.K == 64 ? launch_state_fixed<T, 64, 4>(a, s) : launch_state_fixed<T, 128, 4>(a, s);
+      break;
+    case StateShape::two_warps:
+      a.K == 64 ? launch_state_fixed<T, 64, 2>(a, s) : launch_state_fixed<T, 128, 2>(a, s);
+      break;
+    case StateShape::channel_split:
+      a.K == 64 ? launch_state_fixed<T, 64, 2, false, 2>(a, s) : launch_state_fixed<T, 128, 2, false, 2>(a, s);
+      break;
+    case StateShape::eight_warps:
+      a.K == 64 ? launch_state_fixed<T, 64, 8>(a, s) : launch_state_fixed<T, 128, 8>(a, s);
+      break;
+  }
 }
 
 template <typename T>

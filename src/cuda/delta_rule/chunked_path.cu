@@ -40,7 +40,7 @@ struct ChunkedScratch {
   bool kda = false;         // per-channel gate: the KDA stages (G and dg carry a K axis)
   bool half = false;        // the backward's 16-bit mode (h, dh, dv_new in T; direct outputs)
   bool gva = false;         // H < HV: dq, dk still summed over each group in fp32 accumulators
-  bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed, an experiment)
+  bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed)
 
   // `backward`: the scratch of a backward call (the 16-bit mode applies there only: the forward's
   // stage 3 reads fp32 h).
@@ -55,9 +55,9 @@ struct ChunkedScratch {
     elem = dtype_size(dtype);
     half = backward && !kda && chunked_state16_wanted();
     gva = pr.heads != pr.value_heads;
-    // dv_new in w's region where that is race-free: opt-in, FLASHGRAD_CHUNKED_DVNEW_IN_W=1
-    // (dv_new_in_w_allowed says why it is not the default yet).
-    if (half && std::getenv("FLASHGRAD_CHUNKED_DVNEW_IN_W")) {
+    // dv_new in w's region where that is race-free (dv_new_in_w_allowed decides, the one place that
+    // does: the default since run 9.1, FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off).
+    if (half) {
       int dev = 0, sms = 0;
       FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
       FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -112,10 +112,9 @@ struct StateSmem {
 // scale P enter each product as one T fragment (hi only: round to nearest), not hi + lo, as fla's
 // kernels take h and P in 16 bits: half the mmas on the serial chain. h itself stays in fp32
 // accumulators, so the rounding does not compound over chunks. The unfused kernel (the backward's
-// recomputation, the forward on few long sequences) keeps hi + lo by default; kSingle there is an
-// experiment (FLASHGRAD_CHUNKED_STATE_PRODUCTS=single, session 9). FLASHGRAD_CHUNKED_FWD_SPLIT=1
-// (chunked_launch_impl.cuh) runs the hi + lo fused kernel instead, to time and compare both in one
-// process.
+// recomputation, the forward on few long sequences) keeps hi + lo: run 9.2 timed it with kSingle and
+// it saved nothing there (not mma-bound). FLASHGRAD_CHUNKED_FWD_SPLIT=1 (chunked_launch_impl.cuh)
+// runs the hi + lo fused kernel instead, to time and compare both in one process.
 #ifndef FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT  // host emulation: -D...=0 checks the hi + lo kernel
 #define FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT 1
 #endif
@@ -127,6 +126,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
   static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
+  static_assert(!kSingle || kOutput, "single-fragment products: the fused forward only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);

@@ -16,12 +16,15 @@
 //       A = do^T times rowscale_i = scale exp(G_i) rstd_qi per column (fp32, split hi + lo),
 //       B = q's raw rows (ldmatrix.trans); A = dv_new^T (accumulators, hi + lo, negated),
 //       B = w (ldmatrix.trans).
-// kSplit (true: the kernel run 9.1 measured) makes every product above hi + lo: the fp32 operand
-// (dh^T, scale P, do^T * rowscale, dv_new^T) is rounded to T and its remainder multiplied too, so
-// the products are fp32-accurate at twice the mmas. kSplit = false rounds those operands to T once,
-// as fla's backward does (its dh, dv and A enter bf16 dot products): half the mmas, P_lo unused.
-// Counted per warp and chunk at K = 128: ~456 -> ~244 mma.m16n8k16, and at 8 warps (B8 T4096) the
-// split kernel is near the SM's mma.sync rate (11.6 us per chunk measured, ~6 us of mma issue).
+// kSplit makes every product above hi + lo: the fp32 operand (dh^T, scale P, do^T * rowscale,
+// dv_new^T) is rounded to T and its remainder multiplied too, so the products are fp32-accurate at
+// twice the mmas. kSplit = false (the default since run 9.2: chunked_stages.h) rounds those operands
+// to T once, as fla's backward does (its dh, dv and A enter bf16 dot products): half the mmas
+// (456 -> 244 mma.m16n8k16 per warp and chunk at K = 128), P_lo unused. That bought 14%, not the 2x
+// of the mma count: ncu (run 9.2, B8 T4096, 8 warps, one block per SM) shows the kernel latency-
+// bound, issue active 27%, stalls at the barriers (P's triangular items leave warps idle), on
+// fixed-latency dependencies and on scoreboards; the P formation and the row scales (segments 1-2,
+// ~58% of the stall samples) are the part of the loop that does not depend on dh.
 // The block forms scale P once per chunk: work items it = (16-row block it % 4, column half it / 4)
 // of P's lower triangle, 8 / WARPS per warp (chunked_state.cuh's fused output does the same with
 // 8 warps).
@@ -94,7 +97,7 @@ __device__ __forceinline__ void scale_a(const uint32_t (&a)[4], const float2 s0,
 }
 }  // namespace mma
 
-template <typename T, int KMAX, int WARPS, bool kSplit = true>
+template <typename T, int KMAX, int WARPS, bool kSplit = false>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
   using S = StateBackwardTSmem<T, KMAX, WARPS>;
   static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");

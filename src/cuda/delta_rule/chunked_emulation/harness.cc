@@ -19,7 +19,6 @@
 #include "emulator.h"
 
 #include <memory>
-#include <type_traits>
 
 #include "cuda/delta_rule/chunked_prepare_compact.cuh"
 #include "cuda/delta_rule/chunked_state.cuh"
@@ -164,21 +163,15 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   // it leaves unwritten) come from the unfused stage 2 run first, for their comparisons and the
   // backward.
   const bool fused = V % 128 == 0 && (seed == 2 || seed == 9 || seed == 10 || seed == 11 || seed == 14);
-  // (Single-fragment products with FLASHGRAD_CHUNKED_STATE_PRODUCTS=single, as the launcher.)
-  const bool state_single = dr::state_single_wanted();
-  auto unfused_state_as = [&](auto single) {  // (8 warps: FLASHGRAD_CHUNKED_STATE_WARPS=8, only in the 16-bit rerun below)
-    constexpr bool kS = decltype(single)::value;
+  auto unfused_state = [&] {  // (8 warps: FLASHGRAD_CHUNKED_STATE_WARPS=8, only in the 16-bit rerun below)
     if (V % 128 == 0 && (seed == 2 || seed == 11) && a.h16)
-      launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, false, 1, kS>(a); }, 256);
+      launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, false>(a); }, 256);
     else if (seed % 2 == 0)
-      launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false, 1, kS>(a); }, 128);
+      launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
     else if (seed == 5 || seed == 7 || seed == 13)  // key channels split over two warps
-      launch(N, HV, V / 16, [&] { dr::chunk_state_kernel<TT, KM, 2, false, 2, kS>(a); }, 64);
+      launch(N, HV, V / 16, [&] { dr::chunk_state_kernel<TT, KM, 2, false, 2>(a); }, 64);
     else
-      launch(N, HV, V / 32, [&] { dr::chunk_state_kernel<TT, KM, 2, false, 1, kS>(a); }, 64);
-  };
-  auto unfused_state = [&] {
-    state_single ? unfused_state_as(std::true_type{}) : unfused_state_as(std::false_type{});
+      launch(N, HV, V / 32, [&] { dr::chunk_state_kernel<TT, KM, 2, false>(a); }, 64);
   };
   if (fused) {
     launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
@@ -215,8 +208,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   if (!states) a.dht = dr::View{}; a.dh0 = vw(bdh0, {N, HV, K, V});
   if (half & 1) a.dh16 = bdh.p(); else a.dh = (float*)bdh.p();
   if (half & 2) a.dv_new16 = bdvn.p(); else a.dv_new = (float*)bdvn.p();
-  // B1: the transposed kernel (8 warps where V % 128 == 0 on even seeds, else 4; products hi + lo
-  // unless FLASHGRAD_CHUNKED_B1_PRODUCTS=single, as the launcher), or the legacy one with
+  // B1: the transposed kernel (8 warps where V % 128 == 0 on even seeds, else 4; single-fragment
+  // products unless FLASHGRAD_CHUNKED_B1_PRODUCTS=split, as the launcher), or the legacy one with
   // FLASHGRAD_CHUNKED_BACKWARD=legacy.
   const bool b1_split = dr::state_backward_split_wanted();
   if (legacy_bwd)
