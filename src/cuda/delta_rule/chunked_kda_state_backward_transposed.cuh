@@ -130,15 +130,14 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   auto own_key_pieces = [&](const View& x, bool vec, const ChunkInfo& ci, T* dst) {
     const bool ok = fr < ci.len;
     const T* src = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + (ok ? fr : 0), head);
+    T* d = dst + fr * LDK;
+    if (vec) {
 #pragma unroll
-    for (int q = 0; q < kPer / 8; ++q) {
-      T* d = dst + fr * LDK + key_ch(q);
-      if (vec) {
-        mma::cp_async16(d, src + key_ch(q), ok);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) d[i] = ok ? src[(key_ch(q) + i) * x.s3] : from_f<T>(0.f);
-      }
+      for (int q = 0; q < kPer / 8; ++q) mma::cp_async16(d + key_ch(q), src + key_ch(q), ok);
+    } else {  // (rare: strided views) one branch for all pieces, not unrolled
+#pragma unroll 1
+      for (int q = 0; q < kPer / 8; ++q)
+        for (int i = 0; i < 8; ++i) d[key_ch(q) + i] = ok ? src[(key_ch(q) + i) * x.s3] : from_f<T>(0.f);
     }
   };
   // Chunk ci's copies into stage s (one cp.async group): w, do, P^T by the block; q, k by owner.
