@@ -184,10 +184,17 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
     __syncthreads();
 
     // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L, else 0, into
-    // shared memory as hi + lo. This warp's items it = (row block it % 4, column tiles
-    // [4 (it / 4), +4)) of q_raw k_raw^T; tiles right of the diagonal block are never read.
+    // shared memory (hi + lo with kSplit). Items it = (row block it % 4, column tiles
+    // [4 (it / 4), +4)) of q_raw k_raw^T; tiles right of the diagonal block are never read, so
+    // item it costs (16-column pairs) 1 2 2 2 0 0 1 2. With 8 warps each takes one (the longest,
+    // 2, bounds the phase). With 4 warps, warp wp takes the items in slots wp and wp + 4 of the
+    // order 3 7 1 2 0 6 4 5 (nibbles of kItemOrder4, low first): pairs of cost 3 3 2 2, not the
+    // 1 2 3 4 of items wp, wp + 4 (session 9: the 4-warp block serves few long sequences, where
+    // this phase sits on the serial chain).
+    constexpr uint32_t kItemOrder4 = 0x54602173u;
 #pragma unroll
-    for (int it = wp; it < 8; it += WARPS) {
+    for (int slot = wp; slot < 8; slot += WARPS) {
+      const int it = WARPS == 4 ? static_cast<int>((kItemOrder4 >> (4 * slot)) & 7u) : slot;
       const int prb = it & 3, phalf = it >> 2;
       float praw[4][4] = {};
       const T* qrow = qs + (16 * prb + (lane & 15)) * LDK + 8 * (lane >> 4);
