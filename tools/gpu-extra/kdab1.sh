@@ -6,11 +6,13 @@
 # 1. The KDA GPU tests with =transposed (float64 references, the design's bars).
 # 2. In one process, old vs transposed at B4 T4096 H16 K=V=128 bf16: forward / backward wall, B1's
 #    CUDA time per call, gradients against the default's.
-# Prediction (written before any run): B1 2.2 -> 0.40-0.55 ms per call (6-9 us per chunk: 2 barriers,
-# 106 HMMA per warp and chunk, 128 blocks of 8 warps on 132 SMs; ~200 KB of unique traffic per chain
-# and chunk puts a memory floor near 0.25 ms); backward wall down by ~1.7 ms; gradients within ~2e-3 rel
-# RMS of the old kernel's (qg and kd rounded to T once, as fla; host emulation: dv_new 2.2e-3, dh0
-# 2.0e-3 rel RMS against float64 where the old kernel has 4e-6 / 4e-5). Prints a summary last. Cap 150 s.
+# Prediction (written before any run): B1 2.2 -> 0.45-0.60 ms per call, most likely ~0.52 (7-9 us per
+# chunk: 2 barriers, 106 HMMA per warp and chunk, 128 blocks of 8 warps on 132 SMs; ~2000 SASS
+# instructions per warp and chunk against the transposed stage 2's ~1160 at 5.1 us per chunk and 26%
+# issue-active, which it resembles; ~200 KB of unique traffic per chain and chunk puts a memory floor
+# near 0.25 ms); backward wall down by ~1.6 ms; gradients within ~2e-3 rel RMS of the old kernel's (qg
+# and kd rounded to T once, as fla; host emulation: dv_new 2.2e-3, dh0 2.0e-3 rel RMS against float64
+# where the old kernel has 4e-6 / 4e-5). Prints a summary last. Cap 150 s.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu-extra/lib/job_lib.sh

@@ -27,7 +27,7 @@
 //   chunk c - 1 in its registers (loaded after chunk c's first barrier) and G_{L-1} of chunk c - 1
 //   in shared memory (written before chunk c's second barrier). w, the do slice and P's rows of
 //   chunk c - 1 arrive by cp.async during chunk c too (two stages).
-// - Two barriers per chunk (the old kernel had five): (A) chunk c's tiles, qg, kd and gate are in
+// - Two barriers per chunk (the old kernel had seven): (A) chunk c's tiles, qg, kd and gate are in
 //   place and every warp is done with chunk c + 1's buffers; (B) the partial sums p are written.
 // - Single-fragment products by default (kSplit = false, as the forward's default and fla): dh^T in
 //   (1), scale P in (2) and dv_new^T in (4) enter rounded to T once; dh stays in fp32 accumulators,
