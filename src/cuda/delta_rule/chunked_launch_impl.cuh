@@ -15,6 +15,7 @@
 #include "chunked_stages.h"
 #include "chunked_state.cuh"
 #include "chunked_state_backward.cuh"
+#include "chunked_dv_local.cuh"
 #include "chunked_state_backward_transposed.cuh"
 #include "cuda/common/cuda_check.h"
 #include "flashgrad/status.h"
@@ -134,11 +135,11 @@ void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks):
 // state_backward_warps (chunked_stages.h).
 // Single-fragment products unless state_backward_split_wanted() (chunked_stages.h).
-template <typename T, int KMAX, int WARPS, bool kSplit>
+template <typename T, int KMAX, int WARPS, bool kSplit, bool kLocal = false>
 void launch_state_backward_transposed_as(const ChunkedArgs& a, cudaStream_t s) {
-  using S = StateBackwardTSmem<T, KMAX, WARPS>;
+  using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal>;
   constexpr int64_t bytes = S::bytes();
-  const auto kernel = chunk_state_backward_transposed_kernel<T, KMAX, WARPS, kSplit>;
+  const auto kernel = chunk_state_backward_transposed_kernel<T, KMAX, WARPS, kSplit, kLocal>;
   set_smem(kernel, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
   kernel<<<grid, 32 * WARPS, bytes, s>>>(a);
@@ -152,11 +153,32 @@ void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
     launch_state_backward_transposed_as<T, KMAX, WARPS, false>(a, s);
 }
 
+// B0 + B1 with kLocal (state_backward_local_warps, chunked_stages.h): dv_local for every chunk into
+// dv_new's own buffer (chunked_dv_local.cuh), then B1 without P on its serial chain.
+template <typename T, int KMAX>
+void launch_dv_local_then_state_backward(const ChunkedArgs& a, int warps, cudaStream_t s) {
+  const int64_t bytes = DvLocalSmem<T, KMAX>::bytes(a.V);
+  set_smem(chunk_dv_local_kernel<T, KMAX>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
+  chunk_dv_local_kernel<T, KMAX><<<grid, kDvLocalThreads, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  if (warps == 2)
+    launch_state_backward_transposed_as<T, KMAX, 2, false, true>(a, s);
+  else
+    launch_state_backward_transposed_as<T, KMAX, 4, false, true>(a, s);
+}
+
 template <typename T, int KMAX>
 void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
   if (legacy_backward_wanted() && (a.dh16 || a.dv_new16))
     throw_invalid_argument("chunked delta rule (state backward)", "scratch",
                            "the legacy B1 writes fp32 dh and dv_new only");
+  // dv_local needs dv_new in its own 16-bit buffer (not w's region) and single-fragment products.
+  if (const int lw = state_backward_local_warps(a.V);
+      lw && !legacy_backward_wanted() && a.dv_new16 && a.dv_new16 != a.w && !state_backward_split_wanted()) {
+    launch_dv_local_then_state_backward<T, KMAX>(a, lw, s);
+    return;
+  }
   if (!legacy_backward_wanted()) {
     const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
     const int warps = state_backward_warps(chains, a.V, sms);

@@ -188,6 +188,18 @@ inline bool state_backward_split_wanted() {
   return env && std::string(env) == "split";
 }
 
+// B1 without P on its serial chain (an experiment, session 9; read per call): with
+// FLASHGRAD_CHUNKED_B1_LOCAL=2 or 4, the state-independent part of dv_new (do^T scale P) is formed for
+// all chunks at once ahead of B1 (chunked_dv_local.cuh) and B1 runs in blocks of that many warps
+// (kLocal). Only where dv_new has its own 16-bit buffer (not w's region) and B1's products are
+// single-fragment; else 0 (the usual B1).
+inline int state_backward_local_warps(int64_t V) {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_LOCAL");
+  if (!env) return 0;
+  const int w = std::atoi(env);
+  return (w == 2 || w == 4) && V % (16 * w) == 0 ? w : 0;
+}
+
 // dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,
 // read per call): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
 // same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head) (16 x

@@ -44,14 +44,15 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-template <typename T, int KMAX, int WARPS>
+template <typename T, int KMAX, int WARPS, bool kLocal = false>
 struct StateBackwardTSmem {
   static constexpr int C = kChunkSize, BV = 16 * WARPS;
   // Row pitches +8 elements: the 8 rows of an ldmatrix start in different banks, rows 16-byte aligned.
   static constexpr int LDK = KMAX + 8, LDD = BV + 8, LDP = C + 8;
   static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
-  static constexpr int64_t kStageBytes = 3 * kTileBytes + sizeof(T) * C * LDD;  // w, k, q, do
-  static constexpr int64_t kPBytes = 2 * sizeof(T) * C * LDP;
+  // w, k, q, do (and with kLocal the slice's dv_local rows, [C][LDD] after do).
+  static constexpr int64_t kStageBytes = 3 * kTileBytes + (kLocal ? 2 : 1) * sizeof(T) * C * LDD;
+  static constexpr int64_t kPBytes = kLocal ? 0 : 2 * sizeof(T) * C * LDP;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   unsigned char* raw;
   T* P;             // [C][LDP] scale P, hi part
@@ -76,6 +77,7 @@ struct StateBackwardTSmem {
   __device__ T* k(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kTileBytes); }
   __device__ T* q(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + 2 * kTileBytes); }
   __device__ T* dout(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + 3 * kTileBytes); }
+  __device__ T* dv_local(int s) const { return dout(s) + C * LDD; }
 };
 
 namespace mma {
@@ -97,10 +99,11 @@ __device__ __forceinline__ void scale_a(const uint32_t (&a)[4], const float2 s0,
 }
 }  // namespace mma
 
-template <typename T, int KMAX, int WARPS, bool kSplit = false>
+template <typename T, int KMAX, int WARPS, bool kSplit = false, bool kLocal = false>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
-  using S = StateBackwardTSmem<T, KMAX, WARPS>;
-  static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
+  using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal>;
+  static_assert(WARPS == 4 || WARPS == 8 || (kLocal && WARPS == 2), "8 P items over the warps, 64 rows over the threads");
+  static_assert(!kLocal || !kSplit, "dv_local (T) is added to single-fragment products");
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
                 NK = KMAX / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -144,6 +147,9 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
     key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
     key_tile_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
     view_rows_async<T, THREADS>(dslice, ci, hv, BV, d_vec, sm.dout(s), LDD);
+    if constexpr (kLocal)  // dv_local's rows of the slice, where B1 then writes dv_new (same elements)
+      intermediate_tile_async<T, BV, THREADS>(static_cast<const T*>(a.dv_new16), row0, a.HV, hv, a.V, col0, ci.len,
+                                             sm.dv_local(s), LDD);
     mma::cp_async_commit();
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
@@ -191,41 +197,43 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
     // order 3 7 1 2 0 6 4 5 (nibbles of kItemOrder4, low first): pairs of cost 3 3 2 2, not the
     // 1 2 3 4 of items wp, wp + 4 (session 9: the 4-warp block serves few long sequences, where
     // this phase sits on the serial chain).
-    constexpr uint32_t kItemOrder4 = 0x54602173u;
+    if constexpr (!kLocal) {  // (with kLocal, chunked_dv_local.cuh formed P and its product ahead)
+      constexpr uint32_t kItemOrder4 = 0x54602173u;
 #pragma unroll
-    for (int slot = wp; slot < 8; slot += WARPS) {
-      const int it = WARPS == 4 ? static_cast<int>((kItemOrder4 >> (4 * slot)) & 7u) : slot;
-      const int prb = it & 3, phalf = it >> 2;
-      float praw[4][4] = {};
-      const T* qrow = qs + (16 * prb + (lane & 15)) * LDK + 8 * (lane >> 4);
+      for (int slot = wp; slot < 8; slot += WARPS) {
+        const int it = WARPS == 4 ? static_cast<int>((kItemOrder4 >> (4 * slot)) & 7u) : slot;
+        const int prb = it & 3, phalf = it >> 2;
+        float praw[4][4] = {};
+        const T* qrow = qs + (16 * prb + (lane & 15)) * LDK + 8 * (lane >> 4);
 #pragma unroll
-      for (int kq = 0; kq < KMAX / 16; ++kq) {
-        uint32_t af[4];
-        mma::ldmatrix_x4<false>(af, qrow + 16 * kq);
+        for (int kq = 0; kq < KMAX / 16; ++kq) {
+          uint32_t af[4];
+          mma::ldmatrix_x4<false>(af, qrow + 16 * kq);
 #pragma unroll
-        for (int q2 = 0; q2 < 2; ++q2) {
-          const int np = 2 * phalf + q2;  // column tiles 2 np, 2 np + 1
-          if (np > prb) continue;
-          uint32_t b[4];
-          mma::ldmatrix_x4<false>(b, ks + (16 * np + nb_r) * LDK + 16 * kq + nb_c);
-          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma::mma16816<T>(praw[2 * q2], af, b0);
-          mma::mma16816<T>(praw[2 * q2 + 1], af, b1);
+          for (int q2 = 0; q2 < 2; ++q2) {
+            const int np = 2 * phalf + q2;  // column tiles 2 np, 2 np + 1
+            if (np > prb) continue;
+            uint32_t b[4];
+            mma::ldmatrix_x4<false>(b, ks + (16 * np + nb_r) * LDK + 16 * kq + nb_c);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma::mma16816<T>(praw[2 * q2], af, b0);
+            mma::mma16816<T>(praw[2 * q2 + 1], af, b1);
+          }
         }
-      }
 #pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {
-        const int nt = 4 * phalf + q4;
-        if (nt > 2 * prb + 1) continue;
+        for (int q4 = 0; q4 < 4; ++q4) {
+          const int nt = 4 * phalf + q4;
+          if (nt > 2 * prb + 1) continue;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-          const float x =
-              j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
-          if constexpr (kSplit)
-            store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
-          else
-            sm.P[i * LDP + j] = from_f<T>(x);
+          for (int e = 0; e < 4; ++e) {
+            const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+            const float x =
+                j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
+            if constexpr (kSplit)
+              store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+            else
+              sm.P[i * LDP + j] = from_f<T>(x);
+          }
         }
       }
     }
@@ -274,12 +282,31 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
       p[j8][2] *= cs.x;
       p[j8][3] *= cs.y;
     }
+    if constexpr (kLocal) {
+      // + dv_local^T: ldmatrix.trans of its [64][BV] rows gives, per 16-row block js, the A-fragment
+      // layout, which is that of the accumulator pair p[2 js], p[2 js + 1] (value column grp (+8),
+      // chunk rows 16 js + 2 tig + {0, 1} (+8)).
+      const T* dl = sm.dv_local(s);
+#pragma unroll
+      for (int js = 0; js < C / 16; ++js) {
+        uint32_t f[4];
+        mma::ldmatrix_x4<true>(f, dl + (16 * js + nb_r) * LDD + vc0 + nb_c);
+        float x0, x1;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          mma::unpack_floats<T>(f[r], x0, x1);
+          float* acc = p[2 * js + (r >> 1)] + 2 * (r & 1);
+          acc[0] += x0;
+          acc[1] += x1;
+        }
+      }
+    }
     const float decay = expf(G_last);
 #pragma unroll
     for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dhT[nk][e] *= decay;
-    __syncthreads();  // (P) scale P is in shared memory
+    if constexpr (!kLocal) __syncthreads();  // (P) scale P is in shared memory
 
     // Per 16-row block is of the chunk (the k dimension of both products): A = do^T's columns
     // [16 is, +16) (ldmatrix.trans); dv_new^T += do^T (scale P) over P's rows is (nonzero column
@@ -290,7 +317,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
       mma::ldmatrix_x4<true>(ad, ds + (16 * is + nb_r) * LDD + vc0 + nb_c);
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
-        if (jp > is) continue;
+        if (kLocal || jp > is) continue;
         uint32_t bh[4];
         mma::ldmatrix_x4<true>(bh, sm.P + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
         const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
