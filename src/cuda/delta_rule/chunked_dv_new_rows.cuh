@@ -1,8 +1,8 @@
-// B1's dv_new rows (GDN chunked_state_backward.cuh, KDA chunked_kda_state_backward.cuh): warp wp's
+// B1's dv_new rows (GDN's legacy chunked_state_backward.cuh; KDA's session-6 B1 until run 9.3): warp wp's
 // accumulators hold rows [16 wp, +16) of the chunk's dv_new over the slice's 32 value columns
 // (acc[nt][e]: row 16 wp + acc_row(e), column 8 nt + acc_col(e)). They go to the intermediate dv_new
 // (fp32 [rows, HV, V], rows < L) and, negated and split hi + lo, to shared memory ([C][ld] tiles; rows
-// past L zero) for dh_c's w^T (-dv_new) product. Shared by the two kernels (their machine code is the
+// past L zero) for dh_c's w^T (-dv_new) product. Was shared by two kernels (their machine code is the
 // same as with the copies this replaced; the sizes are read from `a` where they are used, as there).
 #pragma once
 

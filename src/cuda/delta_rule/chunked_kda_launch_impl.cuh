@@ -12,7 +12,6 @@
 #include "chunked_kda_output.cuh"
 #include "chunked_kda_prepare.cuh"
 #include "chunked_kda_prepare_compact.cuh"
-#include "chunked_kda_state_backward.cuh"
 #include "chunked_kda_state_backward_transposed.cuh"
 #include "chunked_kda_state_transposed.cuh"
 #include "chunked_launch_impl.cuh"  // set_smem, dtype_of
@@ -140,18 +139,15 @@ void launch_kda_output(const ChunkedArgs& a, cudaStream_t s) {
     launch_kda_kernel<KdaOutputSmem<T, 128>>(kda_output_kernel<T, 128>, grid, a, s);
 }
 
-// FLASHGRAD_CHUNKED_KDA_B1 (read at every launch) picks B1's kernel, so that one GPU process can
-// time and compare them: unset, the session-6 kernel (chunked_kda_state_backward.cuh: 4 warps per
-// 32 value columns, dh through shared memory, hi + lo operands); =transposed, the transposed,
-// pipelined kernel of session 9 (chunked_kda_state_backward_transposed.cuh: dh^T in accumulators,
-// 8 warps per 64 value columns, single-fragment products as fla); =transposed_split, that kernel
-// with dh, P and dv_new hi + lo. All store the same intermediates (dh and dv_new fp32, dh0).
-enum class KdaB1Kernel { old, transposed, transposed_split };
-inline KdaB1Kernel kda_b1_requested() {
+// B1 is the transposed, pipelined kernel of session 9 (chunked_kda_state_backward_transposed.cuh: dh^T
+// in accumulators, 8 warps per 64 value columns, single-fragment products as fla), the default since
+// run 9.3 (H200, 2026-11-30: 2.207 -> 0.427 ms per call at B4 T4096 H16 K=V=128, KDA backward 9.45 ->
+// 7.66 ms; gradients within 2.7e-3 rel RMS of the session-6 kernel's, which it replaced).
+// FLASHGRAD_CHUNKED_KDA_B1=transposed_split (read at every launch) multiplies dh, P and dv_new hi + lo.
+// Both store dh and dv_new in fp32, and dh0.
+inline bool kda_b1_split_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B1");
-  if (v && std::strcmp(v, "transposed") == 0) return KdaB1Kernel::transposed;
-  if (v && std::strcmp(v, "transposed_split") == 0) return KdaB1Kernel::transposed_split;
-  return KdaB1Kernel::old;
+  return v && std::strcmp(v, "transposed_split") == 0;
 }
 
 // The transposed B1: blocks of 8 warps, 64 value columns each (V is a multiple of 64).
@@ -170,25 +166,13 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
   check_kda_args(stage, dtype_of<T>(), a);
   if (!a.dout.p || !a.dh || !a.dv_new) throw_invalid_argument(stage, "scratch", "dout, dh and dv_new must be given");
   if (a.num_seqs == 0 || a.HV == 0) return;  // empty sequences still write dh0 = dht
-  const KdaB1Kernel which = kda_b1_requested();
-  if (which != KdaB1Kernel::old) {
-    const bool split = which == KdaB1Kernel::transposed_split;
-    if (a.K == 64)
-      split ? launch_kda_state_backward_transposed<T, 64, true>(a, s)
-            : launch_kda_state_backward_transposed<T, 64, false>(a, s);
-    else
-      split ? launch_kda_state_backward_transposed<T, 128, true>(a, s)
-            : launch_kda_state_backward_transposed<T, 128, false>(a, s);
-    return;
-  }
-  // B1 runs without the L2 prefetch: with its loads by cp.async and its addresses hoisted, run 6.4
-  // timed it at 2.22 ms without against 2.36 ms with (B4 T4096 H16 K = V = 128); stage 2 keeps it
-  // (1.28 against 1.31 ms).
+  const bool split = kda_b1_split_requested();
   if (a.K == 64)
-    launch_kda_kernel<KdaStateBackwardSmem<T, 64>>(kda_state_backward_kernel<T, 64, false>, kda_seq_grid(a), a, s);
+    split ? launch_kda_state_backward_transposed<T, 64, true>(a, s)
+          : launch_kda_state_backward_transposed<T, 64, false>(a, s);
   else
-    launch_kda_kernel<KdaStateBackwardSmem<T, 128>>(kda_state_backward_kernel<T, 128, false>, kda_seq_grid(a), a,
-                                                    s);
+    split ? launch_kda_state_backward_transposed<T, 128, true>(a, s)
+          : launch_kda_state_backward_transposed<T, 128, false>(a, s);
 }
 
 template <typename T>

@@ -1,6 +1,6 @@
-// KDA chunked backward stage B1 ("state backward"), transposed and pipelined (session 9; opt-in by
-// FLASHGRAD_CHUNKED_KDA_B1=transposed, chunked_kda_launch_impl.cuh). Same outputs as
-// kda_state_backward_kernel (chunked_kda_state_backward.cuh): dh per chunk (fp32, dL/dh_{c+1}),
+// KDA chunked backward stage B1 ("state backward"), transposed and pipelined (session 9; the default
+// since run 9.3, chunked_kda_launch_impl.cuh). Same outputs as the session-6 kernel it replaced
+// (kda_state_backward_kernel): dh per chunk (fp32, dL/dh_{c+1}),
 // dv_new (fp32), dh0. Per (sequence, value head, slice of BV = 8 WARPS value columns), over the
 // chunks in reverse, with dh = dL/dh_{c+1} (dht for the last chunk) and per key channel d:
 //   dv_new = kd dh + (scale P)^T do,                 kd = k o exp(G_{L-1} - G)

@@ -153,19 +153,16 @@ void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
     launch_state_backward_transposed_as<T, KMAX, WARPS, false>(a, s);
 }
 
-// B0 + B1 with kLocal (state_backward_local_warps, chunked_stages.h): dv_local for every chunk into
-// dv_new's own buffer (chunked_dv_local.cuh), then B1 without P on its serial chain.
+// B0 + B1 with kLocal (state_backward_local_wanted, chunked_stages.h): dv_local for every chunk into
+// dv_new's own buffer (chunked_dv_local.cuh), then B1 in 4-warp blocks without P on its serial chain.
 template <typename T, int KMAX>
-void launch_dv_local_then_state_backward(const ChunkedArgs& a, int warps, cudaStream_t s) {
+void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s) {
   const int64_t bytes = DvLocalSmem<T, KMAX>::bytes(a.V);
   set_smem(chunk_dv_local_kernel<T, KMAX>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
   chunk_dv_local_kernel<T, KMAX><<<grid, kDvLocalThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
-  if (warps == 2)
-    launch_state_backward_transposed_as<T, KMAX, 2, false, true>(a, s);
-  else
-    launch_state_backward_transposed_as<T, KMAX, 4, false, true>(a, s);
+  launch_state_backward_transposed_as<T, KMAX, 4, false, true>(a, s);
 }
 
 template <typename T, int KMAX>
@@ -174,9 +171,9 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
     throw_invalid_argument("chunked delta rule (state backward)", "scratch",
                            "the legacy B1 writes fp32 dh and dv_new only");
   // dv_local needs dv_new in its own 16-bit buffer (not w's region) and single-fragment products.
-  if (const int lw = state_backward_local_warps(a.V);
-      lw && !legacy_backward_wanted() && a.dv_new16 && a.dv_new16 != a.w && !state_backward_split_wanted()) {
-    launch_dv_local_then_state_backward<T, KMAX>(a, lw, s);
+  if (!legacy_backward_wanted() && a.dv_new16 && a.dv_new16 != a.w && !state_backward_split_wanted() &&
+      state_backward_local_wanted(a.num_seqs * a.HV, a.V, sm_count())) {
+    launch_dv_local_then_state_backward<T, KMAX>(a, s);
     return;
   }
   if (!legacy_backward_wanted()) {

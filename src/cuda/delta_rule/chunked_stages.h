@@ -188,16 +188,20 @@ inline bool state_backward_split_wanted() {
   return env && std::string(env) == "split";
 }
 
-// B1 without P on its serial chain (an experiment, session 9; read per call): with
-// FLASHGRAD_CHUNKED_B1_LOCAL=2 or 4, the state-independent part of dv_new (do^T scale P) is formed for
-// all chunks at once ahead of B1 (chunked_dv_local.cuh) and B1 runs in blocks of that many warps
-// (kLocal). Only where dv_new has its own 16-bit buffer (not w's region) and B1's products are
-// single-fragment; else 0 (the usual B1).
-inline int state_backward_local_warps(int64_t V) {
+// Whether B1 runs without P on its serial chain (B0 + B1 kLocal, chunked_dv_local.cuh): the
+// state-independent part of dv_new (do^T scale P) formed for all chunks at once ahead of B1, which
+// then runs in blocks of 4 warps and only adds it. By default where the rule picks 4-warp blocks (few
+// chains: B1's serial chain is the time); the launcher also needs dv_new in its own 16-bit buffer (not
+// w's region) and single-fragment products. FLASHGRAD_CHUNKED_B1_LOCAL=0 turns it off, =1 forces it
+// wherever those hold (read per call). Run 9.3 (H200, 2026-11-30), chunk GDN K=V=128 bf16: B1 T32768
+// H16 B0 + B1 0.264 + 2.960 ms against B1 4.345 (backward 8.56 -> 7.47 ms), B2 T16384 0.263 + 1.484
+// against 2.153 (5.53 -> 5.13 ms); 2-warp blocks (also timed) were slower than 4 (3.47 / 1.73 ms).
+inline bool state_backward_local_wanted(int64_t chains, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_LOCAL");
-  if (!env) return 0;
-  const int w = std::atoi(env);
-  return (w == 2 || w == 4) && V % (16 * w) == 0 ? w : 0;
+  if (env && std::string(env) == "0") return false;
+  if (V % 64 != 0) return false;
+  if (env && std::string(env) == "1") return true;
+  return state_backward_warps(chains, V, sms) == 4;
 }
 
 // dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,

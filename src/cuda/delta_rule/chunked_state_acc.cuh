@@ -1,5 +1,5 @@
-// The K x 32 state slice that the chunked state stages keep in mma accumulators (GDN B1
-// chunked_state_backward.cuh and KDA B1 chunked_kda_state_backward.cuh):
+// The K x 32 state slice that the chunked state stages keep in mma accumulators (GDN's legacy B1
+// chunked_state_backward.cuh; KDA's session-6 B1 used it too until run 9.3 replaced that kernel):
 // a block of 4 warps per (sequence, value head, 32 value columns [col0, col0 + 32)); warp wp owns state
 // rows [16 (wp + 4 mt), +16), and s[mt][nt][e] is the element (row 16 (wp + 4 mt) + acc_row(e), column
 // 8 nt + acc_col(e)) of the slice. Its loads and stores, shared by the kernels (their machine code

@@ -102,7 +102,7 @@ __device__ __forceinline__ void scale_a(const uint32_t (&a)[4], const float2 s0,
 template <typename T, int KMAX, int WARPS, bool kSplit = false, bool kLocal = false>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
   using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal>;
-  static_assert(WARPS == 4 || WARPS == 8 || (kLocal && WARPS == 2), "8 P items over the warps, 64 rows over the threads");
+  static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
   static_assert(!kLocal || !kSplit, "dv_local (T) is added to single-fragment products");
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
                 NK = KMAX / 8;

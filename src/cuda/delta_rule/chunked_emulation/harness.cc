@@ -212,16 +212,16 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   // B1: the transposed kernel (8 warps where V % 128 == 0 on even seeds, else 4; single-fragment
   // products unless FLASHGRAD_CHUNKED_B1_PRODUCTS=split, as the launcher), or the legacy one with
   // FLASHGRAD_CHUNKED_BACKWARD=legacy.
-  // FLASHGRAD_CHUNKED_B1_LOCAL=2 / 4 (as the launcher, where dv_new has its own 16-bit buffer): B0
-  // (chunked_dv_local.cuh) into dv_new's buffer, then B1 without P in blocks of that many warps.
+  // Where B1 takes 4 warps and dv_new has its own 16-bit buffer: B0 (chunked_dv_local.cuh) into
+  // dv_new's buffer, then B1 without P (kLocal), as the launcher's default for few chains
+  // (FLASHGRAD_CHUNKED_B1_LOCAL=0: the 4-warp B1 with P).
   const bool b1_split = dr::state_backward_split_wanted();
-  const int b1_local = dr::state_backward_local_warps(V);
-  if (!legacy_bwd && b1_local && a.dv_new16 && !b1_split) {
+  const char* local_env = std::getenv("FLASHGRAD_CHUNKED_B1_LOCAL");
+  const bool four_warps = !(V % 128 == 0 && seed % 2 == 0);
+  const bool b1_local = !legacy_bwd && four_warps && a.dv_new16 && !b1_split && !(local_env && std::string(local_env) == "0");
+  if (b1_local) {
     launch(NC, HV, 1, [&] { dr::chunk_dv_local_kernel<TT, KM>(a); }, 256);
-    if (b1_local == 2)
-      launch(N, HV, V / 32, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 2, false, true>(a); }, 64);
-    else
-      launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true>(a); }, 128);
+    launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true>(a); }, 128);
   } else if (legacy_bwd)
     launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
   else if (V % 128 == 0 && seed % 2 == 0)

@@ -15,7 +15,6 @@
 #include "cuda/delta_rule/chunked_kda_output.cuh"
 #include "cuda/delta_rule/chunked_kda_prepare.cuh"
 #include "cuda/delta_rule/chunked_kda_prepare_compact.cuh"
-#include "cuda/delta_rule/chunked_kda_state_backward.cuh"
 #include "cuda/delta_rule/chunked_kda_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_kda_state_transposed.cuh"
 #include "flashgrad/delta_rule.h"
@@ -235,18 +234,15 @@ int run(const Case& c) {
   else
     launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8>(a); }, S2::THREADS);
   launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
-  // B1 as the library picks it (chunked_kda_launch_impl.cuh): the session-6 kernel by default;
-  // FLASHGRAD_CHUNKED_KDA_B1=transposed: the transposed one (single-fragment products),
-  // =transposed_split: the same with dh, P and dv_new hi + lo.
+  // B1 as the library picks it (chunked_kda_launch_impl.cuh): the transposed kernel (single-fragment
+  // products); FLASHGRAD_CHUNKED_KDA_B1=transposed_split: the same with dh, P and dv_new hi + lo.
   const char* b1 = std::getenv("FLASHGRAD_CHUNKED_KDA_B1");
   using SB = dr::KdaStateBackwardTSmem<TT, KM, 8>;
   static_assert(SB::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)), "emulated shared memory");
-  if (b1 && std::strcmp(b1, "transposed") == 0)
-    launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
-  else if (b1 && std::strcmp(b1, "transposed_split") == 0)
+  if (b1 && std::strcmp(b1, "transposed_split") == 0)
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, true>(a); }, SB::THREADS);
   else
-    launch(N, HV, V / 32, [&] { dr::kda_state_backward_kernel<TT, KM>(a); });
+    launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
   launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
 
   // Stage by stage against the CPU chunked reference (float64) per (sequence, value head).
