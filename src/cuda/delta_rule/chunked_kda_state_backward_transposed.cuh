@@ -36,7 +36,8 @@
 //   need two more tiles per stage).
 #pragma once
 
-#include "chunked_kda_state_transposed.cuh"  // kda_rows_async, kda_exp2, kKdaLog2e
+#include "chunked_kda_gate_rows.cuh"         // KdaRowPieces, G's rows and gate slots, kda_exp2
+#include "chunked_kda_state_transposed.cuh"  // kda_rows_async
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_rows.cuh"   // kL2NormEps, chunk_row0
@@ -55,7 +56,7 @@ struct KdaStateBackwardTSmem {
   static constexpr int64_t kPBytes = sizeof(float) * C * LDP;
   static constexpr int64_t kStageBytes = 3 * kTileBytes + kDoutBytes + kPBytes;  // w, qg, kd, do, P^T
   static constexpr int64_t kSwapBytes = sizeof(float) * 32 * THREADS;  // 32 partial sums per thread
-  static constexpr int64_t kGateBytes = sizeof(float) * 4 * KMAX;    // [2 stages][G_{L-1}, exp(G_{L-1})]
+  static constexpr int64_t kGateBytes = KdaGateSlots<KMAX>::kBytes;
   static_assert(kTileBytes % 16 == 0 && kDoutBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   static constexpr int64_t bytes() { return 2 * kStageBytes + kSwapBytes + kGateBytes; }
 
@@ -65,10 +66,10 @@ struct KdaStateBackwardTSmem {
   // past the chunk are zero-filled.
   unsigned char* raw;
   float4* swap;  // [8][THREADS]: thread tid's j8-th float4 of p at swap[j8 * THREADS + tid]
-  float* gate;   // [2][2 KMAX]: stage s: G_{L-1} at [2 KMAX s + d], exp(G_{L-1}) at [2 KMAX s + KMAX + d]
+  KdaGateSlots<KMAX> gate;  // stage s: G_{L-1} and exp(G_{L-1}) of the chunk in stage s
   __device__ explicit KdaStateBackwardTSmem(unsigned char* r) : raw(r) {
     swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes);
-    gate = reinterpret_cast<float*>(raw + 2 * kStageBytes + kSwapBytes);
+    gate.at = reinterpret_cast<float*>(raw + 2 * kStageBytes + kSwapBytes);
   }
   __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
   __device__ T* qg(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kTileBytes); }
@@ -84,10 +85,11 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   using S = KdaStateBackwardTSmem<T, KMAX, WARPS>;
   constexpr int C = kChunkSize, THREADS = S::THREADS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP;
   constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
-  // qg / kd formation: kLanes threads per chunk row (adjacent lanes), kPer channels each (key_ch).
-  constexpr int kLanes = THREADS / C, kPer = KMAX / kLanes;
+  // qg / kd formation: thread tid owns chunk row rp.fr and the 8-channel pieces at channels rp.ch(q)
+  // (kLanes threads per row, kPer channels each; KdaRowPieces, the forward's layout).
+  using RowPieces = KdaRowPieces<KMAX, THREADS>;
+  constexpr int kLanes = RowPieces::kLanes, kPer = RowPieces::kPer;
   static_assert(WARPS % 2 == 0 && KH % 32 == 0, "two channel halves of whole pairs of 16-channel steps");
-  static_assert(THREADS % C == 0 && kPer % 16 == 0 && kLanes <= 32, "chunk rows over the block, 16-channel pairs");
   static_assert(KMAX / 4 <= THREADS, "one float4 of G_{L-1} per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
@@ -103,11 +105,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   // fragments of two 8-column tiles and for .trans A fragments; tb_* for .trans B fragments.
   const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
   const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
-  // Formation: thread tid owns chunk row fr and the 8-channel pieces q < kPer / 8 at channels
-  // key_ch(q) = 16 fp + 16 kLanes (q / 2) + 8 (q % 2), fp = tid % kLanes (the forward's layout: a
-  // quarter warp's 16-byte accesses, two rows x 4 lanes, hit 8 distinct 16-byte bank groups).
-  const int fr = tid / kLanes, fp = tid % kLanes;
-  auto key_ch = [&](int q) { return 16 * fp + 16 * kLanes * (q >> 1) + 8 * (q & 1); };
+  const RowPieces rp(tid);
+  const int fr = rp.fr;
 
   float dhT[NK][4];
 #pragma unroll
@@ -133,11 +132,11 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     T* d = dst + fr * LDK;
     if (vec) {
 #pragma unroll
-      for (int q = 0; q < kPer / 8; ++q) mma::cp_async16(d + key_ch(q), src + key_ch(q), ok);
+      for (int q = 0; q < kPer / 8; ++q) mma::cp_async16(d + rp.ch(q), src + rp.ch(q), ok);
     } else {  // (rare: strided views) one branch for all pieces, not unrolled
 #pragma unroll 1
       for (int q = 0; q < kPer / 8; ++q)
-        for (int i = 0; i < 8; ++i) d[key_ch(q) + i] = ok ? src[(key_ch(q) + i) * x.s3] : from_f<T>(0.f);
+        for (int i = 0; i < 8; ++i) d[rp.ch(q) + i] = ok ? src[(rp.ch(q) + i) * x.s3] : from_f<T>(0.f);
     }
   };
   // Chunk ci's copies into stage s (one cp.async group): w, do, P^T by the block; q, k by owner.
@@ -158,33 +157,6 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     own_key_pieces(a.k, k_vec, ci, sm.kd(s));
     mma::cp_async_commit();
   };
-  // This thread's kPer gate values of chunk row fr (g[8 q + j] at channel key_ch(q) + j; 0 past the
-  // chunk), float4 loads.
-  auto load_gate_rows = [&](const ChunkInfo& ci, float (&g)[kPer]) {
-    const bool ok = fr < ci.len;
-    const float* src = a.G + ((chunk_row0(ci, a.T) + (ok ? fr : 0)) * a.HV + hv) * a.K;
-#pragma unroll
-    for (int i = 0; i < kPer / 4; ++i) {
-      const float4 v = ok ? *reinterpret_cast<const float4*>(src + key_ch(i >> 1) + 4 * (i & 1))
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
-      g[4 * i] = v.x, g[4 * i + 1] = v.y, g[4 * i + 2] = v.z, g[4 * i + 3] = v.w;
-    }
-  };
-  // G_{L-1} of chunk ci, channels [4 tid, +4) (threads tid < KMAX / 4), and stage s's gate slot.
-  auto load_gate_last = [&](const ChunkInfo& ci) {
-    return tid < KMAX / 4
-               ? reinterpret_cast<const float4*>(a.G + ((chunk_row0(ci, a.T) + ci.len - 1) * a.HV + hv) * a.K)[tid]
-               : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  auto put_gate_last = [&](const float4& gl, int s) {
-    if (tid < KMAX / 4) {
-      float* at = sm.gate + 2 * KMAX * s + 4 * tid;
-      *reinterpret_cast<float4*>(at) = gl;
-      *reinterpret_cast<float4*>(at + KMAX) =
-          make_float4(kda_exp2(gl.x * kKdaLog2e), kda_exp2(gl.y * kKdaLog2e), kda_exp2(gl.z * kKdaLog2e),
-                      kda_exp2(gl.w * kKdaLog2e));
-    }
-  };
   // qg = scale rstd_q q o exp(G) and kd = rstd_k k o exp(G_{L-1} - G), this thread's pieces of
   // stage s, in place over the raw rows it copied (its own wait_group makes them visible to it).
   // The exponents are <= 0 (G_{L-1} <= G_r for r <= L - 1; the difference is formed first, so its
@@ -196,8 +168,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     uint32_t qw[kPer / 2], kw[kPer / 2];
 #pragma unroll
     for (int q = 0; q < kPer / 8; ++q) {
-      const uint4 vq = *reinterpret_cast<const uint4*>(qrow + key_ch(q));
-      const uint4 vk = *reinterpret_cast<const uint4*>(krow + key_ch(q));
+      const uint4 vq = *reinterpret_cast<const uint4*>(qrow + rp.ch(q));
+      const uint4 vk = *reinterpret_cast<const uint4*>(krow + rp.ch(q));
       qw[4 * q] = vq.x, qw[4 * q + 1] = vq.y, qw[4 * q + 2] = vq.z, qw[4 * q + 3] = vq.w;
       kw[4 * q] = vk.x, kw[4 * q + 1] = vk.y, kw[4 * q + 2] = vk.z, kw[4 * q + 3] = vk.w;
     }
@@ -222,11 +194,11 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     }
     if (fr >= len) rq = 0.f, rk = 0.f;
     rq *= a.scale;
-    const float* gls = sm.gate + 2 * KMAX * s;
+    const float* gls = sm.gate.last(s);
 #pragma unroll
     for (int q = 0; q < kPer / 8; ++q) {
-      const float4 l0 = *reinterpret_cast<const float4*>(gls + key_ch(q));
-      const float4 l1 = *reinterpret_cast<const float4*>(gls + key_ch(q) + 4);
+      const float4 l0 = *reinterpret_cast<const float4*>(gls + rp.ch(q));
+      const float4 l1 = *reinterpret_cast<const float4*>(gls + rp.ch(q) + 4);
       const float glv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
       uint32_t qo[4], ko[4];
 #pragma unroll
@@ -239,8 +211,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
         ko[j] = mma::pack_floats<T>(y0 * rk * kda_exp2((glv[2 * j] - g[i]) * kKdaLog2e),
                                     y1 * rk * kda_exp2((glv[2 * j + 1] - g[i + 1]) * kKdaLog2e));
       }
-      *reinterpret_cast<uint4*>(qrow + key_ch(q)) = make_uint4(qo[0], qo[1], qo[2], qo[3]);
-      *reinterpret_cast<uint4*>(krow + key_ch(q)) = make_uint4(ko[0], ko[1], ko[2], ko[3]);
+      *reinterpret_cast<uint4*>(qrow + rp.ch(q)) = make_uint4(qo[0], qo[1], qo[2], qo[3]);
+      *reinterpret_cast<uint4*>(krow + rp.ch(q)) = make_uint4(ko[0], ko[1], ko[2], ko[3]);
     }
   };
 
@@ -250,8 +222,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   if (c_last >= c_first) {
     ci_cur = a.chunks[c_last];
     issue(ci_cur, 0);
-    load_gate_rows(ci_cur, g);
-    put_gate_last(load_gate_last(ci_cur), 0);
+    kda_load_gate_rows(a, hv, rp, ci_cur, g);
+    sm.gate.put(kda_load_gate_last<KMAX>(a, hv, tid, ci_cur), 0, tid);
     if (c_last - 1 >= c_first) ci_next = a.chunks[c_last - 1];
     __syncthreads();  // stage 0's G_{L-1}
     form(ci_cur.len, 0, g);
@@ -270,8 +242,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     float4 gl_next = make_float4(0.f, 0.f, 0.f, 0.f);
     if (has_next) {
       issue(cn, s ^ 1);
-      load_gate_rows(cn, g);
-      gl_next = load_gate_last(cn);
+      kda_load_gate_rows(a, hv, rp, cn, g);
+      gl_next = kda_load_gate_last<KMAX>(a, hv, tid, cn);
       ci_cur = cn;
       if (c - 2 >= c_first) ci_next = a.chunks[c - 2];
     }
@@ -311,7 +283,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
 
     // dh^T diag(exp(G_{L-1})) (this warp's channels).
     {
-      const float* dec = sm.gate + 2 * KMAX * s + KMAX + kc0;
+      const float* dec = sm.gate.decay(s) + kc0;
 #pragma unroll
       for (int nk = 0; nk < NK; ++nk) {
         const float2 d = *reinterpret_cast<const float2*>(dec + 8 * nk + 2 * tig);
@@ -360,7 +332,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
 #pragma unroll
     for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
     // The next chunk's G_{L-1} and decay (its gate slot was last read before chunk c + 1's (B)).
-    if (has_next) put_gate_last(gl_next, s ^ 1);
+    if (has_next) sm.gate.put(gl_next, s ^ 1, tid);
     // (B) both channel halves' partial sums are written.
     __syncthreads();
 

@@ -31,6 +31,7 @@
 //   all hi + lo, to three digits in the emulation).
 #pragma once
 
+#include "chunked_kda_gate_rows.cuh"  // KdaRowPieces, G's rows and gate slots, kda_exp2
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_rows.cuh"  // kL2NormEps
@@ -57,7 +58,7 @@ struct KdaStateTSmem {
   static constexpr int64_t kStageBytes = 2 * kTileBytes + sizeof(float) * C * LDU;  // w, k, u
   static constexpr int kKdTiles = (SPLIT & kKdaSplitKd) ? 2 : 1;
   static constexpr int64_t kSwapBytes = sizeof(float) * 32 * THREADS;  // 32 partial sums per thread
-  static constexpr int64_t kGateBytes = sizeof(float) * 4 * KMAX;    // [2 stages][G_{L-1}, exp(G_{L-1})]
+  static constexpr int64_t kGateBytes = KdaGateSlots<KMAX>::kBytes;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned tiles");
   static constexpr int64_t bytes() { return 2 * kStageBytes + kKdTiles * kTileBytes + kSwapBytes + kGateBytes; }
 
@@ -68,31 +69,17 @@ struct KdaStateTSmem {
   T* kd;         // [C][LDK] k o exp(G_{L-1} - G) * rstd_k of the current chunk (hi part)
   T* kd_lo;      // [C][LDK] its lo part (kKdaSplitKd)
   float4* swap;  // [8][THREADS]: thread tid's j8-th float4 of h^T w^T at swap[j8 * THREADS + tid]
-  float* gate;   // [2][2 KMAX]: stage s: G_{L-1} at [2 KMAX s + d], exp(G_{L-1}) at [2 KMAX s + KMAX + d]
+  KdaGateSlots<KMAX> gate;  // stage s: G_{L-1} and exp(G_{L-1}) of the chunk in stage s
   __device__ explicit KdaStateTSmem(unsigned char* r) : raw(r) {
     kd = reinterpret_cast<T*>(raw + 2 * kStageBytes);
     kd_lo = kd + C * LDK;
     swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes);
-    gate = reinterpret_cast<float*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes + kSwapBytes);
+    gate.at = reinterpret_cast<float*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes + kSwapBytes);
   }
   __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
   __device__ T* k(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kTileBytes); }
   __device__ float* u(int s) const { return reinterpret_cast<float*>(raw + s * kStageBytes + 2 * kTileBytes); }
 };
-
-// 2^x on the hardware ex2 with results below 2^-126 flushed to zero (a decay that small is 0 for
-// these sums; no denormal fix-up instructions). x <= 0 up to rounding here. The host emulation
-// uses exp2f.
-__device__ __forceinline__ float kda_exp2(float x) {
-#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
-  return exp2f(x);
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#endif
-}
-constexpr float kKdaLog2e = 1.4426950408889634f;
 
 // Rows r < 64 of a tile by cp.async, P 16-byte pieces per row (E elements, 16 / sizeof(E) per
 // piece): thread tid copies piece tid % P of rows tid / P + (THREADS / P) m. `src` is its first
@@ -133,10 +120,11 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   constexpr int C = kChunkSize, THREADS = S::THREADS, BV = S::BV, LDK = S::LDK, LDU = S::LDU;
   constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
   constexpr bool kSplitH = SPLIT & kKdaSplitH, kSplitV = SPLIT & kKdaSplitVnew, kSplitKd = SPLIT & kKdaSplitKd;
-  // kd formation: kLanes threads per chunk row (adjacent lanes), kPer channels each (kd_ch below).
-  constexpr int kLanes = THREADS / C, kPer = KMAX / kLanes;
+  // kd formation: thread tid takes chunk row rp.fr and the 8-channel pieces at channels rp.ch(q)
+  // (kLanes threads per row, kPer channels each; KdaRowPieces).
+  using RowPieces = KdaRowPieces<KMAX, THREADS>;
+  constexpr int kLanes = RowPieces::kLanes, kPer = RowPieces::kPer;
   static_assert(WARPS % 2 == 0 && KH % 16 == 0, "two channel halves of whole 16-channel steps");
-  static_assert(THREADS % C == 0 && kPer % 8 == 0 && kLanes <= 32, "chunk rows over the block, 8-channel pieces");
   static_assert(KMAX / 4 <= THREADS, "one float4 of G_{L-1} per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
@@ -152,13 +140,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   // B fragments of two 8-column tiles, and .trans B fragments.
   const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
   const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
-  // kd formation: thread tid takes chunk row fr and the 8-channel pieces q < kPer / 8 at channels
-  // kd_ch(q) = 16 fp + 16 kLanes (q / 2) + 8 (q % 2), fp = tid % kLanes: so each 16-byte shared store
-  // (and k load) of a quarter warp, two rows x 4 lanes, hits 8 distinct 16-byte bank groups (row
-  // pitch 272 bytes = 16 mod 128, lanes 32 bytes apart).
-  static_assert(kPer % 16 == 0, "pairs of 8-channel pieces");
-  const int fr = tid / kLanes, fp = tid % kLanes;
-  auto kd_ch = [&](int q) { return 16 * fp + 16 * kLanes * (q >> 1) + 8 * (q & 1); };
+  const RowPieces rp(tid);
+  const int fr = rp.fr;
 
   float hT[NK][4];
 #pragma unroll
@@ -193,34 +176,6 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
                                 sm.u(s), LDU);
     mma::cp_async_commit();
   };
-  // This thread's kPer gate values of chunk row fr (g[8 q + j] at channel kd_ch(q) + j; 0 past the
-  // chunk), float4 loads.
-  auto load_gate_rows = [&](const ChunkInfo& ci, float (&g)[kPer]) {
-    const bool ok = fr < ci.len;
-    const float* src = a.G + ((chunk_row0(ci, a.T) + (ok ? fr : 0)) * a.HV + hv) * a.K;
-#pragma unroll
-    for (int i = 0; i < kPer / 4; ++i) {
-      const float4 v = ok ? *reinterpret_cast<const float4*>(src + kd_ch(i >> 1) + 4 * (i & 1))
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
-      g[4 * i] = v.x, g[4 * i + 1] = v.y, g[4 * i + 2] = v.z, g[4 * i + 3] = v.w;
-    }
-  };
-  // G_{L-1} of chunk ci, channels [4 tid, +4) (threads tid < KMAX / 4).
-  auto load_gate_last = [&](const ChunkInfo& ci) {
-    return tid < KMAX / 4
-               ? reinterpret_cast<const float4*>(a.G + ((chunk_row0(ci, a.T) + ci.len - 1) * a.HV + hv) * a.K)[tid]
-               : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  // Stage s's gate slot: G_{L-1} and exp(G_{L-1}).
-  auto put_gate_last = [&](const float4& gl, int s) {
-    if (tid < KMAX / 4) {
-      float* at = sm.gate + 2 * KMAX * s + 4 * tid;
-      *reinterpret_cast<float4*>(at) = gl;
-      *reinterpret_cast<float4*>(at + KMAX) =
-          make_float4(kda_exp2(gl.x * kKdaLog2e), kda_exp2(gl.y * kKdaLog2e), kda_exp2(gl.z * kKdaLog2e),
-                      kda_exp2(gl.w * kKdaLog2e));
-    }
-  };
 
   // The chunk plan's entries are read two chunks ahead (ci_next: the one the next prefetch copies).
   ChunkInfo ci_cur{}, ci_next{};
@@ -228,8 +183,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   if (c_begin < c_end) {
     ci_cur = a.chunks[c_begin];
     issue_tiles(ci_cur, 0);
-    load_gate_rows(ci_cur, g);
-    put_gate_last(load_gate_last(ci_cur), 0);
+    kda_load_gate_rows(a, hv, rp, ci_cur, g);
+    sm.gate.put(kda_load_gate_last<KMAX>(a, hv, tid, ci_cur), 0, tid);
     if (c_begin + 1 < c_end) ci_next = a.chunks[c_begin + 1];
   }
   for (int64_t c = c_begin; c < c_end; ++c) {
@@ -246,7 +201,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
     float4 gl_next = make_float4(0.f, 0.f, 0.f, 0.f);
     if (has_next) {
       issue_tiles(cn, s ^ 1);
-      gl_next = load_gate_last(cn);
+      gl_next = kda_load_gate_last<KMAX>(a, hv, tid, cn);
       ci_cur = cn;
       if (c + 2 < c_end) ci_next = a.chunks[c + 2];
     }
@@ -279,7 +234,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
       }
     }
 
-    // kd = k o exp(G_{L-1} - G) * rstd_k, chunk row fr, this thread's channels kd_ch(q) + [0, 8):
+    // kd = k o exp(G_{L-1} - G) * rstd_k, chunk row fr, this thread's channels rp.ch(q) + [0, 8):
     // raw k from shared memory (16-byte loads), G from registers; exp(G_{L-1, d} - G_rd) <= 1
     // (r <= L - 1) as 2^((G_{L-1} - G) log2 e): the difference first, so that its rounding is
     // relative to it, not to G (which reaches -1e3 under strong decay); rows past L are zero (rstd = 0).
@@ -288,7 +243,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
       const T* krow = sm.k(s) + fr * LDK;
 #pragma unroll
       for (int q = 0; q < kPer / 8; ++q) {
-        const uint4 v = *reinterpret_cast<const uint4*>(krow + kd_ch(q));
+        const uint4 v = *reinterpret_cast<const uint4*>(krow + rp.ch(q));
         kw[4 * q] = v.x, kw[4 * q + 1] = v.y, kw[4 * q + 2] = v.z, kw[4 * q + 3] = v.w;
       }
       float rstd = 1.f;
@@ -305,12 +260,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
         rstd = 1.0f / sqrtf(ss + kL2NormEps);
       }
       if (fr >= L) rstd = 0.f;  // rows past the chunk: kd = 0 (their k rows are zero-filled too)
-      const float* gls = sm.gate + 2 * KMAX * s;
+      const float* gls = sm.gate.last(s);
       T* kdrow = sm.kd + fr * LDK;
 #pragma unroll
       for (int q = 0; q < kPer / 8; ++q) {
-        const float4 l0 = *reinterpret_cast<const float4*>(gls + kd_ch(q));
-        const float4 l1 = *reinterpret_cast<const float4*>(gls + kd_ch(q) + 4);
+        const float4 l0 = *reinterpret_cast<const float4*>(gls + rp.ch(q));
+        const float4 l1 = *reinterpret_cast<const float4*>(gls + rp.ch(q) + 4);
         const float glv[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
         uint32_t hi[4], lo[4];
 #pragma unroll
@@ -325,13 +280,13 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
           else
             hi[j] = mma::pack_floats<T>(x0, x1);
         }
-        *reinterpret_cast<uint4*>(kdrow + kd_ch(q)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4*>(kdrow + rp.ch(q)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         if constexpr (kSplitKd)
-          *reinterpret_cast<uint4*>(sm.kd_lo + fr * LDK + kd_ch(q)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+          *reinterpret_cast<uint4*>(sm.kd_lo + fr * LDK + rp.ch(q)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
       }
     }
     // The next chunk's G rows (g is free now), in flight until the next chunk's kd.
-    if (has_next) load_gate_rows(cn, g);
+    if (has_next) kda_load_gate_rows(a, hv, rp, cn, g);
 
 #pragma unroll
     for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
@@ -362,7 +317,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
 
     // h^T = h^T diag(exp(G_{L-1})) + v_new^T kd (this warp's channels).
     {
-      const float* dec = sm.gate + 2 * KMAX * s + KMAX + kc0;
+      const float* dec = sm.gate.decay(s) + kc0;
 #pragma unroll
       for (int nk = 0; nk < NK; ++nk) {
         const float2 d = *reinterpret_cast<const float2*>(dec + 8 * nk + 2 * tig);
@@ -394,7 +349,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
       }
     }
     // The next chunk's G_{L-1} and decay (its stage's gate slot was last read in chunk c - 1).
-    if (has_next) put_gate_last(gl_next, s ^ 1);
+    if (has_next) sm.gate.put(gl_next, s ^ 1, tid);
   }
 
   if (a.ht.p) {
