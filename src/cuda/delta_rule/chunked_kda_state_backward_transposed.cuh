@@ -37,6 +37,7 @@
 #pragma once
 
 #include "chunked_kda_gate_rows.cuh"         // KdaRowPieces, G's rows and gate slots, kda_exp2
+#include "chunked_kda_state_slice.cuh"       // KdaStateSlice: the warp's dh^T tiles
 #include "chunked_kda_state_transposed.cuh"  // kda_rows_async
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
@@ -84,7 +85,8 @@ template <typename T, int KMAX, int WARPS = 8, bool kSplit = false>
 __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_kernel(ChunkedArgs a) {
   using S = KdaStateBackwardTSmem<T, KMAX, WARPS>;
   constexpr int C = kChunkSize, THREADS = S::THREADS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP;
-  constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
+  using Slice = KdaStateSlice<KMAX, WARPS>;
+  constexpr int NG = Slice::NG, KH = Slice::KH, NK = Slice::NK;
   // qg / kd formation: thread tid owns chunk row rp.fr and the 8-channel pieces at channels rp.ch(q)
   // (kLanes threads per row, kPer channels each; KdaRowPieces, the forward's layout).
   using RowPieces = KdaRowPieces<KMAX, THREADS>;
@@ -95,12 +97,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
-  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
-  const int vc0 = 16 * (wp % NG), kh = wp / NG, kc0 = KH * kh;
-  // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
-  // 2 tig + e % 2 of the tile (a key channel of dh^T, a chunk row of dv_new^T).
-  auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
-  auto tcol = [&](int e) { return 2 * tig + (e & 1); };
+  const int tid = threadIdx.x, lane = tid & 31;
+  // Warp tid / 32's value columns [vc0, +16) and key channels [kc0, +K/2); accumulator element e
+  // of a tile at value column sl.vcol(e) and tile column sl.tcol(e) (a key channel of dh^T, a chunk
+  // row of dv_new^T).
+  const Slice sl(lane, tid / 32);
+  const int grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
   // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile: nb_* for non-trans B
   // fragments of two 8-column tiles and for .trans A fragments; tb_* for .trans B fragments.
   const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
@@ -109,13 +111,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   const int fr = rp.fr;
 
   float dhT[NK][4];
-#pragma unroll
-  for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      dhT[nk][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, kc0 + 8 * nk + tcol(e),
-                                                                     col0 + vcol(e))]
-                           : 0.f;
+  sl.load(dhT, a.dht, n, hv, col0);
 
   const T* w = static_cast<const T*>(a.w);
   const bool q_vec = key_rows_vectorizable(a.q), k_vec = key_rows_vectorizable(a.k);
@@ -253,17 +249,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     const T* ds = sm.dout(s);
     const float* pt = sm.PT(s);
 
-    // dL/dh_{c+1} to the intermediates (fp32; the slice's columns, this warp's channels): element e
-    // of tile nk at channel kc0 + 8 nk + 2 tig (+ 1 for odd e), column vc0 + grp (+ 8 for e >= 2).
-    {
-      const int64_t V = a.V;
-      float* dhc = a.dh + (c * a.HV + hv) * a.K * V + col0 + (kc0 + 2 * tig) * V + vc0 + grp;
-#pragma unroll
-      for (int nk = 0; nk < NK; ++nk) {
-        float* q = dhc + 8 * nk * V;
-        q[0] = dhT[nk][0], q[V] = dhT[nk][1], q[8] = dhT[nk][2], q[V + 8] = dhT[nk][3];
-      }
-    }
+    // dL/dh_{c+1} to the intermediates (fp32 [chunks, HV, K, V]; the slice's columns, this warp's
+    // channels).
+    sl.store_chunk(dhT, a.dh, (c * a.HV + hv) * a.K * a.V, a.V, col0);
 
     // (1) p = dh^T kd^T over this warp's channel half; p[j8]: chunk rows [8 j8, +8).
     float p[8][4] = {};
@@ -282,14 +270,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     }
 
     // dh^T diag(exp(G_{L-1})) (this warp's channels).
-    {
-      const float* dec = sm.gate.decay(s) + kc0;
-#pragma unroll
-      for (int nk = 0; nk < NK; ++nk) {
-        const float2 d = *reinterpret_cast<const float2*>(dec + 8 * nk + 2 * tig);
-        dhT[nk][0] *= d.x, dhT[nk][1] *= d.y, dhT[nk][2] *= d.x, dhT[nk][3] *= d.y;
-      }
-    }
+    sl.scale_channels(dhT, sm.gate.decay(s));
 
     // Per 16-row block is of the chunk (the k dimension of both): A = do^T's columns [16 is, +16)
     // (ldmatrix.trans of do's rows); (2) p += do^T (scale P) over P's rows is (this warp's half of
@@ -378,13 +359,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     if (has_next) form(cn.len, s ^ 1, g);
   }
 
-  if (a.dh0.p) {
-    float* dh0 = static_cast<float*>(a.dh0.p);
-#pragma unroll
-    for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dh0[off4(a.dh0, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = dhT[nk][e];
-  }
+  if (a.dh0.p) sl.store(dhT, a.dh0, n, hv, col0);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

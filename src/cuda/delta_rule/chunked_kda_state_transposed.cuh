@@ -31,7 +31,8 @@
 //   all hi + lo, to three digits in the emulation).
 #pragma once
 
-#include "chunked_kda_gate_rows.cuh"  // KdaRowPieces, G's rows and gate slots, kda_exp2
+#include "chunked_kda_gate_rows.cuh"    // KdaRowPieces, G's rows and gate slots, kda_exp2
+#include "chunked_kda_state_slice.cuh"  // KdaStateSlice: the warp's h^T tiles
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_rows.cuh"  // kL2NormEps
@@ -118,7 +119,8 @@ template <typename T, int KMAX, int WARPS = 8, int SPLIT = FLASHGRAD_KDA_STATE_S
 __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(ChunkedArgs a) {
   using S = KdaStateTSmem<T, KMAX, WARPS, SPLIT>;
   constexpr int C = kChunkSize, THREADS = S::THREADS, BV = S::BV, LDK = S::LDK, LDU = S::LDU;
-  constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
+  using Slice = KdaStateSlice<KMAX, WARPS>;
+  constexpr int NG = Slice::NG, KH = Slice::KH, NK = Slice::NK;
   constexpr bool kSplitH = SPLIT & kKdaSplitH, kSplitV = SPLIT & kKdaSplitVnew, kSplitKd = SPLIT & kKdaSplitKd;
   // kd formation: thread tid takes chunk row rp.fr and the 8-channel pieces at channels rp.ch(q)
   // (kLanes threads per row, kPer channels each; KdaRowPieces).
@@ -130,12 +132,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
-  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
-  const int vc0 = 16 * (wp % NG), kh = wp / NG, kc0 = KH * kh;
-  // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
-  // 2 tig + e % 2 of the tile (a key channel of h^T, a chunk row of v_new^T).
-  auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
-  auto tcol = [&](int e) { return 2 * tig + (e & 1); };
+  const int tid = threadIdx.x, lane = tid & 31;
+  // Warp tid / 32's value columns [vc0, +16) and key channels [kc0, +K/2); accumulator element e
+  // of a tile at value column sl.vcol(e) and tile column sl.tcol(e) (a key channel of h^T, a chunk
+  // row of v_new^T).
+  const Slice sl(lane, tid / 32);
+  const int grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
   // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile (chunked_state.cuh): non-trans
   // B fragments of two 8-column tiles, and .trans B fragments.
   const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
@@ -144,13 +146,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   const int fr = rp.fr;
 
   float hT[NK][4];
-#pragma unroll
-  for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      hT[nk][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, kc0 + 8 * nk + tcol(e),
-                                                                   col0 + vcol(e))]
-                         : 0.f;
+  sl.load(hT, a.h0, n, hv, col0);
 
   const T* w = static_cast<const T*>(a.w);
   T* v_new = static_cast<T*>(a.v_new);
@@ -222,17 +218,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
       if constexpr (kSplitH) mma::mma_tiles<T, 4>(p, al, b);
     }
 
-    // h_c to the intermediates (fp32; its slice's columns, this warp's channels): element e of tile
-    // nk at channel kc0 + 8 nk + 2 tig (+ 1 for odd e), column vc0 + grp (+ 8 for e >= 2).
-    {
-      const int64_t V = a.V;
-      float* hc = a.h + (c * a.HV + hv) * a.K * V + col0 + (kc0 + 2 * tig) * V + vc0 + grp;
-#pragma unroll
-      for (int nk = 0; nk < NK; ++nk) {
-        float* q = hc + 8 * nk * V;
-        q[0] = hT[nk][0], q[V] = hT[nk][1], q[8] = hT[nk][2], q[V + 8] = hT[nk][3];
-      }
-    }
+    // h_c to the intermediates (fp32 [chunks, HV, K, V]; the slice's columns, this warp's channels).
+    sl.store_chunk(hT, a.h, (c * a.HV + hv) * a.K * a.V, a.V, col0);
 
     // kd = k o exp(G_{L-1} - G) * rstd_k, chunk row fr, this thread's channels rp.ch(q) + [0, 8):
     // raw k from shared memory (16-byte loads), G from registers; exp(G_{L-1, d} - G_rd) <= 1
@@ -305,7 +292,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
         const float4 x = sm.swap[j8 * THREADS + partner];
         const float xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) p[j8][e] = us[(8 * j8 + tcol(e)) * LDU + vcol(e)] - (p[j8][e] + xs[e]);
+        for (int e = 0; e < 4; ++e) p[j8][e] = us[(8 * j8 + sl.tcol(e)) * LDU + sl.vcol(e)] - (p[j8][e] + xs[e]);
         if (j8 / 4 == kh) {
           T* q = vn + 8 * j8 * vn_row;
           const int j = 8 * j8 + 2 * tig;
@@ -316,14 +303,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
     }
 
     // h^T = h^T diag(exp(G_{L-1})) + v_new^T kd (this warp's channels).
-    {
-      const float* dec = sm.gate.decay(s) + kc0;
-#pragma unroll
-      for (int nk = 0; nk < NK; ++nk) {
-        const float2 d = *reinterpret_cast<const float2*>(dec + 8 * nk + 2 * tig);
-        hT[nk][0] *= d.x, hT[nk][1] *= d.y, hT[nk][2] *= d.x, hT[nk][3] *= d.y;
-      }
-    }
+    sl.scale_channels(hT, sm.gate.decay(s));
 #pragma unroll
     for (int js = 0; js < C / 16; ++js) {
       uint32_t ah[4], al[4];
@@ -352,13 +332,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
     if (has_next) sm.gate.put(gl_next, s ^ 1, tid);
   }
 
-  if (a.ht.p) {
-    float* ht = static_cast<float*>(a.ht.p);
-#pragma unroll
-    for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = hT[nk][e];
-  }
+  if (a.ht.p) sl.store(hT, a.ht, n, hv, col0);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,72 @@
+// A warp's slice of the state in the transposed KDA state kernels: h^T in stage 2
+// (kda_state_transposed_kernel, chunked_kda_state_transposed.cuh), dh^T in B1
+// (kda_state_backward_transposed_kernel, chunked_kda_state_backward_transposed.cuh). The block
+// covers BV = 8 WARPS value columns of one value head; warp wp holds value columns
+// [vc0, +16) = [16 (wp % NG), +16) and key channels [kc0, +K/2) = [K/2 (wp / NG), +K/2) of them,
+// NG = WARPS / 2, as NK = K/16 mma accumulator tiles (16 value columns x 8 key channels).
+// Where its elements sit, and the moves both kernels make with it: from / to a [N, HV, K, V]
+// state view, to the per-chunk intermediates, and the decay by exp(G_{L-1}).
+#pragma once
+
+#include "recurrent_common.cuh"  // View, off4
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <int KMAX, int WARPS>
+struct KdaStateSlice {
+  static constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
+  int grp, tig;  // the lane's accumulator row group and thread in group (lane / 4, lane % 4)
+  int vc0;       // the warp's first value column inside the block's BV
+  int kh, kc0;   // its channel half (0, 1) and first key channel (K/2 kh)
+  __device__ KdaStateSlice(int lane, int wp)
+      : grp(lane >> 2), tig(lane & 3), vc0(16 * (wp % NG)), kh(wp / NG), kc0(KH * (wp / NG)) {}
+  // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
+  // 2 tig + e % 2 of the tile (a key channel of the state, tile nk: kc0 + 8 nk + tcol(e); or a chunk
+  // row of the products' v_new^T / dv_new^T).
+  __device__ int vcol(int e) const { return vc0 + grp + 8 * (e >> 1); }
+  __device__ int tcol(int e) const { return 2 * tig + (e & 1); }
+
+  // x = the slice of state view v (fp32 [N, HV, K, V]) of sequence n, head hv, value columns
+  // col0 + [0, BV); zeros without a view.
+  __device__ __forceinline__ void load(float (&x)[NK][4], const View& v, int64_t n, int64_t hv, int64_t col0) const {
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        x[nk][e] = v.p ? static_cast<const float*>(v.p)[off4(v, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] : 0.f;
+  }
+  // The slice x into state view v (which exists).
+  __device__ __forceinline__ void store(const float (&x)[NK][4], const View& v, int64_t n, int64_t hv,
+                                        int64_t col0) const {
+    float* out = static_cast<float*>(v.p);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[off4(v, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = x[nk][e];
+  }
+  // The slice x into one chunk's state, fp32 [K][V] row-major at states + chunk_off (V columns per
+  // key channel), value columns col0 + [0, BV): element e of tile nk at channel kc0 + 8 nk + 2 tig
+  // (+ 1 for odd e), column col0 + vc0 + grp (+ 8 for e >= 2). (The base and the chunk's offset
+  // come apart, not as one pointer: so the address sums stay those the kernels were tested with.)
+  __device__ __forceinline__ void store_chunk(const float (&x)[NK][4], float* states, int64_t chunk_off, int64_t V,
+                                              int64_t col0) const {
+    float* at = states + chunk_off + col0 + (kc0 + 2 * tig) * V + vc0 + grp;
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk) {
+      float* q = at + 8 * nk * V;
+      q[0] = x[nk][0], q[V] = x[nk][1], q[8] = x[nk][2], q[V + 8] = x[nk][3];
+    }
+  }
+  // x = x diag(decay) over the slice's channels: decay[d] multiplies key channel d (a chunk's
+  // exp(G_{L-1}), KdaGateSlots::decay), read as float2 pairs (channels kc0 + 8 nk + 2 tig, + 1).
+  __device__ __forceinline__ void scale_channels(float (&x)[NK][4], const float* decay) const {
+    const float* dec = decay + kc0;
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk) {
+      const float2 d = *reinterpret_cast<const float2*>(dec + 8 * nk + 2 * tig);
+      x[nk][0] *= d.x, x[nk][1] *= d.y, x[nk][2] *= d.x, x[nk][3] *= d.y;
+    }
+  }
+};
+
+}  // namespace flashgrad::cuda_detail::delta_rule
