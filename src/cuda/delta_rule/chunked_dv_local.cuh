@@ -77,11 +77,14 @@ __global__ void __launch_bounds__(kDvLocalThreads) chunk_dv_local_kernel(Chunked
     }
   }
   __syncthreads();
-  form_scaled_p<T, KMAX, WARPS, false>(sm.q, sm.k, LDK, sm.pscale, sm.rstd_k, sm.G, L, sm.P, nullptr, LDP);
+  // ldmatrix lane addresses (chunked_state_backward_transposed.cuh): nb_* for non-trans B fragments
+  // of two 8-column tiles and .trans A fragments of do^T, tb_* for .trans B fragments of P.
+  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
+  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
+  form_scaled_p<T, KMAX, WARPS, false>(sm.q, sm.k, LDK, sm.pscale, sm.rstd_k, sm.G, L, sm.P, nullptr, LDP,
+                                       threadIdx.x & 31, threadIdx.x / 32, nb_r, nb_c);
   __syncthreads();
 
-  // ldmatrix lane addresses for .trans A fragments of do^T (chunked_state_backward_transposed.cuh).
-  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
   T* dvl = static_cast<T*>(a.dv_new16);
   for (int vg = wp; vg < a.V / 16; vg += WARPS) {
     const int vc0 = 16 * vg;
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(kDvLocalThreads) chunk_dv_local_kernel(Chunked
     for (int is = 0; is < C / 16; ++is) {
       uint32_t ad[4];
       mma::ldmatrix_x4<true>(ad, sm.dout + (16 * is + nb_r) * LDD + vc0 + nb_c);
-      accumulate_dot_p<T, false>(p, ad, is, sm.P, nullptr, LDP);
+      accumulate_dot_p<T, false>(p, ad, is, sm.P, nullptr, LDP, tb_r, tb_c);
     }
 #pragma unroll
     for (int j8 = 0; j8 < 8; ++j8)

@@ -16,20 +16,18 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 // This warp's items of scale P into P (and P_lo with kSplit), [64][ldp] T; qs, ks: the chunk's raw
 // q, k rows ([64][ldk] T); pscale[i] = scale rstd_qi, rstd_k[j], G[i] (zeros past L) in shared
-// memory. Items it = (row block it % 4, column tiles [4 (it / 4), +4)) of q_raw k_raw^T; tiles
+// memory; lane, wp: the thread's lane and warp; nb_r, nb_c: the lane's ldmatrix address offsets for
+// non-trans B fragments of two 8-column tiles (row 8 (lane / 16) + lane % 8, column 8 ((lane / 8) %
+// 2)). The kernels pass the values they already hold (recomputing them here changed B1's SASS). Items it = (row block it % 4, column tiles [4 (it / 4), +4)) of q_raw k_raw^T; tiles
 // right of the diagonal block are never read, so item it costs (16-column pairs) 1 2 2 2 0 0 1 2.
 // With 8 warps each takes one (the longest, 2, bounds the phase). With 4 warps, warp wp takes the
 // items in slots wp and wp + 4 of the order 3 7 1 2 0 6 4 5 (nibbles of kItemOrder4, low first):
 // pairs of cost 3 3 2 2, not the 1 2 3 4 of items wp, wp + 4 (session 9: the 4-warp B1 serves few
 // long sequences, where this phase sits on the serial chain). With 2 warps, slots in order.
 template <typename T, int KMAX, int WARPS, bool kSplit>
-__device__ __forceinline__ void form_scaled_p(const T* __restrict__ qs, const T* __restrict__ ks, int ldk,
-                                              const float* __restrict__ pscale, const float* __restrict__ rstd_k,
-                                              const float* __restrict__ G, int L, T* __restrict__ P,
-                                              T* __restrict__ P_lo, int ldp) {
-  const int lane = threadIdx.x & 31, wp = threadIdx.x / 32;
-  // ldmatrix lane addresses for non-trans B fragments of two 8-column tiles (chunked_state.cuh).
-  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
+__device__ __forceinline__ void form_scaled_p(const T* qs, const T* ks, int ldk, const float* pscale,
+                                              const float* rstd_k, const float* G, int L, T* P, T* P_lo, int ldp,
+                                              int lane, int wp, int nb_r, int nb_c) {
   constexpr uint32_t kItemOrder4 = 0x54602173u;
 #pragma unroll
   for (int slot = wp; slot < 8; slot += WARPS) {
@@ -71,13 +69,12 @@ __device__ __forceinline__ void form_scaled_p(const T* __restrict__ qs, const T*
 
 // p[2 jp], p[2 jp + 1] (the 16 x 8 accumulator tiles of dv_local^T's chunk rows [16 jp, +16))
 // += ad (do^T's A fragment for P's rows [16 is, +16), ldmatrix.trans of do) x scale P's rows
-// [16 is, +16), columns [16 jp, +16), for the nonzero column blocks jp <= is.
+// [16 is, +16), columns [16 jp, +16), for the nonzero column blocks jp <= is. tb_r, tb_c: the lane's
+// ldmatrix address offsets for .trans B fragments (row 8 ((lane / 8) % 2) + lane % 8, column
+// 8 (lane / 16) of a 16 x 16 block).
 template <typename T, bool kSplit>
 __device__ __forceinline__ void accumulate_dot_p(float (&p)[8][4], const uint32_t (&ad)[4], int is, const T* P,
-                                                 const T* P_lo, int ldp) {
-  const int lane = threadIdx.x & 31;
-  // ldmatrix lane addresses for .trans B fragments (chunked_state.cuh).
-  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
+                                                 const T* P_lo, int ldp, int tb_r, int tb_c) {
 #pragma unroll
   for (int jp = 0; jp < 4; ++jp) {
     if (jp > is) continue;

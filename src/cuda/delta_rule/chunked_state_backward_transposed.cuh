@@ -40,6 +40,7 @@
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
+#include "chunked_scaled_p.cuh"
 #include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -190,53 +191,10 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
     __syncthreads();
 
     // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L, else 0, into
-    // shared memory (hi + lo with kSplit). Items it = (row block it % 4, column tiles
-    // [4 (it / 4), +4)) of q_raw k_raw^T; tiles right of the diagonal block are never read, so
-    // item it costs (16-column pairs) 1 2 2 2 0 0 1 2. With 8 warps each takes one (the longest,
-    // 2, bounds the phase). With 4 warps, warp wp takes the items in slots wp and wp + 4 of the
-    // order 3 7 1 2 0 6 4 5 (nibbles of kItemOrder4, low first): pairs of cost 3 3 2 2, not the
-    // 1 2 3 4 of items wp, wp + 4 (session 9: the 4-warp block serves few long sequences, where
-    // this phase sits on the serial chain).
-    if constexpr (!kLocal) {  // (with kLocal, chunked_dv_local.cuh formed P and its product ahead)
-      constexpr uint32_t kItemOrder4 = 0x54602173u;
-#pragma unroll
-      for (int slot = wp; slot < 8; slot += WARPS) {
-        const int it = WARPS == 4 ? static_cast<int>((kItemOrder4 >> (4 * slot)) & 7u) : slot;
-        const int prb = it & 3, phalf = it >> 2;
-        float praw[4][4] = {};
-        const T* qrow = qs + (16 * prb + (lane & 15)) * LDK + 8 * (lane >> 4);
-#pragma unroll
-        for (int kq = 0; kq < KMAX / 16; ++kq) {
-          uint32_t af[4];
-          mma::ldmatrix_x4<false>(af, qrow + 16 * kq);
-#pragma unroll
-          for (int q2 = 0; q2 < 2; ++q2) {
-            const int np = 2 * phalf + q2;  // column tiles 2 np, 2 np + 1
-            if (np > prb) continue;
-            uint32_t b[4];
-            mma::ldmatrix_x4<false>(b, ks + (16 * np + nb_r) * LDK + 16 * kq + nb_c);
-            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma::mma16816<T>(praw[2 * q2], af, b0);
-            mma::mma16816<T>(praw[2 * q2 + 1], af, b1);
-          }
-        }
-#pragma unroll
-        for (int q4 = 0; q4 < 4; ++q4) {
-          const int nt = 4 * phalf + q4;
-          if (nt > 2 * prb + 1) continue;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-            const float x =
-                j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
-            if constexpr (kSplit)
-              store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
-            else
-              sm.P[i * LDP + j] = from_f<T>(x);
-          }
-        }
-      }
-    }
+    // shared memory (hi + lo with kSplit), this warp's items (chunked_scaled_p.cuh says which).
+    if constexpr (!kLocal)  // (with kLocal, chunked_dv_local.cuh formed P and its product ahead)
+      form_scaled_p<T, KMAX, WARPS, kSplit>(qs, ks, LDK, sm.pscale, sm.rstd_k, sm.G, L, sm.P, sm.P_lo, LDP, lane, wp,
+                                            nb_r, nb_c);
 
     // dL/dh_{c+1} to the intermediates (the slice's columns).
     // (In T with 16-bit storage, a.dh16; else fp32.)
@@ -315,25 +273,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
     for (int is = 0; is < C / 16; ++is) {
       uint32_t ad[4];
       mma::ldmatrix_x4<true>(ad, ds + (16 * is + nb_r) * LDD + vc0 + nb_c);
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        if (kLocal || jp > is) continue;
-        uint32_t bh[4];
-        mma::ldmatrix_x4<true>(bh, sm.P + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
-        const uint32_t bh0[2] = {bh[0], bh[1]}, bh1[2] = {bh[2], bh[3]};
-        if constexpr (kSplit) {
-          uint32_t bl[4];
-          mma::ldmatrix_x4<true>(bl, sm.P_lo + (16 * is + tb_r) * LDP + 16 * jp + tb_c);
-          const uint32_t bl0[2] = {bl[0], bl[1]}, bl1[2] = {bl[2], bl[3]};
-          mma::mma16816<T>(p[2 * jp], ad, bh0);
-          mma::mma16816<T>(p[2 * jp], ad, bl0);
-          mma::mma16816<T>(p[2 * jp + 1], ad, bh1);
-          mma::mma16816<T>(p[2 * jp + 1], ad, bl1);
-        } else {
-          mma::mma16816<T>(p[2 * jp], ad, bh0);
-          mma::mma16816<T>(p[2 * jp + 1], ad, bh1);
-        }
-      }
+      if constexpr (!kLocal) accumulate_dot_p<T, kSplit>(p, ad, is, sm.P, sm.P_lo, LDP, tb_r, tb_c);
       const float2 r0 = *reinterpret_cast<const float2*>(&sm.rowscale[16 * is + 2 * tig]);
       const float2 r1 = *reinterpret_cast<const float2*>(&sm.rowscale[16 * is + 8 + 2 * tig]);
       uint32_t sh[4], sl[4];
