@@ -45,8 +45,9 @@ struct KdaRowPieces {
 // rp.ch(q) + j, as float4 loads (g[4 i + 0..3] = channels rp.ch(i / 2) + 4 (i % 2) + 0..3); 0 past
 // the chunk. G's row r of the chunk is at ((chunk_row0 + r) HV + hv) K.
 template <int KMAX, int THREADS>
-__device__ __forceinline__ void kda_load_gate_rows(const ChunkedArgs& a, int64_t hv, const KdaRowPieces<KMAX, THREADS>& rp,
-                                                   const ChunkInfo& ci, float (&g)[KdaRowPieces<KMAX, THREADS>::kPer]) {
+__device__ __forceinline__ void kda_load_gate_rows(const ChunkedArgs& a, int64_t hv,
+                                                   const KdaRowPieces<KMAX, THREADS>& rp, const ChunkInfo& ci,
+                                                   float (&g)[KdaRowPieces<KMAX, THREADS>::kPer]) {
   constexpr int kPer = KdaRowPieces<KMAX, THREADS>::kPer;
   const bool ok = rp.fr < ci.len;
   const float* src = a.G + ((chunk_row0(ci, a.T) + (ok ? rp.fr : 0)) * a.HV + hv) * a.K;

@@ -56,7 +56,7 @@ struct KdaStateBackwardTSmem {
   static constexpr int64_t kDoutBytes = sizeof(T) * C * LDD;
   static constexpr int64_t kPBytes = sizeof(float) * C * LDP;
   static constexpr int64_t kStageBytes = 3 * kTileBytes + kDoutBytes + kPBytes;  // w, qg, kd, do, P^T
-  static constexpr int64_t kSwapBytes = sizeof(float) * 32 * THREADS;  // 32 partial sums per thread
+  static constexpr int64_t kSwapBytes = KdaHalfSums<THREADS>::kBytes;  // 32 partial sums per thread
   static constexpr int64_t kGateBytes = KdaGateSlots<KMAX>::kBytes;
   static_assert(kTileBytes % 16 == 0 && kDoutBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   static constexpr int64_t bytes() { return 2 * kStageBytes + kSwapBytes + kGateBytes; }
@@ -66,10 +66,10 @@ struct KdaStateBackwardTSmem {
   // columns of do; PT(s) [C][LDP] fp32, row j = A's row j (P_ij at column i for i >= j). Rows
   // past the chunk are zero-filled.
   unsigned char* raw;
-  float4* swap;  // [8][THREADS]: thread tid's j8-th float4 of p at swap[j8 * THREADS + tid]
+  KdaHalfSums<THREADS> swap;  // the two channel halves' partial sums
   KdaGateSlots<KMAX> gate;  // stage s: G_{L-1} and exp(G_{L-1}) of the chunk in stage s
   __device__ explicit KdaStateBackwardTSmem(unsigned char* r) : raw(r) {
-    swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes);
+    swap.at = reinterpret_cast<float4*>(raw + 2 * kStageBytes);
     gate.at = reinterpret_cast<float*>(raw + 2 * kStageBytes + kSwapBytes);
   }
   __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
@@ -97,16 +97,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x;  // (read after the block's coordinates: the order the tested SASS has)
   // Warp tid / 32's value columns [vc0, +16) and key channels [kc0, +K/2); accumulator element e
   // of a tile at value column sl.vcol(e) and tile column sl.tcol(e) (a key channel of dh^T, a chunk
   // row of dv_new^T).
-  const Slice sl(lane, tid / 32);
+  const Slice sl(tid & 31, tid / 32);
   const int grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
-  // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile: nb_* for non-trans B
-  // fragments of two 8-column tiles and for .trans A fragments; tb_* for .trans B fragments.
-  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
-  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
   const RowPieces rp(tid);
   const int fr = rp.fr;
 
@@ -264,7 +260,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
       uint32_t b[4][4];
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp)
-        mma::ldmatrix_x4<false>(b[jp], kds + (16 * jp + nb_r) * LDK + kc0 + 16 * ks + nb_c);
+        mma::ldmatrix_x4<false>(b[jp], kds + (16 * jp + sl.nb_r) * LDK + kc0 + 16 * ks + sl.nb_c);
       mma::mma_tiles<T, 4>(p, ah, b);
       if constexpr (kSplit) mma::mma_tiles<T, 4>(p, al, b);
     }
@@ -279,7 +275,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
 #pragma unroll
     for (int is = 0; is < C / 16; ++is) {
       uint32_t ad[4];
-      mma::ldmatrix_x4<true>(ad, ds + (16 * is + nb_r) * LDD + vc0 + nb_c);
+      mma::ldmatrix_x4<true>(ad, ds + (16 * is + sl.nb_r) * LDD + vc0 + sl.nb_c);
       if ((is == 0 || is == 3) == p_rows_0_3) {
         // B fragment of column tile nt: (k = i = 16 is + 2 tig + {0, 1} (+ 8), n = j = 8 nt + grp) =
         // P_ij = P^T's row j, columns i, i + 1: one float2; P_ij for j <= i < L only.
@@ -303,15 +299,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
         // .trans tiles (rows 16 is + [0, 8), channels kc0 + 16 (np + q) + [0, 8)), (rows + 8, ..),
         // (rows, channels + 8), (rows + 8, channels + 8): B fragments of dh^T tiles 2 (np + q) + {0, 1}.
         uint32_t b[2][4];
-#pragma unroll
-        for (int q = 0; q < 2; ++q)
-          mma::ldmatrix_x4<true>(b[q], qgs + (16 * is + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
+        sl.ldmatrix_trans_pair<LDK>(b, qgs, is, np);
         mma::mma_tiles<T, 2>(dhT, ad, b, 2 * np);
       }
     }
 
-#pragma unroll
-    for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
+    sm.swap.put(p, tid);
     // The next chunk's G_{L-1} and decay (its gate slot was last read before chunk c + 1's (B)).
     if (has_next) sm.gate.put(gl_next, s ^ 1, tid);
     // (B) both channel halves' partial sums are written.
@@ -327,7 +320,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
       float* dvn = a.dv_new + ((row0 + 2 * tig) * a.HV + hv) * a.V + col0 + vc0 + grp;
 #pragma unroll
       for (int j8 = 0; j8 < 8; ++j8) {
-        const float4 x = sm.swap[j8 * THREADS + partner];
+        const float4 x = sm.swap.get(j8, partner);
         p[j8][0] += x.x, p[j8][1] += x.y, p[j8][2] += x.z, p[j8][3] += x.w;
         if (j8 / 4 == kh) {
           float* q = dvn + 8 * j8 * vn_row;
@@ -347,9 +340,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
 #pragma unroll
       for (int np = 0; np < NK / 2; np += 2) {
         uint32_t b[2][4];
-#pragma unroll
-        for (int q = 0; q < 2; ++q)
-          mma::ldmatrix_x4<true>(b[q], ws + (16 * js + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
+        sl.ldmatrix_trans_pair<LDK>(b, ws, js, np);
         mma::mma_tiles<T, 2>(dhT, ah, b, 2 * np);
         if constexpr (kSplit) mma::mma_tiles<T, 2>(dhT, al, b, 2 * np);
       }

@@ -4,11 +4,14 @@
 // covers BV = 8 WARPS value columns of one value head; warp wp holds value columns
 // [vc0, +16) = [16 (wp % NG), +16) and key channels [kc0, +K/2) = [K/2 (wp / NG), +K/2) of them,
 // NG = WARPS / 2, as NK = K/16 mma accumulator tiles (16 value columns x 8 key channels).
-// Where its elements sit, and the moves both kernels make with it: from / to a [N, HV, K, V]
-// state view, to the per-chunk intermediates, and the decay by exp(G_{L-1}).
+// Where its elements sit, the lane addresses of the ldmatrix fragments its products read, and the
+// moves both kernels make with it: from / to a [N, HV, K, V] state view, to the per-chunk
+// intermediates, the decay by exp(G_{L-1}), and the exchange of the two channel halves' partial
+// sums (KdaHalfSums).
 #pragma once
 
-#include "recurrent_common.cuh"  // View, off4
+#include "chunked_mma_ldmatrix.cuh"  // ldmatrix_x4
+#include "recurrent_common.cuh"       // View, off4
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -18,8 +21,21 @@ struct KdaStateSlice {
   int grp, tig;  // the lane's accumulator row group and thread in group (lane / 4, lane % 4)
   int vc0;       // the warp's first value column inside the block's BV
   int kh, kc0;   // its channel half (0, 1) and first key channel (K/2 kh)
+  // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile: nb_* for non-trans B
+  // fragments of two 8-column tiles (rows +0 / +8 by lane / 16, columns +0 / +8 by (lane / 8) % 2)
+  // and for .trans A fragments; tb_* for .trans B fragments (rows by (lane / 8) % 2, columns by
+  // lane / 16).
+  int nb_r, nb_c, tb_r, tb_c;
   __device__ KdaStateSlice(int lane, int wp)
-      : grp(lane >> 2), tig(lane & 3), vc0(16 * (wp % NG)), kh(wp / NG), kc0(KH * (wp / NG)) {}
+      : grp(lane >> 2),
+        tig(lane & 3),
+        vc0(16 * (wp % NG)),
+        kh(wp / NG),
+        kc0(KH * (wp / NG)),
+        nb_r(8 * (lane >> 4) + (lane & 7)),
+        nb_c(8 * ((lane >> 3) & 1)),
+        tb_r(8 * ((lane >> 3) & 1) + (lane & 7)),
+        tb_c(8 * (lane >> 4)) {}
   // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
   // 2 tig + e % 2 of the tile (a key channel of the state, tile nk: kc0 + 8 nk + tcol(e); or a chunk
   // row of the products' v_new^T / dv_new^T).
@@ -67,6 +83,30 @@ struct KdaStateSlice {
       x[nk][0] *= d.x, x[nk][1] *= d.y, x[nk][2] *= d.x, x[nk][3] *= d.y;
     }
   }
+  // .trans B fragments of the slice's state tiles 2 (np + q) + {0, 1}, q = 0, 1, from a row-major
+  // [C][LD] tile of chunk rows x key channels: its 16 x 16 blocks (rows 16 rb + [0, 16), channels
+  // kc0 + 16 (np + q) + [0, 16)), each as (rows, channels), (rows + 8, ..), (.., channels + 8),
+  // (rows + 8, channels + 8).
+  template <int LD, typename T>
+  __device__ __forceinline__ void ldmatrix_trans_pair(uint32_t (&b)[2][4], const T* tile, int rb, int np) const {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) mma::ldmatrix_x4<true>(b[q], tile + (16 * rb + tb_r) * LD + kc0 + 16 * (np + q) + tb_c);
+  }
+};
+
+// The partial sums p[8][4] over one channel half (p[j8]: chunk rows [8 j8, +8) of the slice's
+// v_new^T or dv_new^T) that the two warps of a column group exchange in shared memory,
+// [8][THREADS] float4: thread tid's j8-th at [j8 THREADS + tid]. The partner of tid is the same
+// lane of the other channel half's warp, tid ^ 32 NG.
+template <int THREADS>
+struct KdaHalfSums {
+  static constexpr int64_t kBytes = sizeof(float) * 32 * THREADS;
+  float4* at;
+  __device__ __forceinline__ void put(const float (&p)[8][4], int tid) const {
+#pragma unroll
+    for (int j8 = 0; j8 < 8; ++j8) at[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
+  }
+  __device__ __forceinline__ float4 get(int j8, int thread) const { return at[j8 * THREADS + thread]; }
 };
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -58,7 +58,7 @@ struct KdaStateTSmem {
   static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
   static constexpr int64_t kStageBytes = 2 * kTileBytes + sizeof(float) * C * LDU;  // w, k, u
   static constexpr int kKdTiles = (SPLIT & kKdaSplitKd) ? 2 : 1;
-  static constexpr int64_t kSwapBytes = sizeof(float) * 32 * THREADS;  // 32 partial sums per thread
+  static constexpr int64_t kSwapBytes = KdaHalfSums<THREADS>::kBytes;  // 32 partial sums per thread
   static constexpr int64_t kGateBytes = KdaGateSlots<KMAX>::kBytes;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned tiles");
   static constexpr int64_t bytes() { return 2 * kStageBytes + kKdTiles * kTileBytes + kSwapBytes + kGateBytes; }
@@ -69,12 +69,12 @@ struct KdaStateTSmem {
   unsigned char* raw;
   T* kd;         // [C][LDK] k o exp(G_{L-1} - G) * rstd_k of the current chunk (hi part)
   T* kd_lo;      // [C][LDK] its lo part (kKdaSplitKd)
-  float4* swap;  // [8][THREADS]: thread tid's j8-th float4 of h^T w^T at swap[j8 * THREADS + tid]
+  KdaHalfSums<THREADS> swap;  // the two channel halves' partial sums
   KdaGateSlots<KMAX> gate;  // stage s: G_{L-1} and exp(G_{L-1}) of the chunk in stage s
   __device__ explicit KdaStateTSmem(unsigned char* r) : raw(r) {
     kd = reinterpret_cast<T*>(raw + 2 * kStageBytes);
     kd_lo = kd + C * LDK;
-    swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes);
+    swap.at = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes);
     gate.at = reinterpret_cast<float*>(raw + 2 * kStageBytes + kKdTiles * kTileBytes + kSwapBytes);
   }
   __device__ T* w(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
@@ -132,16 +132,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x;  // (read after the block's coordinates: the order the tested SASS has)
   // Warp tid / 32's value columns [vc0, +16) and key channels [kc0, +K/2); accumulator element e
   // of a tile at value column sl.vcol(e) and tile column sl.tcol(e) (a key channel of h^T, a chunk
   // row of v_new^T).
-  const Slice sl(lane, tid / 32);
+  const Slice sl(tid & 31, tid / 32);
   const int grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
-  // ldmatrix lane addresses inside a 16 x 16 block of a row-major tile (chunked_state.cuh): non-trans
-  // B fragments of two 8-column tiles, and .trans B fragments.
-  const int nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
-  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
   const RowPieces rp(tid);
   const int fr = rp.fr;
 
@@ -213,7 +209,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
       uint32_t b[4][4];
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp)
-        mma::ldmatrix_x4<false>(b[jp], sm.w(s) + (16 * jp + nb_r) * LDK + kc0 + 16 * ks + nb_c);
+        mma::ldmatrix_x4<false>(b[jp], sm.w(s) + (16 * jp + sl.nb_r) * LDK + kc0 + 16 * ks + sl.nb_c);
       mma::mma_tiles<T, 4>(p, ah, b);
       if constexpr (kSplitH) mma::mma_tiles<T, 4>(p, al, b);
     }
@@ -275,8 +271,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
     // The next chunk's G rows (g is free now), in flight until the next chunk's kd.
     if (has_next) kda_load_gate_rows(a, hv, rp, cn, g);
 
-#pragma unroll
-    for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
+    sm.swap.put(p, tid);
     // (B) both channel halves' partial sums and kd are written.
     __syncthreads();
 
@@ -289,7 +284,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
       T* vn = v_new + ((row0 + 2 * tig) * a.HV + hv) * a.V + col0 + vc0 + grp;
 #pragma unroll
       for (int j8 = 0; j8 < 8; ++j8) {
-        const float4 x = sm.swap[j8 * THREADS + partner];
+        const float4 x = sm.swap.get(j8, partner);
         const float xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) p[j8][e] = us[(8 * j8 + sl.tcol(e)) * LDU + sl.vcol(e)] - (p[j8][e] + xs[e]);
@@ -314,16 +309,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
         // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles
         // 2 np, 2 np + 1; two such at once.
         uint32_t b[2][4];
-#pragma unroll
-        for (int q = 0; q < 2; ++q)
-          mma::ldmatrix_x4<true>(b[q], sm.kd + (16 * js + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
+        sl.ldmatrix_trans_pair<LDK>(b, sm.kd, js, np);
         mma::mma_tiles<T, 2>(hT, ah, b, 2 * np);
         if constexpr (kSplitV) mma::mma_tiles<T, 2>(hT, al, b, 2 * np);
         if constexpr (kSplitKd) {
           uint32_t bl[2][4];
-#pragma unroll
-          for (int q = 0; q < 2; ++q)
-            mma::ldmatrix_x4<true>(bl[q], sm.kd_lo + (16 * js + tb_r) * LDK + kc0 + 16 * (np + q) + tb_c);
+          sl.ldmatrix_trans_pair<LDK>(bl, sm.kd_lo, js, np);
           mma::mma_tiles<T, 2>(hT, ah, bl, 2 * np);
         }
       }
