@@ -36,6 +36,7 @@ struct KdaRowPieces {
   static constexpr int kLanes = THREADS / kChunkSize, kPer = KMAX / kLanes;
   static_assert(THREADS % kChunkSize == 0 && kPer % 16 == 0 && kLanes <= 32,
                 "chunk rows over the block, pairs of 8-channel pieces");
+  static_assert(KMAX / 4 <= THREADS, "one float4 of G_{L-1} per thread (kda_load_gate_last)");
   int fr, fp;  // chunk row, and this thread's place among the row's kLanes threads
   __device__ explicit KdaRowPieces(int tid) : fr(tid / kLanes), fp(tid % kLanes) {}
   __device__ int ch(int q) const { return 16 * fp + 16 * kLanes * (q >> 1) + 8 * (q & 1); }

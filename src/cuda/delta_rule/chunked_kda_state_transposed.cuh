@@ -127,7 +127,6 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   using RowPieces = KdaRowPieces<KMAX, THREADS>;
   constexpr int kLanes = RowPieces::kLanes, kPer = RowPieces::kPer;
   static_assert(WARPS % 2 == 0 && KH % 16 == 0, "two channel halves of whole 16-channel steps");
-  static_assert(KMAX / 4 <= THREADS, "one float4 of G_{L-1} per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
