@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
         // .trans tiles (rows 16 is + [0, 8), channels kc0 + 16 (np + q) + [0, 8)), (rows + 8, ..),
         // (rows, channels + 8), (rows + 8, channels + 8): B fragments of dh^T tiles 2 (np + q) + {0, 1}.
         uint32_t b[2][4];
-        sl.ldmatrix_trans_pair<LDK>(b, qgs, is, np);
+        sl.ldmatrix_trans_pair(b, qgs, LDK, is, np);
         mma::mma_tiles<T, 2>(dhT, ad, b, 2 * np);
       }
     }
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
 #pragma unroll
       for (int np = 0; np < NK / 2; np += 2) {
         uint32_t b[2][4];
-        sl.ldmatrix_trans_pair<LDK>(b, ws, js, np);
+        sl.ldmatrix_trans_pair(b, ws, LDK, js, np);
         mma::mma_tiles<T, 2>(dhT, ah, b, 2 * np);
         if constexpr (kSplit) mma::mma_tiles<T, 2>(dhT, al, b, 2 * np);
       }

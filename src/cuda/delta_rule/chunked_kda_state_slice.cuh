@@ -84,13 +84,14 @@ struct KdaStateSlice {
     }
   }
   // .trans B fragments of the slice's state tiles 2 (np + q) + {0, 1}, q = 0, 1, from a row-major
-  // [C][LD] tile of chunk rows x key channels: its 16 x 16 blocks (rows 16 rb + [0, 16), channels
+  // [C][ld] tile of chunk rows x key channels: its 16 x 16 blocks (rows 16 rb + [0, 16), channels
   // kc0 + 16 (np + q) + [0, 16)), each as (rows, channels), (rows + 8, ..), (.., channels + 8),
   // (rows + 8, channels + 8).
-  template <int LD, typename T>
-  __device__ __forceinline__ void ldmatrix_trans_pair(uint32_t (&b)[2][4], const T* tile, int rb, int np) const {
+  template <typename T>
+  __device__ __forceinline__ void ldmatrix_trans_pair(uint32_t (&b)[2][4], const T* tile, int ld, int rb,
+                                                      int np) const {
 #pragma unroll
-    for (int q = 0; q < 2; ++q) mma::ldmatrix_x4<true>(b[q], tile + (16 * rb + tb_r) * LD + kc0 + 16 * (np + q) + tb_c);
+    for (int q = 0; q < 2; ++q) mma::ldmatrix_x4<true>(b[q], tile + (16 * rb + tb_r) * ld + kc0 + 16 * (np + q) + tb_c);
   }
 };
 

@@ -308,12 +308,12 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
         // channels), (rows, channels + 8), (rows + 8, channels + 8): B fragments of h^T tiles
         // 2 np, 2 np + 1; two such at once.
         uint32_t b[2][4];
-        sl.ldmatrix_trans_pair<LDK>(b, sm.kd, js, np);
+        sl.ldmatrix_trans_pair(b, sm.kd, LDK, js, np);
         mma::mma_tiles<T, 2>(hT, ah, b, 2 * np);
         if constexpr (kSplitV) mma::mma_tiles<T, 2>(hT, al, b, 2 * np);
         if constexpr (kSplitKd) {
           uint32_t bl[2][4];
-          sl.ldmatrix_trans_pair<LDK>(bl, sm.kd_lo, js, np);
+          sl.ldmatrix_trans_pair(bl, sm.kd_lo, LDK, js, np);
           mma::mma_tiles<T, 2>(hT, ah, bl, 2 * np);
         }
       }
