@@ -94,19 +94,17 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
   static_assert(WARPS % 2 == 0 && KH % 32 == 0, "two channel halves of whole pairs of 16-channel steps");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
-  const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
-  const int tid = threadIdx.x;  // (read after the block's coordinates: the order the tested SASS has)
-  // Warp tid / 32's value columns [vc0, +16) and key channels [kc0, +K/2); accumulator element e
-  // of a tile at value column sl.vcol(e) and tile column sl.tcol(e) (a key channel of dh^T, a chunk
-  // row of dv_new^T).
-  const Slice sl(tid & 31, tid / 32);
-  const int grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
+  // The block's (sequence n, value head hv, its key head, value columns [col0, +BV)); warp tid / 32's
+  // value columns [vc0, +16) and key channels [kc0, +K/2), accumulator element e of a tile at value
+  // column sl.vcol(e) and tile column sl.tcol(e) (a key channel of dh^T, a chunk row of dv_new^T).
+  const Slice sl(a);
+  const int64_t n = sl.n, hv = sl.hv, head = sl.head, col0 = sl.col0;
+  const int tid = threadIdx.x, grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
   const RowPieces rp(tid);
   const int fr = rp.fr;
 
   float dhT[NK][4];
-  sl.load(dhT, a.dht, n, hv, col0);
+  sl.load(dhT, a.dht);
 
   const T* w = static_cast<const T*>(a.w);
   const bool q_vec = key_rows_vectorizable(a.q), k_vec = key_rows_vectorizable(a.k);
@@ -246,7 +244,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
 
     // dL/dh_{c+1} to the intermediates (fp32 [chunks, HV, K, V]; the slice's columns, this warp's
     // channels).
-    sl.store_chunk(dhT, a.dh, (c * a.HV + hv) * a.K * a.V, a.V, col0);
+    sl.store_chunk(dhT, a.dh, (c * a.HV + hv) * a.K * a.V, a.V);
 
     // (1) p = dh^T kd^T over this warp's channel half; p[j8]: chunk rows [8 j8, +8).
     float p[8][4] = {};
@@ -349,7 +347,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
     if (has_next) form(cn.len, s ^ 1, g);
   }
 
-  if (a.dh0.p) sl.store(dhT, a.dh0, n, hv, col0);
+  if (a.dh0.p) sl.store(dhT, a.dh0);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

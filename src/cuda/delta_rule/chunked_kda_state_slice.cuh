@@ -11,13 +11,17 @@
 #pragma once
 
 #include "chunked_mma_ldmatrix.cuh"  // ldmatrix_x4
+#include "chunked_stages.h"           // ChunkedArgs
 #include "recurrent_common.cuh"       // View, off4
 
 namespace flashgrad::cuda_detail::delta_rule {
 
 template <int KMAX, int WARPS>
 struct KdaStateSlice {
-  static constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8;
+  static constexpr int NG = WARPS / 2, KH = KMAX / 2, NK = KH / 8, BV = 8 * WARPS;
+  // The block's sequence n (blockIdx.x), value head hv (blockIdx.y), the key head of hv (HV / H
+  // value heads per key head), and first value column col0 (blockIdx.z BV).
+  int64_t n, hv, head, col0;
   int grp, tig;  // the lane's accumulator row group and thread in group (lane / 4, lane % 4)
   int vc0;       // the warp's first value column inside the block's BV
   int kh, kc0;   // its channel half (0, 1) and first key channel (K/2 kh)
@@ -26,16 +30,16 @@ struct KdaStateSlice {
   // and for .trans A fragments; tb_* for .trans B fragments (rows by (lane / 8) % 2, columns by
   // lane / 16).
   int nb_r, nb_c, tb_r, tb_c;
-  __device__ KdaStateSlice(int lane, int wp)
-      : grp(lane >> 2),
-        tig(lane & 3),
-        vc0(16 * (wp % NG)),
-        kh(wp / NG),
-        kc0(KH * (wp / NG)),
-        nb_r(8 * (lane >> 4) + (lane & 7)),
-        nb_c(8 * ((lane >> 3) & 1)),
-        tb_r(8 * ((lane >> 3) & 1) + (lane & 7)),
-        tb_c(8 * (lane >> 4)) {}
+  __device__ explicit KdaStateSlice(const ChunkedArgs& a)
+      : n(blockIdx.x), hv(blockIdx.y), head(hv / (a.HV / a.H)), col0(static_cast<int64_t>(blockIdx.z) * BV) {
+    // threadIdx after blockIdx: the order of the reads in the kernels whose SASS was tested (the
+    // other order changes it).
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
+    grp = lane >> 2, tig = lane & 3;
+    vc0 = 16 * (wp % NG), kh = wp / NG, kc0 = KH * kh;
+    nb_r = 8 * (lane >> 4) + (lane & 7), nb_c = 8 * ((lane >> 3) & 1);
+    tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
+  }
   // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
   // 2 tig + e % 2 of the tile (a key channel of the state, tile nk: kc0 + 8 nk + tcol(e); or a chunk
   // row of the products' v_new^T / dv_new^T).
@@ -44,7 +48,7 @@ struct KdaStateSlice {
 
   // x = the slice of state view v (fp32 [N, HV, K, V]) of sequence n, head hv, value columns
   // col0 + [0, BV); zeros without a view.
-  __device__ __forceinline__ void load(float (&x)[NK][4], const View& v, int64_t n, int64_t hv, int64_t col0) const {
+  __device__ __forceinline__ void load(float (&x)[NK][4], const View& v) const {
 #pragma unroll
     for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
@@ -52,8 +56,7 @@ struct KdaStateSlice {
         x[nk][e] = v.p ? static_cast<const float*>(v.p)[off4(v, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] : 0.f;
   }
   // The slice x into state view v (which exists).
-  __device__ __forceinline__ void store(const float (&x)[NK][4], const View& v, int64_t n, int64_t hv,
-                                        int64_t col0) const {
+  __device__ __forceinline__ void store(const float (&x)[NK][4], const View& v) const {
     float* out = static_cast<float*>(v.p);
 #pragma unroll
     for (int nk = 0; nk < NK; ++nk)
@@ -64,8 +67,8 @@ struct KdaStateSlice {
   // key channel), value columns col0 + [0, BV): element e of tile nk at channel kc0 + 8 nk + 2 tig
   // (+ 1 for odd e), column col0 + vc0 + grp (+ 8 for e >= 2). (The base and the chunk's offset
   // come apart, not as one pointer: so the address sums stay those the kernels were tested with.)
-  __device__ __forceinline__ void store_chunk(const float (&x)[NK][4], float* states, int64_t chunk_off, int64_t V,
-                                              int64_t col0) const {
+  __device__ __forceinline__ void store_chunk(const float (&x)[NK][4], float* states, int64_t chunk_off,
+                                              int64_t V) const {
     float* at = states + chunk_off + col0 + (kc0 + 2 * tig) * V + vc0 + grp;
 #pragma unroll
     for (int nk = 0; nk < NK; ++nk) {

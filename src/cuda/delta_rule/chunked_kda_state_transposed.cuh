@@ -129,19 +129,17 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
   static_assert(WARPS % 2 == 0 && KH % 16 == 0, "two channel halves of whole 16-channel steps");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
-  const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
-  const int tid = threadIdx.x;  // (read after the block's coordinates: the order the tested SASS has)
-  // Warp tid / 32's value columns [vc0, +16) and key channels [kc0, +K/2); accumulator element e
-  // of a tile at value column sl.vcol(e) and tile column sl.tcol(e) (a key channel of h^T, a chunk
-  // row of v_new^T).
-  const Slice sl(tid & 31, tid / 32);
-  const int grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
+  // The block's (sequence n, value head hv, its key head, value columns [col0, +BV)); warp tid / 32's
+  // value columns [vc0, +16) and key channels [kc0, +K/2), accumulator element e of a tile at value
+  // column sl.vcol(e) and tile column sl.tcol(e) (a key channel of h^T, a chunk row of v_new^T).
+  const Slice sl(a);
+  const int64_t n = sl.n, hv = sl.hv, head = sl.head, col0 = sl.col0;
+  const int tid = threadIdx.x, grp = sl.grp, tig = sl.tig, vc0 = sl.vc0, kh = sl.kh, kc0 = sl.kc0;
   const RowPieces rp(tid);
   const int fr = rp.fr;
 
   float hT[NK][4];
-  sl.load(hT, a.h0, n, hv, col0);
+  sl.load(hT, a.h0);
 
   const T* w = static_cast<const T*>(a.w);
   T* v_new = static_cast<T*>(a.v_new);
@@ -214,7 +212,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
     }
 
     // h_c to the intermediates (fp32 [chunks, HV, K, V]; the slice's columns, this warp's channels).
-    sl.store_chunk(hT, a.h, (c * a.HV + hv) * a.K * a.V, a.V, col0);
+    sl.store_chunk(hT, a.h, (c * a.HV + hv) * a.K * a.V, a.V);
 
     // kd = k o exp(G_{L-1} - G) * rstd_k, chunk row fr, this thread's channels rp.ch(q) + [0, 8):
     // raw k from shared memory (16-byte loads), G from registers; exp(G_{L-1, d} - G_rd) <= 1
@@ -322,7 +320,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
     if (has_next) sm.gate.put(gl_next, s ^ 1, tid);
   }
 
-  if (a.ht.p) sl.store(hT, a.ht, n, hv, col0);
+  if (a.ht.p) sl.store(hT, a.ht);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
