@@ -14,6 +14,31 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// One item's raw products praw (q_raw k_raw^T of row block prb, 8-column tiles nt = 4 phalf + q4,
+// accumulator layout) scaled into P (and P_lo with kSplit): scale P_ij = pscale_i rstd_kj
+// exp(G_i - G_j) raw_ij for j <= i < L, else 0. Tiles right of the diagonal block are skipped
+// (never read). Shared by form_scaled_p and the fused forward (chunked_state.cuh), which forms
+// praw in its own schedule.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void store_scaled_p_item(const float (&praw)[4][4], int prb, int phalf, const float* pscale,
+                                                    const float* rstd_k, const float* G, int L, T* P, T* P_lo,
+                                                    int ldp) {
+#pragma unroll
+  for (int q4 = 0; q4 < 4; ++q4) {
+    const int nt = 4 * phalf + q4;
+    if (nt > 2 * prb + 1) continue;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+      const float x = j <= i && i < L ? pscale[i] * rstd_k[j] * expf(G[i] - G[j]) * praw[q4][e] : 0.f;
+      if constexpr (kSplit)
+        store_split<T>(x, &P[i * ldp + j], &P_lo[i * ldp + j]);
+      else
+        P[i * ldp + j] = from_f<T>(x);
+    }
+  }
+}
+
 // This warp's items of scale P into P (and P_lo with kSplit), [64][ldp] T; qs, ks: the chunk's raw
 // q, k rows ([64][ldk] T); pscale[i] = scale rstd_qi, rstd_k[j], G[i] (zeros past L) in shared
 // memory; lane, wp: the thread's lane and warp; nb_r, nb_c: the lane's ldmatrix address offsets for
@@ -50,20 +75,7 @@ __device__ __forceinline__ void form_scaled_p(const T* qs, const T* ks, int ldk,
         mma::mma16816<T>(praw[2 * q2 + 1], af, b1);
       }
     }
-#pragma unroll
-    for (int q4 = 0; q4 < 4; ++q4) {
-      const int nt = 4 * phalf + q4;
-      if (nt > 2 * prb + 1) continue;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-        const float x = j <= i && i < L ? pscale[i] * rstd_k[j] * expf(G[i] - G[j]) * praw[q4][e] : 0.f;
-        if constexpr (kSplit)
-          store_split<T>(x, &P[i * ldp + j], &P_lo[i * ldp + j]);
-        else
-          P[i * ldp + j] = from_f<T>(x);
-      }
-    }
+    store_scaled_p_item<T, kSplit>(praw, prb, phalf, pscale, rstd_k, G, L, P, P_lo, ldp);
   }
 }
 

@@ -28,6 +28,7 @@
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
+#include "chunked_scaled_p.cuh"  // store_scaled_p_item
 #include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -238,21 +239,8 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
 
     if constexpr (kOutput) {
       // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L (exp bounded
-      // by 1), else 0; to shared memory as hi + lo. Tiles right of the diagonal block are never read.
-#pragma unroll
-      for (int q4 = 0; q4 < 4; ++q4) {
-        const int nt = 4 * phalf + q4;
-        if (nt > 2 * prb + 1) continue;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-          const float x = j <= i && i < L ? sm.pscale[i] * sm.rstd_k[j] * expf(sm.G[i] - sm.G[j]) * praw[q4][e] : 0.f;
-          if constexpr (kSingle)
-            sm.P[i * LDP + j] = from_f<T>(x);
-          else
-            store_split<T>(x, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
-        }
-      }
+      // by 1), else 0; to shared memory (hi + lo unless kSingle; chunked_scaled_p.cuh).
+      store_scaled_p_item<T, !kSingle>(praw, prb, phalf, sm.pscale, sm.rstd_k, sm.G, L, sm.P, sm.P_lo, LDP);
       __syncthreads();
     }
 
