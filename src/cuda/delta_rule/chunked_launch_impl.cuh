@@ -170,14 +170,14 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
   if (legacy_backward_wanted() && (a.dh16 || a.dv_new16))
     throw_invalid_argument("chunked delta rule (state backward)", "scratch",
                            "the legacy B1 writes fp32 dh and dv_new only");
-  // dv_local needs dv_new in its own 16-bit buffer (not w's region) and single-fragment products.
-  if (!legacy_backward_wanted() && a.dv_new16 && a.dv_new16 != a.w && !state_backward_split_wanted() &&
-      state_backward_local_wanted(a.num_seqs * a.HV, a.V, sm_count())) {
-    launch_dv_local_then_state_backward<T, KMAX>(a, s);
-    return;
-  }
   if (!legacy_backward_wanted()) {
     const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
+    // dv_local needs dv_new in its own 16-bit buffer (not w's region) and single-fragment products.
+    if (a.dv_new16 && a.dv_new16 != a.w && !state_backward_split_wanted() &&
+        state_backward_local_wanted(chains, a.V, sms)) {
+      launch_dv_local_then_state_backward<T, KMAX>(a, s);
+      return;
+    }
     const int warps = state_backward_warps(chains, a.V, sms);
     if (a.dv_new16 && a.dv_new16 == a.w && !(a.K == a.V && 16 * warps == a.V))
       throw_invalid_argument("chunked delta rule (state backward)", "scratch",
