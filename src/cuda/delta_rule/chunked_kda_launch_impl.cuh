@@ -8,6 +8,8 @@
 
 #include "chunked_kda.h"
 #include "chunked_kda_grads.cuh"
+#include "chunked_kda_grads_local.cuh"
+#include "chunked_kda_grads_state.cuh"
 #include "chunked_kda_grads_legacy.cuh"
 #include "chunked_kda_output.cuh"
 #include "chunked_kda_prepare.cuh"
@@ -175,6 +177,22 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
           : launch_kda_state_backward_transposed<T, 128, false>(a, s);
 }
 
+// FLASHGRAD_CHUNKED_KDA_B2=split (read at every launch) runs B2 as two kernels of two blocks per SM
+// each (session 10: chunked_kda_grads_state.cuh, then chunked_kda_grads_local.cuh; the first hands
+// the second dM through dv's first 64 columns and the state parts of dq, dk, dg, dbeta through
+// those outputs) instead of kda_grads_kernel (one block per SM, 225 KiB at K = 128).
+// FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
+inline bool kda_b2_split_requested() {
+  const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
+  return v && std::strcmp(v, "split") == 0;
+}
+
+template <typename T, int KMAX>
+void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
+  launch_kda_kernel<KdaGradsStateSmem, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX>, kda_chunk_grid(a), a, s);
+  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX>, kda_chunk_grid(a), a, s);
+}
+
 template <typename T>
 void launch_kda_grads(const ChunkedArgs& a, cudaStream_t s) {
   const char* stage = "chunked KDA (grads)";
@@ -183,6 +201,10 @@ void launch_kda_grads(const ChunkedArgs& a, cudaStream_t s) {
     throw_invalid_argument(stage, "scratch", "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and dg must be given");
   if (a.num_chunks == 0 || a.HV == 0) return;
   const bool legacy = kda_legacy_requested();
+  if (!legacy && kda_b2_split_requested()) {
+    a.K == 64 ? launch_kda_grads_split<T, 64>(a, s) : launch_kda_grads_split<T, 128>(a, s);
+    return;
+  }
   if (a.K == 64)
     launch_kda_kernel<KdaGradsSmem<64>, kGradsThreads>(legacy ? kda_grads_legacy_kernel<T, 64> : kda_grads_kernel<T, 64>,
                                                        kda_chunk_grid(a), a, s);

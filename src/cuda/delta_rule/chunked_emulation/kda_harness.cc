@@ -12,6 +12,8 @@
 
 #include "core/host_dtype.h"
 #include "cuda/delta_rule/chunked_kda_grads.cuh"
+#include "cuda/delta_rule/chunked_kda_grads_local.cuh"
+#include "cuda/delta_rule/chunked_kda_grads_state.cuh"
 #include "cuda/delta_rule/chunked_kda_output.cuh"
 #include "cuda/delta_rule/chunked_kda_prepare.cuh"
 #include "cuda/delta_rule/chunked_kda_prepare_compact.cuh"
@@ -243,7 +245,18 @@ int run(const Case& c) {
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, true>(a); }, SB::THREADS);
   else
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
-  launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
+  // B2 as the library picks it (chunked_kda_launch_impl.cuh): kda_grads_kernel;
+  // FLASHGRAD_CHUNKED_KDA_B2=split: the state kernel over every block, then the local kernel.
+  const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
+  if (b2 && std::strcmp(b2, "split") == 0) {
+    static_assert(dr::KdaGradsStateSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)) &&
+                      dr::KdaGradsLocalSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)),
+                  "emulated shared memory");
+    launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM>(a); }, dr::kKdaSplitThreads);
+    launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM>(a); }, dr::kKdaSplitThreads);
+  } else {
+    launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
+  }
 
   // Stage by stage against the CPU chunked reference (float64) per (sequence, value head).
   Pairs pG, pA, pP, pw, pu, pvn, ph, pht, po, pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;

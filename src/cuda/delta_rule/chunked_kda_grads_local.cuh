@@ -1,0 +1,215 @@
+// Split KDA B2, second kernel (session 10, FLASHGRAD_CHUNKED_KDA_B2=split): the per-channel decayed
+// sums of kda_grads_kernel (chunked_kda_grads.cuh, same notation) and dUb, finishing what
+// kda_grads_state_kernel (chunked_kda_grads_state.cuh) began. One block of 8 warps per (chunk, value
+// head), grid chunks x HV, 105 KiB of shared memory: two blocks per SM.
+//
+//   dP = scale Lower_incl(do v_new^T) (over V, fragments from global memory), dM read back from dv's
+//   first 64 columns (the first kernel put it there);
+//   per slice of 64 key channels (G, q, k tiles [64][64]; kda_decayed_rows_mma / cols_mma with
+//   KMAX = 64 on them):
+//     aq = rows(dP, k, incl), ak = cols(dP, q, incl), bm = rows(dM, k), ck = cols(dM, beta k);
+//     dq += aq;  dk += ak + beta bm + ck;  dG += q o aq - k o ak + k o (beta bm - ck);
+//     dbeta += rowsum(k o bm);  dg = reverse cumsum over rows of (dG + the first kernel's dG_s);
+//   then A into dP's space and dUb = A^T dv_new: dv = beta dUb (overwriting dM: every read of it
+//   was before the slice loop's first barrier), dbeta += v . dUb.
+// Thread ownership of the slice's elementwise terms: element (r, d) = e = tid + 256 m (m < 16),
+// r = e / 64, d = e % 64; its dk and dG partial sums stay in registers over the four decayed sums.
+#pragma once
+
+#include "chunked_kda_grads_slices.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+struct KdaGradsLocalSmem {
+  static constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = C + 1;
+  float *dP, *dM;            // [C][LDM]; dP's space holds A after the slices
+  float *G, *q, *k, *out;    // [C][KS]
+  float* stage;              // [32][KS]: the decayed sums' staging
+  float *beta, *dbeta, *rq, *rk;  // [C]
+  static constexpr int64_t bytes() { return sizeof(float) * (2 * C * LDM + 4 * C * KS + 32 * KS + 4 * C); }
+  __device__ explicit KdaGradsLocalSmem(unsigned char* raw) {
+    dP = reinterpret_cast<float*>(raw);
+    dM = dP + C * LDM;
+    G = dM + C * LDM;
+    q = G + C * KS;
+    k = q + C * KS;
+    out = k + C * KS;
+    stage = out + C * KS;
+    beta = stage + 32 * KS;
+    dbeta = beta + C;
+    rq = dbeta + C;
+    rk = rq + C;
+  }
+};
+static_assert(KdaGradsLocalSmem::bytes() <= 113 * 1024, "two blocks per SM");
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(ChunkedArgs a) {
+  using S = KdaGradsLocalSmem;
+  constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM, NE = C * KS / kKdaSplitThreads;
+  static_assert(KMAX % KS == 0, "whole slices");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = threadIdx.x, rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
+  const int64_t row0 = chunk_row0(ci, a.T), V = a.V, K = a.K, HV = a.HV, HVV = a.HV * a.V;
+  const float scale = a.scale;
+  const T* vn_base = static_cast<const T*>(a.v_new) + (row0 * HV + hv) * V;  // row r: + r * HV V
+  const T* do_base = static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, 0);  // row r: + r * s1
+  const T* v_base = static_cast<const T*>(a.v.p) + off4(a.v, ci.b, ci.t0, hv, 0);       // row r: + r * s1
+  const float* dvn_base = a.dv_new + (row0 * HV + hv) * V;                              // row r: + r * HV V
+  float* dv0 = a.dv + (row0 * HV + hv) * V;                                             // row r: + r * HV V
+  const bool pairs_do = (reinterpret_cast<uintptr_t>(do_base) & 3) == 0 && a.dout.s1 % 2 == 0;
+  // dq / dk: the first kernel stored (H == HV) or added (GVA) the state parts; add ours.
+  const bool gva = a.H != a.HV;
+  auto accumulate = [gva](float* p, float x) {
+    if (gva)
+      atomicAdd(p, x);
+    else
+      *p += x;
+  };
+  float* dq_row0 = a.dq_acc + (row0 * a.H + head) * K;  // row r, channel d: + r * H K + d
+  float* dk_row0 = a.dk_acc + (row0 * a.H + head) * K;
+  float* dg_row0 = a.dg + (row0 * HV + hv) * K;  // row r, channel d: + r * HV K + d
+  const int64_t qk_stride = a.H * K, dg_stride = HV * K;
+
+  if (tid < C) {
+    sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+    sm.dbeta[tid] = 0.f;
+  }
+  kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
+  kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  // dM from dv's first 64 columns (rows past L: 0).
+  batched_copy<C * C, kKdaSplitThreads>([&](int e) { return e / C < L ? dv0[(e / C) * HVV + e % C] : 0.f; },
+                                        [&](int e, float x) { sm.dM[(e / C) * LDM + e % C] = x; });
+  {
+    // dP = scale Lower_incl(do v_new^T) (warp: rows 16 rs.., columns n0 + 8 nt..).
+    float acc[4][4] = {};
+    if (pairs_do)
+      kda_mma::rows_times_rows_global<T, true>(do_base, a.dout.s1, vn_base, HVV, V, L, acc);
+    else
+      kda_mma::rows_times_rows_global<T, false>(do_base, a.dout.s1, vn_base, HVV, V, L, acc);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * rs + mma::acc_row(e), j = n0 + 8 * nt + mma::acc_col(e);
+        sm.dP[i * LDM + j] = i < L && j <= i ? scale * acc[nt][e] : 0.f;
+      }
+  }
+  __syncthreads();  // dM read (dv is free from here on), dP, beta, rstd in place
+
+  auto qx = [&](int r, int d) { return sm.q[r * KS + d]; };
+  auto kx = [&](int r, int d) { return sm.k[r * KS + d]; };
+  auto beta_k = [&](int r, int d) { return sm.beta[r] * sm.k[r * KS + d]; };
+#pragma unroll 1
+  for (int c0 = 0; c0 < KMAX; c0 += KS) {
+    kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
+    kda_key_slice<T>(a.q, ci, head, c0, sm.rq, sm.q);
+    kda_key_slice<T>(a.k, ci, head, c0, sm.rk, sm.k);
+    __syncthreads();
+    float dk[NE], dG[NE];  // element e = tid + 256 m: row e / 64 = tid / 64 + 4 m, channel tid % 64
+    const int d = tid % KS, r0 = tid / KS;
+    // aq: dq += aq, dG = q o aq.
+    kda_decayed_rows_mma<T, KS>(sm.dP, LDM, kx, sm.G, true, sm.out, sm.stage);
+#pragma unroll
+    for (int m = 0; m < NE; ++m) {
+      const int r = r0 + 4 * m, e = r * KS + d;
+      const float aq = sm.out[e];
+      dG[m] = sm.q[e] * aq;
+      if (r < L) accumulate(dq_row0 + r * qk_stride + c0 + d, aq);
+    }
+    __syncthreads();  // out's readers done
+    // ak: dk = ak, dG -= k o ak.
+    kda_decayed_cols_mma<T, KS>(sm.dP, LDM, qx, sm.G, true, sm.out, sm.stage);
+#pragma unroll
+    for (int m = 0; m < NE; ++m) {
+      const int e = (r0 + 4 * m) * KS + d;
+      const float ak = sm.out[e];
+      dk[m] = ak;
+      dG[m] -= sm.k[e] * ak;
+    }
+    __syncthreads();
+    // bm: dk += beta bm, dG += beta k o bm, dbeta += rowsum(k o bm) (a warp's 32 lanes share row r).
+    kda_decayed_rows_mma<T, KS>(sm.dM, LDM, kx, sm.G, false, sm.out, sm.stage);
+#pragma unroll
+    for (int m = 0; m < NE; ++m) {
+      const int r = r0 + 4 * m, e = r * KS + d;
+      const float bm = sm.out[e], kr = sm.k[e], br = sm.beta[r];
+      dk[m] += br * bm;
+      dG[m] += br * kr * bm;
+      const float ts = group_sum<32>(kr * bm);
+      if ((tid & 31) == 0 && r < L) atomicAdd(&sm.dbeta[r], ts);
+    }
+    __syncthreads();
+    // ck: dk += ck, dG -= k o ck; then dk out, and dG + the first kernel's part into out.
+    kda_decayed_cols_mma<T, KS>(sm.dM, LDM, beta_k, sm.G, false, sm.out, sm.stage);
+#pragma unroll
+    for (int m = 0; m < NE; ++m) {
+      const int r = r0 + 4 * m, e = r * KS + d;
+      const float ck = sm.out[e];
+      dk[m] += ck;
+      dG[m] -= sm.k[e] * ck;
+      float tot = 0.f;
+      if (r < L) {
+        accumulate(dk_row0 + r * qk_stride + c0 + d, dk[m]);
+        tot = dG[m] + dg_row0[r * dg_stride + c0 + d];
+      }
+      sm.out[e] = tot;  // the same thread read out[e] above
+    }
+    __syncthreads();
+    // dg = reverse cumsum over the chunk's rows, one thread per channel (the dg reads above are done:
+    // barrier).
+    if (tid < KS) {
+      float acc = 0.f;
+#pragma unroll 8
+      for (int i = L - 1; i >= 0; --i) {
+        acc += sm.out[i * KS + tid];
+        dg_row0[i * dg_stride + c0 + tid] = acc;
+      }
+    }
+    __syncthreads();  // the slice tiles and out are free
+  }
+
+  // dUb = A^T dv_new (A into dP's space), 64 value columns at a time, as kda_grads_kernel's phase D:
+  // dv = beta dUb, dbeta += v . dUb.
+  kda_load_A(a.A, row0, hv, HV, L, sm.dP, LDM);
+  __syncthreads();
+  for (int64_t cv = 0; cv < V; cv += 64) {
+    float vv[4][4];  // v at this thread's accumulator elements, loaded ahead (0 past L)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
+        vv[nt][e] = j < L ? to_f<T>(v_base[j * a.v.s1 + cv + n]) : 0.f;
+      }
+    float acc[4][4] = {};
+    const float* dvc = dvn_base + cv;
+    kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.dP[i * LDM + r]; },
+                                     [&](int i, int n) { return i < L ? dvc[i * HVV + n] : 0.f; }, 16 * rs, n0,
+                                     16 * rs, C, acc);
+    float vd[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
+        if (j < L) dv0[j * HVV + cv + n] = sm.beta[j] * acc[nt][e];
+        vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
+      }
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 1);
+      vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 2);
+      const int j = 16 * rs + mma::grp() + 8 * h2;
+      if (mma::tig() == 0 && j < L) atomicAdd(&sm.dbeta[j], vd[h2]);
+    }
+  }
+  __syncthreads();
+  // dbeta = the first kernel's WY part + ours.
+  if (tid < L) a.dbeta[(row0 + tid) * HV + hv] += sm.dbeta[tid];
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,79 @@
+// Pieces shared by the two kernels of the split KDA B2 (session 10: chunked_kda_grads_state.cuh and
+// chunked_kda_grads_local.cuh; FLASHGRAD_CHUNKED_KDA_B2=split). Both kernels walk the key channels in
+// slices of 64 so that their per-channel tiles are [64][64] fp32 (16 KiB) whatever K is, and each
+// block fits in half an SM's shared memory (two blocks of 8 warps per SM). The slice tiles hold
+// chunk rows r < 64 and channels c0 + d (d < 64) of one slice: element (r, d) at [r * 64 + d].
+#pragma once
+
+#include "chunked_kda_decay.cuh"
+#include "chunked_kda_mma.cuh"  // batched_copy
+#include "chunked_rows.cuh"
+#include "chunked_stages.h"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+constexpr int kKdaSliceK = 64;          // key channels per slice
+constexpr int kKdaSplitThreads = 256;   // 8 warps per block in both kernels
+
+// out[r] = 1 / sqrt(sum_d x_rd^2 + eps) for the chunk's rows r < 64 of q or k (rows past L: any
+// finite value, their elements read as 0), 1 without the L2 norm. Four lanes per row (the 256
+// threads cover the 64 rows once), each summing channels part, part + 4, ...; then a shuffle sum.
+template <typename T, int KMAX>
+__device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci, int64_t head, bool l2norm,
+                                             float* out) {
+  static_assert(kKdaSplitThreads == 4 * kChunkSize, "four lanes per row");
+  const int tid = threadIdx.x, r = tid / 4, part = tid % 4;
+  float ss = 0.f;
+  if (r < ci.len) {
+    const int64_t base = off3(x, ci.b, ci.t0 + r, head);  // the last dim is contiguous
+#pragma unroll 8
+    for (int d = part; d < KMAX; d += 4) {
+      const float v = load_elem<T>(x, base + d);
+      ss += v * v;
+    }
+  }
+  ss = group_sum<4>(ss);
+  if (part == 0) out[r] = l2norm ? 1.0f / sqrtf(ss + kL2NormEps) : 1.f;
+}
+
+// out[r * 64 + d] = G[row0 + r', hv, c0 + d] with r' = min(r, L - 1): rows past L repeat the last
+// row (the cumulative sum of zero gates), as the decayed sums require. No barrier.
+template <int KMAX>
+__device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
+                                               int64_t HV, int c0, float* out) {
+  batched_copy<kChunkSize * kKdaSliceK, kKdaSplitThreads>(
+      [&](int e) {
+        const int r = e / kKdaSliceK, rr = r < ci.len ? r : ci.len - 1;
+        return G_in[((row0 + rr) * HV + hv) * KMAX + c0 + e % kKdaSliceK];
+      },
+      [&](int e, float x) { out[e] = x; });
+}
+
+// out[r * 64 + d] = x[b, t0 + r, head, c0 + d] * rstd[r] (0 past L): one slice of normalized q or k.
+// No barrier.
+template <typename T>
+__device__ __forceinline__ void kda_key_slice(const View& x, const ChunkInfo& ci, int64_t head, int c0,
+                                              const float* rstd, float* out) {
+  batched_copy<kChunkSize * kKdaSliceK, kKdaSplitThreads>(
+      [&](int e) {
+        const int r = e / kKdaSliceK;
+        return r < ci.len ? load_elem<T>(x, off3(x, ci.b, ci.t0 + r, head) + c0 + e % kKdaSliceK) * rstd[r] : 0.f;
+      },
+      [&](int e, float v) { out[e] = v; });
+}
+
+// A from stage 1 into out[i * ldo + j] (64 x 64): stage 1 packs P^T into A's upper triangle
+// (chunked_kda.h), so keep the strict lower part and put the unit diagonal back; rows past L are 0
+// (they are not read: the last chunk's may lie past the array). No barrier.
+__device__ __forceinline__ void kda_load_A(const float* A_in, int64_t row0, int64_t hv, int64_t HV, int L, float* out,
+                                           int ldo) {
+  constexpr int C = kChunkSize;
+  batched_copy<C * C, kKdaSplitThreads>(
+      [&](int e) {
+        const int i = e / C, j = e % C;
+        return i < L ? (j < i ? A_in[((row0 + i) * HV + hv) * C + j] : (j == i ? 1.f : 0.f)) : 0.f;
+      },
+      [&](int e, float x) { out[(e / C) * ldo + e % C] = x; });
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule

@@ -1,0 +1,232 @@
+// Split KDA B2, first kernel (session 10, FLASHGRAD_CHUNKED_KDA_B2=split): everything of
+// kda_grads_kernel (chunked_kda_grads.cuh, whose notation this uses) except the per-channel decayed
+// sums aq, ak, bm, ck, which the second kernel (chunked_kda_grads_local.cuh) forms.
+//
+// Why: kda_grads_kernel holds fp32 [64][K] tiles of q, k, G, dk, dG, dw at once (225 KiB at K = 128),
+// so one block of 8 warps runs per SM and the kernel is latency-bound (ncu, session 6: issue active
+// 22%). Here both kernels walk the key channels in slices of 64 ([64][64] tiles, 16 KiB) and keep at
+// most ~113 KiB of shared memory and 128 registers, two blocks (16 warps) per SM.
+//
+// One block of 8 warps per (chunk, value head), grid chunks x HV. Per slice s (channels c0 = 64 s ..):
+//   dw_s = -dv_new h_s^T,  Y_s = do h_s^T,  X_s = v_new dh_s^T  (state_times_rows: h / dh rows of
+//   the slice straight from global memory into fragments), <h[d], dh[d]> on X's pass;
+//   dA += dw_s Wb_s^T (Wb = beta e o k, formed in the loader), accumulated in registers over the
+//   slices (dA is the one quantity that sums over all K);
+//   dWb_s = A^T dw_s, and at its fragment elements (r, d) the state and WY terms of the slice:
+//     dq_s = scale e Y;  dk_s = X exp(gl - G) + beta e dWb;
+//     dG_s = q o dq_s - X k exp(gl - G) + beta e k dWb;  dbeta += rowsum(e k dWb);
+//     sl_d = sum_r X k exp(gl - G) + exp(gl_d) <h[d], dh[d]>  (added to dG's last row L - 1).
+// After the slices: dA = Lower_incl(dv_new (beta v)^T + dw Wb^T), dM = -StrictLower(A^T dA A^T).
+// Writes (the second kernel reads them back, block for block):
+//   dq_acc, dk_acc: dq_s, dk_s (stored; added atomically under GVA);
+//   dg:   dG_s (with sl in row L - 1), the "state" part of dG before the reverse cumsum;
+//   dbeta: the WY part rowsum(e k dWb);
+//   dv:   dM row i in columns [0, 64) of dv's row i (V >= 64). dv is written for good only by the
+//         second kernel, after its block has read dM (same (chunk, value head)): no extra scratch.
+// Rows past L: G repeats row L - 1, k, X, Y, dw, A are 0, so no term there is nonzero and nothing is
+// stored.
+#pragma once
+
+#include "chunked_kda_grads_slices.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+struct KdaGradsStateSmem {
+  static constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = C + 1;
+  float *G, *k, *dw, *Y, *X;  // [C][KS]: the slice's G, normalized k, dw, Y, X
+  float* A;                   // [C][LDM]
+  float* mat;                 // after the slices: dA [C][LDM] in Y and X's space (2 C KS >= C LDM)
+  float* tmp;                 // after the slices: dA A^T [C][C] in dw's space
+  float *beta, *rq, *rk, *dbeta, *sl;  // [C] x 4, [KS]
+  static constexpr int64_t bytes() { return sizeof(float) * (5 * C * KS + C * LDM + 4 * C + KS); }
+  __device__ explicit KdaGradsStateSmem(unsigned char* raw) {
+    G = reinterpret_cast<float*>(raw);
+    k = G + C * KS;
+    dw = k + C * KS;
+    Y = dw + C * KS;
+    X = Y + C * KS;
+    A = X + C * KS;
+    beta = A + C * LDM;
+    rq = beta + C;
+    rk = rq + C;
+    dbeta = rk + C;
+    sl = dbeta + C;
+    mat = Y;
+    tmp = dw;
+  }
+};
+static_assert(2 * kChunkSize * kKdaSliceK >= kChunkSize * (kChunkSize + 1), "dA fits in Y and X");
+static_assert(KdaGradsStateSmem::bytes() <= 113 * 1024, "two blocks per SM");
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
+  using S = KdaGradsStateSmem;
+  constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM;
+  static_assert(KMAX % KS == 0, "whole slices");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = threadIdx.x, rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
+  const int64_t row0 = chunk_row0(ci, a.T), V = a.V, K = a.K, HV = a.HV, HVV = a.HV * a.V;
+  const float scale = a.scale;
+  const T* vn_base = static_cast<const T*>(a.v_new) + (row0 * HV + hv) * V;  // row r: + r * HV V
+  const T* do_base = static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, 0);  // row r: + r * s1
+  const T* v_base = static_cast<const T*>(a.v.p) + off4(a.v, ci.b, ci.t0, hv, 0);       // row r: + r * s1
+  const float* dvn_base = a.dv_new + (row0 * HV + hv) * V;                              // row r: + r * HV V
+  const float* h = a.h + (c * HV + hv) * K * V;    // h_c [K][V]
+  const float* dhn = a.dh + (c * HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
+  const bool pairs_do = (reinterpret_cast<uintptr_t>(do_base) & 3) == 0 && a.dout.s1 % 2 == 0;
+  const bool pairs_v = (reinterpret_cast<uintptr_t>(v_base) & 3) == 0 && a.v.s1 % 2 == 0;
+  const bool gva = a.H != a.HV;
+  auto add_or_store = [gva](float* p, float x) {
+    if (gva)
+      atomicAdd(p, x);
+    else
+      *p = x;
+  };
+  // Row r, channel d of dq / dk at + r * H K + d; of dg at + r * HV K + d.
+  float* dq_row0 = a.dq_acc + (row0 * a.H + head) * K;
+  float* dk_row0 = a.dk_acc + (row0 * a.H + head) * K;
+  float* dg_row0 = a.dg + (row0 * HV + hv) * K;
+  const int64_t qk_stride = a.H * K, dg_stride = HV * K;
+  const int64_t q_base = off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1 (L >= 1)
+
+  if (tid < C) {
+    sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+    sm.dbeta[tid] = 0.f;
+  }
+  if (tid < KS) sm.sl[tid] = 0.f;
+  kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
+  kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  kda_load_A(a.A, row0, hv, HV, L, sm.A, LDM);
+  __syncthreads();
+
+  // dA's V part, dv_new (beta v)^T: v exact in T, dv_new split; beta_j per column. The warp's
+  // 16 x 32 block: rows 16 rs.., columns n0 + 8 nt.. (rows_times_rows_global's layout).
+  float dA[4][4] = {};
+  if (pairs_v)
+    kda_mma::rows_times_rows_global<T, true>(dvn_base, HVV, v_base, a.v.s1, V, L, dA);
+  else
+    kda_mma::rows_times_rows_global<T, false>(dvn_base, HVV, v_base, a.v.s1, V, L, dA);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dA[nt][e] *= sm.beta[n0 + 8 * nt + mma::acc_col(e)];
+
+#pragma unroll 1
+  for (int c0 = 0; c0 < KMAX; c0 += KS) {
+    kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
+    kda_key_slice<T>(a.k, ci, head, c0, sm.rk, sm.k);
+    // The products with the states (no barrier inside; each thread writes its own fragment elements).
+    const float* hs = h + static_cast<int64_t>(c0) * V;  // rows c0.. of h_c and dh_{c+1}
+    const float* dhs = dhn + static_cast<int64_t>(c0) * V;
+    kda_mma::state_times_rows<T, KS, true>(hs, V, dvn_base, HVV, L, -1.f, sm.dw);
+    if (pairs_do)
+      kda_mma::state_times_rows<T, KS, true>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
+    else
+      kda_mma::state_times_rows<T, KS, false>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
+    float hdot[2];  // <dh[d], h[d]> for channels c0 + 16 (w % 4) + grp (+ 8); nonzero in one lane per channel
+    kda_mma::state_times_rows<T, KS, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
+    __syncthreads();
+
+    // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
+    kda_mma::warp_fp32_product<T, 4>(
+        [&](int r, int d) { return sm.dw[r * KS + d]; },
+        [&](int d, int j) { return sm.beta[j] * decay_exp(sm.G[j * KS + d]) * sm.k[j * KS + d]; }, 16 * rs, n0, 0, KS,
+        dA);
+
+    // dWb_s = A^T dw_s (warp: rows 16 rs.., channels n0 + 8 nt..; A_ir = 0 for i < r, so the k range
+    // starts at the strip), then every slice output at the warp's fragment elements.
+    float acc[4][4] = {};
+    kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDM + r]; },
+                                     [&](int i, int d) { return sm.dw[i * KS + d]; }, 16 * rs, n0, 16 * rs, C, acc);
+    float tsum[2] = {0.f, 0.f};     // rows grp, grp + 8: sum of e k dWb over this thread's channels
+    float ssum[4][2] = {};          // channels n0 + 8 nt + 2 tig + {0, 1}: sum of s over rows grp, grp + 8
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * rs + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
+        const float g = sm.G[at], ex = decay_exp(g), kr = sm.k[at], dwb = acc[nt][e], be = sm.beta[r] * ex;
+        const float kdx = decay_exp(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
+        const float Xv = sm.X[at], dq = scale * ex * sm.Y[at];
+        const float s = Xv * kdx * kr;
+        tsum[e >> 1] += ex * kr * dwb;
+        ssum[nt][e & 1] += s;
+        if (r < L) {
+          const float qv = load_elem<T>(a.q, q_base + r * a.q.s1 + c0 + d) * sm.rq[r];
+          add_or_store(dq_row0 + r * qk_stride + c0 + d, dq);
+          add_or_store(dk_row0 + r * qk_stride + c0 + d, Xv * kdx + be * dwb);
+          dg_row0[r * dg_stride + c0 + d] = qv * dq - s + be * kr * dwb;
+        }
+      }
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {  // over the 4 lanes of a row, then one shared atomic per row and warp
+      tsum[h2] += __shfl_xor_sync(0xffffffffu, tsum[h2], 1);
+      tsum[h2] += __shfl_xor_sync(0xffffffffu, tsum[h2], 2);
+      const int r = 16 * rs + mma::grp() + 8 * h2;
+      if (mma::tig() == 0 && r < L) atomicAdd(&sm.dbeta[r], tsum[h2]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {  // over the 8 row lanes (grp) of a channel, then one atomic per warp
+        float x = ssum[nt][p];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (mma::grp() == 0) atomicAdd(&sm.sl[n0 + 8 * nt + 2 * mma::tig() + p], x);
+      }
+    {
+      const int d0 = 16 * ((tid / 32) % 4) + mma::grp();
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], decay_exp(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
+    }
+    __syncthreads();  // sl complete; the block's dg stores visible; the slice tiles free
+    if (tid < KS) {
+      dg_row0[(L - 1) * dg_stride + c0 + tid] += sm.sl[tid];
+      sm.sl[tid] = 0.f;
+    }
+  }
+  if (tid < L) a.dbeta[(row0 + tid) * HV + hv] = sm.dbeta[tid];  // the atomics ended before the last barrier
+
+  // dA (masked) where Y and X were; then dM = -StrictLower(A^T (dA A^T)) on tensor cores as in
+  // kda_grads_kernel's phase E: tmp = dA A^T (k range j <= i ends after the strip), dM's k range
+  // (m >= i) starts at the strip.
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * rs + mma::acc_row(e), j = n0 + 8 * nt + mma::acc_col(e);
+      sm.mat[i * LDM + j] = i < L && j <= i ? dA[nt][e] : 0.f;
+    }
+  __syncthreads();
+  {
+    float acc[4][4] = {};
+    kda_mma::warp_fp32_product<T, 4>([&](int i, int j) { return sm.mat[i * LDM + j]; },
+                                     [&](int j, int m) { return sm.A[m * LDM + j]; }, 16 * rs, n0, 0, 16 * rs + 16,
+                                     acc);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sm.tmp[(16 * rs + mma::acc_row(e)) * C + n0 + 8 * nt + mma::acc_col(e)] = acc[nt][e];
+  }
+  __syncthreads();
+  {
+    float acc[4][4] = {};
+    kda_mma::warp_fp32_product<T, 4>([&](int i, int m) { return sm.A[m * LDM + i]; },
+                                     [&](int m, int j) { return sm.tmp[m * C + j]; }, 16 * rs, n0, 16 * rs, C, acc);
+    float* dv0 = a.dv + (row0 * HV + hv) * V;  // row i: + i * HV V; dM in columns [0, 64)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * rs + mma::acc_row(e), j = n0 + 8 * nt + mma::acc_col(e);
+        if (i < L) dv0[i * HVV + j] = j < i ? -acc[nt][e] : 0.f;
+      }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
