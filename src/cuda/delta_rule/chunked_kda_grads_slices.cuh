@@ -36,17 +36,32 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
   if (part == 0) out[r] = l2norm ? 1.0f / sqrtf(ss + kL2NormEps) : 1.f;
 }
 
+// The slice loads below: thread tid owns channel d = tid % 64 of rows r = tid / 64 + 4 m (m < 16),
+// i.e. consecutive lanes read consecutive channels of one row (coalesced), and the row addresses
+// step by a constant (4 rows) so that no per-element 64-bit offset is formed. Loads are issued in
+// batches of 8 before their stores (8 global loads in flight per thread, few registers).
+constexpr int kKdaSliceRowsPerPass = kKdaSplitThreads / kKdaSliceK;                   // 4
+constexpr int kKdaSlicePasses = kChunkSize * kKdaSliceK / kKdaSplitThreads;          // 16
+
 // out[r * 64 + d] = G[row0 + r', hv, c0 + d] with r' = min(r, L - 1): rows past L repeat the last
 // row (the cumulative sum of zero gates), as the decayed sums require. No barrier.
 template <int KMAX>
 __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
                                                int64_t HV, int c0, float* out) {
-  batched_copy<kChunkSize * kKdaSliceK, kKdaSplitThreads>(
-      [&](int e) {
-        const int r = e / kKdaSliceK, rr = r < ci.len ? r : ci.len - 1;
-        return G_in[((row0 + rr) * HV + hv) * KMAX + c0 + e % kKdaSliceK];
-      },
-      [&](int e, float x) { out[e] = x; });
+  const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
+  const float* src = G_in + (row0 * HV + hv) * KMAX + c0 + d;  // row r: + r * HV KMAX
+  const int64_t rstride = HV * KMAX;
+#pragma unroll 1
+  for (int m0 = 0; m0 < kKdaSlicePasses; m0 += 8) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
+      v[u] = src[(r < ci.len ? r : ci.len - 1) * rstride];
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = v[u];
+  }
 }
 
 // out[r * 64 + d] = x[b, t0 + r, head, c0 + d] * rstd[r] (0 past L): one slice of normalized q or k.
@@ -54,12 +69,22 @@ __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInf
 template <typename T>
 __device__ __forceinline__ void kda_key_slice(const View& x, const ChunkInfo& ci, int64_t head, int c0,
                                               const float* rstd, float* out) {
-  batched_copy<kChunkSize * kKdaSliceK, kKdaSplitThreads>(
-      [&](int e) {
-        const int r = e / kKdaSliceK;
-        return r < ci.len ? load_elem<T>(x, off3(x, ci.b, ci.t0 + r, head) + c0 + e % kKdaSliceK) * rstd[r] : 0.f;
-      },
-      [&](int e, float v) { out[e] = v; });
+  const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
+  const int64_t base = off3(x, ci.b, ci.t0, head) + c0 + d;  // row r: + r * s1 (the last dim is contiguous)
+#pragma unroll 1
+  for (int m0 = 0; m0 < kKdaSlicePasses; m0 += 8) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
+      v[u] = r < ci.len ? load_elem<T>(x, base + r * x.s1) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
+      out[r * kKdaSliceK + d] = v[u] * rstd[r];
+    }
+  }
 }
 
 // A from stage 1 into out[i * ldo + j] (64 x 64): stage 1 packs P^T into A's upper triangle

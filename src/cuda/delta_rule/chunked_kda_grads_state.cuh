@@ -12,8 +12,9 @@
 //   the slice straight from global memory into fragments), <h[d], dh[d]> on X's pass;
 //   dA += dw_s Wb_s^T (Wb = beta e o k, formed in the loader), accumulated in registers over the
 //   slices (dA is the one quantity that sums over all K);
+//   dq_s = scale e Y (stored by a coalesced pass, which leaves q o dq_s in Y's tile);
 //   dWb_s = A^T dw_s, and at its fragment elements (r, d) the state and WY terms of the slice:
-//     dq_s = scale e Y;  dk_s = X exp(gl - G) + beta e dWb;
+//     dk_s = X exp(gl - G) + beta e dWb;
 //     dG_s = q o dq_s - X k exp(gl - G) + beta e k dWb;  dbeta += rowsum(e k dWb);
 //     sl_d = sum_r X k exp(gl - G) + exp(gl_d) <h[d], dh[d]>  (added to dG's last row L - 1).
 // After the slices: dA = Lower_incl(dv_new (beta v)^T + dw Wb^T), dM = -StrictLower(A^T dA A^T).
@@ -130,6 +131,23 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     kda_mma::state_times_rows<T, KS, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
     __syncthreads();
 
+    // dq_s = scale e o Y, stored (thread: channel tid % 64 of rows tid / 64 + 4 m, coalesced q
+    // loads); Y <- q o dq_s, dG's first term, for the pass below.
+    {
+      const int d = tid % KS, r0 = tid / KS;
+#pragma unroll 4
+      for (int m = 0; m < C * KS / kKdaSplitThreads; ++m) {
+        const int r = r0 + 4 * m, at = r * KS + d;
+        float qdq = 0.f;
+        if (r < L) {
+          const float dq = scale * decay_exp(sm.G[at]) * sm.Y[at];
+          add_or_store(dq_row0 + r * qk_stride + c0 + d, dq);
+          qdq = load_elem<T>(a.q, q_base + r * a.q.s1 + c0 + d) * sm.rq[r] * dq;
+        }
+        sm.Y[at] = qdq;
+      }
+    }
+
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
     kda_mma::warp_fp32_product<T, 4>(
         [&](int r, int d) { return sm.dw[r * KS + d]; },
@@ -141,6 +159,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     float acc[4][4] = {};
     kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDM + r]; },
                                      [&](int i, int d) { return sm.dw[i * KS + d]; }, 16 * rs, n0, 16 * rs, C, acc);
+    __syncthreads();  // q o dq_s in Y
     float tsum[2] = {0.f, 0.f};     // rows grp, grp + 8: sum of e k dWb over this thread's channels
     float ssum[4][2] = {};          // channels n0 + 8 nt + 2 tig + {0, 1}: sum of s over rows grp, grp + 8
 #pragma unroll
@@ -150,15 +169,12 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         const int r = 16 * rs + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
         const float g = sm.G[at], ex = decay_exp(g), kr = sm.k[at], dwb = acc[nt][e], be = sm.beta[r] * ex;
         const float kdx = decay_exp(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
-        const float Xv = sm.X[at], dq = scale * ex * sm.Y[at];
-        const float s = Xv * kdx * kr;
+        const float Xv = sm.X[at], s = Xv * kdx * kr;
         tsum[e >> 1] += ex * kr * dwb;
         ssum[nt][e & 1] += s;
         if (r < L) {
-          const float qv = load_elem<T>(a.q, q_base + r * a.q.s1 + c0 + d) * sm.rq[r];
-          add_or_store(dq_row0 + r * qk_stride + c0 + d, dq);
           add_or_store(dk_row0 + r * qk_stride + c0 + d, Xv * kdx + be * dwb);
-          dg_row0[r * dg_stride + c0 + d] = qv * dq - s + be * kr * dwb;
+          dg_row0[r * dg_stride + c0 + d] = sm.Y[at] - s + be * kr * dwb;
         }
       }
 #pragma unroll

@@ -384,6 +384,9 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "quick";
   using bf16 = __nv_bfloat16;
   int fails = 0;
+  const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
+  std::printf("B2: %s\n", b2 && std::strcmp(b2, "split") == 0 ? "split kernels (FLASHGRAD_CHUNKED_KDA_B2=split)"
+                                                                 : "kda_grads_kernel");
   // name, dtype, B, T, H, HV, V, varlen lengths, gate divisor, l2norm, g in f32, seed
   fails += run<bf16, 64>({"kda bf16 K64 V128 T=75 n=0.1", DType::bf16, 1, 75, 1, 2, 128, {}, 0.1f, true, true, 1});
   fails += run<__half, 64>({"kda f16 K64 V64 B=2 T=70 g f16", DType::f16, 2, 70, 1, 1, 64, {}, 1.f, true, false, 2});

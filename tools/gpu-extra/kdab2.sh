@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# kdab2 (issue 6: the chunked KDA backward's B2 split into two kernels, session 10, helper kdab2:
+# chunked_kda_grads_state.cuh + chunked_kda_grads_local.cuh, opt-in FLASHGRAD_CHUNKED_KDA_B2=split;
+# docs/perf/delta_rule.md "KDA B2 split (session 10, helper kdab2)"). Runs on the H200 from the repo
+# root after tools/gpu-check's build into build-gpu and the package install (cap 150 s, budget 138 s;
+# logs in $OUT/extra/):
+#   1. the DeltaRuleChunkedKda* GPU tests (every stage against the CPU chunked reference, end to end
+#      against the CPU recurrence) with FLASHGRAD_CHUNKED_KDA_B2=split;
+#   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: the default B2 (kda_grads_kernel) then the
+#      split one: forward / backward wall, every kda_* kernel's CUDA time per call, and the split's
+#      gradients against the default's (rel RMS);
+#   3. ncu of one launch of each split kernel (occupancy, issue active, stalls) while time is left.
+# Prints a compact summary last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/gpu-extra/lib/job_lib.sh
+
+echo "== kdab2 1/3: DeltaRuleChunkedKda* GPU tests with FLASHGRAD_CHUNKED_KDA_B2=split"
+job_tests kdab2_tests 45 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2=split
+
+echo "== kdab2 2/3: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs split B2 (one process)"
+job_compare kdab2_compare 55 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CHUNKED_KDA_B2 \
+  --variants default=-,split=split --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
+
+echo "== kdab2 3/3: ncu of the split kernels"
+job_ncu kdab2_ncu_state 20 'kda_grads_state_kernel' 0 FLASHGRAD_CHUNKED_KDA_B2=split -- \
+  --kind kda --B 4 --T 4096 --H 16 --K 128
+job_ncu kdab2_ncu_local 20 'kda_grads_local_kernel' 0 FLASHGRAD_CHUNKED_KDA_B2=split -- \
+  --kind kda --B 4 --T 4096 --H 16 --K 128
+
+job_summary kdab2
