@@ -135,11 +135,11 @@ void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // head, slice) blocks still cover most SMs, else 4 warps (64 columns, twice the blocks):
 // state_backward_warps (chunked_stages.h).
 // Single-fragment products unless state_backward_split_wanted() (chunked_stages.h).
-template <typename T, int KMAX, int WARPS, bool kSplit, bool kLocal = false>
+template <typename T, int KMAX, int WARPS, bool kSplit, bool kLocal = false, int KSPLIT = 1>
 void launch_state_backward_transposed_as(const ChunkedArgs& a, cudaStream_t s) {
-  using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal>;
+  using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal, KSPLIT>;
   constexpr int64_t bytes = S::bytes();
-  const auto kernel = chunk_state_backward_transposed_kernel<T, KMAX, WARPS, kSplit, kLocal>;
+  const auto kernel = chunk_state_backward_transposed_kernel<T, KMAX, WARPS, kSplit, kLocal, KSPLIT>;
   set_smem(kernel, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
   kernel<<<grid, 32 * WARPS, bytes, s>>>(a);
@@ -154,15 +154,19 @@ void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
 }
 
 // B0 + B1 with kLocal (state_backward_local_wanted, chunked_stages.h): dv_local for every chunk into
-// dv_new's own buffer (chunked_dv_local.cuh), then B1 in 4-warp blocks without P on its serial chain.
+// dv_new's own buffer (chunked_dv_local.cuh), then B1 in 4-warp blocks without P on its serial chain,
+// with the key channels split over warp pairs where state_backward_ksplit_wanted.
 template <typename T, int KMAX>
-void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s) {
+void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, bool ksplit) {
   const int64_t bytes = DvLocalSmem<T, KMAX>::bytes(a.V);
   set_smem(chunk_dv_local_kernel<T, KMAX>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
   chunk_dv_local_kernel<T, KMAX><<<grid, kDvLocalThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
-  launch_state_backward_transposed_as<T, KMAX, 4, false, true>(a, s);
+  if (ksplit)
+    launch_state_backward_transposed_as<T, KMAX, 4, false, true, 2>(a, s);
+  else
+    launch_state_backward_transposed_as<T, KMAX, 4, false, true>(a, s);
 }
 
 template <typename T, int KMAX>
@@ -175,7 +179,7 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
     // dv_local needs dv_new in its own 16-bit buffer (not w's region) and single-fragment products.
     if (a.dv_new16 && a.dv_new16 != a.w && !state_backward_split_wanted() &&
         state_backward_local_wanted(chains, a.V, sms)) {
-      launch_dv_local_then_state_backward<T, KMAX>(a, s);
+      launch_dv_local_then_state_backward<T, KMAX>(a, s, state_backward_ksplit_wanted(chains, a.V, sms));
       return;
     }
     const int warps = state_backward_warps(chains, a.V, sms);

@@ -204,6 +204,17 @@ inline bool state_backward_local_wanted(int64_t chains, int64_t V, int64_t sms) 
   return state_backward_warps(chains, V, sms) == 4;
 }
 
+// Whether the local B1 (kLocal above) also splits the key channels (chunk_state_backward_transposed_kernel's
+// KSPLIT == 2): two warps per 16 value columns, each holding half of dh^T's channels, their partial sums
+// of dh^T k^T exchanged through shared memory (one more barrier per chunk), so each warp's serial chain
+// of mmas per chunk halves, and blocks of 32 value columns (twice the blocks). By default where the
+// 4-warp local blocks (V / 64 per chain) leave SMs idle; FLASHGRAD_CHUNKED_B1_KSPLIT=0 / 1 forces it off
+// / on (read per call), to time both in one process.
+inline bool state_backward_ksplit_wanted(int64_t chains, int64_t V, int64_t sms) {
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_KSPLIT")) return std::string(env) == "1";
+  return chains * (V / 64) < sms;
+}
+
 // dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,
 // read per call): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
 // same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head) (16 x

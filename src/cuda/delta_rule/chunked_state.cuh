@@ -121,7 +121,7 @@ struct StateSmem {
 #endif
 template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1,
           bool kSingle = kOutput && FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT>
-__global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) {
+__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs a) {
   using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
@@ -162,10 +162,10 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
   // Issues the copies of chunk ci into stage s (one cp.async group) and returns G of row tid (tid < 64).
   auto prefetch = [&](const ChunkInfo& ci, int s) {
     const int64_t row0 = chunk_row0(ci, a.T);
-    intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
-    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
-    if constexpr (kOutput) key_tile_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
-    intermediate_tile_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
+    intermediate_stepped_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
+    view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    if constexpr (kOutput) view_rows_stepped_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
+    intermediate_stepped_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
     mma::cp_async_commit();
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
@@ -330,9 +330,9 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_kernel(ChunkedArgs a) 
       for (int e = 0; e < 4; ++e) {
         const int j = 8 * j8 + tcol(e);
         p[j8][e] = us[j * LDU + vcol(e)] - p[j8][e];
-        if (!kOutput && kc0 == 0 && j < L)
-          v_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
       }
+    if (!kOutput && kc0 == 0)  // v_new (T) for rows j < L
+      store_acc_rows(v_new + (row0 * a.HV + hv) * a.V + col0 + vcol(0), a.HV * a.V, L, tig, p);
 
     if constexpr (kOutput) {
       // o^T = parked part + v_new^T (scale P)^T, by quarters; P^T's blocks (j block js, i block oh)

@@ -29,6 +29,11 @@
 // of P's lower triangle, 8 / WARPS per warp (chunked_state.cuh's fused output does the same with
 // 8 warps).
 //
+// KSPLIT == 2 (with kLocal; few long sequences, where each block's serial chain is the time, session
+// 10): two warps share each 16 value columns, warp wp holding key channels [K/2 (wp / groups), +K/2)
+// of dh^T; their halves of dh^T k^T are summed through shared memory (one more barrier per chunk),
+// then both hold dv_new^T whole and update their own channels of dh^T without exchange: each warp's
+// mmas per chunk halve (96 at K = 128) and a block covers 32 value columns (twice the blocks).
 // q, k (raw rows), w and the slice's do rows arrive by cp.async one chunk ahead (two stages); rows
 // past the chunk's length are zero-filled. Barriers per chunk: (A) chunk c's tiles have landed and
 // every warp is done with the previous chunk's buffers; (C) the row scales are written; (P) scale P
@@ -45,15 +50,19 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-template <typename T, int KMAX, int WARPS, bool kLocal = false>
+template <typename T, int KMAX, int WARPS, bool kLocal = false, int KSPLIT = 1>
 struct StateBackwardTSmem {
-  static constexpr int C = kChunkSize, BV = 16 * WARPS;
+  // WARPS / KSPLIT groups of 16 value columns; KSPLIT warps share a group, each with K / KSPLIT key
+  // channels of dh^T.
+  static constexpr int C = kChunkSize, BV = 16 * WARPS / KSPLIT;
   // Row pitches +8 elements: the 8 rows of an ldmatrix start in different banks, rows 16-byte aligned.
   static constexpr int LDK = KMAX + 8, LDD = BV + 8, LDP = C + 8;
   static constexpr int64_t kTileBytes = sizeof(T) * C * LDK;
   // w, k, q, do (and with kLocal the slice's dv_local rows, [C][LDD] after do).
   static constexpr int64_t kStageBytes = 3 * kTileBytes + (kLocal ? 2 : 1) * sizeof(T) * C * LDD;
   static constexpr int64_t kPBytes = kLocal ? 0 : 2 * sizeof(T) * C * LDP;
+  // KSPLIT == 2: each thread's 32 partial sums of dh^T k^T, exchanged with its partner warp.
+  static constexpr int64_t kSwapBytes = KSPLIT > 1 ? sizeof(float) * 32 * 32 * WARPS : 0;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   unsigned char* raw;
   T* P;             // [C][LDP] scale P, hi part
@@ -63,11 +72,13 @@ struct StateBackwardTSmem {
   float* rowscale;  // [C] scale exp(G_i) rstd_qi, 0 for i >= L
   float* pscale;    // [C] scale rstd_qi
   float* rstd_k;    // [C]
-  static constexpr int64_t bytes() { return 2 * kStageBytes + kPBytes + sizeof(float) * 5 * C; }
+  float4* swap;     // [8][THREADS] (KSPLIT == 2): thread tid's i-th float4 at swap[i * THREADS + tid]
+  static constexpr int64_t bytes() { return 2 * kStageBytes + kPBytes + kSwapBytes + sizeof(float) * 5 * C; }
   __device__ explicit StateBackwardTSmem(unsigned char* r) : raw(r) {
     P = reinterpret_cast<T*>(raw + 2 * kStageBytes);
     P_lo = P + C * LDP;
-    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes);
+    swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kPBytes);
+    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes + kSwapBytes);
     colscale = G + C;
     rowscale = colscale + C;
     pscale = rowscale + C;
@@ -100,19 +111,23 @@ __device__ __forceinline__ void scale_a(const uint32_t (&a)[4], const float2 s0,
 }
 }  // namespace mma
 
-template <typename T, int KMAX, int WARPS, bool kSplit = false, bool kLocal = false>
-__global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
-  using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal>;
+template <typename T, int KMAX, int WARPS, bool kSplit = false, bool kLocal = false, int KSPLIT = 1>
+__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
+  using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal, KSPLIT>;
   static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
   static_assert(!kLocal || !kSplit, "dv_local (T) is added to single-fragment products");
+  static_assert(KSPLIT == 1 || (KSPLIT == 2 && kLocal), "the channel split: two halves, with dv_local");
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
-                NK = KMAX / 8;
+                KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
   const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
-  const int vc0 = 16 * wp;  // the warp's first value column inside the slice
+  // The warp's first value column inside the slice and its first key channel (0 without the split;
+  // spelled apart so that the compiler knows it).
+  const int vc0 = KSPLIT == 1 ? 16 * wp : 16 * (wp % NG);
+  const int kc0 = KSPLIT == 1 ? 0 : KH * (wp / NG);
   // Accumulator element e of a tile: value column vc0 + grp + 8 (e / 2) (the tile's row), column
   // 2 tig + e % 2 of the tile (a key channel of dh^T, a chunk row of dv_new^T).
   auto vcol = [&](int e) { return vc0 + grp + 8 * (e >> 1); };
@@ -128,8 +143,9 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
   for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      dhT[nk][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, 8 * nk + tcol(e), col0 + vcol(e))]
-                           : 0.f;
+      dhT[nk][e] =
+          a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))]
+                  : 0.f;
 
   const T* w = static_cast<const T*>(a.w);
   const bool k_vec = key_rows_vectorizable(a.k), q_vec = key_rows_vectorizable(a.q);
@@ -144,13 +160,13 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
   auto prefetch = [&](int64_t c, int s) {
     const ChunkInfo ci = a.chunks[c];
     const int64_t row0 = chunk_row0(ci, a.T);
-    intermediate_tile_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
-    key_tile_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
-    key_tile_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
-    view_rows_async<T, THREADS>(dslice, ci, hv, BV, d_vec, sm.dout(s), LDD);
+    intermediate_stepped_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
+    view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    view_rows_stepped_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
+    view_rows_stepped_async<T, BV, THREADS>(dslice, ci, hv, d_vec, sm.dout(s), LDD);
     if constexpr (kLocal)  // dv_local's rows of the slice, where B1 then writes dv_new (same elements)
-      intermediate_tile_async<T, BV, THREADS>(static_cast<const T*>(a.dv_new16), row0, a.HV, hv, a.V, col0, ci.len,
-                                             sm.dv_local(s), LDD);
+      intermediate_stepped_async<T, BV, THREADS>(static_cast<const T*>(a.dv_new16), row0, a.HV, hv, a.V, col0,
+                                                ci.len, sm.dv_local(s), LDD);
     mma::cp_async_commit();
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
@@ -205,31 +221,47 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 #pragma unroll
         for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dhc[(8 * nk + tcol(e)) * a.V + vcol(e)] = from_f<T>(dhT[nk][e]);
+          for (int e = 0; e < 4; ++e) dhc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = from_f<T>(dhT[nk][e]);
       } else {
         float* dhc = a.dh + at;
 #pragma unroll
         for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dhc[(8 * nk + tcol(e)) * a.V + vcol(e)] = dhT[nk][e];
+          for (int e = 0; e < 4; ++e) dhc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = dhT[nk][e];
       }
     }
 
     // dv_new^T, first part: (dh^T k_raw^T) * colscale_j; p[j8]: chunk rows [8 j8, +8).
     float p[8][4] = {};
 #pragma unroll
-    for (int kq = 0; kq < KMAX / 16; ++kq) {
+    for (int kq = 0; kq < KH / 16; ++kq) {
       uint32_t ah[4], al[4];
       mma::acc_to_a<T, kSplit>(dhT[2 * kq], dhT[2 * kq + 1], ah, al);
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         uint32_t b[4];
-        mma::ldmatrix_x4<false>(b, ks + (16 * jp + nb_r) * LDK + 16 * kq + nb_c);
+        mma::ldmatrix_x4<false>(b, ks + (16 * jp + nb_r) * LDK + kc0 + 16 * kq + nb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(p[2 * jp], ah, b0);
         if constexpr (kSplit) mma::mma16816<T>(p[2 * jp], al, b0);
         mma::mma16816<T>(p[2 * jp + 1], ah, b1);
         if constexpr (kSplit) mma::mma16816<T>(p[2 * jp + 1], al, b1);
+      }
+    }
+    if constexpr (KSPLIT == 2) {
+      // The two channel halves' sums: each warp parks its own, then adds its partner's (same lane
+      // layout). The barrier (A) of the next chunk orders these slots' next writes.
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
+      __syncthreads();
+      const int partner = tid ^ (32 * NG);  // same lane, the other channel half of the group
+#pragma unroll
+      for (int j8 = 0; j8 < 8; ++j8) {
+        const float4 x = sm.swap[j8 * THREADS + partner];
+        p[j8][0] += x.x;
+        p[j8][1] += x.y;
+        p[j8][2] += x.z;
+        p[j8][3] += x.w;
       }
     }
 #pragma unroll
@@ -281,7 +313,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 #pragma unroll
       for (int np = 0; np < NK / 2; ++np) {
         uint32_t b[4];
-        mma::ldmatrix_x4<true>(b, qs + (16 * is + tb_r) * LDK + 16 * np + tb_c);
+        mma::ldmatrix_x4<true>(b, qs + (16 * is + tb_r) * LDK + kc0 + 16 * np + tb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(dhT[2 * np], sh, b0);
         if constexpr (kSplit) mma::mma16816<T>(dhT[2 * np], sl, b0);
@@ -292,23 +324,12 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 
     // dv_new (fp32, or T into a.dv_new16) for rows j < L (rows past L are zero: do, colscale and P
     // vanish there).
-    if (a.dv_new16) {
-      T* dvn = static_cast<T*>(a.dv_new16);
-#pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = 8 * j8 + tcol(e);
-          if (j < L) dvn[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = from_f<T>(p[j8][e]);
-        }
-    } else {
-#pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = 8 * j8 + tcol(e);
-          if (j < L) a.dv_new[((row0 + j) * a.HV + hv) * a.V + col0 + vcol(e)] = p[j8][e];
-        }
+    if (kc0 == 0) {  // (with the channel split, both warps of a group hold the whole dv_new^T)
+      const int64_t at = (row0 * a.HV + hv) * a.V + col0 + vcol(0), pitch = a.HV * a.V;
+      if (a.dv_new16)
+        store_acc_rows(static_cast<T*>(a.dv_new16) + at, pitch, L, tig, p);
+      else
+        store_acc_rows(a.dv_new + at, pitch, L, tig, p);
     }
 
     // dh^T -= dv_new^T w.
@@ -320,7 +341,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 #pragma unroll
       for (int np = 0; np < NK / 2; ++np) {
         uint32_t b[4];
-        mma::ldmatrix_x4<true>(b, ws + (16 * js + tb_r) * LDK + 16 * np + tb_c);
+        mma::ldmatrix_x4<true>(b, ws + (16 * js + tb_r) * LDK + kc0 + 16 * np + tb_c);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma::mma16816<T>(dhT[2 * np], ah, b0);
         if constexpr (kSplit) mma::mma16816<T>(dhT[2 * np], al, b0);
@@ -335,7 +356,7 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_state_backward_transposed_ke
 #pragma unroll
     for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dh0[off4(a.dh0, n, hv, 8 * nk + tcol(e), col0 + vcol(e))] = dhT[nk][e];
+      for (int e = 0; e < 4; ++e) dh0[off4(a.dh0, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = dhT[nk][e];
   }
 }
 

@@ -59,6 +59,84 @@ __device__ __forceinline__ void intermediate_tile_async(const E* base, int64_t r
   }
 }
 
+// The serial stages' copies (B1, stage 2: one chain of chunks per block, so every instruction
+// of a copy is on the chain) without view_rows_async's / intermediate_tile_async's per-copy index
+// division and 64-bit row products: rows r < 64 of a tile whose source rows are `pitch` elements E
+// apart, P 16-byte pieces per row. `row0` points at piece 0 of the chunk's row 0. Thread tid copies
+// piece tid % P of rows r0 + (THREADS / P) m, r0 = tid / P (fixed trip count, one pointer bump per
+// copy); rows r >= len are zero-filled (src-size 0, with row 0's address: inside the tensor, since
+// len >= 1).
+template <int P, int THREADS, typename E>
+__device__ __forceinline__ void stepped_rows_async(const E* row0, int64_t pitch, int len, E* dst, int ld) {
+  constexpr int kRows = THREADS / P, kPasses = kChunkSize / kRows, kPer = 16 / static_cast<int>(sizeof(E));
+  static_assert(THREADS % P == 0 && kChunkSize % kRows == 0, "whole passes");
+  const int r0 = static_cast<int>(threadIdx.x) / P, piece = kPer * (static_cast<int>(threadIdx.x) % P);
+  const E* first = row0 + piece;
+  const E* src = first + r0 * pitch;
+  const int64_t step = kRows * pitch;
+  E* d = dst + r0 * ld + piece;
+  if (len >= kChunkSize) {  // every chunk but a sequence's last: no row test, no address select
+#pragma unroll
+    for (int m = 0; m < kPasses; ++m) {
+      mma::cp_async16(d + kRows * m * ld, src, true);
+      src += step;
+    }
+    return;
+  }
+#pragma unroll
+  for (int m = 0; m < kPasses; ++m) {
+    const bool ok = r0 + kRows * m < len;
+    mma::cp_async16(d + kRows * m * ld, ok ? src : first, ok);
+    src += step;
+  }
+}
+
+// stepped_rows_async of rows [0, 64) of chunk ci of a [B, T, heads, WIDTH] view x (head idx) when its
+// rows are 16-byte copyable (vec: unit inner stride), else view_rows_async's element-by-element copy.
+template <typename T, int WIDTH, int THREADS>
+__device__ __forceinline__ void view_rows_stepped_async(const View& x, const ChunkInfo& ci, int64_t idx, bool vec,
+                                                        T* dst, int ld) {
+  if (vec)
+    stepped_rows_async<WIDTH / 8, THREADS>(static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0, idx), x.s1, ci.len, dst,
+                                           ld);
+  else
+    view_rows_async<T, THREADS>(x, ci, idx, WIDTH, false, dst, ld);
+}
+
+// stepped_rows_async of an intermediate of [rows, HV, W] elements E: columns [col0, +WIDTH) of rows
+// row0 + r, r < 64 (intermediate_tile_async's tile).
+template <typename E, int WIDTH, int THREADS>
+__device__ __forceinline__ void intermediate_stepped_async(const E* base, int64_t row0, int64_t HV, int64_t hv,
+                                                           int64_t W, int64_t col0, int len, E* dst, int ld) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(E));
+  stepped_rows_async<WIDTH / kPer, THREADS>(base + (row0 * HV + hv) * W + col0, HV * W, len, dst, ld);
+}
+
+// Stores a transposed 16 x 64 accumulator tile of a warp (chunked_state.cuh's layout: element e of
+// p[j8] is chunk row j = 8 j8 + 2 tig + (e & 1), column grp + 8 (e >> 1) of the warp's 16) to
+// rows j < len of an intermediate whose rows are `pitch` elements apart: `at` points at row 0's
+// column grp. Two row pointers (even, odd row) bumped by 8 rows per j8: no 64-bit product per store.
+template <typename E>
+__device__ __forceinline__ void store_acc_rows(E* at, int64_t pitch, int len, int tig, const float (&p)[8][4]) {
+  E* even = at + 2 * tig * pitch;
+  E* odd = even + pitch;
+  const int64_t step = 8 * pitch;
+#pragma unroll
+  for (int j8 = 0; j8 < 8; ++j8) {
+    const int j = 8 * j8 + 2 * tig;
+    if (j < len) {
+      even[0] = from_f<E>(p[j8][0]);
+      even[8] = from_f<E>(p[j8][2]);
+    }
+    if (j + 1 < len) {
+      odd[0] = from_f<E>(p[j8][1]);
+      odd[8] = from_f<E>(p[j8][3]);
+    }
+    even += step;
+    odd += step;
+  }
+}
+
 // 1 / sqrt(sum_d x[r][d]^2 + eps) of row r = threadIdx.x / (THREADS / 64) of a [64][ld] shared
 // tile of T (1 without `l2norm`); the THREADS / 64 lanes of a row each sum KMAX / (THREADS / 64)
 // columns (16-byte loads) and all of them return the row's value.

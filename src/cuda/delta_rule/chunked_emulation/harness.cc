@@ -219,9 +219,16 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   const char* local_env = std::getenv("FLASHGRAD_CHUNKED_B1_LOCAL");
   const bool four_warps = !(V % 128 == 0 && seed % 2 == 0);
   const bool b1_local = !legacy_bwd && four_warps && a.dv_new16 && !b1_split && !(local_env && std::string(local_env) == "0");
+  // The local B1 splits the key channels over warp pairs (KSPLIT = 2, 32-column blocks) as the
+  // launcher's default for few chains (here: every case; FLASHGRAD_CHUNKED_B1_KSPLIT=0 keeps 16
+  // columns per warp).
+  const bool b1_ksplit = dr::state_backward_ksplit_wanted(N * HV, V, 1 << 20);
   if (b1_local) {
     launch(NC, HV, 1, [&] { dr::chunk_dv_local_kernel<TT, KM>(a); }, 256);
-    launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true>(a); }, 128);
+    if (b1_ksplit)
+      launch(N, HV, V / 32, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true, 2>(a); }, 128);
+    else
+      launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true>(a); }, 128);
   } else if (legacy_bwd)
     launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
   else if (V % 128 == 0 && seed % 2 == 0)
