@@ -1,21 +1,22 @@
 // Split KDA B2, second kernel (session 10, FLASHGRAD_CHUNKED_KDA_B2=split): the per-channel decayed
 // sums of kda_grads_kernel (chunked_kda_grads.cuh, same notation) and dUb, finishing what
 // kda_grads_state_kernel (chunked_kda_grads_state.cuh) began. One block of 8 warps per (chunk, value
-// head), grid chunks x HV, 105 KiB of shared memory: two blocks per SM.
+// head), grid chunks x HV, 109.5 KiB of shared memory: two blocks per SM.
 //
 //   dP = scale Lower_incl(do v_new^T) (over V, fragments from global memory), dM read back from dv's
 //   first 64 columns (the first kernel put it there);
-//   per slice of 64 key channels (G, q, k tiles [64][64]; kda_decayed_rows_mma / cols_mma with
-//   KMAX = 64 on them):
-//     aq = rows(dP, k, incl), ak = cols(dP, q, incl), bm = rows(dM, k), ck = cols(dM, beta k);
-//     dq += aq;  dk += ak + beta bm + ck;  dG += q o aq - k o ak + k o (beta bm - ck);
-//     dbeta += rowsum(k o bm);  dg = reverse cumsum over rows of (dG + the first kernel's dG_s);
+//   per slice of 64 key channels (G, q, k tiles [64][64]; chunked_kda_grads_decayed.cuh):
+//     ak + ck = kda_cols_sum(dP, q, dM, beta k): dk = ak + ck, dG = -k o (ak + ck);
+//     aq, bm = kda_rows_pair(dP, dM, k) (bm into q's tile, q read again from global memory):
+//     dq += aq;  dk += beta bm;  dG += q o aq + beta k o bm;  dbeta += rowsum(k o bm);
+//     dg = reverse cumsum over rows of (dG + the first kernel's dG_s);
 //   then A into dP's space and dUb = A^T dv_new: dv = beta dUb (overwriting dM: every read of it
 //   was before the slice loop's first barrier), dbeta += v . dUb.
 // Thread ownership of the slice's elementwise terms: element (r, d) = e = tid + 256 m (m < 16),
-// r = e / 64, d = e % 64; its dk and dG partial sums stay in registers over the four decayed sums.
+// r = e / 64, d = e % 64; its dk and dG partial sums stay in registers over the two passes.
 #pragma once
 
+#include "chunked_kda_grads_decayed.cuh"
 #include "chunked_kda_grads_slices.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -24,9 +25,9 @@ struct KdaGradsLocalSmem {
   static constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = C + 1;
   float *dP, *dM;            // [C][LDM]; dP's space holds A after the slices
   float *G, *q, *k, *out;    // [C][KS]
-  float* stage;              // [32][KS]: the decayed sums' staging
+  float* stage;              // kKdaDecayedStageFloats: the decayed sums' staging
   float *beta, *dbeta, *rq, *rk;  // [C]
-  static constexpr int64_t bytes() { return sizeof(float) * (2 * C * LDM + 4 * C * KS + 32 * KS + 4 * C); }
+  static constexpr int64_t bytes() { return sizeof(float) * (2 * C * LDM + 4 * C * KS + kKdaDecayedStageFloats + 4 * C); }
   __device__ explicit KdaGradsLocalSmem(unsigned char* raw) {
     dP = reinterpret_cast<float*>(raw);
     dM = dP + C * LDM;
@@ -35,7 +36,7 @@ struct KdaGradsLocalSmem {
     k = q + C * KS;
     out = k + C * KS;
     stage = out + C * KS;
-    beta = stage + 32 * KS;
+    beta = stage + kKdaDecayedStageFloats;
     dbeta = beta + C;
     rq = dbeta + C;
     rk = rq + C;
@@ -103,6 +104,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
   auto qx = [&](int r, int d) { return sm.q[r * KS + d]; };
   auto kx = [&](int r, int d) { return sm.k[r * KS + d]; };
   auto beta_k = [&](int r, int d) { return sm.beta[r] * sm.k[r * KS + d]; };
+  const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
     kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
@@ -111,56 +113,38 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
     __syncthreads();
     float dk[NE], dG[NE];  // element e = tid + 256 m: row e / 64 = tid / 64 + 4 m, channel tid % 64
     const int d = tid % KS, r0 = tid / KS;
-    // aq: dq += aq, dG = q o aq.
-    kda_decayed_rows_mma<T, KS>(sm.dP, LDM, kx, sm.G, true, sm.out, sm.stage);
-#pragma unroll
-    for (int m = 0; m < NE; ++m) {
-      const int r = r0 + 4 * m, e = r * KS + d;
-      const float aq = sm.out[e];
-      dG[m] = sm.q[e] * aq;
-      if (r < L) accumulate(dq_row0 + r * qk_stride + c0 + d, aq);
-    }
-    __syncthreads();  // out's readers done
-    // ak: dk = ak, dG -= k o ak.
-    kda_decayed_cols_mma<T, KS>(sm.dP, LDM, qx, sm.G, true, sm.out, sm.stage);
+    // ak + ck: dk = ak + ck, dG = -k o (ak + ck).
+    kda_cols_sum<T>(sm.dP, sm.dM, LDM, qx, beta_k, sm.G, sm.out, sm.stage);
 #pragma unroll
     for (int m = 0; m < NE; ++m) {
       const int e = (r0 + 4 * m) * KS + d;
-      const float ak = sm.out[e];
-      dk[m] = ak;
-      dG[m] -= sm.k[e] * ak;
+      const float s = sm.out[e];
+      dk[m] = s;
+      dG[m] = -sm.k[e] * s;
     }
-    __syncthreads();
-    // bm: dk += beta bm, dG += beta k o bm, dbeta += rowsum(k o bm) (a warp's 32 lanes share row r).
-    kda_decayed_rows_mma<T, KS>(sm.dM, LDM, kx, sm.G, false, sm.out, sm.stage);
+    __syncthreads();  // out's and q's readers are done: the pair below writes aq into out, bm into q's tile
+    // aq, bm: dq += aq, dG += q o aq + beta k o bm, dk += beta bm, dbeta += rowsum(k o bm) (a warp's
+    // 32 lanes share row r); q from global memory again (its tile now holds bm).
+    kda_rows_pair<T>(sm.dP, sm.dM, LDM, kx, sm.G, sm.out, sm.q, sm.stage);
 #pragma unroll
     for (int m = 0; m < NE; ++m) {
       const int r = r0 + 4 * m, e = r * KS + d;
-      const float bm = sm.out[e], kr = sm.k[e], br = sm.beta[r];
+      const float aq = sm.out[e], bm = sm.q[e], kr = sm.k[e], br = sm.beta[r];
+      const float qv = r < L ? to_f<T>(q_rows[r * a.q.s1 + c0 + d]) * sm.rq[r] : 0.f;
       dk[m] += br * bm;
-      dG[m] += br * kr * bm;
+      dG[m] += qv * aq + br * kr * bm;
       const float ts = group_sum<32>(kr * bm);
       if ((tid & 31) == 0 && r < L) atomicAdd(&sm.dbeta[r], ts);
-    }
-    __syncthreads();
-    // ck: dk += ck, dG -= k o ck; then dk out, and dG + the first kernel's part into out.
-    kda_decayed_cols_mma<T, KS>(sm.dM, LDM, beta_k, sm.G, false, sm.out, sm.stage);
-#pragma unroll
-    for (int m = 0; m < NE; ++m) {
-      const int r = r0 + 4 * m, e = r * KS + d;
-      const float ck = sm.out[e];
-      dk[m] += ck;
-      dG[m] -= sm.k[e] * ck;
       float tot = 0.f;
       if (r < L) {
+        accumulate(dq_row0 + r * qk_stride + c0 + d, aq);
         accumulate(dk_row0 + r * qk_stride + c0 + d, dk[m]);
         tot = dG[m] + dg_row0[r * dg_stride + c0 + d];
       }
       sm.out[e] = tot;  // the same thread read out[e] above
     }
     __syncthreads();
-    // dg = reverse cumsum over the chunk's rows, one thread per channel (the dg reads above are done:
-    // barrier).
+    // dg = reverse cumsum over the chunk's rows, one thread per channel.
     if (tid < KS) {
       float acc = 0.f;
 #pragma unroll 8

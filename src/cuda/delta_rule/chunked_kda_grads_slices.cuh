@@ -3,6 +3,7 @@
 // slices of 64 so that their per-channel tiles are [64][64] fp32 (16 KiB) whatever K is, and each
 // block fits in half an SM's shared memory (two blocks of 8 warps per SM). The slice tiles hold
 // chunk rows r < 64 and channels c0 + d (d < 64) of one slice: element (r, d) at [r * 64 + d].
+// q and k are read as T (the chunked stages take 16-bit q, k, v only: kda_stages_support).
 #pragma once
 
 #include "chunked_kda_decay.cuh"
@@ -15,6 +16,19 @@ namespace flashgrad::cuda_detail::delta_rule {
 constexpr int kKdaSliceK = 64;          // key channels per slice
 constexpr int kKdaSplitThreads = 256;   // 8 warps per block in both kernels
 
+// exp(x) for x <= 0 through ex2.approx.ftz: two instructions where decay_exp (__expf without ftz)
+// takes five; a factor below 2^-126 flushes to 0 instead of a denormal, far below the fp32 rounding
+// of the sums it enters. The host emulation: expf.
+__device__ __forceinline__ float kda_exp_ftz(float x) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  return expf(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+#endif
+}
+
 // out[r] = 1 / sqrt(sum_d x_rd^2 + eps) for the chunk's rows r < 64 of q or k (rows past L: any
 // finite value, their elements read as 0), 1 without the L2 norm. Four lanes per row (the 256
 // threads cover the 64 rows once), each summing channels part, part + 4, ...; then a shuffle sum.
@@ -25,10 +39,10 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
   const int tid = threadIdx.x, r = tid / 4, part = tid % 4;
   float ss = 0.f;
   if (r < ci.len) {
-    const int64_t base = off3(x, ci.b, ci.t0 + r, head);  // the last dim is contiguous
+    const T* row = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + r, head);  // the last dim is contiguous
 #pragma unroll 8
     for (int d = part; d < KMAX; d += 4) {
-      const float v = load_elem<T>(x, base + d);
+      const float v = to_f<T>(row[d]);
       ss += v * v;
     }
   }
@@ -70,14 +84,14 @@ template <typename T>
 __device__ __forceinline__ void kda_key_slice(const View& x, const ChunkInfo& ci, int64_t head, int c0,
                                               const float* rstd, float* out) {
   const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
-  const int64_t base = off3(x, ci.b, ci.t0, head) + c0 + d;  // row r: + r * s1 (the last dim is contiguous)
+  const T* base = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0, head) + c0 + d;  // row r: + r * s1
 #pragma unroll 1
   for (int m0 = 0; m0 < kKdaSlicePasses; m0 += 8) {
     float v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
-      v[u] = r < ci.len ? load_elem<T>(x, base + r * x.s1) : 0.f;
+      v[u] = r < ci.len ? to_f<T>(base[r * x.s1]) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   float* dk_row0 = a.dk_acc + (row0 * a.H + head) * K;
   float* dg_row0 = a.dg + (row0 * HV + hv) * K;
   const int64_t qk_stride = a.H * K, dg_stride = HV * K;
-  const int64_t q_base = off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1 (L >= 1)
+  const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
 
   if (tid < C) {
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
@@ -140,9 +140,9 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         const int r = r0 + 4 * m, at = r * KS + d;
         float qdq = 0.f;
         if (r < L) {
-          const float dq = scale * decay_exp(sm.G[at]) * sm.Y[at];
+          const float dq = scale * kda_exp_ftz(sm.G[at]) * sm.Y[at];
           add_or_store(dq_row0 + r * qk_stride + c0 + d, dq);
-          qdq = load_elem<T>(a.q, q_base + r * a.q.s1 + c0 + d) * sm.rq[r] * dq;
+          qdq = to_f<T>(q_rows[r * a.q.s1 + c0 + d]) * sm.rq[r] * dq;
         }
         sm.Y[at] = qdq;
       }
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
     kda_mma::warp_fp32_product<T, 4>(
         [&](int r, int d) { return sm.dw[r * KS + d]; },
-        [&](int d, int j) { return sm.beta[j] * decay_exp(sm.G[j * KS + d]) * sm.k[j * KS + d]; }, 16 * rs, n0, 0, KS,
+        [&](int d, int j) { return sm.beta[j] * kda_exp_ftz(sm.G[j * KS + d]) * sm.k[j * KS + d]; }, 16 * rs, n0, 0, KS,
         dA);
 
     // dWb_s = A^T dw_s (warp: rows 16 rs.., channels n0 + 8 nt..; A_ir = 0 for i < r, so the k range
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * rs + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
-        const float g = sm.G[at], ex = decay_exp(g), kr = sm.k[at], dwb = acc[nt][e], be = sm.beta[r] * ex;
-        const float kdx = decay_exp(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
+        const float g = sm.G[at], ex = kda_exp_ftz(g), kr = sm.k[at], dwb = acc[nt][e], be = sm.beta[r] * ex;
+        const float kdx = kda_exp_ftz(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
         const float Xv = sm.X[at], s = Xv * kdx * kr;
         tsum[e >> 1] += ex * kr * dwb;
         ssum[nt][e & 1] += s;
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       const int d0 = 16 * ((tid / 32) % 4) + mma::grp();
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], decay_exp(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
+        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], kda_exp_ftz(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
     }
     __syncthreads();  // sl complete; the block's dg stores visible; the slice tiles free
     if (tid < KS) {
