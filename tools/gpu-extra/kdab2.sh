@@ -6,9 +6,10 @@
 # logs in $OUT/extra/):
 #   1. the DeltaRuleChunkedKda* GPU tests (every stage against the CPU chunked reference, end to end
 #      against the CPU recurrence) with FLASHGRAD_CHUNKED_KDA_B2=split;
-#   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: the default B2 (kda_grads_kernel) then the
-#      split one: forward / backward wall, every kda_* kernel's CUDA time per call, and the split's
-#      gradients against the default's (rel RMS);
+#   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: the default B2 (kda_grads_kernel), then the
+#      split one (=split: state products rounded to T; =split_exact: hi + lo as the default): forward /
+#      backward wall, every kda_* kernel's CUDA time per call, and the splits' gradients against the
+#      default's (rel RMS);
 #   3. ncu of one launch of each split kernel (occupancy, issue active, stalls) while time is left.
 # Prints a compact summary last.
 set -uo pipefail
@@ -20,7 +21,7 @@ job_tests kdab2_tests 45 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2=split
 
 echo "== kdab2 2/3: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs split B2 (one process)"
 job_compare kdab2_compare 55 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CHUNKED_KDA_B2 \
-  --variants default=-,split=split --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
+  --variants default=-,split=split,split_exact=split_exact --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
 
 echo "== kdab2 3/3: ncu of the split kernels"
 job_ncu kdab2_ncu_state 20 'kda_grads_state_kernel' 0 FLASHGRAD_CHUNKED_KDA_B2=split -- \

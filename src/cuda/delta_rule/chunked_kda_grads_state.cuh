@@ -8,8 +8,9 @@
 // most ~113 KiB of shared memory and 128 registers, two blocks (16 warps) per SM.
 //
 // One block of 8 warps per (chunk, value head), grid chunks x HV. Per slice s (channels c0 = 64 s ..):
-//   dw_s = -dv_new h_s^T,  Y_s = do h_s^T,  X_s = v_new dh_s^T  (state_times_rows: h / dh rows of
-//   the slice straight from global memory into fragments), <h[d], dh[d]> on X's pass;
+//   dw_s = -dv_new h_s^T,  Y_s = do h_s^T,  X_s = v_new dh_s^T  (kda_state_slice_product: h / dh rows
+//   of the slice straight from global memory into fragments, hi + lo or rounded once by kSplit),
+//   <h[d], dh[d]> on X's pass;
 //   dA += dw_s Wb_s^T (Wb = beta e o k, formed in the loader), accumulated in registers over the
 //   slices (dA is the one quantity that sums over all K);
 //   dq_s = scale e Y (stored by a coalesced pass, which leaves q o dq_s in Y's tile);
@@ -29,6 +30,7 @@
 #pragma once
 
 #include "chunked_kda_grads_slices.cuh"
+#include "chunked_kda_grads_state_product.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -59,7 +61,9 @@ struct KdaGradsStateSmem {
 static_assert(2 * kChunkSize * kKdaSliceK >= kChunkSize * (kChunkSize + 1), "dA fits in Y and X");
 static_assert(KdaGradsStateSmem::bytes() <= 113 * 1024, "two blocks per SM");
 
-template <typename T, int KMAX>
+// kSplit: the state products with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact) or rounded
+// once to T (=split; chunked_kda_grads_state_product.cuh).
+template <typename T, int KMAX, bool kSplit>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
   using S = KdaGradsStateSmem;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM;
@@ -122,13 +126,13 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
     const float* hs = h + static_cast<int64_t>(c0) * V;  // rows c0.. of h_c and dh_{c+1}
     const float* dhs = dhn + static_cast<int64_t>(c0) * V;
-    kda_mma::state_times_rows<T, KS, true>(hs, V, dvn_base, HVV, L, -1.f, sm.dw);
+    kda_state_slice_product<T, kSplit, true>(hs, V, dvn_base, HVV, L, -1.f, sm.dw);
     if (pairs_do)
-      kda_mma::state_times_rows<T, KS, true>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
+      kda_state_slice_product<T, kSplit, true>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
     else
-      kda_mma::state_times_rows<T, KS, false>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
+      kda_state_slice_product<T, kSplit, false>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
     float hdot[2];  // <dh[d], h[d]> for channels c0 + 16 (w % 4) + grp (+ 8); nonzero in one lane per channel
-    kda_mma::state_times_rows<T, KS, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
+    kda_state_slice_product<T, kSplit, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
     __syncthreads();
 
     // dq_s = scale e o Y, stored (thread: channel tid % 64 of rows tid / 64 + 4 m, coalesced q

@@ -177,19 +177,25 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
           : launch_kda_state_backward_transposed<T, 128, false>(a, s);
 }
 
-// FLASHGRAD_CHUNKED_KDA_B2=split (read at every launch) runs B2 as two kernels of two blocks per SM
-// each (session 10: chunked_kda_grads_state.cuh, then chunked_kda_grads_local.cuh; the first hands
-// the second dM through dv's first 64 columns and the state parts of dq, dk, dg, dbeta through
-// those outputs) instead of kda_grads_kernel (one block per SM, 225 KiB at K = 128).
+// FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split / split_exact runs B2 as two kernels of two
+// blocks per SM each (session 10: chunked_kda_grads_state.cuh, then chunked_kda_grads_local.cuh; the
+// first hands the second dM through dv's first 64 columns and the state parts of dq, dk, dg, dbeta
+// through those outputs) instead of kda_grads_kernel (one block per SM, 225 KiB at K = 128). =split
+// rounds h, dh and dv_new once to T in the products with the states (as fla and the default B1),
+// =split_exact splits them hi + lo as kda_grads_kernel does. Unset: kda_grads_kernel.
 // FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
-inline bool kda_b2_split_requested() {
+enum class KdaB2Kernel { fused, split, split_exact };
+inline KdaB2Kernel kda_b2_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
-  return v && std::strcmp(v, "split") == 0;
+  if (v && std::strcmp(v, "split") == 0) return KdaB2Kernel::split;
+  if (v && std::strcmp(v, "split_exact") == 0) return KdaB2Kernel::split_exact;
+  return KdaB2Kernel::fused;
 }
 
-template <typename T, int KMAX>
+template <typename T, int KMAX, bool kSplit>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
-  launch_kda_kernel<KdaGradsStateSmem, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX>, kda_chunk_grid(a), a, s);
+  launch_kda_kernel<KdaGradsStateSmem, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit>, kda_chunk_grid(a), a,
+                                                         s);
   launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX>, kda_chunk_grid(a), a, s);
 }
 
@@ -201,8 +207,13 @@ void launch_kda_grads(const ChunkedArgs& a, cudaStream_t s) {
     throw_invalid_argument(stage, "scratch", "dout, A, dh, dv_new, dq_acc, dk_acc, dv, dbeta and dg must be given");
   if (a.num_chunks == 0 || a.HV == 0) return;
   const bool legacy = kda_legacy_requested();
-  if (!legacy && kda_b2_split_requested()) {
-    a.K == 64 ? launch_kda_grads_split<T, 64>(a, s) : launch_kda_grads_split<T, 128>(a, s);
+  const KdaB2Kernel b2 = legacy ? KdaB2Kernel::fused : kda_b2_requested();
+  if (b2 != KdaB2Kernel::fused) {
+    const bool exact = b2 == KdaB2Kernel::split_exact;
+    if (a.K == 64)
+      exact ? launch_kda_grads_split<T, 64, true>(a, s) : launch_kda_grads_split<T, 64, false>(a, s);
+    else
+      exact ? launch_kda_grads_split<T, 128, true>(a, s) : launch_kda_grads_split<T, 128, false>(a, s);
     return;
   }
   if (a.K == 64)

@@ -246,13 +246,17 @@ int run(const Case& c) {
   else
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
   // B2 as the library picks it (chunked_kda_launch_impl.cuh): kda_grads_kernel;
-  // FLASHGRAD_CHUNKED_KDA_B2=split: the state kernel over every block, then the local kernel.
+  // FLASHGRAD_CHUNKED_KDA_B2=split / split_exact: the state kernel over every block, then the local kernel.
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
-  if (b2 && std::strcmp(b2, "split") == 0) {
+  const bool b2_split = b2 && std::strcmp(b2, "split") == 0, b2_exact = b2 && std::strcmp(b2, "split_exact") == 0;
+  if (b2_split || b2_exact) {
     static_assert(dr::KdaGradsStateSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)) &&
                       dr::KdaGradsLocalSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)),
                   "emulated shared memory");
-    launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM>(a); }, dr::kKdaSplitThreads);
+    if (b2_exact)
+      launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, true>(a); }, dr::kKdaSplitThreads);
+    else
+      launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
     launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM>(a); }, dr::kKdaSplitThreads);
   } else {
     launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
@@ -385,8 +389,12 @@ int main(int argc, char** argv) {
   using bf16 = __nv_bfloat16;
   int fails = 0;
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
-  std::printf("B2: %s\n", b2 && std::strcmp(b2, "split") == 0 ? "split kernels (FLASHGRAD_CHUNKED_KDA_B2=split)"
-                                                                 : "kda_grads_kernel");
+  std::printf("B2: %s\n", !b2 ? "kda_grads_kernel"
+                          : std::strcmp(b2, "split") == 0
+                              ? "split kernels, state products rounded to T (FLASHGRAD_CHUNKED_KDA_B2=split)"
+                              : std::strcmp(b2, "split_exact") == 0
+                                    ? "split kernels, state products hi + lo (FLASHGRAD_CHUNKED_KDA_B2=split_exact)"
+                                    : "kda_grads_kernel");
   // name, dtype, B, T, H, HV, V, varlen lengths, gate divisor, l2norm, g in f32, seed
   fails += run<bf16, 64>({"kda bf16 K64 V128 T=75 n=0.1", DType::bf16, 1, 75, 1, 2, 128, {}, 0.1f, true, true, 1});
   fails += run<__half, 64>({"kda f16 K64 V64 B=2 T=70 g f16", DType::f16, 2, 70, 1, 1, 64, {}, 1.f, true, false, 2});

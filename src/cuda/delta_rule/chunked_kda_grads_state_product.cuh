@@ -1,0 +1,126 @@
+// The products of the split KDA B2's first kernel (chunked_kda_grads_state.cuh) with the states, for
+// one 64-channel slice: out[r * 64 + d] = sign * sum_{c < V} X[r][c] S[d][c] (r < 64, d < 64), X the
+// chunk's rows (do, v_new in T, or dv_new in fp32; rows >= L read as 0), S rows [c0, c0 + 64) of an
+// fp32 K x V state (h_c or dh_{c+1}, global, row-major). The same transposed scheme as
+// kda_mma::state_times_rows (chunked_kda_mma.cuh), whose KMAX = 64 instance this generalizes by
+// kSplit:
+//   kSplit = true:  the fp32 operands (S, and X when fp32) split hi + lo (2 or 3 mmas per tile), as
+//                   kda_grads_kernel does;
+//   kSplit = false: every operand rounded once to T, one mma per tile (as fla, and as the default
+//                   B1 and stage 2 of chunked_kda.h): about half the instructions of the product
+//                   (SASS count, session 10), a rounding of h / dh / dv_new (2^-9 relative) instead.
+// Warp w (8 warps): channels [16 (w % 4), +16) of the slice, row tiles [32 (w / 4), +32) (NT = 4);
+// out^T = S X^T, so each warp loads its own 16 state rows straight into A fragments and X's rows
+// into B fragments, one 16-column step ahead of the mmas. No barrier: the caller has one before
+// others read `out`. With S2 (another state, same layout) the call also returns <S[d], S2[d]> over
+// all V for this lane's channels d0 + grp (dot[0]) and d0 + grp + 8 (dot[1]) (valid in lanes with
+// tig == 0 of warps 0..3, 0 elsewhere), from the fp32 values.
+#pragma once
+
+#include <type_traits>
+
+#include "chunked_kda_mma.cuh"  // kda_mma::pair_exact
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// (x0, x1) -> hi (and lo with kSplit) fragment registers.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void kda_round_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit)
+    mma::split_pair<T>(x0, x1, hi, lo);
+  else
+    hi = mma::pack_floats<T>(x0, x1);
+}
+
+template <typename T, bool kSplit, bool PAIRS, typename E>
+__device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t V, const E* x, int64_t xstride,
+                                                        int L, float sign, float* out, const float* S2 = nullptr,
+                                                        float* dot = nullptr) {
+  constexpr int KS = 64, NT = 4;
+  constexpr bool XS = std::is_same_v<E, float>;  // fp32 rows (dv_new)
+  const int w = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
+  const int d0 = 16 * (w % 4), nt0 = NT * (w / 4);
+  const float* s0 = S + static_cast<int64_t>(d0 + g) * V + t2;  // state rows d0 + g and d0 + g + 8
+  const float* s1 = s0 + 8 * V;
+  const E* xr[NT];  // this lane's B-fragment row of each tile (row 8 (nt0 + nt) + g; row 0 past L)
+  bool xok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int r = 8 * (nt0 + nt) + g;
+    xr[nt] = x + (r < L ? r : 0) * xstride + t2;
+    xok[nt] = r < L;
+  }
+  using XPair = std::conditional_t<XS, float2, uint32_t>;
+  float2 sv[4], tv[4];
+  XPair xv[NT][2];
+  const bool with_dot = S2 != nullptr;  // block-uniform
+  const float* u0 = with_dot ? S2 + (s0 - S) : nullptr;
+  const float* u1 = with_dot ? S2 + (s1 - S) : nullptr;
+  float dsum[2] = {0.f, 0.f};
+  auto fetch = [&](int64_t c) {  // the raw operands of the 16 columns [c, c + 16)
+    sv[0] = *reinterpret_cast<const float2*>(s0 + c), sv[1] = *reinterpret_cast<const float2*>(s1 + c);
+    sv[2] = *reinterpret_cast<const float2*>(s0 + c + 8), sv[3] = *reinterpret_cast<const float2*>(s1 + c + 8);
+    if (with_dot) {
+      tv[0] = *reinterpret_cast<const float2*>(u0 + c), tv[1] = *reinterpret_cast<const float2*>(u1 + c);
+      tv[2] = *reinterpret_cast<const float2*>(u0 + c + 8), tv[3] = *reinterpret_cast<const float2*>(u1 + c + 8);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (XS)
+          xv[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(xr[nt] + c + 8 * h) : make_float2(0.f, 0.f);
+        else
+          xv[nt][h] = kda_mma::pair_exact<T, PAIRS>(xr[nt] + c + 8 * h, xok[nt]);
+      }
+  };
+  float acc[NT][4] = {};
+  fetch(0);
+#pragma unroll 1
+  for (int64_t c = 0; c < V; c += 16) {
+    uint32_t ah[4], al[4], bh[NT][2], bl[NT][2];
+    // A (16 x 16): (g, t2..), (g + 8, t2..), (g, t2 + 8..), (g + 8, t2 + 8..); B (16 x 8): rows t2..,
+    // t2 + 8.. of column g.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) kda_round_pair<T, kSplit>(sv[i].x, sv[i].y, ah[i], al[i]);
+    if (with_dot)  // rows grp (i = 0, 2) and grp + 8 (i = 1, 3)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dsum[i & 1] += sv[i].x * tv[i].x + sv[i].y * tv[i].y;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (XS)
+          kda_round_pair<T, kSplit>(xv[nt][h].x, xv[nt][h].y, bh[nt][h], bl[nt][h]);
+        else
+          bh[nt][h] = xv[nt][h];
+      }
+    if (c + 16 < V) fetch(c + 16);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      mma::mma16816<T>(acc[nt], ah, bh[nt]);
+      if constexpr (kSplit) {
+        mma::mma16816<T>(acc[nt], al, bh[nt]);
+        if constexpr (XS) mma::mma16816<T>(acc[nt], ah, bl[nt]);
+      }
+    }
+  }
+  if (with_dot) {  // over the 4 lanes (tig) of a row
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 1);
+      dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 2);
+      dot[i] = nt0 == 0 && mma::tig() == 0 ? dsum[i] : 0.f;
+    }
+  }
+  // acc[nt][e] is out^T at (channel d0 + acc_row(e), row 8 (nt0 + nt) + acc_col(e)).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      out[(8 * (nt0 + nt) + mma::acc_col(e)) * KS + d0 + mma::acc_row(e)] = sign * acc[nt][e];
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
