@@ -126,22 +126,30 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
     // aq, bm: dq += aq, dG += q o aq + beta k o bm, dk += beta bm, dbeta += rowsum(k o bm) (a warp's
     // 32 lanes share row r); q from global memory again (its tile now holds bm).
     kda_rows_pair<T>(sm.dP, sm.dM, LDM, kx, sm.G, sm.out, sm.q, sm.stage);
+    {
+      // Global rows r0, r0 + 4, ...: pointers stepped by 4 rows (no per-element 64-bit products).
+      const T* pq = q_rows + r0 * a.q.s1 + c0 + d;
+      float* pdq = dq_row0 + r0 * qk_stride + c0 + d;
+      float* pdk = dk_row0 + r0 * qk_stride + c0 + d;
+      const float* pdg = dg_row0 + r0 * dg_stride + c0 + d;
+      const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride, sdg = 4 * dg_stride;
 #pragma unroll
-    for (int m = 0; m < NE; ++m) {
-      const int r = r0 + 4 * m, e = r * KS + d;
-      const float aq = sm.out[e], bm = sm.q[e], kr = sm.k[e], br = sm.beta[r];
-      const float qv = r < L ? to_f<T>(q_rows[r * a.q.s1 + c0 + d]) * sm.rq[r] : 0.f;
-      dk[m] += br * bm;
-      dG[m] += qv * aq + br * kr * bm;
-      const float ts = group_sum<32>(kr * bm);
-      if ((tid & 31) == 0 && r < L) atomicAdd(&sm.dbeta[r], ts);
-      float tot = 0.f;
-      if (r < L) {
-        accumulate(dq_row0 + r * qk_stride + c0 + d, aq);
-        accumulate(dk_row0 + r * qk_stride + c0 + d, dk[m]);
-        tot = dG[m] + dg_row0[r * dg_stride + c0 + d];
+      for (int m = 0; m < NE; ++m, pq += sq, pdq += sqk, pdk += sqk, pdg += sdg) {
+        const int r = r0 + 4 * m, e = r * KS + d;
+        const float aq = sm.out[e], bm = sm.q[e], kr = sm.k[e], br = sm.beta[r];
+        const float qv = r < L ? to_f<T>(*pq) * sm.rq[r] : 0.f;
+        dk[m] += br * bm;
+        dG[m] += qv * aq + br * kr * bm;
+        const float ts = group_sum<32>(kr * bm);
+        if ((tid & 31) == 0 && r < L) atomicAdd(&sm.dbeta[r], ts);
+        float tot = 0.f;
+        if (r < L) {
+          accumulate(pdq, aq);
+          accumulate(pdk, dk[m]);
+          tot = dG[m] + *pdg;
+        }
+        sm.out[e] = tot;  // the same thread read out[e] above
       }
-      sm.out[e] = tot;  // the same thread read out[e] above
     }
     __syncthreads();
     // dg = reverse cumsum over the chunk's rows, one thread per channel.

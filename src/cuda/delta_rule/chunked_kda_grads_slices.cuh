@@ -51,8 +51,9 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
 }
 
 // The slice loads below: thread tid owns channel d = tid % 64 of rows r = tid / 64 + 4 m (m < 16),
-// i.e. consecutive lanes read consecutive channels of one row (coalesced), and the row addresses
-// step by a constant (4 rows) so that no per-element 64-bit offset is formed. Loads are issued in
+// i.e. consecutive lanes read consecutive channels of one row (coalesced), and the row pointers
+// step by a constant (4 rows): one 64-bit add per element, where a product per element cost ~12
+// instructions (SASS, session 10). Loads are issued in
 // batches of 8 before their stores (8 global loads in flight per thread, few registers).
 constexpr int kKdaSliceRowsPerPass = kKdaSplitThreads / kKdaSliceK;                   // 4
 constexpr int kKdaSlicePasses = kChunkSize * kKdaSliceK / kKdaSplitThreads;          // 16
@@ -63,16 +64,15 @@ template <int KMAX>
 __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
                                                int64_t HV, int c0, float* out) {
   const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
-  const float* src = G_in + (row0 * HV + hv) * KMAX + c0 + d;  // row r: + r * HV KMAX
-  const int64_t rstride = HV * KMAX;
+  const int64_t rstride = HV * KMAX;                                 // G's row stride
+  const float* p = G_in + ((row0 + r0) * HV + hv) * KMAX + c0 + d;  // row r0, then + 4 rows per pass
+  const float* last = G_in + ((row0 + ci.len - 1) * HV + hv) * KMAX + c0 + d;  // row L - 1
+  const int64_t step = kKdaSliceRowsPerPass * rstride;
 #pragma unroll 1
   for (int m0 = 0; m0 < kKdaSlicePasses; m0 += 8) {
     float v[8];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
-      v[u] = src[(r < ci.len ? r : ci.len - 1) * rstride];
-    }
+    for (int u = 0; u < 8; ++u, p += step) v[u] = *(r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? p : last);
 #pragma unroll
     for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = v[u];
   }
@@ -84,15 +84,13 @@ template <typename T>
 __device__ __forceinline__ void kda_key_slice(const View& x, const ChunkInfo& ci, int64_t head, int c0,
                                               const float* rstd, float* out) {
   const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
-  const T* base = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0, head) + c0 + d;  // row r: + r * s1
+  const T* p = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + r0, head) + c0 + d;  // then + 4 rows per pass
+  const int64_t step = kKdaSliceRowsPerPass * x.s1;
 #pragma unroll 1
   for (int m0 = 0; m0 < kKdaSlicePasses; m0 += 8) {
     float v[8];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
-      v[u] = r < ci.len ? to_f<T>(base[r * x.s1]) : 0.f;
-    }
+    for (int u = 0; u < 8; ++u, p += step) v[u] = r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? to_f<T>(*p) : 0.f;
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);

@@ -139,14 +139,17 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // loads); Y <- q o dq_s, dG's first term, for the pass below.
     {
       const int d = tid % KS, r0 = tid / KS;
+      const T* pq = q_rows + r0 * a.q.s1 + c0 + d;  // rows r0, r0 + 4, ...: stepped pointers
+      float* pdq = dq_row0 + r0 * qk_stride + c0 + d;
+      const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride;
 #pragma unroll 4
-      for (int m = 0; m < C * KS / kKdaSplitThreads; ++m) {
+      for (int m = 0; m < C * KS / kKdaSplitThreads; ++m, pq += sq, pdq += sqk) {
         const int r = r0 + 4 * m, at = r * KS + d;
         float qdq = 0.f;
         if (r < L) {
           const float dq = scale * kda_exp_ftz(sm.G[at]) * sm.Y[at];
-          add_or_store(dq_row0 + r * qk_stride + c0 + d, dq);
-          qdq = to_f<T>(q_rows[r * a.q.s1 + c0 + d]) * sm.rq[r] * dq;
+          add_or_store(pdq, dq);
+          qdq = to_f<T>(*pq) * sm.rq[r] * dq;
         }
         sm.Y[at] = qdq;
       }
