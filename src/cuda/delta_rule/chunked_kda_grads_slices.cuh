@@ -99,6 +99,22 @@ __device__ __forceinline__ void kda_key_slice(const View& x, const ChunkInfo& ci
   }
 }
 
+// out[r * 64 + d] = x[b, t0 + r, head, c0 + d] as stored (T, exact; 0 past L). No barrier.
+template <typename T>
+__device__ __forceinline__ void kda_key_slice_raw(const View& x, const ChunkInfo& ci, int64_t head, int c0, T* out) {
+  const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
+  const T* p = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + r0, head) + c0 + d;  // then + 4 rows per pass
+  const int64_t step = kKdaSliceRowsPerPass * x.s1;
+#pragma unroll 1
+  for (int m0 = 0; m0 < kKdaSlicePasses; m0 += 8) {
+    T v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u, p += step) v[u] = r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? *p : from_f<T>(0.f);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = v[u];
+  }
+}
+
 // A from stage 1 into out[i * ldo + j] (64 x 64): stage 1 packs P^T into A's upper triangle
 // (chunked_kda.h), so keep the strict lower part and put the unit diagonal back; rows past L are 0
 // (they are not read: the last chunk's may lie past the array). No barrier.

@@ -8,11 +8,12 @@
 // most ~113 KiB of shared memory and 128 registers, two blocks (16 warps) per SM.
 //
 // One block of 8 warps per (chunk, value head), grid chunks x HV. Per slice s (channels c0 = 64 s ..):
-//   dw_s = -dv_new h_s^T,  Y_s = do h_s^T,  X_s = v_new dh_s^T  (kda_state_slice_product: h / dh rows
-//   of the slice straight from global memory into fragments, hi + lo or rounded once by kSplit),
+//   dw_s = -dv_new h_s^T and Y_s = do h_s^T in one pass over h, X_s = v_new dh_s^T
+//   (chunked_kda_grads_state_product.cuh: h / dh rows of the slice straight from global memory into
+//   fragments, hi + lo or rounded once by kSplit),
 //   <h[d], dh[d]> on X's pass;
-//   dA += dw_s Wb_s^T (Wb = beta e o k, formed in the loader), accumulated in registers over the
-//   slices (dA is the one quantity that sums over all K);
+//   dA += dw_s Wb_s^T (Wb = beta e o k, formed in the loader), summed over the slices in a shared
+//   tile (dA is the one quantity that sums over all K);
 //   dq_s = scale e Y (stored by a coalesced pass, which leaves q o dq_s in Y's tile);
 //   dWb_s = A^T dw_s, and at its fragment elements (r, d) the state and WY terms of the slice:
 //     dk_s = X exp(gl - G) + beta e dWb;
@@ -26,7 +27,7 @@
 //   dv:   dM row i in columns [0, 64) of dv's row i (V >= 64). dv is written for good only by the
 //         second kernel, after its block has read dM (same (chunk, value head)): no extra scratch.
 // Rows past L: G repeats row L - 1, k, X, Y, dw, A are 0, so no term there is nonzero and nothing is
-// stored.
+// stored. 106 KiB of shared memory (K = 128 or 64).
 #pragma once
 
 #include "chunked_kda_grads_slices.cuh"
@@ -34,38 +35,43 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// k is kept raw in T (exact; normalized on read with rk), which leaves room for dA's own tile: dA's
+// K part is summed over the slices in shared memory, not in 16 registers held across the slice
+// loop (the fused dw / Y product needs them).
+template <typename T>
 struct KdaGradsStateSmem {
   static constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = C + 1;
-  float *G, *k, *dw, *Y, *X;  // [C][KS]: the slice's G, normalized k, dw, Y, X
-  float* A;                   // [C][LDM]
-  float* mat;                 // after the slices: dA [C][LDM] in Y and X's space (2 C KS >= C LDM)
-  float* tmp;                 // after the slices: dA A^T [C][C] in dw's space
+  float *G, *dw, *Y, *X;  // [C][KS]: the slice's G, dw, Y, X
+  T* k;                   // [C][KS]: the slice's k as stored (0 past L)
+  float *A, *mat;         // [C][LDM]: A; dA (unmasked: the V part, then + dw Wb^T per slice)
+  float* tmp;             // after the slices: dA A^T [C][C] in dw's space
   float *beta, *rq, *rk, *dbeta, *sl;  // [C] x 4, [KS]
-  static constexpr int64_t bytes() { return sizeof(float) * (5 * C * KS + C * LDM + 4 * C + KS); }
+  static constexpr int64_t bytes() {
+    return sizeof(float) * (4 * C * KS + 2 * C * LDM + 4 * C + KS) + sizeof(T) * C * KS;
+  }
   __device__ explicit KdaGradsStateSmem(unsigned char* raw) {
     G = reinterpret_cast<float*>(raw);
-    k = G + C * KS;
-    dw = k + C * KS;
+    dw = G + C * KS;
     Y = dw + C * KS;
     X = Y + C * KS;
     A = X + C * KS;
-    beta = A + C * LDM;
+    mat = A + C * LDM;
+    beta = mat + C * LDM;
     rq = beta + C;
     rk = rq + C;
     dbeta = rk + C;
     sl = dbeta + C;
-    mat = Y;
+    k = reinterpret_cast<T*>(sl + KS);  // 16-byte aligned: every float array above is a multiple of 16 bytes
     tmp = dw;
   }
 };
-static_assert(2 * kChunkSize * kKdaSliceK >= kChunkSize * (kChunkSize + 1), "dA fits in Y and X");
-static_assert(KdaGradsStateSmem::bytes() <= 113 * 1024, "two blocks per SM");
+static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024, "two blocks per SM");
 
 // kSplit: the state products with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact) or rounded
 // once to T (=split; chunked_kda_grads_state_product.cuh).
 template <typename T, int KMAX, bool kSplit>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
-  using S = KdaGradsStateSmem;
+  using S = KdaGradsStateSmem<T>;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM;
   static_assert(KMAX % KS == 0, "whole slices");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -109,28 +115,33 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 
   // dA's V part, dv_new (beta v)^T: v exact in T, dv_new split; beta_j per column. The warp's
   // 16 x 32 block: rows 16 rs.., columns n0 + 8 nt.. (rows_times_rows_global's layout).
-  float dA[4][4] = {};
-  if (pairs_v)
-    kda_mma::rows_times_rows_global<T, true>(dvn_base, HVV, v_base, a.v.s1, V, L, dA);
-  else
-    kda_mma::rows_times_rows_global<T, false>(dvn_base, HVV, v_base, a.v.s1, V, L, dA);
+  {
+    float acc[4][4] = {};
+    if (pairs_v)
+      kda_mma::rows_times_rows_global<T, true>(dvn_base, HVV, v_base, a.v.s1, V, L, acc);
+    else
+      kda_mma::rows_times_rows_global<T, false>(dvn_base, HVV, v_base, a.v.s1, V, L, acc);
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dA[nt][e] *= sm.beta[n0 + 8 * nt + mma::acc_col(e)];
+      for (int e = 0; e < 4; ++e) {  // mat's element (i, j) has this one owner in every pass below
+        const int i = 16 * rs + mma::acc_row(e), j = n0 + 8 * nt + mma::acc_col(e);
+        sm.mat[i * LDM + j] = acc[nt][e] * sm.beta[j];
+      }
+  }
 
+  auto kx = [&](int r, int d) { return to_f<T>(sm.k[r * KS + d]); };  // raw k (times rk[r]: normalized)
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
     kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
-    kda_key_slice<T>(a.k, ci, head, c0, sm.rk, sm.k);
+    kda_key_slice_raw<T>(a.k, ci, head, c0, sm.k);
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
     const float* hs = h + static_cast<int64_t>(c0) * V;  // rows c0.. of h_c and dh_{c+1}
     const float* dhs = dhn + static_cast<int64_t>(c0) * V;
-    kda_state_slice_product<T, kSplit, true>(hs, V, dvn_base, HVV, L, -1.f, sm.dw);
     if (pairs_do)
-      kda_state_slice_product<T, kSplit, true>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
+      kda_state_slice_product2<T, kSplit, true>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
     else
-      kda_state_slice_product<T, kSplit, false>(hs, V, do_base, a.dout.s1, L, 1.f, sm.Y);
+      kda_state_slice_product2<T, kSplit, false>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
     float hdot[2];  // <dh[d], h[d]> for channels c0 + 16 (w % 4) + grp (+ 8); nonzero in one lane per channel
     kda_state_slice_product<T, kSplit, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
     __syncthreads();
@@ -156,10 +167,17 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     }
 
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
-    kda_mma::warp_fp32_product<T, 4>(
-        [&](int r, int d) { return sm.dw[r * KS + d]; },
-        [&](int d, int j) { return sm.beta[j] * kda_exp_ftz(sm.G[j * KS + d]) * sm.k[j * KS + d]; }, 16 * rs, n0, 0, KS,
-        dA);
+    {
+      float acc[4][4] = {};
+      kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[r * KS + d]; },
+                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp_ftz(sm.G[j * KS + d]) * kx(j, d); },
+                                       16 * rs, n0, 0, KS, acc);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sm.mat[(16 * rs + mma::acc_row(e)) * LDM + n0 + 8 * nt + mma::acc_col(e)] += acc[nt][e];
+    }
 
     // dWb_s = A^T dw_s (warp: rows 16 rs.., channels n0 + 8 nt..; A_ir = 0 for i < r, so the k range
     // starts at the strip), then every slice output at the warp's fragment elements.
@@ -169,19 +187,22 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     __syncthreads();  // q o dq_s in Y
     float tsum[2] = {0.f, 0.f};     // rows grp, grp + 8: sum of e k dWb over this thread's channels
     float ssum[4][2] = {};          // channels n0 + 8 nt + 2 tig + {0, 1}: sum of s over rows grp, grp + 8
+    const int ra = 16 * rs + mma::grp();  // this lane's rows ra, ra + 8: their dk / dg rows, from c0
+    float* const pk[2] = {dk_row0 + ra * qk_stride + c0, dk_row0 + (ra + 8) * qk_stride + c0};
+    float* const pg[2] = {dg_row0 + ra * dg_stride + c0, dg_row0 + (ra + 8) * dg_stride + c0};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = 16 * rs + mma::acc_row(e), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
-        const float g = sm.G[at], ex = kda_exp_ftz(g), kr = sm.k[at], dwb = acc[nt][e], be = sm.beta[r] * ex;
+        const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
+        const float g = sm.G[at], ex = kda_exp_ftz(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
         const float kdx = kda_exp_ftz(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
         const float Xv = sm.X[at], s = Xv * kdx * kr;
         tsum[e >> 1] += ex * kr * dwb;
         ssum[nt][e & 1] += s;
         if (r < L) {
-          add_or_store(dk_row0 + r * qk_stride + c0 + d, Xv * kdx + be * dwb);
-          dg_row0[r * dg_stride + c0 + d] = sm.Y[at] - s + be * kr * dwb;
+          add_or_store(pk[e >> 1] + d, Xv * kdx + be * dwb);
+          pg[e >> 1][d] = sm.Y[at] - s + be * kr * dwb;
         }
       }
 #pragma unroll
@@ -215,20 +236,12 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   }
   if (tid < L) a.dbeta[(row0 + tid) * HV + hv] = sm.dbeta[tid];  // the atomics ended before the last barrier
 
-  // dA (masked) where Y and X were; then dM = -StrictLower(A^T (dA A^T)) on tensor cores as in
-  // kda_grads_kernel's phase E: tmp = dA A^T (k range j <= i ends after the strip), dM's k range
-  // (m >= i) starts at the strip.
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 16 * rs + mma::acc_row(e), j = n0 + 8 * nt + mma::acc_col(e);
-      sm.mat[i * LDM + j] = i < L && j <= i ? dA[nt][e] : 0.f;
-    }
-  __syncthreads();
+  // dM = -StrictLower(A^T (dA A^T)) on tensor cores as in kda_grads_kernel's phase E, dA masked on
+  // read (Lower_incl, rows < L): tmp = dA A^T (k range j <= i ends after the strip), dM's k range
+  // (m >= i) starts at the strip. (The slice loop's last barrier follows its additions to mat.)
   {
     float acc[4][4] = {};
-    kda_mma::warp_fp32_product<T, 4>([&](int i, int j) { return sm.mat[i * LDM + j]; },
+    kda_mma::warp_fp32_product<T, 4>([&](int i, int j) { return i < L && j <= i ? sm.mat[i * LDM + j] : 0.f; },
                                      [&](int j, int m) { return sm.A[m * LDM + j]; }, 16 * rs, n0, 0, 16 * rs + 16,
                                      acc);
 #pragma unroll

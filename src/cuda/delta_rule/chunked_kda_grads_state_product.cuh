@@ -123,4 +123,79 @@ __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t 
       out[(8 * (nt0 + nt) + mma::acc_col(e)) * KS + d0 + mma::acc_row(e)] = sign * acc[nt][e];
 }
 
+// Two products with the same state in one pass (the A fragments of S loaded and rounded once):
+// out1 = sign1 * X1 S^T with fp32 rows X1 (dv_new), out2 = X2 S^T with 16-bit rows X2 (do; PAIRS2:
+// 32-bit pair loads). Same warp layout and contract as kda_state_slice_product. The first kernel's
+// dw = -dv_new h^T and Y = do h^T: h is read once per slice instead of twice, and each 16-column
+// step has twice the mmas behind its loads (the kernel was long-scoreboard bound, ncu run 10.1).
+template <typename T, bool kSplit, bool PAIRS2>
+__device__ __forceinline__ void kda_state_slice_product2(const float* S, int64_t V, const float* x1,
+                                                         int64_t x1stride, float sign1, const T* x2,
+                                                         int64_t x2stride, int L, float* out1, float* out2) {
+  constexpr int KS = 64, NT = 4;
+  const int w = threadIdx.x / 32, g = mma::grp(), t2 = 2 * mma::tig();
+  const int d0 = 16 * (w % 4), nt0 = NT * (w / 4);
+  const float* s0 = S + static_cast<int64_t>(d0 + g) * V + t2;  // state rows d0 + g and d0 + g + 8
+  const float* s1 = s0 + 8 * V;
+  const int rb = 8 * nt0 + g;  // this lane's B-fragment row of tile nt: rb + 8 nt (row 0 past L)
+  const float* x1r[NT];
+  const T* x2r[NT];
+  bool xok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int r = rb + 8 * nt, rr = r < L ? r : 0;
+    x1r[nt] = x1 + rr * x1stride + t2;
+    x2r[nt] = x2 + rr * x2stride + t2;
+    xok[nt] = r < L;
+  }
+  float2 sv[4], v1[NT][2];
+  uint32_t v2[NT][2];
+  auto fetch = [&](int64_t c) {  // the raw operands of the 16 columns [c, c + 16)
+    sv[0] = *reinterpret_cast<const float2*>(s0 + c), sv[1] = *reinterpret_cast<const float2*>(s1 + c);
+    sv[2] = *reinterpret_cast<const float2*>(s0 + c + 8), sv[3] = *reinterpret_cast<const float2*>(s1 + c + 8);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        v1[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(x1r[nt] + c + 8 * h) : make_float2(0.f, 0.f);
+        v2[nt][h] = kda_mma::pair_exact<T, PAIRS2>(x2r[nt] + c + 8 * h, xok[nt]);
+      }
+  };
+  float acc1[NT][4] = {}, acc2[NT][4] = {};
+  fetch(0);
+#pragma unroll 1
+  for (int64_t c = 0; c < V; c += 16) {
+    uint32_t ah[4], al[4], b1h[NT][2], b1l[NT][2], b2[NT][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) kda_round_pair<T, kSplit>(sv[i].x, sv[i].y, ah[i], al[i]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        kda_round_pair<T, kSplit>(v1[nt][h].x, v1[nt][h].y, b1h[nt][h], b1l[nt][h]);
+        b2[nt][h] = v2[nt][h];
+      }
+    if (c + 16 < V) fetch(c + 16);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      mma::mma16816<T>(acc1[nt], ah, b1h[nt]);
+      mma::mma16816<T>(acc2[nt], ah, b2[nt]);
+      if constexpr (kSplit) {
+        mma::mma16816<T>(acc1[nt], al, b1h[nt]);
+        mma::mma16816<T>(acc1[nt], ah, b1l[nt]);
+        mma::mma16816<T>(acc2[nt], al, b2[nt]);
+      }
+    }
+  }
+  // acc[nt][e] is out^T at (channel d0 + acc_row(e), row 8 (nt0 + nt) + acc_col(e)).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int at = (8 * (nt0 + nt) + mma::acc_col(e)) * KS + d0 + mma::acc_row(e);
+      out1[at] = sign1 * acc1[nt][e];
+      out2[at] = acc2[nt][e];
+    }
+}
+
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -250,7 +250,7 @@ int run(const Case& c) {
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
   const bool b2_split = b2 && std::strcmp(b2, "split") == 0, b2_exact = b2 && std::strcmp(b2, "split_exact") == 0;
   if (b2_split || b2_exact) {
-    static_assert(dr::KdaGradsStateSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)) &&
+    static_assert(dr::KdaGradsStateSmem<TT>::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)) &&
                       dr::KdaGradsLocalSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)),
                   "emulated shared memory");
     if (b2_exact)
