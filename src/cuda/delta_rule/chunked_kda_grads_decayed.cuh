@@ -12,8 +12,9 @@
 //   2. between the two halves of a 16-row sub-chunk, through the upper half's first row m;
 //   3. across sub-chunks, through the later sub-chunk's first row b = 16 I: here all J < I at once
 //      (one staged operand of 16 I rows per I, one barrier pair per I instead of one per (I, J)).
-// Parts 2 and 3 run on tensor cores, fp32 operands split hi + lo in registers (three mmas, close to
-// fp32). Exps are ex2.approx.ftz (two instructions instead of five: a factor below 2^-126 flushes to
+// Parts 2 and 3 run on tensor cores: with kSplit their fp32 operands split hi + lo in registers (three
+// mmas, close to fp32), without it rounded once to T (one mma, as fla takes these products in bf16;
+// FLASHGRAD_CHUNKED_KDA_B2=split). Exps are ex2.approx.ftz (two instructions instead of five: a factor below 2^-126 flushes to
 // 0 instead of a denormal, far below fp32 rounding of the sums).
 // Contract (as the decay helpers'): W1, W2 [64][ldw] in shared memory, zero in rows past L; G [64][64]
 // (rows past L hold G_{L-1}); y, x1, x2 loaders return 0 past L; the caller has a barrier between
@@ -29,34 +30,46 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 constexpr int kKdaDecayedStageFloats = 48 * kKdaSliceK;  // part 3's largest operand: rows j < 48
 
-// acc += A B (16 x 16 by 16 x 8) with both operands split: hi hi + lo hi + hi lo.
-template <typename T>
+// acc += A B (16 x 16 by 16 x 8): with kSplit both operands split (hi hi + lo hi + hi lo), else both
+// rounded once to T (one mma; lo unused).
+template <typename T, bool kSplit>
 __device__ __forceinline__ void mma_split3(float (&acc)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
                                            const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
   mma::mma16816<T>(acc, ah, bh);
-  mma::mma16816<T>(acc, al, bh);
-  mma::mma16816<T>(acc, ah, bl);
+  if constexpr (kSplit) {
+    mma::mma16816<T>(acc, al, bh);
+    mma::mma16816<T>(acc, ah, bl);
+  }
 }
 
-// A fragment of a 16 x 16 block read through a loader a(row, col), split hi + lo (fragment elements:
-// (grp, 2 tig + {0, 1}), (grp + 8, ..), (grp, 8 + 2 tig + {0, 1}), (grp + 8, ..)).
-template <typename T, typename AF>
+// (x0, x1) -> hi (and lo with kSplit) fragment registers.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void round_or_split(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit)
+    mma::split_pair<T>(x0, x1, hi, lo);
+  else
+    hi = mma::pack_floats<T>(x0, x1);
+}
+
+// A fragment of a 16 x 16 block read through a loader a(row, col), split hi + lo or rounded
+// (fragment elements: (grp, 2 tig + {0, 1}), (grp + 8, ..), (grp, 8 + 2 tig + {0, 1}), (grp + 8, ..)).
+template <typename T, bool kSplit, typename AF>
 __device__ __forceinline__ void frag_a_split(AF&& a, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
   const int g = mma::grp(), t2 = 2 * mma::tig();
-  mma::split_pair<T>(a(g, t2), a(g, t2 + 1), hi[0], lo[0]);
-  mma::split_pair<T>(a(g + 8, t2), a(g + 8, t2 + 1), hi[1], lo[1]);
-  mma::split_pair<T>(a(g, t2 + 8), a(g, t2 + 9), hi[2], lo[2]);
-  mma::split_pair<T>(a(g + 8, t2 + 8), a(g + 8, t2 + 9), hi[3], lo[3]);
+  round_or_split<T, kSplit>(a(g, t2), a(g, t2 + 1), hi[0], lo[0]);
+  round_or_split<T, kSplit>(a(g + 8, t2), a(g + 8, t2 + 1), hi[1], lo[1]);
+  round_or_split<T, kSplit>(a(g, t2 + 8), a(g, t2 + 9), hi[2], lo[2]);
+  round_or_split<T, kSplit>(a(g + 8, t2 + 8), a(g + 8, t2 + 9), hi[3], lo[3]);
 }
 // B fragment (16 x 8) through b(k, n): elements (2 tig + {0, 1}, grp), (8 + 2 tig + {0, 1}, grp).
-template <typename T, typename BF>
+template <typename T, bool kSplit, typename BF>
 __device__ __forceinline__ void frag_b_split(BF&& b, uint32_t (&hi)[2], uint32_t (&lo)[2]) {
   const int g = mma::grp(), t2 = 2 * mma::tig();
-  mma::split_pair<T>(b(t2, g), b(t2 + 1, g), hi[0], lo[0]);
-  mma::split_pair<T>(b(t2 + 8, g), b(t2 + 9, g), hi[1], lo[1]);
+  round_or_split<T, kSplit>(b(t2, g), b(t2 + 1, g), hi[0], lo[0]);
+  round_or_split<T, kSplit>(b(t2 + 8, g), b(t2 + 9, g), hi[1], lo[1]);
 }
 
-template <typename T, typename YF>
+template <typename T, bool kSplit, typename YF>
 __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, int ldw, YF&& y, const float* G,
                                               float* out1, float* out2, float* stage) {
   constexpr int KS = kKdaSliceK, NTHR = kKdaSplitThreads;
@@ -95,16 +108,16 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
     const int I = wp / 2, m = 16 * I + 8, nq = (wp % 2) * 32, t2 = 2 * mma::tig();
     uint32_t a1h[4] = {0u, 0u, 0u, 0u}, a1l[4] = {0u, 0u, 0u, 0u}, a2h[4] = {0u, 0u, 0u, 0u},
              a2l[4] = {0u, 0u, 0u, 0u};
-    mma::split_pair<T>(W1[(m + g) * ldw + 16 * I + t2], W1[(m + g) * ldw + 16 * I + t2 + 1], a1h[0], a1l[0]);
-    mma::split_pair<T>(W2[(m + g) * ldw + 16 * I + t2], W2[(m + g) * ldw + 16 * I + t2 + 1], a2h[0], a2l[0]);
+    round_or_split<T, kSplit>(W1[(m + g) * ldw + 16 * I + t2], W1[(m + g) * ldw + 16 * I + t2 + 1], a1h[0], a1l[0]);
+    round_or_split<T, kSplit>(W2[(m + g) * ldw + 16 * I + t2], W2[(m + g) * ldw + 16 * I + t2 + 1], a2h[0], a2l[0]);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       const int n = nq + 8 * nt + g;
       uint32_t bh[2] = {0u, 0u}, bl[2] = {0u, 0u};
-      mma::split_pair<T>(stage[(8 * I + t2) * KS + n], stage[(8 * I + t2 + 1) * KS + n], bh[0], bl[0]);
+      round_or_split<T, kSplit>(stage[(8 * I + t2) * KS + n], stage[(8 * I + t2 + 1) * KS + n], bh[0], bl[0]);
       float c1[4] = {}, c2[4] = {};
-      mma_split3<T>(c1, a1h, a1l, bh, bl);
-      mma_split3<T>(c2, a2h, a2l, bh, bl);
+      mma_split3<T, kSplit>(c1, a1h, a1l, bh, bl);
+      mma_split3<T, kSplit>(c2, a2h, a2l, bh, bl);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {  // accumulator rows grp (< 8); rows grp + 8 are the padding
         const int r = m + g, d = nq + 8 * nt + 2 * mma::tig() + e;
@@ -129,11 +142,11 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
     const int n0 = 8 * wp;
     for (int J = 0; J < I; ++J) {
       uint32_t a1h[4], a1l[4], a2h[4], a2l[4], bh[2], bl[2];
-      frag_a_split<T>([&](int r, int k) { return W1[(b + r) * ldw + 16 * J + k]; }, a1h, a1l);
-      frag_a_split<T>([&](int r, int k) { return W2[(b + r) * ldw + 16 * J + k]; }, a2h, a2l);
-      frag_b_split<T>([&](int k, int n) { return stage[(16 * J + k) * KS + n0 + n]; }, bh, bl);
-      mma_split3<T>(c1, a1h, a1l, bh, bl);
-      mma_split3<T>(c2, a2h, a2l, bh, bl);
+      frag_a_split<T, kSplit>([&](int r, int k) { return W1[(b + r) * ldw + 16 * J + k]; }, a1h, a1l);
+      frag_a_split<T, kSplit>([&](int r, int k) { return W2[(b + r) * ldw + 16 * J + k]; }, a2h, a2l);
+      frag_b_split<T, kSplit>([&](int k, int n) { return stage[(16 * J + k) * KS + n0 + n]; }, bh, bl);
+      mma_split3<T, kSplit>(c1, a1h, a1l, bh, bl);
+      mma_split3<T, kSplit>(c2, a2h, a2l, bh, bl);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -146,7 +159,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
   __syncthreads();
 }
 
-template <typename T, typename X1F, typename X2F>
+template <typename T, bool kSplit, typename X1F, typename X2F>
 __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, int ldw, X1F&& x1, X2F&& x2,
                                              const float* G, float* out, float* stage) {
   constexpr int KS = kKdaSliceK, NTHR = kKdaSplitThreads;
@@ -188,14 +201,14 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     const float* st = stage + sub * 16 * KS;  // k rows 0..7: x1s, 8..15: x2s
     uint32_t ah[4] = {0u, 0u, 0u, 0u}, al[4] = {0u, 0u, 0u, 0u};
     // A[a][kk] = W1[m + kk][16 I + a] (kk < 8), W2[m + kk - 8][16 I + a] (kk >= 8); rows a < 8.
-    mma::split_pair<T>(W1[(m + t2) * ldw + 16 * I + g], W1[(m + t2 + 1) * ldw + 16 * I + g], ah[0], al[0]);
-    mma::split_pair<T>(W2[(m + t2) * ldw + 16 * I + g], W2[(m + t2 + 1) * ldw + 16 * I + g], ah[2], al[2]);
+    round_or_split<T, kSplit>(W1[(m + t2) * ldw + 16 * I + g], W1[(m + t2 + 1) * ldw + 16 * I + g], ah[0], al[0]);
+    round_or_split<T, kSplit>(W2[(m + t2) * ldw + 16 * I + g], W2[(m + t2 + 1) * ldw + 16 * I + g], ah[2], al[2]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       uint32_t bh[2], bl[2];
-      frag_b_split<T>([&](int k, int n) { return st[k * KS + n0 + 8 * nt + n]; }, bh, bl);
+      frag_b_split<T, kSplit>([&](int k, int n) { return st[k * KS + n0 + 8 * nt + n]; }, bh, bl);
       float c[4] = {};
-      mma_split3<T>(c, ah, al, bh, bl);
+      mma_split3<T, kSplit>(c, ah, al, bh, bl);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {  // rows grp (< 8)
         const int r = 16 * I + g, d = n0 + 8 * nt + 2 * mma::tig() + e;
@@ -219,15 +232,15 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     __syncthreads();
     const int n0 = 8 * wp;
     uint32_t b1h[2], b1l[2], b2h[2], b2l[2];
-    frag_b_split<T>([&](int k, int n) { return stage[k * KS + n0 + n]; }, b1h, b1l);
-    frag_b_split<T>([&](int k, int n) { return stage[(16 + k) * KS + n0 + n]; }, b2h, b2l);
+    frag_b_split<T, kSplit>([&](int k, int n) { return stage[k * KS + n0 + n]; }, b1h, b1l);
+    frag_b_split<T, kSplit>([&](int k, int n) { return stage[(16 + k) * KS + n0 + n]; }, b2h, b2l);
     for (int J = 0; J < I; ++J) {
       uint32_t a1h[4], a1l[4], a2h[4], a2l[4];
-      frag_a_split<T>([&](int r, int k) { return W1[(b + k) * ldw + 16 * J + r]; }, a1h, a1l);
-      frag_a_split<T>([&](int r, int k) { return W2[(b + k) * ldw + 16 * J + r]; }, a2h, a2l);
+      frag_a_split<T, kSplit>([&](int r, int k) { return W1[(b + k) * ldw + 16 * J + r]; }, a1h, a1l);
+      frag_a_split<T, kSplit>([&](int r, int k) { return W2[(b + k) * ldw + 16 * J + r]; }, a2h, a2l);
       float c[4] = {};
-      mma_split3<T>(c, a1h, a1l, b1h, b1l);
-      mma_split3<T>(c, a2h, a2l, b2h, b2l);
+      mma_split3<T, kSplit>(c, a1h, a1l, b1h, b1l);
+      mma_split3<T, kSplit>(c, a2h, a2l, b2h, b2l);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * J + mma::acc_row(e), d = n0 + mma::acc_col(e);

@@ -44,7 +44,9 @@ struct KdaGradsLocalSmem {
 };
 static_assert(KdaGradsLocalSmem::bytes() <= 113 * 1024, "two blocks per SM");
 
-template <typename T, int KMAX>
+// kSplit: the decayed sums' tensor-core parts with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact)
+// or rounded once to T (=split).
+template <typename T, int KMAX, bool kSplit>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(ChunkedArgs a) {
   using S = KdaGradsLocalSmem;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM, NE = C * KS / kKdaSplitThreads;
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
     float dk[NE], dG[NE];  // element e = tid + 256 m: row e / 64 = tid / 64 + 4 m, channel tid % 64
     const int d = tid % KS, r0 = tid / KS;
     // ak + ck: dk = ak + ck, dG = -k o (ak + ck).
-    kda_cols_sum<T>(sm.dP, sm.dM, LDM, qx, beta_k, sm.G, sm.out, sm.stage);
+    kda_cols_sum<T, kSplit>(sm.dP, sm.dM, LDM, qx, beta_k, sm.G, sm.out, sm.stage);
 #pragma unroll
     for (int m = 0; m < NE; ++m) {
       const int e = (r0 + 4 * m) * KS + d;
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
     __syncthreads();  // out's and q's readers are done: the pair below writes aq into out, bm into q's tile
     // aq, bm: dq += aq, dG += q o aq + beta k o bm, dk += beta bm, dbeta += rowsum(k o bm) (a warp's
     // 32 lanes share row r); q from global memory again (its tile now holds bm).
-    kda_rows_pair<T>(sm.dP, sm.dM, LDM, kx, sm.G, sm.out, sm.q, sm.stage);
+    kda_rows_pair<T, kSplit>(sm.dP, sm.dM, LDM, kx, sm.G, sm.out, sm.q, sm.stage);
     {
       // Global rows r0, r0 + 4, ...: pointers stepped by 4 rows (no per-element 64-bit products).
       const T* pq = q_rows + r0 * a.q.s1 + c0 + d;
@@ -166,9 +168,30 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
 
   // dUb = A^T dv_new (A into dP's space), 64 value columns at a time, as kda_grads_kernel's phase D:
   // dv = beta dUb, dbeta += v . dUb.
+  // dv_new's 64 columns of each pass are staged first (coalesced float4 loads, all in flight at once)
+  // where the slice tiles were, [64][68] (pitch 68: the B-fragment rows 2 tig apart hit distinct
+  // banks), so that the product reads shared memory instead of waiting on global loads per step.
+  constexpr int LDV = 68;
+  static_assert(C * LDV <= 4 * C * KS, "dv_new's pass fits in the slice tiles");
+  float* dvs = sm.G;
   kda_load_A(a.A, row0, hv, HV, L, sm.dP, LDM);
-  __syncthreads();
   for (int64_t cv = 0; cv < V; cv += 64) {
+    if (cv) __syncthreads();  // the previous pass's readers of dvs are done
+    {
+      float4 x[4];  // piece p = tid + 256 u: row p / 16, columns 4 (p % 16) ..
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int p = tid + kKdaSplitThreads * u, i = p / 16;
+        x[u] = i < L ? *reinterpret_cast<const float4*>(dvn_base + i * HVV + cv + 4 * (p % 16))
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int p = tid + kKdaSplitThreads * u;
+        *reinterpret_cast<float4*>(dvs + (p / 16) * LDV + 4 * (p % 16)) = x[u];
+      }
+    }
+    __syncthreads();  // dvs (and, the first time, A) in place
     float vv[4][4];  // v at this thread's accumulator elements, loaded ahead (0 past L)
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -178,10 +201,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
         vv[nt][e] = j < L ? to_f<T>(v_base[j * a.v.s1 + cv + n]) : 0.f;
       }
     float acc[4][4] = {};
-    const float* dvc = dvn_base + cv;
     kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.dP[i * LDM + r]; },
-                                     [&](int i, int n) { return i < L ? dvc[i * HVV + n] : 0.f; }, 16 * rs, n0,
-                                     16 * rs, C, acc);
+                                     [&](int i, int n) { return dvs[i * LDV + n]; }, 16 * rs, n0, 16 * rs, C, acc);
     float vd[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)

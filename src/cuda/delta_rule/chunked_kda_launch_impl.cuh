@@ -196,7 +196,7 @@ template <typename T, int KMAX, bool kSplit>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
   launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit>, kda_chunk_grid(a), a,
                                                          s);
-  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX>, kda_chunk_grid(a), a, s);
+  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit>, kda_chunk_grid(a), a, s);
 }
 
 template <typename T>

@@ -257,7 +257,10 @@ int run(const Case& c) {
       launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, true>(a); }, dr::kKdaSplitThreads);
     else
       launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
-    launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM>(a); }, dr::kKdaSplitThreads);
+    if (b2_exact)
+      launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM, true>(a); }, dr::kKdaSplitThreads);
+    else
+      launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
   } else {
     launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
   }
@@ -391,9 +394,9 @@ int main(int argc, char** argv) {
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
   std::printf("B2: %s\n", !b2 ? "kda_grads_kernel"
                           : std::strcmp(b2, "split") == 0
-                              ? "split kernels, state products rounded to T (FLASHGRAD_CHUNKED_KDA_B2=split)"
+                              ? "split kernels, products rounded to T (FLASHGRAD_CHUNKED_KDA_B2=split)"
                               : std::strcmp(b2, "split_exact") == 0
-                                    ? "split kernels, state products hi + lo (FLASHGRAD_CHUNKED_KDA_B2=split_exact)"
+                                    ? "split kernels, products hi + lo (FLASHGRAD_CHUNKED_KDA_B2=split_exact)"
                                     : "kda_grads_kernel");
   // name, dtype, B, T, H, HV, V, varlen lengths, gate divisor, l2norm, g in f32, seed
   fails += run<bf16, 64>({"kda bf16 K64 V128 T=75 n=0.1", DType::bf16, 1, 75, 1, 2, 128, {}, 0.1f, true, true, 1});
