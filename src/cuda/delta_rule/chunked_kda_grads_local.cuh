@@ -64,14 +64,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
   const float* dvn_base = a.dv_new + (row0 * HV + hv) * V;                              // row r: + r * HV V
   float* dv0 = a.dv + (row0 * HV + hv) * V;                                             // row r: + r * HV V
   const bool pairs_do = (reinterpret_cast<uintptr_t>(do_base) & 3) == 0 && a.dout.s1 % 2 == 0;
-  // dq / dk: the first kernel stored (H == HV) or added (GVA) the state parts; add ours.
-  const bool gva = a.H != a.HV;
-  auto accumulate = [gva](float* p, float x) {
-    if (gva)
-      atomicAdd(p, x);
-    else
-      *p += x;
-  };
+  // dq / dk: the first kernel stored (H == HV) or atomically added (GVA) the state parts; this one adds
+  // its parts atomically in both cases.
   float* dq_row0 = a.dq_acc + (row0 * a.H + head) * K;  // row r, channel d: + r * H K + d
   float* dk_row0 = a.dk_acc + (row0 * a.H + head) * K;
   float* dg_row0 = a.dg + (row0 * HV + hv) * K;  // row r, channel d: + r * HV K + d
@@ -115,42 +109,54 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
     __syncthreads();
     float dk[NE], dG[NE];  // element e = tid + 256 m: row e / 64 = tid / 64 + 4 m, channel tid % 64
     const int d = tid % KS, r0 = tid / KS;
-    // ak + ck: dk = ak + ck, dG = -k o (ak + ck).
+    // Global rows r0, r0 + 4, ...: pointers stepped by 4 rows (no per-element 64-bit products).
+    const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride, sdg = 4 * dg_stride;
+    // The first kernel's dG_s of this thread's elements, loaded here so that the latency hides behind
+    // the cols pass.
+    {
+      const float* pdg = dg_row0 + r0 * dg_stride + c0 + d;
+#pragma unroll
+      for (int m = 0; m < NE; ++m, pdg += sdg) {
+        dG[m] = r0 + 4 * m < L ? *pdg : 0.f;
+        dk[m] = 0.f;
+      }
+    }
+    // ak + ck: dk = ak + ck, dG -= k o (ak + ck).
     kda_cols_sum<T, kSplit>(sm.dP, sm.dM, LDM, qx, beta_k, sm.G, sm.out, sm.stage);
 #pragma unroll
     for (int m = 0; m < NE; ++m) {
       const int e = (r0 + 4 * m) * KS + d;
       const float s = sm.out[e];
-      dk[m] = s;
-      dG[m] = -sm.k[e] * s;
+      dk[m] += s;
+      dG[m] -= sm.k[e] * s;
     }
     __syncthreads();  // out's and q's readers are done: the pair below writes aq into out, bm into q's tile
     // aq, bm: dq += aq, dG += q o aq + beta k o bm, dk += beta bm, dbeta += rowsum(k o bm) (a warp's
     // 32 lanes share row r); q from global memory again (its tile now holds bm).
     kda_rows_pair<T, kSplit>(sm.dP, sm.dM, LDM, kx, sm.G, sm.out, sm.q, sm.stage);
     {
-      // Global rows r0, r0 + 4, ...: pointers stepped by 4 rows (no per-element 64-bit products).
+      // q's loads first (no store between them, so they are in flight together), then the updates;
+      // dq and dk get this kernel's parts by atomic adds (fire-and-forget reductions, nothing to wait
+      // on), onto the first kernel's stores (H == HV) or adds (GVA).
       const T* pq = q_rows + r0 * a.q.s1 + c0 + d;
       float* pdq = dq_row0 + r0 * qk_stride + c0 + d;
       float* pdk = dk_row0 + r0 * qk_stride + c0 + d;
-      const float* pdg = dg_row0 + r0 * dg_stride + c0 + d;
-      const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride, sdg = 4 * dg_stride;
+      float qv[NE];
 #pragma unroll
-      for (int m = 0; m < NE; ++m, pq += sq, pdq += sqk, pdk += sqk, pdg += sdg) {
+      for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
+#pragma unroll
+      for (int m = 0; m < NE; ++m, pdq += sqk, pdk += sqk) {
         const int r = r0 + 4 * m, e = r * KS + d;
         const float aq = sm.out[e], bm = sm.q[e], kr = sm.k[e], br = sm.beta[r];
-        const float qv = r < L ? to_f<T>(*pq) * sm.rq[r] : 0.f;
         dk[m] += br * bm;
-        dG[m] += qv * aq + br * kr * bm;
+        dG[m] += qv[m] * sm.rq[r] * aq + br * kr * bm;
         const float ts = group_sum<32>(kr * bm);
         if ((tid & 31) == 0 && r < L) atomicAdd(&sm.dbeta[r], ts);
-        float tot = 0.f;
         if (r < L) {
-          accumulate(pdq, aq);
-          accumulate(pdk, dk[m]);
-          tot = dG[m] + *pdg;
+          atomicAdd(pdq, aq);
+          atomicAdd(pdk, dk[m]);
         }
-        sm.out[e] = tot;  // the same thread read out[e] above
+        sm.out[e] = r < L ? dG[m] : 0.f;  // the same thread read out[e] above
       }
     }
     __syncthreads();

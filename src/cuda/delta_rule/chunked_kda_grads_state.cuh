@@ -149,20 +149,20 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // dq_s = scale e o Y, stored (thread: channel tid % 64 of rows tid / 64 + 4 m, coalesced q
     // loads); Y <- q o dq_s, dG's first term, for the pass below.
     {
+      constexpr int NE = C * KS / kKdaSplitThreads;
       const int d = tid % KS, r0 = tid / KS;
       const T* pq = q_rows + r0 * a.q.s1 + c0 + d;  // rows r0, r0 + 4, ...: stepped pointers
       float* pdq = dq_row0 + r0 * qk_stride + c0 + d;
       const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride;
-#pragma unroll 4
-      for (int m = 0; m < C * KS / kKdaSplitThreads; ++m, pq += sq, pdq += sqk) {
+      float qv[NE];  // q's loads first, all in flight together (no store between them)
+#pragma unroll
+      for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
+#pragma unroll
+      for (int m = 0; m < NE; ++m, pdq += sqk) {
         const int r = r0 + 4 * m, at = r * KS + d;
-        float qdq = 0.f;
-        if (r < L) {
-          const float dq = scale * kda_exp_ftz(sm.G[at]) * sm.Y[at];
-          add_or_store(pdq, dq);
-          qdq = to_f<T>(*pq) * sm.rq[r] * dq;
-        }
-        sm.Y[at] = qdq;
+        const float dq = scale * kda_exp_ftz(sm.G[at]) * sm.Y[at];
+        if (r < L) add_or_store(pdq, dq);
+        sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
       }
     }
 
