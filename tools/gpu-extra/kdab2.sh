@@ -10,7 +10,9 @@
 #      split one (=split: state products rounded to T; =split_exact: hi + lo as the default): forward /
 #      backward wall, every kda_* kernel's CUDA time per call, and the splits' gradients against the
 #      default's (rel RMS);
-#   3. ncu of one launch of each split kernel (occupancy, issue active, stalls) while time is left.
+#   3. ncu of one launch of each split kernel (occupancy, issue active, stalls, and the warp-stall
+#      samples per phase from the SASS source page: kdaprep_ncu_source.py; the csv comes back gzipped)
+#      while time is left.
 # Prints a compact summary last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,9 +26,9 @@ job_compare kdab2_compare 55 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CH
   --variants default=-,split=split,split_exact=split_exact --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
 
 echo "== kdab2 3/3: ncu of the split kernels"
-job_ncu kdab2_ncu_state 20 'kda_grads_state_kernel' 0 FLASHGRAD_CHUNKED_KDA_B2=split -- \
+job_ncu kdab2_ncu_state 35 'kda_grads_state_kernel' 1 FLASHGRAD_CHUNKED_KDA_B2=split -- \
   --kind kda --B 4 --T 4096 --H 16 --K 128
-job_ncu kdab2_ncu_local 20 'kda_grads_local_kernel' 0 FLASHGRAD_CHUNKED_KDA_B2=split -- \
+job_ncu kdab2_ncu_local 35 'kda_grads_local_kernel' 1 FLASHGRAD_CHUNKED_KDA_B2=split -- \
   --kind kda --B 4 --T 4096 --H 16 --K 128
 
 job_summary kdab2
