@@ -103,6 +103,15 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   const int64_t qk_stride = a.H * K, dg_stride = HV * K;
   const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
 
+  // L2 prefetch: the first slice's rows of h and dh (64 x V fp32, contiguous), the chunk's rows of
+  // dv_new, do, v_new (read by every slice) and of v, q, k.
+  kda_prefetch_rows(h, V, KS, 4 * V);
+  kda_prefetch_rows(dhn, V, KS, 4 * V);
+  kda_prefetch_rows(dvn_base, HVV, L, 4 * V);
+  kda_prefetch_rows(do_base, a.dout.s1, L, sizeof(T) * V);
+  kda_prefetch_rows(vn_base, HVV, L, sizeof(T) * V);
+  kda_prefetch_rows(v_base, a.v.s1, L, sizeof(T) * V);
+  kda_prefetch_rows(q_rows, a.q.s1, L, sizeof(T) * K);
   if (tid < C) {
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
@@ -133,6 +142,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   auto kx = [&](int r, int d) { return to_f<T>(sm.k[r * KS + d]); };  // raw k (times rk[r]: normalized)
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
+    if (c0 + KS < KMAX) {  // the next slice's h and dh rows, behind this slice's work
+      kda_prefetch_rows(h + static_cast<int64_t>(c0 + KS) * V, V, KS, 4 * V);
+      kda_prefetch_rows(dhn + static_cast<int64_t>(c0 + KS) * V, V, KS, 4 * V);
+    }
     kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
     kda_key_slice_raw<T>(a.k, ci, head, c0, sm.k);
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
