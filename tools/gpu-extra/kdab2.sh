@@ -7,7 +7,8 @@
 #   1. the DeltaRuleChunkedKda* GPU tests (every stage against the CPU chunked reference, end to end
 #      against the CPU recurrence) with FLASHGRAD_CHUNKED_KDA_B2=split;
 #   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: the default B2 (kda_grads_kernel), then the
-#      split one (=split: state products rounded to T; =split_exact: hi + lo as the default): forward /
+#      split one (=split: fp32 operands rounded to T; =split_noprefetch: the same without the L2
+#      prefetches; =split_exact: hi + lo as the default): forward /
 #      backward wall, every kda_* kernel's CUDA time per call, and the splits' gradients against the
 #      default's (rel RMS);
 #   3. ncu of one launch of each split kernel (occupancy, issue active, stalls, and the warp-stall
@@ -23,7 +24,7 @@ job_tests kdab2_tests 45 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2=split
 
 echo "== kdab2 2/3: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs split B2 (one process)"
 job_compare kdab2_compare 55 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CHUNKED_KDA_B2 \
-  --variants default=-,split=split,split_exact=split_exact --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
+  --variants default=-,split=split,split_noprefetch=split_noprefetch,split_exact=split_exact --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
 
 echo "== kdab2 3/3: ncu of the split kernels"
 job_ncu kdab2_ncu_state 35 'kda_grads_state_kernel' 1 FLASHGRAD_CHUNKED_KDA_B2=split -- \

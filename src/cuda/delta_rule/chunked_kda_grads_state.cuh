@@ -68,8 +68,9 @@ struct KdaGradsStateSmem {
 static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024, "two blocks per SM");
 
 // kSplit: the state products with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact) or rounded
-// once to T (=split; chunked_kda_grads_state_product.cuh).
-template <typename T, int KMAX, bool kSplit>
+// once to T (=split; chunked_kda_grads_state_product.cuh). kPrefetch: the L2 prefetches (off:
+// =split_noprefetch, to measure them).
+template <typename T, int KMAX, bool kSplit, bool kPrefetch = true>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
   using S = KdaGradsStateSmem<T>;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM;
@@ -105,13 +106,15 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 
   // L2 prefetch: the first slice's rows of h and dh (64 x V fp32, contiguous), the chunk's rows of
   // dv_new, do, v_new (read by every slice) and of v, q, k.
-  kda_prefetch_rows(h, V, KS, 4 * V);
-  kda_prefetch_rows(dhn, V, KS, 4 * V);
-  kda_prefetch_rows(dvn_base, HVV, L, 4 * V);
-  kda_prefetch_rows(do_base, a.dout.s1, L, sizeof(T) * V);
-  kda_prefetch_rows(vn_base, HVV, L, sizeof(T) * V);
-  kda_prefetch_rows(v_base, a.v.s1, L, sizeof(T) * V);
-  kda_prefetch_rows(q_rows, a.q.s1, L, sizeof(T) * K);
+  if constexpr (kPrefetch) {
+    kda_prefetch_rows(h, V, KS, 4 * V);
+    kda_prefetch_rows(dhn, V, KS, 4 * V);
+    kda_prefetch_rows(dvn_base, HVV, L, 4 * V);
+    kda_prefetch_rows(do_base, a.dout.s1, L, sizeof(T) * V);
+    kda_prefetch_rows(vn_base, HVV, L, sizeof(T) * V);
+    kda_prefetch_rows(v_base, a.v.s1, L, sizeof(T) * V);
+    kda_prefetch_rows(q_rows, a.q.s1, L, sizeof(T) * K);
+  }
   if (tid < C) {
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   auto kx = [&](int r, int d) { return to_f<T>(sm.k[r * KS + d]); };  // raw k (times rk[r]: normalized)
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
-    if (c0 + KS < KMAX) {  // the next slice's h and dh rows, behind this slice's work
+    if (kPrefetch && c0 + KS < KMAX) {  // the next slice's h and dh rows, behind this slice's work
       kda_prefetch_rows(h + static_cast<int64_t>(c0 + KS) * V, V, KS, 4 * V);
       kda_prefetch_rows(dhn + static_cast<int64_t>(c0 + KS) * V, V, KS, 4 * V);
     }

@@ -177,26 +177,40 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
           : launch_kda_state_backward_transposed<T, 128, false>(a, s);
 }
 
-// FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split / split_exact runs B2 as two kernels of two
-// blocks per SM each (session 10: chunked_kda_grads_state.cuh, then chunked_kda_grads_local.cuh; the
-// first hands the second dM through dv's first 64 columns and the state parts of dq, dk, dg, dbeta
-// through those outputs) instead of kda_grads_kernel (one block per SM, 225 KiB at K = 128). =split
-// rounds h, dh and dv_new once to T in the products with the states (as fla and the default B1),
-// =split_exact splits them hi + lo as kda_grads_kernel does. Unset: kda_grads_kernel.
-// FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
-enum class KdaB2Kernel { fused, split, split_exact };
+// FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split / split_exact / split_noprefetch runs B2 as
+// two kernels of two blocks per SM each (session 10: chunked_kda_grads_state.cuh, then
+// chunked_kda_grads_local.cuh; the first hands the second dM through dv's first 64 columns and the
+// state parts of dq, dk, dg, dbeta through those outputs) instead of kda_grads_kernel (one block per
+// SM, 225 KiB at K = 128). =split rounds the fp32 operands of the products with the states (h, dh,
+// dv_new) and of the decayed sums' tensor-core parts once to T (as fla and the default B1);
+// =split_exact splits them hi + lo as kda_grads_kernel does; =split_noprefetch is =split without the
+// kernels' L2 prefetches (to measure them). Unset: kda_grads_kernel. FLASHGRAD_CHUNKED_KDA=legacy
+// takes precedence (the session-5 kernel).
+enum class KdaB2Kernel { fused, split, split_exact, split_noprefetch };
 inline KdaB2Kernel kda_b2_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
   if (v && std::strcmp(v, "split") == 0) return KdaB2Kernel::split;
   if (v && std::strcmp(v, "split_exact") == 0) return KdaB2Kernel::split_exact;
+  if (v && std::strcmp(v, "split_noprefetch") == 0) return KdaB2Kernel::split_noprefetch;
   return KdaB2Kernel::fused;
 }
 
-template <typename T, int KMAX, bool kSplit>
+template <typename T, int KMAX, bool kSplit, bool kPrefetch = true>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
-  launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit>, kda_chunk_grid(a), a,
-                                                         s);
-  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit>, kda_chunk_grid(a), a, s);
+  launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit, kPrefetch>,
+                                                            kda_chunk_grid(a), a, s);
+  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit, kPrefetch>,
+                                                         kda_chunk_grid(a), a, s);
+}
+
+template <typename T, int KMAX>
+void launch_kda_grads_split_as(KdaB2Kernel b2, const ChunkedArgs& a, cudaStream_t s) {
+  if (b2 == KdaB2Kernel::split_exact)
+    launch_kda_grads_split<T, KMAX, true>(a, s);
+  else if (b2 == KdaB2Kernel::split_noprefetch)
+    launch_kda_grads_split<T, KMAX, false, false>(a, s);
+  else
+    launch_kda_grads_split<T, KMAX, false>(a, s);
 }
 
 template <typename T>
@@ -209,11 +223,7 @@ void launch_kda_grads(const ChunkedArgs& a, cudaStream_t s) {
   const bool legacy = kda_legacy_requested();
   const KdaB2Kernel b2 = legacy ? KdaB2Kernel::fused : kda_b2_requested();
   if (b2 != KdaB2Kernel::fused) {
-    const bool exact = b2 == KdaB2Kernel::split_exact;
-    if (a.K == 64)
-      exact ? launch_kda_grads_split<T, 64, true>(a, s) : launch_kda_grads_split<T, 64, false>(a, s);
-    else
-      exact ? launch_kda_grads_split<T, 128, true>(a, s) : launch_kda_grads_split<T, 128, false>(a, s);
+    a.K == 64 ? launch_kda_grads_split_as<T, 64>(b2, a, s) : launch_kda_grads_split_as<T, 128>(b2, a, s);
     return;
   }
   if (a.K == 64)
