@@ -29,8 +29,8 @@ __device__ __forceinline__ float kda_exp_ftz(float x) {
 #endif
 }
 
-// L2 prefetch (prefetch.global.L2) of the 128-byte lines of rows r < rows of a row-strided array: row r
-// at base + r * stride, row_bytes bytes each; threads take consecutive lines. Both kernels issue
+// L2 prefetch (prefetch.global.L2) of the 128-byte lines of rows r < rows (<= 64) of a row-strided
+// array: row r at base + r * stride, row_bytes bytes each; four threads per row. Both kernels issue
 // these at their start (and the first one per key slice for h and dh, which come from HBM) so that
 // their later loads, which wait one latency per mma step or batch, find the lines in L2 (ncu run
 // 10.1: long scoreboard 54% / 36% of the stalls). No effect in the host emulation.
@@ -43,11 +43,11 @@ __device__ __forceinline__ void kda_prefetch_l2(const void* p) {
 }
 template <typename E>
 __device__ __forceinline__ void kda_prefetch_rows(const E* base, int64_t stride, int rows, int64_t row_bytes) {
-  const int lines = static_cast<int>((row_bytes + 127) / 128);  // per row
-  for (int i = threadIdx.x; i < rows * lines; i += kKdaSplitThreads) {
-    const int r = i / lines, l = i % lines;
-    kda_prefetch_l2(reinterpret_cast<const char*>(base + r * stride) + 128 * l);
-  }
+  static_assert(kKdaSplitThreads == 4 * kChunkSize, "four lanes per row");
+  const int r = threadIdx.x / 4;  // rows <= 64: lane threadIdx.x % 4 takes lines 4 j + lane of row r
+  if (r >= rows) return;
+  const char* p = reinterpret_cast<const char*>(base + r * stride);
+  for (int64_t off = 128 * (threadIdx.x % 4); off < row_bytes; off += 512) kda_prefetch_l2(p + off);
 }
 
 // out[r] = 1 / sqrt(sum_d x_rd^2 + eps) for the chunk's rows r < 64 of q or k (rows past L: any
