@@ -16,7 +16,8 @@ __device__ __forceinline__ float kda_packed_P(const float* A, int64_t row0, int6
   return A[((row0 + j) * HV + hv) * kChunkSize + i];
 }
 
-// K = V = 128: 89 KiB (two blocks per SM).
+// K = V = 128: 89 KiB (two blocks per SM). Rows of hs / vn (LDV = 72 elements, 144 bytes) stay
+// 16-byte aligned for the vector stores.
 template <typename T, int KMAX>
 struct KdaOutputSmem {
   static constexpr int C = kChunkSize, LDK = KMAX + 8, LDV = kOutputCols + 8, LDP = C + 8;
@@ -57,29 +58,72 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_at, [&](int r, int d, float x, float g) {
     store_split<T>(r < L ? x * decay_exp(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
   });
-  const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
-  constexpr int OC = kOutputCols;
-  // K = 128: 32 loads in flight per thread (registers to spare: 2 blocks per SM by shared memory),
-  // so h's slice, P and v_new cost 2 + 1 + 1 latencies instead of 4 + 2 + 2 (at K = 64 ptxas then
-  // spills: 16 there).
-  constexpr int MAXB = KMAX == 128 ? 32 : 16;
-  batched_copy<KMAX * OC, kChunkThreads, MAXB>([&](int e) { return hc[(e / OC) * a.V + col0 + e % OC]; },
-                          [&](int e, float x) {
-                            store_split<T>(x, &sm.hs[(e / OC) * LDV + e % OC], &sm.hs_lo[(e / OC) * LDV + e % OC]);
-                          });
-  batched_copy<C * C, kChunkThreads, MAXB>(  // consecutive threads: one stored row j
-      [&](int e) {
-        const int j = e / C, i = e % C;
-        return i < L && j <= i ? kda_packed_P(a.A, row0, hv, a.HV, i, j) : 0.f;
-      },
-      [&](int e, float p) {
-        const int j = e / C, i = e % C;
-        store_split<T>(p, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
-      });
-  const T* v_new = static_cast<const T*>(a.v_new);
-  batched_copy<C * OC, kChunkThreads, MAXB>(
-      [&](int e) { return e / OC < L ? to_f<T>(v_new[((row0 + e / OC) * a.HV + hv) * a.V + col0 + e % OC]) : 0.f; },
-      [&](int e, float x) { sm.vn[(e / OC) * LDV + e % OC] = from_f<T>(x); });  // exact: x came from T
+  // h_c's slice, P and v_new by 16-byte loads (session 10; the session-6 kernel loaded them element by
+  // element, 4 bytes or 2 at a time): per thread 16 + 8 float4 and 4 uint4, each batch's loads issued
+  // before its stores. The shared contents are those of the element-wise version (split_pair rounds
+  // as store_split: hi = T(x), lo = T(x - hi)).
+  constexpr int OC = kOutputCols, THR = kChunkThreads;
+  // h_c[kr][col0 + 4 c4 ..] (fp32 [K][V] per (chunk, value head)): piece e = tid + THR m, row kr = e / 16,
+  // c4 = e % 16 (16 float4 per 64-column row).
+  const float* hc = a.h + (c * a.HV + hv) * a.K * a.V + col0;
+  constexpr int kHPieces = KMAX * OC / 4 / THR, kHBatch = 8;
+#pragma unroll 1
+  for (int m0 = 0; m0 < kHPieces; m0 += kHBatch) {
+    float4 x[kHBatch];
+#pragma unroll
+    for (int u = 0; u < kHBatch; ++u) {
+      const int e = tid + THR * (m0 + u);
+      x[u] = *reinterpret_cast<const float4*>(hc + (e >> 4) * a.V + 4 * (e & 15));
+    }
+#pragma unroll
+    for (int u = 0; u < kHBatch; ++u) {
+      const int e = tid + THR * (m0 + u), at = (e >> 4) * LDV + 4 * (e & 15);
+      uint2 hi, lo;
+      mma::split_pair<T>(x[u].x, x[u].y, hi.x, lo.x);
+      mma::split_pair<T>(x[u].z, x[u].w, hi.y, lo.y);
+      *reinterpret_cast<uint2*>(sm.hs + at) = hi;
+      *reinterpret_cast<uint2*>(sm.hs_lo + at) = lo;
+    }
+  }
+  // P_ij (j <= i < L) from A's row j (kda_packed_P: P_ij at A[row j][i]): piece e = tid + THR m, j = e / 16,
+  // columns i = 4 (e % 16) + [0, 4); rows j >= L are not read (they may lie past the tensor's end).
+  {
+    constexpr int kPPieces = C * C / 4 / THR;
+    float4 x[kPPieces];
+#pragma unroll
+    for (int m = 0; m < kPPieces; ++m) {
+      const int e = tid + THR * m, j = e >> 4, i0 = 4 * (e & 15);
+      x[m] = j < L ? *reinterpret_cast<const float4*>(a.A + ((row0 + j) * a.HV + hv) * C + i0)
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int m = 0; m < kPPieces; ++m) {
+      const int e = tid + THR * m, j = e >> 4, i0 = 4 * (e & 15);
+      const float p[4] = {x[m].x, x[m].y, x[m].z, x[m].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = i0 + q;
+        store_split<T>(i < L && j <= i ? p[q] : 0.f, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+      }
+    }
+  }
+  // v_new[row0 + r][hv][col0 + 8 c8 ..] (T, stored by stage 2): piece e = tid + THR m, r = e / 8, c8 = e % 8.
+  {
+    const T* v_new = static_cast<const T*>(a.v_new) + hv * a.V + col0;
+    constexpr int kVPieces = C * OC / 8 / THR;
+    uint4 x[kVPieces];
+#pragma unroll
+    for (int m = 0; m < kVPieces; ++m) {
+      const int e = tid + THR * m, r = e >> 3;
+      x[m] = r < L ? *reinterpret_cast<const uint4*>(v_new + (row0 + r) * a.HV * a.V + 8 * (e & 7))
+                   : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int m = 0; m < kVPieces; ++m) {
+      const int e = tid + THR * m;
+      *reinterpret_cast<uint4*>(sm.vn + (e >> 3) * LDV + 8 * (e & 7)) = x[m];
+    }
+  }
   __syncthreads();
 
   float acc[NT][4] = {};

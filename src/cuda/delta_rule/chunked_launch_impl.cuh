@@ -95,13 +95,18 @@ void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // FLASHGRAD_CHUNKED_STATE_WARPS=8 (an experiment, session 6, off by default): 8 warps x 16 columns
 // instead of four_warps where V % 128 == 0 (one block per 128 columns: w, k tiles copied once for
 // twice the warps), to time against four_warps in one process.
-enum class StateShape { four_warps, two_warps, channel_split, eight_warps };
+// FLASHGRAD_CHUNKED_STATE_KSPLIT=4 (read per call, K = 128; session 10): the channel split in four
+// quarters instead (4 warps of 32 channels per 16 value columns, blocks of 4 warps: twice the warps
+// per chain, each with half the mmas), to time against the halves in one process.
+enum class StateShape { four_warps, two_warps, channel_split, eight_warps, channel_split4 };
 inline StateShape state_shape(const ChunkedArgs& a) {
   const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WARPS");
   if (env && std::string(env) == "8" && a.V % 128 == 0 && chains * (a.V / 64) >= sms) return StateShape::eight_warps;
   if (chains * (a.V / 64) >= sms) return StateShape::four_warps;
   if (chains * (a.V / 32) >= sms) return StateShape::two_warps;
+  const char* parts = std::getenv("FLASHGRAD_CHUNKED_STATE_KSPLIT");
+  if (parts && std::string(parts) == "4" && a.K == 128) return StateShape::channel_split4;
   return StateShape::channel_split;
 }
 
@@ -155,15 +160,19 @@ void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
 
 // B0 + B1 with kLocal (state_backward_local_wanted, chunked_stages.h): dv_local for every chunk into
 // dv_new's own buffer (chunked_dv_local.cuh), then B1 in 4-warp blocks without P on its serial chain,
-// with the key channels split over warp pairs where state_backward_ksplit_wanted.
+// with the key channels split over 2 or 4 warps per 16 value columns where
+// state_backward_channel_parts says so (parts: 1, 2 or 4; 4 at K = 128 only).
 template <typename T, int KMAX>
-void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, bool ksplit) {
+void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, int parts) {
   const int64_t bytes = DvLocalSmem<T, KMAX>::bytes(a.V);
   set_smem(chunk_dv_local_kernel<T, KMAX>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
   chunk_dv_local_kernel<T, KMAX><<<grid, kDvLocalThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
-  if (ksplit)
+  if constexpr (KMAX == 128) {
+    if (parts == 4) return launch_state_backward_transposed_as<T, KMAX, 4, false, true, 4>(a, s);
+  }
+  if (parts >= 2)
     launch_state_backward_transposed_as<T, KMAX, 4, false, true, 2>(a, s);
   else
     launch_state_backward_transposed_as<T, KMAX, 4, false, true>(a, s);
@@ -179,7 +188,7 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
     // dv_local needs dv_new in its own 16-bit buffer (not w's region) and single-fragment products.
     if (a.dv_new16 && a.dv_new16 != a.w && !state_backward_split_wanted() &&
         state_backward_local_wanted(chains, a.V, sms)) {
-      launch_dv_local_then_state_backward<T, KMAX>(a, s, state_backward_ksplit_wanted(chains, a.V, sms));
+      launch_dv_local_then_state_backward<T, KMAX>(a, s, state_backward_channel_parts(chains, a.K, a.V, sms));
       return;
     }
     const int warps = state_backward_warps(chains, a.V, sms);
@@ -231,6 +240,9 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
       break;
     case StateShape::eight_warps:
       a.K == 64 ? launch_state_fixed<T, 64, 8>(a, s) : launch_state_fixed<T, 128, 8>(a, s);
+      break;
+    case StateShape::channel_split4:  // (K = 128 only: state_shape)
+      launch_state_fixed<T, 128, 4, false, 4>(a, s);
       break;
   }
 }

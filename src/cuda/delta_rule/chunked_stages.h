@@ -209,10 +209,16 @@ inline bool state_backward_local_wanted(int64_t chains, int64_t V, int64_t sms) 
 // of dh^T k^T exchanged through shared memory (one more barrier per chunk), so each warp's serial chain
 // of mmas per chunk halves, and blocks of 32 value columns (twice the blocks). By default where the
 // 4-warp local blocks (V / 64 per chain) leave SMs idle; FLASHGRAD_CHUNKED_B1_KSPLIT=0 / 1 forces it off
-// / on (read per call), to time both in one process.
-inline bool state_backward_ksplit_wanted(int64_t chains, int64_t V, int64_t sms) {
-  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_KSPLIT")) return std::string(env) == "1";
-  return chains * (V / 64) < sms;
+// / on (read per call), to time both in one process; =4 (K = 128 only) splits them in four quarters
+// (blocks of 4 warps on 16 value columns, four times the blocks of the unsplit local B1). Returns the
+// number of channel parts: 1, 2 or 4.
+inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, int64_t sms) {
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_KSPLIT")) {
+    const std::string e(env);
+    if (e == "4") return K == 128 ? 4 : 2;
+    return e == "1" || e == "2" ? 2 : 1;
+  }
+  return chains * (V / 64) < sms ? 2 : 1;
 }
 
 // dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,

@@ -24,6 +24,7 @@
 // buffers (which the prefetch of c + 1 then overwrites); (C) the per-row scales are written.
 #pragma once
 
+#include "chunked_channel_split.cuh"
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_output.cuh"  // store_split
@@ -52,7 +53,7 @@ struct StateSmem {
   // kOutput: each thread's 32 values of (h^T q^T) * rowscale, parked between the two halves of o.
   static constexpr int64_t kParkBytes = kOutput ? sizeof(float) * 32 * 32 * WARPS : 0;
   static constexpr int kRowArrays = kOutput ? 5 : 2;
-  // KSPLIT == 2: each thread's 32 partial sums of h^T w^T, exchanged with its partner warp.
+  // KSPLIT > 1: each thread's 32 partial sums of h^T w^T, exchanged with its group's other warps.
   static constexpr int64_t kSwapBytes = KSPLIT > 1 ? sizeof(float) * 32 * 32 * WARPS : 0;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   // Stage s (= chunk parity) of the double buffer, by address arithmetic (an array of pointers
@@ -70,7 +71,7 @@ struct StateSmem {
 
   float4* park;     // [8][THREADS] (kOutput): thread tid's i-th float4 at park[i * THREADS + tid]
 
-  float4* swap;     // [8][THREADS] (KSPLIT == 2): thread tid's i-th float4 at swap[i * THREADS + tid]
+  float4* swap;     // [8][THREADS] (KSPLIT > 1): thread tid's i-th float4 at swap[i * THREADS + tid]
 
   static constexpr int64_t bytes() {
     return 2 * kStageBytes + kPBytes + kParkBytes + kSwapBytes + sizeof(float) * kRowArrays * C;
@@ -108,7 +109,8 @@ struct StateSmem {
 // KSPLIT == 2 (for few long sequences, where each block's serial chain is the time): two warps
 // share each 16 value columns, warp wp holding key channels [K/2 (wp / groups), +K/2) of h^T; their
 // halves of h^T w^T are summed through shared memory (one more barrier per chunk), the state update
-// splits by channel without exchange. Each warp's mmas per chunk halve.
+// splits by channel without exchange. Each warp's mmas per chunk halve. KSPLIT == 4 (K = 128, session
+// 10): four warps of 32 channels each per 16 value columns, summed in part order.
 // kSingle (the forward's fused kernel by default, session 7): the fp32 operands h^T, v_new^T and
 // scale P enter each product as one T fragment (hi only: round to nearest), not hi + lo, as fla's
 // kernels take h and P in 16 bits: half the mmas on the serial chain. h itself stays in fp32
@@ -126,7 +128,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs 
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
-  static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
+  static_assert(KSPLIT == 1 || (!kOutput && (KSPLIT == 2 || (KSPLIT == 4 && KMAX == 128))),
+                "the channel split: unfused, two halves, or four quarters of 32 channels");
   static_assert(!kSingle || kOutput, "single-fragment products: the fused forward only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
@@ -307,22 +310,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs 
       mma::mma_tiles<T, 4>(p, ah, b);
       if constexpr (!kSingle) mma::mma_tiles<T, 4>(p, al, b);
     }
-    if constexpr (KSPLIT == 2) {
-      // The two channel halves' sums: each warp parks its own, then adds its partner's (same lane
-      // layout). The barrier at the top of the next chunk orders these slots' next writes.
-#pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
-      __syncthreads();
-      const int partner = tid ^ (32 * NG);  // same lane, the other channel half of the group
-#pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8) {
-        const float4 x = sm.swap[j8 * THREADS + partner];
-        p[j8][0] += x.x;
-        p[j8][1] += x.y;
-        p[j8][2] += x.z;
-        p[j8][3] += x.w;
-      }
-    }
+    // The channel parts' sums (chunked_channel_split.cuh); the next chunk's barrier (A) orders the
+    // exchange slots' next writes.
+    if constexpr (KSPLIT > 1) sum_channel_parts<KSPLIT, THREADS, NG>(p, sm.swap, tid);
     const float* us = sm.u(s);
 #pragma unroll
     for (int j8 = 0; j8 < 8; ++j8)

@@ -34,6 +34,7 @@
 // of dh^T; their halves of dh^T k^T are summed through shared memory (one more barrier per chunk),
 // then both hold dv_new^T whole and update their own channels of dh^T without exchange: each warp's
 // mmas per chunk halve (96 at K = 128) and a block covers 32 value columns (twice the blocks).
+// KSPLIT == 4 (K = 128): four warps of 32 channels per 16 value columns (48 mmas per warp and chunk).
 // q, k (raw rows), w and the slice's do rows arrive by cp.async one chunk ahead (two stages); rows
 // past the chunk's length are zero-filled. Barriers per chunk: (A) chunk c's tiles have landed and
 // every warp is done with the previous chunk's buffers; (C) the row scales are written; (P) scale P
@@ -41,6 +42,7 @@
 // read of G, the row scales and P precedes the next chunk's (A).
 #pragma once
 
+#include "chunked_channel_split.cuh"
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_output.cuh"  // store_split
@@ -61,7 +63,7 @@ struct StateBackwardTSmem {
   // w, k, q, do (and with kLocal the slice's dv_local rows, [C][LDD] after do).
   static constexpr int64_t kStageBytes = 3 * kTileBytes + (kLocal ? 2 : 1) * sizeof(T) * C * LDD;
   static constexpr int64_t kPBytes = kLocal ? 0 : 2 * sizeof(T) * C * LDP;
-  // KSPLIT == 2: each thread's 32 partial sums of dh^T k^T, exchanged with its partner warp.
+  // KSPLIT > 1: each thread's 32 partial sums of dh^T k^T, exchanged with its group's other warps.
   static constexpr int64_t kSwapBytes = KSPLIT > 1 ? sizeof(float) * 32 * 32 * WARPS : 0;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   unsigned char* raw;
@@ -72,7 +74,7 @@ struct StateBackwardTSmem {
   float* rowscale;  // [C] scale exp(G_i) rstd_qi, 0 for i >= L
   float* pscale;    // [C] scale rstd_qi
   float* rstd_k;    // [C]
-  float4* swap;     // [8][THREADS] (KSPLIT == 2): thread tid's i-th float4 at swap[i * THREADS + tid]
+  float4* swap;     // [8][THREADS] (KSPLIT > 1): thread tid's i-th float4 at swap[i * THREADS + tid]
   static constexpr int64_t bytes() { return 2 * kStageBytes + kPBytes + kSwapBytes + sizeof(float) * 5 * C; }
   __device__ explicit StateBackwardTSmem(unsigned char* r) : raw(r) {
     P = reinterpret_cast<T*>(raw + 2 * kStageBytes);
@@ -116,7 +118,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
   using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal, KSPLIT>;
   static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
   static_assert(!kLocal || !kSplit, "dv_local (T) is added to single-fragment products");
-  static_assert(KSPLIT == 1 || (KSPLIT == 2 && kLocal), "the channel split: two halves, with dv_local");
+  static_assert(KSPLIT == 1 || (kLocal && (KSPLIT == 2 || (KSPLIT == 4 && KMAX == 128))),
+                "the channel split: with dv_local, two halves, or four quarters of 32 channels");
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -260,22 +263,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
         if constexpr (kSplit) mma::mma16816<T>(p[2 * jp + 1], al, b1);
       }
     }
-    if constexpr (KSPLIT == 2) {
-      // The two channel halves' sums: each warp parks its own, then adds its partner's (same lane
-      // layout). The barrier (A) of the next chunk orders these slots' next writes.
-#pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8) sm.swap[j8 * THREADS + tid] = make_float4(p[j8][0], p[j8][1], p[j8][2], p[j8][3]);
-      __syncthreads();
-      const int partner = tid ^ (32 * NG);  // same lane, the other channel half of the group
-#pragma unroll
-      for (int j8 = 0; j8 < 8; ++j8) {
-        const float4 x = sm.swap[j8 * THREADS + partner];
-        p[j8][0] += x.x;
-        p[j8][1] += x.y;
-        p[j8][2] += x.z;
-        p[j8][3] += x.w;
-      }
-    }
+    // The channel parts' sums (chunked_channel_split.cuh); the next chunk's barrier (A) orders the
+    // exchange slots' next writes.
+    if constexpr (KSPLIT > 1) sum_channel_parts<KSPLIT, THREADS, NG>(p, sm.swap, tid);
 #pragma unroll
     for (int j8 = 0; j8 < 8; ++j8) {
       const float2 cs = *reinterpret_cast<const float2*>(&sm.colscale[8 * j8 + 2 * tig]);
