@@ -24,7 +24,7 @@ namespace flashgrad::cuda_detail::delta_rule {
 struct KdaGradsLocalSmem {
   static constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = C + 1;
   float *dP, *dM;            // [C][LDM]; dP's space holds A after the slices
-  float *G, *q, *k, *out;    // [C][KS]
+  float *G, *q, *k, *out;    // [C][KS]; G in log2 units (kda_gate_slice)
   float* stage;              // kKdaDecayedStageFloats: the decayed sums' staging
   float *beta, *dbeta, *rq, *rk;  // [C]
   static constexpr int64_t bytes() { return sizeof(float) * (2 * C * LDM + 4 * C * KS + kKdaDecayedStageFloats + 4 * C); }

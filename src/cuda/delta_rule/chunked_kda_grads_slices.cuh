@@ -16,15 +16,18 @@ namespace flashgrad::cuda_detail::delta_rule {
 constexpr int kKdaSliceK = 64;          // key channels per slice
 constexpr int kKdaSplitThreads = 256;   // 8 warps per block in both kernels
 
-// exp(x) for x <= 0 through ex2.approx.ftz: two instructions where decay_exp (__expf without ftz)
-// takes five; a factor below 2^-126 flushes to 0 instead of a denormal, far below the fp32 rounding
-// of the sums it enters. The host emulation: expf.
-__device__ __forceinline__ float kda_exp_ftz(float x) {
+// 2^x for x <= 0 through ex2.approx.ftz (one instruction; decay_exp, __expf without ftz, takes five):
+// both kernels keep their G slices in log2 units (kda_gate_slice multiplies by log2(e) once per
+// element), so exp(G_i - G_j) = 2^(G2_i - G2_j) costs no multiply per term. A factor below 2^-126
+// flushes to 0 instead of a denormal, far below the fp32 rounding of the sums it enters. The host
+// emulation: exp2f.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float kda_exp2_ftz(float x) {
 #ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
-  return expf(x);
+  return exp2f(x);
 #else
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 #endif
 }
@@ -79,8 +82,9 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
 constexpr int kKdaSliceRowsPerPass = kKdaSplitThreads / kKdaSliceK;                   // 4
 constexpr int kKdaSlicePasses = kChunkSize * kKdaSliceK / kKdaSplitThreads;          // 16
 
-// out[r * 64 + d] = G[row0 + r', hv, c0 + d] with r' = min(r, L - 1): rows past L repeat the last
-// row (the cumulative sum of zero gates), as the decayed sums require. No barrier.
+// out[r * 64 + d] = log2(e) G[row0 + r', hv, c0 + d] with r' = min(r, L - 1) (log2 units, for
+// kda_exp2_ftz): rows past L repeat the last row (the cumulative sum of zero gates), as the decayed
+// sums require. No barrier.
 template <int KMAX>
 __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
                                                int64_t HV, int c0, float* out) {
@@ -95,7 +99,7 @@ __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInf
 #pragma unroll
     for (int u = 0; u < 8; ++u, p += step) v[u] = *(r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? p : last);
 #pragma unroll
-    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = v[u];
+    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = kLog2e * v[u];
   }
 }
 

@@ -41,7 +41,7 @@ namespace flashgrad::cuda_detail::delta_rule {
 template <typename T>
 struct KdaGradsStateSmem {
   static constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = C + 1;
-  float *G, *dw, *Y, *X;  // [C][KS]: the slice's G, dw, Y, X
+  float *G, *dw, *Y, *X;  // [C][KS]: the slice's G (log2 units: kda_gate_slice), dw, Y, X
   T* k;                   // [C][KS]: the slice's k as stored (0 past L)
   float *A, *mat;         // [C][LDM]: A; dA (unmasked: the V part, then + dw Wb^T per slice)
   float* tmp;             // after the slices: dA A^T [C][C] in dw's space
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 #pragma unroll
       for (int m = 0; m < NE; ++m, pdq += sqk) {
         const int r = r0 + 4 * m, at = r * KS + d;
-        const float dq = scale * kda_exp_ftz(sm.G[at]) * sm.Y[at];
+        const float dq = scale * kda_exp2_ftz(sm.G[at]) * sm.Y[at];
         if (r < L) add_or_store(pdq, dq);
         sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
       }
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     {
       float acc[4][4] = {};
       kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[r * KS + d]; },
-                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp_ftz(sm.G[j * KS + d]) * kx(j, d); },
+                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp2_ftz(sm.G[j * KS + d]) * kx(j, d); },
                                        16 * rs, n0, 0, KS, acc);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
-        const float g = sm.G[at], ex = kda_exp_ftz(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
-        const float kdx = kda_exp_ftz(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
+        const float g = sm.G[at], ex = kda_exp2_ftz(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
+        const float kdx = kda_exp2_ftz(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
         const float Xv = sm.X[at], s = Xv * kdx * kr;
         tsum[e >> 1] += ex * kr * dwb;
         ssum[nt][e & 1] += s;
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       const int d0 = 16 * ((tid / 32) % 4) + mma::grp();
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], kda_exp_ftz(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
+        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], kda_exp2_ftz(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
     }
     __syncthreads();  // sl complete; the block's dg stores visible; the slice tiles free
     if (tid < KS) {
