@@ -48,6 +48,8 @@ job_compare() {
 # job_ncu REPORT CAP KERNEL SOURCE ENV -- PROFILE_ARGS...: ncu of the second launch of the kernel
 # whose name matches KERNEL, while bench/profile_delta_rule.py PROFILE_ARGS runs (without its own
 # profiler), with ENV ("NAME=value", or - for none) set; REPORT names $OUT/extra/REPORT.{log,txt}.
+# JOB_NCU_SKIP (default 1): launches of that kernel skipped first (0: the first, e.g. the forward's
+# when the backward runs a kernel of the same name).
 # SOURCE=1 also samples stalls by SASS line and prints them per phase (kdaprep_ncu_source.py).
 # Prints the headline metrics and adds one summary line. Needs >= 15 s left.
 job_ncu() {
@@ -58,7 +60,7 @@ job_ncu() {
   [ "$envspec" = - ] && envspec=JOB_NCU_NO_VARIABLE=1
   [ "$source" = 1 ] && src=(--section SourceCounters)
   metrics='regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct$,regex:smsp__issue_active\.avg\.pct_of_peak_sustained_active$'
-  env "$envspec" timeout -k 3 "$(cap "$want")" "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip 1 \
+  env "$envspec" timeout -k 3 "$(cap "$want")" "$ncu_bin" --clock-control none -k "regex:$kernel" --launch-skip "${JOB_NCU_SKIP:-1}" \
     --launch-count 1 --section SpeedOfLight --section WarpStateStats --section InstructionStats --section Occupancy \
     --section LaunchStats "${src[@]}" --metrics "$metrics" -f -o "$rep" \
     python3 bench/profile_delta_rule.py "$@" --reps 1 --no-profiler > "$rep.log" 2>&1
