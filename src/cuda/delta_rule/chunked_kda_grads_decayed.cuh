@@ -28,7 +28,11 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-constexpr int kKdaDecayedStageFloats = 48 * kKdaSliceK;  // part 3's largest operand: rows j < 48
+// Staged operands have rows of 64 channels at a pitch of 68 floats: the B-fragment loads (rows 2 tig,
+// 2 tig + 1 apart, columns grp) then hit 32 distinct banks (at pitch 64 the four tig lanes of a
+// column collide).
+constexpr int kKdaStagePitch = kKdaSliceK + 4;
+constexpr int kKdaDecayedStageFloats = 48 * kKdaStagePitch;  // part 3's largest operand: rows j < 48
 
 // acc += A B (16 x 16 by 16 x 8): with kSplit both operands split (hi hi + lo hi + hi lo), else both
 // rounded once to T (one mma; lo unused).
@@ -72,7 +76,7 @@ __device__ __forceinline__ void frag_b_split(BF&& b, uint32_t (&hi)[2], uint32_t
 template <typename T, bool kSplit, typename YF>
 __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, int ldw, YF&& y, const float* G,
                                               float* out1, float* out2, float* stage) {
-  constexpr int KS = kKdaSliceK, NTHR = kKdaSplitThreads;
+  constexpr int KS = kKdaSliceK, SP = kKdaStagePitch, NTHR = kKdaSplitThreads;
   const int tid = threadIdx.x, wp = tid / 32, g = mma::grp();
   // 1. Inside the 8-row half of r: item (channel d, half r0 = 8 h), 2 per thread; lanes of a warp
   //    take consecutive channels of one half, so W's loads are broadcasts.
@@ -101,7 +105,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
   //    a[1..3] and b[1] are zero. Warp w: sub-chunk w / 2, channels [32 (w % 2), +32) (4 tiles).
   for (int e = tid; e < 32 * KS; e += NTHR) {
     const int q = e / KS, d = e % KS, j = 16 * (q / 8) + q % 8, m = 16 * (q / 8) + 8;
-    stage[e] = y(j, d) * kda_exp2_ftz(G[m * KS + d] - G[j * KS + d]);
+    stage[q * SP + d] = y(j, d) * kda_exp2_ftz(G[m * KS + d] - G[j * KS + d]);
   }
   __syncthreads();  // (also orders part 1's stores of out before the read-modify-writes below)
   {
@@ -114,7 +118,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
     for (int nt = 0; nt < 4; ++nt) {
       const int n = nq + 8 * nt + g;
       uint32_t bh[2] = {0u, 0u}, bl[2] = {0u, 0u};
-      round_or_split<T, kSplit>(stage[(8 * I + t2) * KS + n], stage[(8 * I + t2 + 1) * KS + n], bh[0], bl[0]);
+      round_or_split<T, kSplit>(stage[(8 * I + t2) * SP + n], stage[(8 * I + t2 + 1) * SP + n], bh[0], bl[0]);
       float c1[4] = {}, c2[4] = {};
       mma_split3<T, kSplit>(c1, a1h, a1l, bh, bl);
       mma_split3<T, kSplit>(c2, a2h, a2l, bh, bl);
@@ -135,7 +139,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
     __syncthreads();  // the previous readers of `stage` and writers of out are done
     for (int e = tid; e < b * KS; e += NTHR) {
       const int j = e / KS, d = e % KS;
-      stage[e] = y(j, d) * kda_exp2_ftz(G[b * KS + d] - G[j * KS + d]);
+      stage[j * SP + d] = y(j, d) * kda_exp2_ftz(G[b * KS + d] - G[j * KS + d]);
     }
     __syncthreads();
     float c1[4] = {}, c2[4] = {};
@@ -144,7 +148,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
       uint32_t a1h[4], a1l[4], a2h[4], a2l[4], bh[2], bl[2];
       frag_a_split<T, kSplit>([&](int r, int k) { return W1[(b + r) * ldw + 16 * J + k]; }, a1h, a1l);
       frag_a_split<T, kSplit>([&](int r, int k) { return W2[(b + r) * ldw + 16 * J + k]; }, a2h, a2l);
-      frag_b_split<T, kSplit>([&](int k, int n) { return stage[(16 * J + k) * KS + n0 + n]; }, bh, bl);
+      frag_b_split<T, kSplit>([&](int k, int n) { return stage[(16 * J + k) * SP + n0 + n]; }, bh, bl);
       mma_split3<T, kSplit>(c1, a1h, a1l, bh, bl);
       mma_split3<T, kSplit>(c2, a2h, a2l, bh, bl);
     }
@@ -162,7 +166,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
 template <typename T, bool kSplit, typename X1F, typename X2F>
 __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, int ldw, X1F&& x1, X2F&& x2,
                                              const float* G, float* out, float* stage) {
-  constexpr int KS = kKdaSliceK, NTHR = kKdaSplitThreads;
+  constexpr int KS = kKdaSliceK, SP = kKdaStagePitch, NTHR = kKdaSplitThreads;
   const int tid = threadIdx.x, wp = tid / 32, g = mma::grp();
   // 1. Inside the 8-row half of r (items as in kda_rows_pair).
   for (int it = tid; it < 8 * KS; it += NTHR) {
@@ -193,12 +197,12 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     for (int e = tid; e < 16 * KS; e += NTHR) {  // row q < 16 of the round: sub-chunk 2 round + q / 8
       const int q = e / KS, d = e % KS, m = 16 * (2 * round + q / 8) + 8, i = m + q % 8;
       const float f = kda_exp2_ftz(G[i * KS + d] - G[m * KS + d]);
-      stage[(q / 8) * 16 * KS + (q % 8) * KS + d] = x1(i, d) * f;      // x1s rows 0..7 of sub-chunk block
-      stage[(q / 8) * 16 * KS + (8 + q % 8) * KS + d] = x2(i, d) * f;  // x2s rows 8..15
+      stage[((q / 8) * 16 + q % 8) * SP + d] = x1(i, d) * f;      // x1s: rows 0..7 of the sub-chunk's block
+      stage[((q / 8) * 16 + 8 + q % 8) * SP + d] = x2(i, d) * f;  // x2s: rows 8..15
     }
     __syncthreads();  // (round 0: also orders part 1's stores of out before the updates below)
     const int sub = wp / 4, I = 2 * round + sub, m = 16 * I + 8, n0 = 16 * (wp % 4), t2 = 2 * mma::tig();
-    const float* st = stage + sub * 16 * KS;  // k rows 0..7: x1s, 8..15: x2s
+    const float* st = stage + sub * 16 * SP;  // k rows 0..7: x1s, 8..15: x2s
     uint32_t ah[4] = {0u, 0u, 0u, 0u}, al[4] = {0u, 0u, 0u, 0u};
     // A[a][kk] = W1[m + kk][16 I + a] (kk < 8), W2[m + kk - 8][16 I + a] (kk >= 8); rows a < 8.
     round_or_split<T, kSplit>(W1[(m + t2) * ldw + 16 * I + g], W1[(m + t2 + 1) * ldw + 16 * I + g], ah[0], al[0]);
@@ -206,7 +210,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       uint32_t bh[2], bl[2];
-      frag_b_split<T, kSplit>([&](int k, int n) { return st[k * KS + n0 + 8 * nt + n]; }, bh, bl);
+      frag_b_split<T, kSplit>([&](int k, int n) { return st[k * SP + n0 + 8 * nt + n]; }, bh, bl);
       float c[4] = {};
       mma_split3<T, kSplit>(c, ah, al, bh, bl);
 #pragma unroll
@@ -226,14 +230,14 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     for (int e = tid; e < 16 * KS; e += NTHR) {
       const int ii = e / KS, d = e % KS, i = b + ii;
       const float f = kda_exp2_ftz(G[i * KS + d] - G[b * KS + d]);
-      stage[e] = x1(i, d) * f;
-      stage[16 * KS + e] = x2(i, d) * f;
+      stage[ii * SP + d] = x1(i, d) * f;
+      stage[(16 + ii) * SP + d] = x2(i, d) * f;
     }
     __syncthreads();
     const int n0 = 8 * wp;
     uint32_t b1h[2], b1l[2], b2h[2], b2l[2];
-    frag_b_split<T, kSplit>([&](int k, int n) { return stage[k * KS + n0 + n]; }, b1h, b1l);
-    frag_b_split<T, kSplit>([&](int k, int n) { return stage[(16 + k) * KS + n0 + n]; }, b2h, b2l);
+    frag_b_split<T, kSplit>([&](int k, int n) { return stage[k * SP + n0 + n]; }, b1h, b1l);
+    frag_b_split<T, kSplit>([&](int k, int n) { return stage[(16 + k) * SP + n0 + n]; }, b2h, b2l);
     for (int J = 0; J < I; ++J) {
       uint32_t a1h[4], a1l[4], a2h[4], a2l[4];
       frag_a_split<T, kSplit>([&](int r, int k) { return W1[(b + k) * ldw + 16 * J + r]; }, a1h, a1l);

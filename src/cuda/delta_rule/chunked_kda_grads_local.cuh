@@ -1,7 +1,7 @@
 // Split KDA B2, second kernel (session 10, FLASHGRAD_CHUNKED_KDA_B2=split): the per-channel decayed
 // sums of kda_grads_kernel (chunked_kda_grads.cuh, same notation) and dUb, finishing what
 // kda_grads_state_kernel (chunked_kda_grads_state.cuh) began. One block of 8 warps per (chunk, value
-// head), grid chunks x HV, 109.5 KiB of shared memory: two blocks per SM.
+// head), grid chunks x HV, 110 KiB of shared memory: two blocks per SM.
 //
 //   dP = scale Lower_incl(do v_new^T) (over V, fragments from global memory), dM read back from dv's
 //   first 64 columns (the first kernel put it there);
