@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
   kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
   kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
   // dM from dv's first 64 columns (rows past L: 0).
-  batched_copy<C * C, kKdaSplitThreads>([&](int e) { return e / C < L ? dv0[(e / C) * HVV + e % C] : 0.f; },
-                                        [&](int e, float x) { sm.dM[(e / C) * LDM + e % C] = x; });
+  kda_load_square(dv0, HVV, L, sm.dM, LDM, [](int, int, float x) { return x; });
   {
     // dP = scale Lower_incl(do v_new^T) (warp: rows 16 rs.., columns n0 + 8 nt..).
     float acc[4][4] = {};

@@ -140,18 +140,36 @@ __device__ __forceinline__ void kda_key_slice_raw(const View& x, const ChunkInfo
   }
 }
 
+// out[i * ldo + j] = src[i * stride + j] for the chunk's 64 x 64 matrices (i < L; rows past L are 0
+// and not read: the last chunk's may lie past the array), with f(i, j, x) applied: thread tid owns
+// column j = tid % 64 of rows tid / 64 + 4 u (u < 16), row pointers stepped by 4 rows, 8 loads in
+// flight per batch. No barrier.
+template <typename F>
+__device__ __forceinline__ void kda_load_square(const float* src, int64_t stride, int L, float* out, int ldo, F&& f) {
+  constexpr int C = kChunkSize;
+  const int tid = threadIdx.x, j = tid % C, i0 = tid / C;
+  const float* p = src + i0 * stride + j;
+  const int64_t step = kKdaSliceRowsPerPass * stride;
+#pragma unroll 1
+  for (int u0 = 0; u0 < kKdaSlicePasses; u0 += 8) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u, p += step) v[u] = i0 + kKdaSliceRowsPerPass * (u0 + u) < L ? *p : 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + kKdaSliceRowsPerPass * (u0 + u);
+      out[i * ldo + j] = f(i, j, v[u]);
+    }
+  }
+}
+
 // A from stage 1 into out[i * ldo + j] (64 x 64): stage 1 packs P^T into A's upper triangle
-// (chunked_kda.h), so keep the strict lower part and put the unit diagonal back; rows past L are 0
-// (they are not read: the last chunk's may lie past the array). No barrier.
+// (chunked_kda.h), so keep the strict lower part and put the unit diagonal back (rows past L: 0).
+// No barrier.
 __device__ __forceinline__ void kda_load_A(const float* A_in, int64_t row0, int64_t hv, int64_t HV, int L, float* out,
                                            int ldo) {
-  constexpr int C = kChunkSize;
-  batched_copy<C * C, kKdaSplitThreads>(
-      [&](int e) {
-        const int i = e / C, j = e % C;
-        return i < L ? (j < i ? A_in[((row0 + i) * HV + hv) * C + j] : (j == i ? 1.f : 0.f)) : 0.f;
-      },
-      [&](int e, float x) { out[(e / C) * ldo + e % C] = x; });
+  kda_load_square(A_in + (row0 * HV + hv) * kChunkSize, HV * kChunkSize, L, out, ldo,
+                  [L](int i, int j, float x) { return i < L ? (j < i ? x : (j == i ? 1.f : 0.f)) : 0.f; });
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
