@@ -8,6 +8,7 @@
 
 #include "chunked_kda_decay.cuh"  // decay_exp
 #include "chunked_kda_mma.cuh"
+#include "chunked_tiles.cuh"  // key_rows_vectorizable
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -40,7 +41,7 @@ struct KdaOutputSmem {
 };
 
 template <typename T, int KMAX>
-__global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a) {
+__global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArgs a) {
   using S = KdaOutputSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDV = S::LDV, LDP = S::LDP, NT = kOutputCols / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -55,9 +56,53 @@ __global__ void __launch_bounds__(kChunkThreads) kda_output_kernel(ChunkedArgs a
   const float* Gc = a.G + (row0 * a.HV + hv) * a.K;  // row r: + r * HV K
   const int64_t g_stride = a.HV * a.K;
   auto G_at = [&](int r, int d) { return r < L ? Gc[r * g_stride + d] : 0.f; };
-  kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_at, [&](int r, int d, float x, float g) {
-    store_split<T>(r < L ? x * decay_exp(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
-  });
+  if (key_rows_vectorizable(a.q) && !a.q.f32) {
+    // 16-byte loads (session 10): thread tid takes the 8-channel piece seg = tid % (K / 8) of rows
+    // tid / (K / 8) + (128 / (K / 8)) p, every pass's q piece and G (two float4) in flight before the
+    // first is used; the same values as kda_key_rows' element loads below (same sums for the norm).
+    constexpr int kLanes = KMAX / 8, kRowsPerPass = kChunkThreads / kLanes, kPasses = C / kRowsPerPass;
+    const int lr = tid / kLanes, seg = tid % kLanes;
+    const T* qrow0 = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head) + 8 * seg;
+    uint4 qv[kPasses];
+    float4 g0[kPasses], g1[kPasses];
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int r = p * kRowsPerPass + lr;
+      const bool ok = r < L;
+      qv[p] = ok ? *reinterpret_cast<const uint4*>(qrow0 + r * a.q.s1) : make_uint4(0u, 0u, 0u, 0u);
+      const float4* gp = reinterpret_cast<const float4*>(Gc + r * g_stride + 8 * seg);
+      g0[p] = ok ? gp[0] : make_float4(0.f, 0.f, 0.f, 0.f);
+      g1[p] = ok ? gp[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int r = p * kRowsPerPass + lr;
+      float x[8];
+      const uint32_t w[4] = {qv[p].x, qv[p].y, qv[p].z, qv[p].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma::unpack_floats<T>(w[j], x[2 * j], x[2 * j + 1]);
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += x[i] * x[i];
+      const float rstd = a.l2norm ? 1.0f / sqrtf(group_sum<kLanes>(ss) + kL2NormEps) : 1.f;
+      const float g[8] = {g0[p].x, g0[p].y, g0[p].z, g0[p].w, g1[p].x, g1[p].y, g1[p].z, g1[p].w};
+      uint4 hi, lo;
+      uint32_t* h4 = &hi.x;
+      uint32_t* l4 = &lo.x;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float v0 = r < L ? x[2 * j] * rstd * decay_exp(g[2 * j]) : 0.f;
+        const float v1 = r < L ? x[2 * j + 1] * rstd * decay_exp(g[2 * j + 1]) : 0.f;
+        mma::split_pair<T>(v0, v1, h4[j], l4[j]);
+      }
+      *reinterpret_cast<uint4*>(sm.qs + r * LDK + 8 * seg) = hi;
+      *reinterpret_cast<uint4*>(sm.qs_lo + r * LDK + 8 * seg) = lo;
+    }
+  } else {
+    kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_at, [&](int r, int d, float x, float g) {
+      store_split<T>(r < L ? x * decay_exp(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+    });
+  }
   // h_c's slice, P and v_new by 16-byte loads (session 10; the session-6 kernel loaded them element by
   // element, 4 bytes or 2 at a time): per thread 16 + 8 float4 and 4 uint4, each batch's loads issued
   // before its stores. The shared contents are those of the element-wise version (split_pair rounds

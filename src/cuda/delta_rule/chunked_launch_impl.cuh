@@ -95,18 +95,16 @@ void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // FLASHGRAD_CHUNKED_STATE_WARPS=8 (an experiment, session 6, off by default): 8 warps x 16 columns
 // instead of four_warps where V % 128 == 0 (one block per 128 columns: w, k tiles copied once for
 // twice the warps), to time against four_warps in one process.
-// FLASHGRAD_CHUNKED_STATE_KSPLIT=4 (read per call, K = 128; session 10): the channel split in four
-// quarters instead (4 warps of 32 channels per 16 value columns, blocks of 4 warps: twice the warps
-// per chain, each with half the mmas), to time against the halves in one process.
-enum class StateShape { four_warps, two_warps, channel_split, eight_warps, channel_split4 };
+// (Stage 2 in channel quarters, 4 warps of 32 channels per 16 value columns, was timed in run 10.3:
+// no faster than the halves at B1 T32768 H16, 1.233 -> 1.248 ms, slower at B2 T16384, 0.716 -> 0.986;
+// the launcher keeps the halves. B1's quarters did win: state_backward_channel_parts.)
+enum class StateShape { four_warps, two_warps, channel_split, eight_warps };
 inline StateShape state_shape(const ChunkedArgs& a) {
   const int64_t chains = a.num_seqs * a.HV, sms = sm_count();
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WARPS");
   if (env && std::string(env) == "8" && a.V % 128 == 0 && chains * (a.V / 64) >= sms) return StateShape::eight_warps;
   if (chains * (a.V / 64) >= sms) return StateShape::four_warps;
   if (chains * (a.V / 32) >= sms) return StateShape::two_warps;
-  const char* parts = std::getenv("FLASHGRAD_CHUNKED_STATE_KSPLIT");
-  if (parts && std::string(parts) == "4" && a.K == 128) return StateShape::channel_split4;
   return StateShape::channel_split;
 }
 
@@ -240,9 +238,6 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
       break;
     case StateShape::eight_warps:
       a.K == 64 ? launch_state_fixed<T, 64, 8>(a, s) : launch_state_fixed<T, 128, 8>(a, s);
-      break;
-    case StateShape::channel_split4:  // (K = 128 only: state_shape)
-      launch_state_fixed<T, 128, 4, false, 4>(a, s);
       break;
   }
 }

@@ -210,14 +210,18 @@ inline bool state_backward_local_wanted(int64_t chains, int64_t V, int64_t sms) 
 // of mmas per chunk halves, and blocks of 32 value columns (twice the blocks). By default where the
 // 4-warp local blocks (V / 64 per chain) leave SMs idle; FLASHGRAD_CHUNKED_B1_KSPLIT=0 / 1 forces it off
 // / on (read per call), to time both in one process; =4 (K = 128 only) splits them in four quarters
-// (blocks of 4 warps on 16 value columns, four times the blocks of the unsplit local B1). Returns the
-// number of channel parts: 1, 2 or 4.
+// (blocks of 4 warps on 16 value columns, four times the blocks of the unsplit local B1), the default
+// where those blocks still fit in one wave (chains * V / 16 <= SMs). Returns the number of channel
+// parts: 1, 2 or 4. Run 10.3 (H200, 2026-11-30, chunk GDN bf16 K=V=128): B1 at B1 T32768 H16 (128
+// quarter blocks) halves 1.728 -> quarters 1.532 ms; at B2 T16384 (256 quarter blocks: two waves)
+// 0.859 -> 1.544, so quarters only within one wave.
 inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_KSPLIT")) {
     const std::string e(env);
     if (e == "4") return K == 128 ? 4 : 2;
     return e == "1" || e == "2" ? 2 : 1;
   }
+  if (K == 128 && chains * (V / 16) <= sms) return 4;
   return chains * (V / 64) < sms ? 2 : 1;
 }
 

@@ -109,8 +109,8 @@ struct StateSmem {
 // KSPLIT == 2 (for few long sequences, where each block's serial chain is the time): two warps
 // share each 16 value columns, warp wp holding key channels [K/2 (wp / groups), +K/2) of h^T; their
 // halves of h^T w^T are summed through shared memory (one more barrier per chunk), the state update
-// splits by channel without exchange. Each warp's mmas per chunk halve. KSPLIT == 4 (K = 128, session
-// 10): four warps of 32 channels each per 16 value columns, summed in part order.
+// splits by channel without exchange. Each warp's mmas per chunk halve. (Four quarters, as B1 takes
+// them, were no faster here: run 10.3, chunked_launch_impl.cuh.)
 // kSingle (the forward's fused kernel by default, session 7): the fp32 operands h^T, v_new^T and
 // scale P enter each product as one T fragment (hi only: round to nearest), not hi + lo, as fla's
 // kernels take h and P in 16 bits: half the mmas on the serial chain. h itself stays in fp32
@@ -128,8 +128,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs 
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
-  static_assert(KSPLIT == 1 || (!kOutput && (KSPLIT == 2 || (KSPLIT == 4 && KMAX == 128))),
-                "the channel split: unfused, two halves, or four quarters of 32 channels");
+  static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
   static_assert(!kSingle || kOutput, "single-fragment products: the fused forward only");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);

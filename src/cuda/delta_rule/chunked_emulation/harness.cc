@@ -164,17 +164,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   // it leaves unwritten) come from the unfused stage 2 run first, for their comparisons and the
   // backward.
   const bool fused = V % 128 == 0 && (seed == 2 || seed == 9 || seed == 10 || seed == 11 || seed == 14);
-  // FLASHGRAD_CHUNKED_STATE_KSPLIT=4 (K = 128): every unfused stage 2 below is the four-quarter
-  // channel split (as the launcher's channel_split4 shape).
-  const char* state_parts_env = std::getenv("FLASHGRAD_CHUNKED_STATE_KSPLIT");
-  const bool state_quarters = KM == 128 && state_parts_env && std::string(state_parts_env) == "4";
   auto unfused_state = [&] {  // (8 warps: FLASHGRAD_CHUNKED_STATE_WARPS=8, only in the 16-bit rerun below)
-    if constexpr (KM == 128) {
-      if (state_quarters) {
-        launch(N, HV, V / 16, [&] { dr::chunk_state_kernel<TT, KM, 4, false, 4>(a); }, 128);
-        return;
-      }
-    }
     if (V % 128 == 0 && (seed == 2 || seed == 11) && a.h16)
       launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, false>(a); }, 256);
     else if (seed % 2 == 0)
@@ -229,10 +219,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   const char* local_env = std::getenv("FLASHGRAD_CHUNKED_B1_LOCAL");
   const bool four_warps = !(V % 128 == 0 && seed % 2 == 0);
   const bool b1_local = !legacy_bwd && four_warps && a.dv_new16 && !b1_split && !(local_env && std::string(local_env) == "0");
-  // The local B1 splits the key channels over warp pairs (KSPLIT = 2, 32-column blocks) as the
-  // launcher's default for few chains (here: every case; FLASHGRAD_CHUNKED_B1_KSPLIT=0 keeps 16
-  // columns per warp, =4 splits them in quarters at K = 128).
-  const int b1_parts = dr::state_backward_channel_parts(N * HV, K, V, 1 << 20);  // 4: FLASHGRAD_CHUNKED_B1_KSPLIT=4
+  // The local B1 splits the key channels as the launcher's default for few chains: in quarters at
+  // K = 128 (4 warps of 32 channels per 16 value columns), else over warp pairs (here: every case, the
+  // harness's SM count being large; FLASHGRAD_CHUNKED_B1_KSPLIT=0 keeps 16 columns per warp, =2 pairs).
+  const int b1_parts = dr::state_backward_channel_parts(N * HV, K, V, 1 << 20);
   if (b1_local) {
     launch(NC, HV, 1, [&] { dr::chunk_dv_local_kernel<TT, KM>(a); }, 256);
     bool quarters = false;
