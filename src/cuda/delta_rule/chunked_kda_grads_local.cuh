@@ -72,10 +72,11 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
   const int64_t qk_stride = a.H * K, dg_stride = HV * K;
 
   // L2 prefetch of what the later phases read (the first phase, dP, reads do and v_new at once): the
-  // chunk's rows of G, k, the first kernel's dg, A, dv_new and v.
+  // chunk's rows of G, k, q, the first kernel's dg, A, dv_new and v.
   if constexpr (kPrefetch) {
     kda_prefetch_rows(a.G + (row0 * HV + hv) * K, HV * K, L, 4 * K);
     kda_prefetch_rows(static_cast<const T*>(a.k.p) + off3(a.k, ci.b, ci.t0, head), a.k.s1, L, sizeof(T) * K);
+    kda_prefetch_rows(static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head), a.q.s1, L, sizeof(T) * K);
     kda_prefetch_rows(dg_row0, dg_stride, L, 4 * K);
     kda_prefetch_rows(a.A + (row0 * HV + hv) * C, HV * C, L, 4 * C);
     kda_prefetch_rows(dvn_base, HVV, L, 4 * V);
