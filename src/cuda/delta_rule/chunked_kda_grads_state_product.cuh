@@ -53,51 +53,54 @@ __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t 
     xok[nt] = r < L;
   }
   using XPair = std::conditional_t<XS, float2, uint32_t>;
-  float2 sv[4], tv[4];
-  XPair xv[NT][2];
   const bool with_dot = S2 != nullptr;  // block-uniform
   const float* u0 = with_dot ? S2 + (s0 - S) : nullptr;
   const float* u1 = with_dot ? S2 + (s1 - S) : nullptr;
   float dsum[2] = {0.f, 0.f};
-  auto fetch = [&](int64_t c) {  // the raw operands of the 16 columns [c, c + 16)
-    sv[0] = *reinterpret_cast<const float2*>(s0 + c), sv[1] = *reinterpret_cast<const float2*>(s1 + c);
-    sv[2] = *reinterpret_cast<const float2*>(s0 + c + 8), sv[3] = *reinterpret_cast<const float2*>(s1 + c + 8);
+  // The raw operands of one 16-column step, in two register sets: the loads run two steps ahead of
+  // the mmas (one step of 4 - 12 mmas did not cover a load's latency: ncu run 10.1, long scoreboard).
+  struct Raw {
+    float2 sv[4], tv[4];
+    XPair xv[NT][2];
+  };
+  auto fetch = [&](Raw& R, int64_t c) {  // the raw operands of the 16 columns [c, c + 16)
+    R.sv[0] = *reinterpret_cast<const float2*>(s0 + c), R.sv[1] = *reinterpret_cast<const float2*>(s1 + c);
+    R.sv[2] = *reinterpret_cast<const float2*>(s0 + c + 8), R.sv[3] = *reinterpret_cast<const float2*>(s1 + c + 8);
     if (with_dot) {
-      tv[0] = *reinterpret_cast<const float2*>(u0 + c), tv[1] = *reinterpret_cast<const float2*>(u1 + c);
-      tv[2] = *reinterpret_cast<const float2*>(u0 + c + 8), tv[3] = *reinterpret_cast<const float2*>(u1 + c + 8);
+      R.tv[0] = *reinterpret_cast<const float2*>(u0 + c), R.tv[1] = *reinterpret_cast<const float2*>(u1 + c);
+      R.tv[2] = *reinterpret_cast<const float2*>(u0 + c + 8), R.tv[3] = *reinterpret_cast<const float2*>(u1 + c + 8);
     }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (XS)
-          xv[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(xr[nt] + c + 8 * h) : make_float2(0.f, 0.f);
+          R.xv[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(xr[nt] + c + 8 * h) : make_float2(0.f, 0.f);
         else
-          xv[nt][h] = kda_mma::pair_exact<T, PAIRS>(xr[nt] + c + 8 * h, xok[nt]);
+          R.xv[nt][h] = kda_mma::pair_exact<T, PAIRS>(xr[nt] + c + 8 * h, xok[nt]);
       }
   };
   float acc[NT][4] = {};
-  fetch(0);
-#pragma unroll 1
-  for (int64_t c = 0; c < V; c += 16) {
+  // One step: R's operands into fragments, R refilled with the columns [c_next, + 16) (if < V), mmas.
+  auto step = [&](Raw& R, int64_t c_next) {
     uint32_t ah[4], al[4], bh[NT][2], bl[NT][2];
     // A (16 x 16): (g, t2..), (g + 8, t2..), (g, t2 + 8..), (g + 8, t2 + 8..); B (16 x 8): rows t2..,
     // t2 + 8.. of column g.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) kda_round_pair<T, kSplit>(sv[i].x, sv[i].y, ah[i], al[i]);
+    for (int i = 0; i < 4; ++i) kda_round_pair<T, kSplit>(R.sv[i].x, R.sv[i].y, ah[i], al[i]);
     if (with_dot)  // rows grp (i = 0, 2) and grp + 8 (i = 1, 3)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) dsum[i & 1] += sv[i].x * tv[i].x + sv[i].y * tv[i].y;
+      for (int i = 0; i < 4; ++i) dsum[i & 1] += R.sv[i].x * R.tv[i].x + R.sv[i].y * R.tv[i].y;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (XS)
-          kda_round_pair<T, kSplit>(xv[nt][h].x, xv[nt][h].y, bh[nt][h], bl[nt][h]);
+          kda_round_pair<T, kSplit>(R.xv[nt][h].x, R.xv[nt][h].y, bh[nt][h], bl[nt][h]);
         else
-          bh[nt][h] = xv[nt][h];
+          bh[nt][h] = R.xv[nt][h];
       }
-    if (c + 16 < V) fetch(c + 16);
+    if (c_next < V) fetch(R, c_next);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       mma::mma16816<T>(acc[nt], ah, bh[nt]);
@@ -106,6 +109,14 @@ __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t 
         if constexpr (XS) mma::mma16816<T>(acc[nt], ah, bl[nt]);
       }
     }
+  };
+  Raw ra, rb;
+  fetch(ra, 0);
+  fetch(rb, 16);  // V is a multiple of 64: the steps come in pairs
+#pragma unroll 1
+  for (int64_t c = 0; c < V; c += 32) {
+    step(ra, c + 32);
+    step(rb, c + 48);
   }
   if (with_dot) {  // over the 4 lanes (tig) of a row
 #pragma unroll
