@@ -148,28 +148,28 @@ __device__ __forceinline__ void kda_state_slice_product2(const float* S, int64_t
   const int d0 = 16 * (w % 4), nt0 = NT * (w / 4);
   const float* s0 = S + static_cast<int64_t>(d0 + g) * V + t2;  // state rows d0 + g and d0 + g + 8
   const float* s1 = s0 + 8 * V;
-  const int rb = 8 * nt0 + g;  // this lane's B-fragment row of tile nt: rb + 8 nt (row 0 past L)
-  const float* x1r[NT];
-  const T* x2r[NT];
+  // This lane's B-fragment row of tile nt is rb + 8 nt: one base pointer per operand, stepped by 8 rows
+  // per tile at each fetch (not four pointers held across the loop: registers), loads masked past L.
+  const int rb = 8 * nt0 + g;
+  const float* x1b = x1 + rb * x1stride + t2;
+  const T* x2b = x2 + rb * x2stride + t2;
+  const int64_t x1step = 8 * x1stride, x2step = 8 * x2stride;
   bool xok[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int r = rb + 8 * nt, rr = r < L ? r : 0;
-    x1r[nt] = x1 + rr * x1stride + t2;
-    x2r[nt] = x2 + rr * x2stride + t2;
-    xok[nt] = r < L;
-  }
+  for (int nt = 0; nt < NT; ++nt) xok[nt] = rb + 8 * nt < L;
   float2 sv[4], v1[NT][2];
   uint32_t v2[NT][2];
   auto fetch = [&](int64_t c) {  // the raw operands of the 16 columns [c, c + 16)
     sv[0] = *reinterpret_cast<const float2*>(s0 + c), sv[1] = *reinterpret_cast<const float2*>(s1 + c);
     sv[2] = *reinterpret_cast<const float2*>(s0 + c + 8), sv[3] = *reinterpret_cast<const float2*>(s1 + c + 8);
+    const float* p1 = x1b + c;
+    const T* p2 = x2b + c;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt, p1 += x1step, p2 += x2step)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        v1[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(x1r[nt] + c + 8 * h) : make_float2(0.f, 0.f);
-        v2[nt][h] = kda_mma::pair_exact<T, PAIRS2>(x2r[nt] + c + 8 * h, xok[nt]);
+        v1[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(p1 + 8 * h) : make_float2(0.f, 0.f);
+        v2[nt][h] = kda_mma::pair_exact<T, PAIRS2>(p2 + 8 * h, xok[nt]);
       }
   };
   float acc1[NT][4] = {}, acc2[NT][4] = {};
