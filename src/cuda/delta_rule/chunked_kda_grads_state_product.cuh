@@ -44,14 +44,13 @@ __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t 
   const int d0 = 16 * (w % 4), nt0 = NT * (w / 4);
   const float* s0 = S + static_cast<int64_t>(d0 + g) * V + t2;  // state rows d0 + g and d0 + g + 8
   const float* s1 = s0 + 8 * V;
-  const E* xr[NT];  // this lane's B-fragment row of each tile (row 8 (nt0 + nt) + g; row 0 past L)
+  // This lane's B-fragment row of tile nt is 8 (nt0 + nt) + g: one base pointer stepped by 8 rows per
+  // tile at each fetch (registers), loads masked past L.
+  const E* xb = x + (8 * nt0 + g) * xstride + t2;
+  const int64_t xstep = 8 * xstride;
   bool xok[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int r = 8 * (nt0 + nt) + g;
-    xr[nt] = x + (r < L ? r : 0) * xstride + t2;
-    xok[nt] = r < L;
-  }
+  for (int nt = 0; nt < NT; ++nt) xok[nt] = 8 * (nt0 + nt) + g < L;
   using XPair = std::conditional_t<XS, float2, uint32_t>;
   const bool with_dot = S2 != nullptr;  // block-uniform
   const float* u0 = with_dot ? S2 + (s0 - S) : nullptr;
@@ -70,14 +69,15 @@ __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t 
       R.tv[0] = *reinterpret_cast<const float2*>(u0 + c), R.tv[1] = *reinterpret_cast<const float2*>(u1 + c);
       R.tv[2] = *reinterpret_cast<const float2*>(u0 + c + 8), R.tv[3] = *reinterpret_cast<const float2*>(u1 + c + 8);
     }
+    const E* p = xb + c;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NT; ++nt, p += xstep)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (XS)
-          R.xv[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(xr[nt] + c + 8 * h) : make_float2(0.f, 0.f);
+          R.xv[nt][h] = xok[nt] ? *reinterpret_cast<const float2*>(p + 8 * h) : make_float2(0.f, 0.f);
         else
-          R.xv[nt][h] = kda_mma::pair_exact<T, PAIRS>(xr[nt] + c + 8 * h, xok[nt]);
+          R.xv[nt][h] = kda_mma::pair_exact<T, PAIRS>(p + 8 * h, xok[nt]);
       }
   };
   float acc[NT][4] = {};
