@@ -14,17 +14,17 @@
 //      (one staged operand of 16 I rows per I, one barrier pair per I instead of one per (I, J)).
 // Parts 2 and 3 run on tensor cores: with kSplit their fp32 operands split hi + lo in registers (three
 // mmas, close to fp32), without it rounded once to T (one mma, as fla takes these products in bf16;
-// FLASHGRAD_CHUNKED_KDA_B2=split). Exps are kda_exp2_ftz of G differences in log2 units (one
-// instruction each; chunked_kda_grads_slices.cuh).
+// the default). Exps are kda_exp2 of G differences in log2 units (one instruction each).
 // Contract (as the decay helpers'): W1, W2 [64][ldw] in shared memory, zero in rows past L; G [64][64]
-// in log2 units (kda_gate_slice; rows past L hold G_{L-1}); y, x1, x2 loaders return 0 past L; the caller has a barrier between
-// writing the inputs (and reading the previous outputs) and the call; the call ends with one.
+// in log2 units (kda_gate_slice; rows past L hold G_{L-1}); y, x1, x2 loaders return 0 past L; the
+// caller has a barrier between writing the inputs (and reading the previous outputs) and the call;
+// the call ends with one.
 // `stage`: kKdaDecayedStageFloats floats of shared memory.
 #pragma once
 
 #include "chunked_kda_grads_slices.cuh"
 #include "chunked_mma.cuh"
-#include "chunked_mma_ldmatrix.cuh"  // split_pair
+#include "chunked_mma_ldmatrix.cuh"  // round_pair
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -46,31 +46,22 @@ __device__ __forceinline__ void mma_split3(float (&acc)[4], const uint32_t (&ah)
   }
 }
 
-// (x0, x1) -> hi (and lo with kSplit) fragment registers.
-template <typename T, bool kSplit>
-__device__ __forceinline__ void round_or_split(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kSplit)
-    mma::split_pair<T>(x0, x1, hi, lo);
-  else
-    hi = mma::pack_floats<T>(x0, x1);
-}
-
 // A fragment of a 16 x 16 block read through a loader a(row, col), split hi + lo or rounded
 // (fragment elements: (grp, 2 tig + {0, 1}), (grp + 8, ..), (grp, 8 + 2 tig + {0, 1}), (grp + 8, ..)).
 template <typename T, bool kSplit, typename AF>
 __device__ __forceinline__ void frag_a_split(AF&& a, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
   const int g = mma::grp(), t2 = 2 * mma::tig();
-  round_or_split<T, kSplit>(a(g, t2), a(g, t2 + 1), hi[0], lo[0]);
-  round_or_split<T, kSplit>(a(g + 8, t2), a(g + 8, t2 + 1), hi[1], lo[1]);
-  round_or_split<T, kSplit>(a(g, t2 + 8), a(g, t2 + 9), hi[2], lo[2]);
-  round_or_split<T, kSplit>(a(g + 8, t2 + 8), a(g + 8, t2 + 9), hi[3], lo[3]);
+  mma::round_pair<T, kSplit>(a(g, t2), a(g, t2 + 1), hi[0], lo[0]);
+  mma::round_pair<T, kSplit>(a(g + 8, t2), a(g + 8, t2 + 1), hi[1], lo[1]);
+  mma::round_pair<T, kSplit>(a(g, t2 + 8), a(g, t2 + 9), hi[2], lo[2]);
+  mma::round_pair<T, kSplit>(a(g + 8, t2 + 8), a(g + 8, t2 + 9), hi[3], lo[3]);
 }
 // B fragment (16 x 8) through b(k, n): elements (2 tig + {0, 1}, grp), (8 + 2 tig + {0, 1}, grp).
 template <typename T, bool kSplit, typename BF>
 __device__ __forceinline__ void frag_b_split(BF&& b, uint32_t (&hi)[2], uint32_t (&lo)[2]) {
   const int g = mma::grp(), t2 = 2 * mma::tig();
-  round_or_split<T, kSplit>(b(t2, g), b(t2 + 1, g), hi[0], lo[0]);
-  round_or_split<T, kSplit>(b(t2 + 8, g), b(t2 + 9, g), hi[1], lo[1]);
+  mma::round_pair<T, kSplit>(b(t2, g), b(t2 + 1, g), hi[0], lo[0]);
+  mma::round_pair<T, kSplit>(b(t2 + 8, g), b(t2 + 9, g), hi[1], lo[1]);
 }
 
 template <typename T, bool kSplit, typename YF>
@@ -90,7 +81,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
       const float yj = y(r0 + j, d);
 #pragma unroll
       for (int i = j; i < 8; ++i) {
-        const float t = yj * kda_exp2_ftz(gg[i] - gg[j]);
+        const float t = yj * kda_exp2(gg[i] - gg[j]);
         s1[i] += W1[(r0 + i) * ldw + r0 + j] * t;
         if (i > j) s2[i] += W2[(r0 + i) * ldw + r0 + j] * t;
       }
@@ -105,27 +96,27 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
   //    a[1..3] and b[1] are zero. Warp w: sub-chunk w / 2, channels [32 (w % 2), +32) (4 tiles).
   for (int e = tid; e < 32 * KS; e += NTHR) {
     const int q = e / KS, d = e % KS, j = 16 * (q / 8) + q % 8, m = 16 * (q / 8) + 8;
-    stage[q * SP + d] = y(j, d) * kda_exp2_ftz(G[m * KS + d] - G[j * KS + d]);
+    stage[q * SP + d] = y(j, d) * kda_exp2(G[m * KS + d] - G[j * KS + d]);
   }
   __syncthreads();  // (also orders part 1's stores of out before the read-modify-writes below)
   {
     const int I = wp / 2, m = 16 * I + 8, nq = (wp % 2) * 32, t2 = 2 * mma::tig();
     uint32_t a1h[4] = {0u, 0u, 0u, 0u}, a1l[4] = {0u, 0u, 0u, 0u}, a2h[4] = {0u, 0u, 0u, 0u},
              a2l[4] = {0u, 0u, 0u, 0u};
-    round_or_split<T, kSplit>(W1[(m + g) * ldw + 16 * I + t2], W1[(m + g) * ldw + 16 * I + t2 + 1], a1h[0], a1l[0]);
-    round_or_split<T, kSplit>(W2[(m + g) * ldw + 16 * I + t2], W2[(m + g) * ldw + 16 * I + t2 + 1], a2h[0], a2l[0]);
+    mma::round_pair<T, kSplit>(W1[(m + g) * ldw + 16 * I + t2], W1[(m + g) * ldw + 16 * I + t2 + 1], a1h[0], a1l[0]);
+    mma::round_pair<T, kSplit>(W2[(m + g) * ldw + 16 * I + t2], W2[(m + g) * ldw + 16 * I + t2 + 1], a2h[0], a2l[0]);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       const int n = nq + 8 * nt + g;
       uint32_t bh[2] = {0u, 0u}, bl[2] = {0u, 0u};
-      round_or_split<T, kSplit>(stage[(8 * I + t2) * SP + n], stage[(8 * I + t2 + 1) * SP + n], bh[0], bl[0]);
+      mma::round_pair<T, kSplit>(stage[(8 * I + t2) * SP + n], stage[(8 * I + t2 + 1) * SP + n], bh[0], bl[0]);
       float c1[4] = {}, c2[4] = {};
       mma_split3<T, kSplit>(c1, a1h, a1l, bh, bl);
       mma_split3<T, kSplit>(c2, a2h, a2l, bh, bl);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {  // accumulator rows grp (< 8); rows grp + 8 are the padding
         const int r = m + g, d = nq + 8 * nt + 2 * mma::tig() + e;
-        const float f = kda_exp2_ftz(G[r * KS + d] - G[m * KS + d]);
+        const float f = kda_exp2(G[r * KS + d] - G[m * KS + d]);
         out1[r * KS + d] += c1[e] * f;
         out2[r * KS + d] += c2[e] * f;
       }
@@ -139,7 +130,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
     __syncthreads();  // the previous readers of `stage` and writers of out are done
     for (int e = tid; e < b * KS; e += NTHR) {
       const int j = e / KS, d = e % KS;
-      stage[j * SP + d] = y(j, d) * kda_exp2_ftz(G[b * KS + d] - G[j * KS + d]);
+      stage[j * SP + d] = y(j, d) * kda_exp2(G[b * KS + d] - G[j * KS + d]);
     }
     __syncthreads();
     float c1[4] = {}, c2[4] = {};
@@ -155,7 +146,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = b + mma::acc_row(e), d = n0 + mma::acc_col(e);
-      const float f = kda_exp2_ftz(G[r * KS + d] - G[b * KS + d]);
+      const float f = kda_exp2(G[r * KS + d] - G[b * KS + d]);
       out1[r * KS + d] += c1[e] * f;
       out2[r * KS + d] += c2[e] * f;
     }
@@ -181,7 +172,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
       for (int r = 0; r <= i; ++r) {
         float w = W1[(r0 + i) * ldw + r0 + r] * u1;
         if (r < i) w += W2[(r0 + i) * ldw + r0 + r] * u2;
-        s[r] += w * kda_exp2_ftz(gg[i] - gg[r]);
+        s[r] += w * kda_exp2(gg[i] - gg[r]);
       }
     }
 #pragma unroll
@@ -196,7 +187,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     if (round) __syncthreads();  // round 0's readers of `stage` are done
     for (int e = tid; e < 16 * KS; e += NTHR) {  // row q < 16 of the round: sub-chunk 2 round + q / 8
       const int q = e / KS, d = e % KS, m = 16 * (2 * round + q / 8) + 8, i = m + q % 8;
-      const float f = kda_exp2_ftz(G[i * KS + d] - G[m * KS + d]);
+      const float f = kda_exp2(G[i * KS + d] - G[m * KS + d]);
       stage[((q / 8) * 16 + q % 8) * SP + d] = x1(i, d) * f;      // x1s: rows 0..7 of the sub-chunk's block
       stage[((q / 8) * 16 + 8 + q % 8) * SP + d] = x2(i, d) * f;  // x2s: rows 8..15
     }
@@ -205,8 +196,8 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     const float* st = stage + sub * 16 * SP;  // k rows 0..7: x1s, 8..15: x2s
     uint32_t ah[4] = {0u, 0u, 0u, 0u}, al[4] = {0u, 0u, 0u, 0u};
     // A[a][kk] = W1[m + kk][16 I + a] (kk < 8), W2[m + kk - 8][16 I + a] (kk >= 8); rows a < 8.
-    round_or_split<T, kSplit>(W1[(m + t2) * ldw + 16 * I + g], W1[(m + t2 + 1) * ldw + 16 * I + g], ah[0], al[0]);
-    round_or_split<T, kSplit>(W2[(m + t2) * ldw + 16 * I + g], W2[(m + t2 + 1) * ldw + 16 * I + g], ah[2], al[2]);
+    mma::round_pair<T, kSplit>(W1[(m + t2) * ldw + 16 * I + g], W1[(m + t2 + 1) * ldw + 16 * I + g], ah[0], al[0]);
+    mma::round_pair<T, kSplit>(W2[(m + t2) * ldw + 16 * I + g], W2[(m + t2 + 1) * ldw + 16 * I + g], ah[2], al[2]);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       uint32_t bh[2], bl[2];
@@ -216,7 +207,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
 #pragma unroll
       for (int e = 0; e < 2; ++e) {  // rows grp (< 8)
         const int r = 16 * I + g, d = n0 + 8 * nt + 2 * mma::tig() + e;
-        out[r * KS + d] += c[e] * kda_exp2_ftz(G[m * KS + d] - G[r * KS + d]);
+        out[r * KS + d] += c[e] * kda_exp2(G[m * KS + d] - G[r * KS + d]);
       }
     }
   }
@@ -229,7 +220,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     __syncthreads();  // the previous readers of `stage` and writers of out are done
     for (int e = tid; e < 16 * KS; e += NTHR) {
       const int ii = e / KS, d = e % KS, i = b + ii;
-      const float f = kda_exp2_ftz(G[i * KS + d] - G[b * KS + d]);
+      const float f = kda_exp2(G[i * KS + d] - G[b * KS + d]);
       stage[ii * SP + d] = x1(i, d) * f;
       stage[(16 + ii) * SP + d] = x2(i, d) * f;
     }
@@ -248,7 +239,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * J + mma::acc_row(e), d = n0 + mma::acc_col(e);
-        out[r * KS + d] += c[e] * kda_exp2_ftz(G[b * KS + d] - G[r * KS + d]);
+        out[r * KS + d] += c[e] * kda_exp2(G[b * KS + d] - G[r * KS + d]);
       }
     }
   }

@@ -45,8 +45,8 @@ struct KdaGradsLocalSmem {
 static_assert(KdaGradsLocalSmem::bytes() <= 113 * 1024, "two blocks per SM");
 
 // kSplit: the decayed sums' tensor-core parts with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact)
-// or rounded once to T (=split). kPrefetch: the L2 prefetches (off: =split_noprefetch).
-template <typename T, int KMAX, bool kSplit, bool kPrefetch = true>
+// or rounded once to T (the default).
+template <typename T, int KMAX, bool kSplit>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(ChunkedArgs a) {
   using S = KdaGradsLocalSmem;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM, NE = C * KS / kKdaSplitThreads;
@@ -71,17 +71,6 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
   float* dg_row0 = a.dg + (row0 * HV + hv) * K;  // row r, channel d: + r * HV K + d
   const int64_t qk_stride = a.H * K, dg_stride = HV * K;
 
-  // L2 prefetch of what the later phases read (the first phase, dP, reads do and v_new at once): the
-  // chunk's rows of G, k, q, the first kernel's dg, A, dv_new and v.
-  if constexpr (kPrefetch) {
-    kda_prefetch_rows(a.G + (row0 * HV + hv) * K, HV * K, L, 4 * K);
-    kda_prefetch_rows(static_cast<const T*>(a.k.p) + off3(a.k, ci.b, ci.t0, head), a.k.s1, L, sizeof(T) * K);
-    kda_prefetch_rows(static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head), a.q.s1, L, sizeof(T) * K);
-    kda_prefetch_rows(dg_row0, dg_stride, L, 4 * K);
-    kda_prefetch_rows(a.A + (row0 * HV + hv) * C, HV * C, L, 4 * C);
-    kda_prefetch_rows(dvn_base, HVV, L, 4 * V);
-    kda_prefetch_rows(v_base, a.v.s1, L, sizeof(T) * V);
-  }
   if (tid < C) {
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;

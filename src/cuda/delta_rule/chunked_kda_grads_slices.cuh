@@ -7,6 +7,7 @@
 #pragma once
 
 #include "chunked_kda_decay.cuh"
+#include "chunked_kda_gate_rows.cuh"  // kda_exp2, kKdaLog2e
 #include "chunked_kda_mma.cuh"  // batched_copy
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
@@ -15,43 +16,6 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 constexpr int kKdaSliceK = 64;          // key channels per slice
 constexpr int kKdaSplitThreads = 256;   // 8 warps per block in both kernels
-
-// 2^x for x <= 0 through ex2.approx.ftz (one instruction; decay_exp, __expf without ftz, takes five):
-// both kernels keep their G slices in log2 units (kda_gate_slice multiplies by log2(e) once per
-// element), so exp(G_i - G_j) = 2^(G2_i - G2_j) costs no multiply per term. A factor below 2^-126
-// flushes to 0 instead of a denormal, far below the fp32 rounding of the sums it enters. The host
-// emulation: exp2f.
-constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float kda_exp2_ftz(float x) {
-#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
-  return exp2f(x);
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#endif
-}
-
-// L2 prefetch (prefetch.global.L2) of the 128-byte lines of rows r < rows (<= 64) of a row-strided
-// array: row r at base + r * stride, row_bytes bytes each; four threads per row. Both kernels issue
-// these at their start (and the first one per key slice for h and dh, which come from HBM) so that
-// their later loads, which wait one latency per mma step or batch, find the lines in L2 (ncu run
-// 10.1: long scoreboard 54% / 36% of the stalls). No effect in the host emulation.
-__device__ __forceinline__ void kda_prefetch_l2(const void* p) {
-#ifndef FLASHGRAD_CHUNKED_HOST_EMULATION
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  (void)p;
-#endif
-}
-template <typename E>
-__device__ __forceinline__ void kda_prefetch_rows(const E* base, int64_t stride, int rows, int64_t row_bytes) {
-  static_assert(kKdaSplitThreads == 4 * kChunkSize, "four lanes per row");
-  const int r = threadIdx.x / 4;  // rows <= 64: lane threadIdx.x % 4 takes lines 4 j + lane of row r
-  if (r >= rows) return;
-  const char* p = reinterpret_cast<const char*>(base + r * stride);
-  for (int64_t off = 128 * (threadIdx.x % 4); off < row_bytes; off += 512) kda_prefetch_l2(p + off);
-}
 
 // out[r] = 1 / sqrt(sum_d x_rd^2 + eps) for the chunk's rows r < 64 of q or k (rows past L: any
 // finite value, their elements read as 0), 1 without the L2 norm. Four lanes per row (the 256
@@ -82,9 +46,10 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
 constexpr int kKdaSliceRowsPerPass = kKdaSplitThreads / kKdaSliceK;                   // 4
 constexpr int kKdaSlicePasses = kChunkSize * kKdaSliceK / kKdaSplitThreads;          // 16
 
-// out[r * 64 + d] = log2(e) G[row0 + r', hv, c0 + d] with r' = min(r, L - 1) (log2 units, for
-// kda_exp2_ftz): rows past L repeat the last row (the cumulative sum of zero gates), as the decayed
-// sums require. No barrier.
+// out[r * 64 + d] = log2(e) G[row0 + r', hv, c0 + d] with r' = min(r, L - 1): log2 units, so that
+// exp(G_i - G_j) = kda_exp2(G2_i - G2_j) (chunked_kda_gate_rows.cuh: one ex2.approx.ftz, no multiply
+// per term); rows past L repeat the last row (the cumulative sum of zero gates), as the decayed sums
+// require. No barrier.
 template <int KMAX>
 __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
                                                int64_t HV, int c0, float* out) {
@@ -99,34 +64,14 @@ __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInf
 #pragma unroll
     for (int u = 0; u < 8; ++u, p += step) v[u] = *(r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? p : last);
 #pragma unroll
-    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = kLog2e * v[u];
+    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = kKdaLog2e * v[u];
   }
 }
 
-// out[r * 64 + d] = x[b, t0 + r, head, c0 + d] * rstd[r] (0 past L): one slice of normalized q or k.
-// No barrier.
-template <typename T>
-__device__ __forceinline__ void kda_key_slice(const View& x, const ChunkInfo& ci, int64_t head, int c0,
-                                              const float* rstd, float* out) {
-  const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
-  const T* p = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + r0, head) + c0 + d;  // then + 4 rows per pass
-  const int64_t step = kKdaSliceRowsPerPass * x.s1;
-#pragma unroll 1
-  for (int m0 = 0; m0 < kKdaSlicePasses; m0 += 8) {
-    float v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u, p += step) v[u] = r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? to_f<T>(*p) : 0.f;
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
-      out[r * kKdaSliceK + d] = v[u] * rstd[r];
-    }
-  }
-}
-
-// out[r * 64 + d] = x[b, t0 + r, head, c0 + d] as stored (T, exact; 0 past L). No barrier.
-template <typename T>
-__device__ __forceinline__ void kda_key_slice_raw(const View& x, const ChunkInfo& ci, int64_t head, int c0, T* out) {
+// put(r, d, v) for the chunk's rows r < 64 and channels c0 + d (d < 64) of q or k as stored,
+// v = x[b, t0 + r, head, c0 + d] (T, 0 past L). No barrier.
+template <typename T, typename Put>
+__device__ __forceinline__ void kda_key_slice_each(const View& x, const ChunkInfo& ci, int64_t head, int c0, Put&& put) {
   const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
   const T* p = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + r0, head) + c0 + d;  // then + 4 rows per pass
   const int64_t step = kKdaSliceRowsPerPass * x.s1;
@@ -136,8 +81,19 @@ __device__ __forceinline__ void kda_key_slice_raw(const View& x, const ChunkInfo
 #pragma unroll
     for (int u = 0; u < 8; ++u, p += step) v[u] = r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? *p : from_f<T>(0.f);
 #pragma unroll
-    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = v[u];
+    for (int u = 0; u < 8; ++u) put(r0 + kKdaSliceRowsPerPass * (m0 + u), d, v[u]);
   }
+}
+// out[r * 64 + d] = x[b, t0 + r, head, c0 + d] * rstd[r] (0 past L): one slice of normalized q or k.
+template <typename T>
+__device__ __forceinline__ void kda_key_slice(const View& x, const ChunkInfo& ci, int64_t head, int c0,
+                                              const float* rstd, float* out) {
+  kda_key_slice_each<T>(x, ci, head, c0, [&](int r, int d, T v) { out[r * kKdaSliceK + d] = to_f<T>(v) * rstd[r]; });
+}
+// out[r * 64 + d] = x[b, t0 + r, head, c0 + d] as stored (T, exact; 0 past L).
+template <typename T>
+__device__ __forceinline__ void kda_key_slice_raw(const View& x, const ChunkInfo& ci, int64_t head, int c0, T* out) {
+  kda_key_slice_each<T>(x, ci, head, c0, [&](int r, int d, T v) { out[r * kKdaSliceK + d] = v; });
 }
 
 // out[i * ldo + j] = src[i * stride + j] for the chunk's 64 x 64 matrices (i < L; rows past L are 0

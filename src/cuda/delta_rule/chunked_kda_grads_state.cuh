@@ -18,7 +18,8 @@
 //   dWb_s = A^T dw_s, and at its fragment elements (r, d) the state and WY terms of the slice:
 //     dk_s = X exp(gl - G) + beta e dWb;
 //     dG_s = q o dq_s - X k exp(gl - G) + beta e k dWb;  dbeta += rowsum(e k dWb);
-//     sl_d = sum_r X k exp(gl - G) + exp(gl_d) <h[d], dh[d]>  (added to dG's last row L - 1).
+//     sl_d = sum_r X k exp(gl - G) + exp(gl_d) <h[d], dh[d]>  (added to dG's last row L - 1; its sum
+//     is formed in the dq pass).
 // After the slices: dA = Lower_incl(dv_new (beta v)^T + dw Wb^T), dM = -StrictLower(A^T dA A^T).
 // Writes (the second kernel reads them back, block for block):
 //   dq_acc, dk_acc: dq_s, dk_s (stored; added atomically under GVA);
@@ -68,9 +69,8 @@ struct KdaGradsStateSmem {
 static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024, "two blocks per SM");
 
 // kSplit: the state products with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact) or rounded
-// once to T (=split; chunked_kda_grads_state_product.cuh). kPrefetch: the L2 prefetches (off:
-// =split_noprefetch, to measure them).
-template <typename T, int KMAX, bool kSplit, bool kPrefetch = true>
+// once to T (the default; chunked_kda_grads_state_product.cuh).
+template <typename T, int KMAX, bool kSplit>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
   using S = KdaGradsStateSmem<T>;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM;
@@ -104,17 +104,6 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   const int64_t qk_stride = a.H * K, dg_stride = HV * K;
   const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
 
-  // L2 prefetch: the first slice's rows of h and dh (64 x V fp32, contiguous), the chunk's rows of
-  // dv_new, do, v_new (read by every slice) and of v, q, k.
-  if constexpr (kPrefetch) {
-    kda_prefetch_rows(h, V, KS, 4 * V);
-    kda_prefetch_rows(dhn, V, KS, 4 * V);
-    kda_prefetch_rows(dvn_base, HVV, L, 4 * V);
-    kda_prefetch_rows(do_base, a.dout.s1, L, sizeof(T) * V);
-    kda_prefetch_rows(vn_base, HVV, L, sizeof(T) * V);
-    kda_prefetch_rows(v_base, a.v.s1, L, sizeof(T) * V);
-    kda_prefetch_rows(q_rows, a.q.s1, L, sizeof(T) * K);
-  }
   if (tid < C) {
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
@@ -145,10 +134,6 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   auto kx = [&](int r, int d) { return to_f<T>(sm.k[r * KS + d]); };  // raw k (times rk[r]: normalized)
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
-    if (kPrefetch && c0 + KS < KMAX) {  // the next slice's h and dh rows, behind this slice's work
-      kda_prefetch_rows(h + static_cast<int64_t>(c0 + KS) * V, V, KS, 4 * V);
-      kda_prefetch_rows(dhn + static_cast<int64_t>(c0 + KS) * V, V, KS, 4 * V);
-    }
     kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
     kda_key_slice_raw<T>(a.k, ci, head, c0, sm.k);
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
@@ -173,20 +158,26 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       float qv[NE];  // q's loads first, all in flight together (no store between them)
 #pragma unroll
       for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
+      // The same pass sums this thread's s_rd = X_rd k_rd exp(gl_d - G_rd) of channel d for sl (X, k are
+      // 0 past L), one shared atomic per thread.
+      const float gl = sm.G[(L - 1) * KS + d];
+      float s_sum = 0.f;
 #pragma unroll
       for (int m = 0; m < NE; ++m, pdq += sqk) {
         const int r = r0 + 4 * m, at = r * KS + d;
-        const float dq = scale * kda_exp2_ftz(sm.G[at]) * sm.Y[at];
+        const float g = sm.G[at], dq = scale * kda_exp2(g) * sm.Y[at];
         if (r < L) add_or_store(pdq, dq);
         sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
+        s_sum += sm.X[at] * kx(r, d) * sm.rk[r] * kda_exp2(gl - g);
       }
+      atomicAdd(&sm.sl[d], s_sum);
     }
 
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
     {
       float acc[4][4] = {};
       kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[r * KS + d]; },
-                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp2_ftz(sm.G[j * KS + d]) * kx(j, d); },
+                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp2(sm.G[j * KS + d]) * kx(j, d); },
                                        16 * rs, n0, 0, KS, acc);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -202,7 +193,6 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
                                      [&](int i, int d) { return sm.dw[i * KS + d]; }, 16 * rs, n0, 16 * rs, C, acc);
     __syncthreads();  // q o dq_s in Y
     float tsum[2] = {0.f, 0.f};     // rows grp, grp + 8: sum of e k dWb over this thread's channels
-    float ssum[4][2] = {};          // channels n0 + 8 nt + 2 tig + {0, 1}: sum of s over rows grp, grp + 8
     const int ra = 16 * rs + mma::grp();  // this lane's rows ra, ra + 8: their dk / dg rows, from c0
     float* const pk[2] = {dk_row0 + ra * qk_stride + c0, dk_row0 + (ra + 8) * qk_stride + c0};
     float* const pg[2] = {dg_row0 + ra * dg_stride + c0, dg_row0 + (ra + 8) * dg_stride + c0};
@@ -211,11 +201,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
-        const float g = sm.G[at], ex = kda_exp2_ftz(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
-        const float kdx = kda_exp2_ftz(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
+        const float g = sm.G[at], ex = kda_exp2(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
+        const float kdx = kda_exp2(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
         const float Xv = sm.X[at], s = Xv * kdx * kr;
         tsum[e >> 1] += ex * kr * dwb;
-        ssum[nt][e & 1] += s;
         if (r < L) {
           add_or_store(pk[e >> 1] + d, Xv * kdx + be * dwb);
           pg[e >> 1][d] = sm.Y[at] - s + be * kr * dwb;
@@ -228,21 +217,11 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       const int r = 16 * rs + mma::grp() + 8 * h2;
       if (mma::tig() == 0 && r < L) atomicAdd(&sm.dbeta[r], tsum[h2]);
     }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {  // over the 8 row lanes (grp) of a channel, then one atomic per warp
-        float x = ssum[nt][p];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        if (mma::grp() == 0) atomicAdd(&sm.sl[n0 + 8 * nt + 2 * mma::tig() + p], x);
-      }
     {
       const int d0 = 16 * ((tid / 32) % 4) + mma::grp();
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], kda_exp2_ftz(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
+        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], kda_exp2(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
     }
     __syncthreads();  // sl complete; the block's dg stores visible; the slice tiles free
     if (tid < KS) {

@@ -25,15 +25,6 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// (x0, x1) -> hi (and lo with kSplit) fragment registers.
-template <typename T, bool kSplit>
-__device__ __forceinline__ void kda_round_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kSplit)
-    mma::split_pair<T>(x0, x1, hi, lo);
-  else
-    hi = mma::pack_floats<T>(x0, x1);
-}
-
 template <typename T, bool kSplit, bool PAIRS, typename E>
 __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t V, const E* x, int64_t xstride,
                                                         int L, float sign, float* out, const float* S2 = nullptr,
@@ -87,7 +78,7 @@ __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t 
     // A (16 x 16): (g, t2..), (g + 8, t2..), (g, t2 + 8..), (g + 8, t2 + 8..); B (16 x 8): rows t2..,
     // t2 + 8.. of column g.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) kda_round_pair<T, kSplit>(R.sv[i].x, R.sv[i].y, ah[i], al[i]);
+    for (int i = 0; i < 4; ++i) mma::round_pair<T, kSplit>(R.sv[i].x, R.sv[i].y, ah[i], al[i]);
     if (with_dot)  // rows grp (i = 0, 2) and grp + 8 (i = 1, 3)
 #pragma unroll
       for (int i = 0; i < 4; ++i) dsum[i & 1] += R.sv[i].x * R.tv[i].x + R.sv[i].y * R.tv[i].y;
@@ -96,7 +87,7 @@ __device__ __forceinline__ void kda_state_slice_product(const float* S, int64_t 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (XS)
-          kda_round_pair<T, kSplit>(R.xv[nt][h].x, R.xv[nt][h].y, bh[nt][h], bl[nt][h]);
+          mma::round_pair<T, kSplit>(R.xv[nt][h].x, R.xv[nt][h].y, bh[nt][h], bl[nt][h]);
         else
           bh[nt][h] = R.xv[nt][h];
       }
@@ -178,12 +169,12 @@ __device__ __forceinline__ void kda_state_slice_product2(const float* S, int64_t
   for (int64_t c = 0; c < V; c += 16) {
     uint32_t ah[4], al[4], b1h[NT][2], b1l[NT][2], b2[NT][2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) kda_round_pair<T, kSplit>(sv[i].x, sv[i].y, ah[i], al[i]);
+    for (int i = 0; i < 4; ++i) mma::round_pair<T, kSplit>(sv[i].x, sv[i].y, ah[i], al[i]);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        kda_round_pair<T, kSplit>(v1[nt][h].x, v1[nt][h].y, b1h[nt][h], b1l[nt][h]);
+        mma::round_pair<T, kSplit>(v1[nt][h].x, v1[nt][h].y, b1h[nt][h], b1l[nt][h]);
         b2[nt][h] = v2[nt][h];
       }
     if (c + 16 < V) fetch(c + 16);

@@ -177,29 +177,28 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
           : launch_kda_state_backward_transposed<T, 128, false>(a, s);
 }
 
-// FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split / split_exact / split_noprefetch runs B2 as
-// two kernels of two blocks per SM each (session 10: chunked_kda_grads_state.cuh, then
-// chunked_kda_grads_local.cuh; the first hands the second dM through dv's first 64 columns and the
-// state parts of dq, dk, dg, dbeta through those outputs) instead of kda_grads_kernel (one block per
-// SM, 225 KiB at K = 128). =split rounds the fp32 operands of the products with the states (h, dh,
-// dv_new) and of the decayed sums' tensor-core parts once to T (as fla and the default B1);
-// =split_exact splits them hi + lo as kda_grads_kernel does; =split_noprefetch is =split without the
-// kernels' L2 prefetches (to measure them). Unset: kda_grads_kernel. FLASHGRAD_CHUNKED_KDA=legacy
-// takes precedence (the session-5 kernel).
-enum class KdaB2Kernel { fused, split, split_exact, split_noprefetch };
+// B2 is two kernels of two blocks per SM each by default (session 10, helper kdab2:
+// chunked_kda_grads_state.cuh, then chunked_kda_grads_local.cuh; the first hands the second dM
+// through dv's first 64 columns and the state parts of dq, dk, dg, dbeta through those outputs), with
+// the fp32 operands of the products with the states (h, dh, dv_new) and of the decayed sums'
+// tensor-core parts rounded once to T (as fla and the default B1). Run 10.3 (H200, B4 T4096 H16
+// K=V=128): 3.81 ms per call against 5.44 for kda_grads_kernel, gradients within 4.2e-3 rel RMS of
+// its. FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split_exact splits those operands hi + lo as
+// kda_grads_kernel does (within 4e-5 of it, ~3% slower); = fused runs kda_grads_kernel (one block
+// per SM, 225 KiB at K = 128). FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
+enum class KdaB2Kernel { split, split_exact, fused };
 inline KdaB2Kernel kda_b2_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
-  if (v && std::strcmp(v, "split") == 0) return KdaB2Kernel::split;
   if (v && std::strcmp(v, "split_exact") == 0) return KdaB2Kernel::split_exact;
-  if (v && std::strcmp(v, "split_noprefetch") == 0) return KdaB2Kernel::split_noprefetch;
-  return KdaB2Kernel::fused;
+  if (v && std::strcmp(v, "fused") == 0) return KdaB2Kernel::fused;
+  return KdaB2Kernel::split;
 }
 
-template <typename T, int KMAX, bool kSplit, bool kPrefetch = true>
+template <typename T, int KMAX, bool kSplit>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
-  launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit, kPrefetch>,
+  launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit>,
                                                             kda_chunk_grid(a), a, s);
-  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit, kPrefetch>,
+  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit>,
                                                          kda_chunk_grid(a), a, s);
 }
 
@@ -207,8 +206,6 @@ template <typename T, int KMAX>
 void launch_kda_grads_split_as(KdaB2Kernel b2, const ChunkedArgs& a, cudaStream_t s) {
   if (b2 == KdaB2Kernel::split_exact)
     launch_kda_grads_split<T, KMAX, true>(a, s);
-  else if (b2 == KdaB2Kernel::split_noprefetch)
-    launch_kda_grads_split<T, KMAX, false, false>(a, s);
   else
     launch_kda_grads_split<T, KMAX, false>(a, s);
 }

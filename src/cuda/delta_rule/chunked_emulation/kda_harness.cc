@@ -245,26 +245,24 @@ int run(const Case& c) {
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, true>(a); }, SB::THREADS);
   else
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
-  // B2 as the library picks it (chunked_kda_launch_impl.cuh): kda_grads_kernel;
-  // FLASHGRAD_CHUNKED_KDA_B2=split / split_exact: the state kernel over every block, then the local kernel.
+  // B2 as the library picks it (chunked_kda_launch_impl.cuh): the split kernels (the state kernel over
+  // every block, then the local kernel), operands rounded to T; FLASHGRAD_CHUNKED_KDA_B2=split_exact:
+  // hi + lo; =fused: kda_grads_kernel.
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
-  // (=split_noprefetch runs as =split here: the L2 prefetches are no-ops in the emulation.)
-  const bool b2_split = b2 && (std::strcmp(b2, "split") == 0 || std::strcmp(b2, "split_noprefetch") == 0),
-             b2_exact = b2 && std::strcmp(b2, "split_exact") == 0;
-  if (b2_split || b2_exact) {
+  const bool b2_fused = b2 && std::strcmp(b2, "fused") == 0, b2_exact = b2 && std::strcmp(b2, "split_exact") == 0;
+  if (b2_fused) {
+    launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
+  } else {
     static_assert(dr::KdaGradsStateSmem<TT>::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)) &&
                       dr::KdaGradsLocalSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)),
                   "emulated shared memory");
-    if (b2_exact)
+    if (b2_exact) {
       launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, true>(a); }, dr::kKdaSplitThreads);
-    else
-      launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
-    if (b2_exact)
       launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM, true>(a); }, dr::kKdaSplitThreads);
-    else
+    } else {
+      launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
       launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
-  } else {
-    launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
+    }
   }
 
   // Stage by stage against the CPU chunked reference (float64) per (sequence, value head).
@@ -394,12 +392,10 @@ int main(int argc, char** argv) {
   using bf16 = __nv_bfloat16;
   int fails = 0;
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
-  std::printf("B2: %s\n", !b2 ? "kda_grads_kernel"
-                          : std::strcmp(b2, "split") == 0 || std::strcmp(b2, "split_noprefetch") == 0
-                              ? "split kernels, products rounded to T (FLASHGRAD_CHUNKED_KDA_B2=split)"
-                              : std::strcmp(b2, "split_exact") == 0
-                                    ? "split kernels, products hi + lo (FLASHGRAD_CHUNKED_KDA_B2=split_exact)"
-                                    : "kda_grads_kernel");
+  const std::string b2s = b2 ? b2 : "";
+  std::printf("B2: %s\n", b2s == "fused"         ? "kda_grads_kernel (FLASHGRAD_CHUNKED_KDA_B2=fused)"
+                          : b2s == "split_exact" ? "split kernels, products hi + lo (FLASHGRAD_CHUNKED_KDA_B2=split_exact)"
+                                                 : "split kernels, products rounded to T (the default)");
   // name, dtype, B, T, H, HV, V, varlen lengths, gate divisor, l2norm, g in f32, seed
   fails += run<bf16, 64>({"kda bf16 K64 V128 T=75 n=0.1", DType::bf16, 1, 75, 1, 2, 128, {}, 0.1f, true, true, 1});
   fails += run<__half, 64>({"kda f16 K64 V64 B=2 T=70 g f16", DType::f16, 2, 70, 1, 1, 64, {}, 1.f, true, false, 2});
