@@ -24,6 +24,7 @@
 // Writes (the second kernel reads them back, block for block):
 //   dq_acc, dk_acc: dq_s, dk_s (stored; added atomically under GVA);
 //   dg:   dG_s (with sl in row L - 1), the "state" part of dG before the reverse cumsum;
+//   (dk_s and dG_s are formed at dWb's fragment elements into shared tiles, then stored coalesced.)
 //   dbeta: the WY part rowsum(e k dWb);
 //   dv:   dM row i in columns [0, 64) of dv's row i (V >= 64). dv is written for good only by the
 //         second kernel, after its block has read dM (same (chunk, value head)): no extra scratch.
@@ -46,9 +47,10 @@ struct KdaGradsStateSmem {
   T* k;                   // [C][KS]: the slice's k as stored (0 past L)
   float *A, *mat;         // [C][LDM]: A; dA (unmasked: the V part, then + dw Wb^T per slice)
   float* tmp;             // after the slices: dA A^T [C][C] in dw's space
-  float *beta, *rq, *rk, *dbeta, *sl;  // [C] x 4, [KS]
+  float *beta, *rq, *rk, *dbeta;  // [C]
+  float* sl;                      // [2][KS]: slice s sums into sl + KS (s % 2) (see the slice loop)
   static constexpr int64_t bytes() {
-    return sizeof(float) * (4 * C * KS + 2 * C * LDM + 4 * C + KS) + sizeof(T) * C * KS;
+    return sizeof(float) * (4 * C * KS + 2 * C * LDM + 4 * C + 2 * KS) + sizeof(T) * C * KS;
   }
   __device__ explicit KdaGradsStateSmem(unsigned char* raw) {
     G = reinterpret_cast<float*>(raw);
@@ -62,7 +64,7 @@ struct KdaGradsStateSmem {
     rk = rq + C;
     dbeta = rk + C;
     sl = dbeta + C;
-    k = reinterpret_cast<T*>(sl + KS);  // 16-byte aligned: every float array above is a multiple of 16 bytes
+    k = reinterpret_cast<T*>(sl + 2 * KS);  // 16-byte aligned: every float array above is a multiple of 16 bytes
     tmp = dw;
   }
 };
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
   }
-  if (tid < KS) sm.sl[tid] = 0.f;
+  if (tid < 2 * KS) sm.sl[tid] = 0.f;
   kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
   kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
   kda_load_A(a.A, row0, hv, HV, L, sm.A, LDM);
@@ -134,6 +136,9 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   auto kx = [&](int r, int d) { return to_f<T>(sm.k[r * KS + d]); };  // raw k (times rk[r]: normalized)
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
+    // sl of this slice: its buffer was last read by the store pass of slice s - 2, two barriers ago.
+    float* sl = sm.sl + KS * ((c0 / KS) % 2);
+    if (c0 >= 2 * KS && tid < KS) sl[tid] = 0.f;
     kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
     kda_key_slice_raw<T>(a.k, ci, head, c0, sm.k);
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
@@ -170,7 +175,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
         s_sum += sm.X[at] * kx(r, d) * sm.rk[r] * kda_exp2(gl - g);
       }
-      atomicAdd(&sm.sl[d], s_sum);
+      atomicAdd(&sl[d], s_sum);
     }
 
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
@@ -193,9 +198,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
                                      [&](int i, int d) { return sm.dw[i * KS + d]; }, 16 * rs, n0, 16 * rs, C, acc);
     __syncthreads();  // q o dq_s in Y
     float tsum[2] = {0.f, 0.f};     // rows grp, grp + 8: sum of e k dWb over this thread's channels
-    const int ra = 16 * rs + mma::grp();  // this lane's rows ra, ra + 8: their dk / dg rows, from c0
-    float* const pk[2] = {dk_row0 + ra * qk_stride + c0, dk_row0 + (ra + 8) * qk_stride + c0};
-    float* const pg[2] = {dg_row0 + ra * dg_stride + c0, dg_row0 + (ra + 8) * dg_stride + c0};
+    const int ra = 16 * rs + mma::grp();  // this lane's rows ra, ra + 8
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -205,10 +208,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         const float kdx = kda_exp2(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
         const float Xv = sm.X[at], s = Xv * kdx * kr;
         tsum[e >> 1] += ex * kr * dwb;
-        if (r < L) {
-          add_or_store(pk[e >> 1] + d, Xv * kdx + be * dwb);
-          pg[e >> 1][d] = sm.Y[at] - s + be * kr * dwb;
-        }
+        // dk_s into dw's tile (free: its readers passed the barrier above), dG_s over Y's element
+        // (read just above by this thread): stored by the coalesced pass after the slice's barrier.
+        sm.dw[at] = Xv * kdx + be * dwb;
+        sm.Y[at] = sm.Y[at] - s + be * kr * dwb;
       }
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {  // over the 4 lanes of a row, then one shared atomic per row and warp
@@ -221,13 +224,27 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       const int d0 = 16 * ((tid / 32) % 4) + mma::grp();
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (hdot[i] != 0.f) atomicAdd(&sm.sl[d0 + 8 * i], kda_exp2(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
+        if (hdot[i] != 0.f) atomicAdd(&sl[d0 + 8 * i], kda_exp2(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
     }
-    __syncthreads();  // sl complete; the block's dg stores visible; the slice tiles free
-    if (tid < KS) {
-      dg_row0[(L - 1) * dg_stride + c0 + tid] += sm.sl[tid];
-      sm.sl[tid] = 0.f;
+    __syncthreads();  // dk_s, dG_s, sl complete
+    {
+      // dk_s and dG_s (with sl in row L - 1) out, coalesced: thread tid stores channel tid % 64 of rows
+      // tid / 64 + 4 m, row pointers stepped by 4 rows.
+      const int d = tid % KS, r0 = tid / KS;
+      float* pdk = dk_row0 + r0 * qk_stride + c0 + d;
+      float* pdg = dg_row0 + r0 * dg_stride + c0 + d;
+      const int64_t sqk = 4 * qk_stride, sdg = 4 * dg_stride;
+      const float sld = sl[d];
+#pragma unroll 4
+      for (int m = 0; m < C * KS / kKdaSplitThreads; ++m, pdk += sqk, pdg += sdg) {
+        const int r = r0 + 4 * m, at = r * KS + d;
+        if (r < L) {
+          add_or_store(pdk, sm.dw[at]);
+          *pdg = sm.Y[at] + (r == L - 1 ? sld : 0.f);
+        }
+      }
     }
+    __syncthreads();  // the slice tiles are free
   }
   if (tid < L) a.dbeta[(row0 + tid) * HV + hv] = sm.dbeta[tid];  // the atomics ended before the last barrier
 
