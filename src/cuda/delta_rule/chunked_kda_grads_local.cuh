@@ -75,8 +75,6 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
   }
-  kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
-  kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
   // dM from dv's first 64 columns (rows past L: 0).
   kda_load_square(dv0, HVV, L, sm.dM, LDM, [](int, int, float x) { return x; });
   {
@@ -94,6 +92,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local_kernel(Ch
         sm.dP[i * LDM + j] = i < L && j <= i ? scale * acc[nt][e] : 0.f;
       }
   }
+  kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);  // (after dP: fewer registers live at once)
+  kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
   __syncthreads();  // dM read (dv is free from here on), dP, beta, rstd in place
 
   auto qx = [&](int r, int d) { return sm.q[r * KS + d]; };
