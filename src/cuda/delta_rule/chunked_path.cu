@@ -15,7 +15,6 @@
 #include "chunked_stages.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
-#include "cuda/common/stream_fork.h"
 #include "recurrent_launch.cuh"
 #include "views.h"
 
@@ -42,7 +41,6 @@ struct ChunkedScratch {
   bool half = false;        // the backward's 16-bit mode (h, dh, dv_new in T; direct outputs)
   bool gva = false;         // H < HV: dq, dk still summed over each group in fp32 accumulators
   bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed)
-  bool overlap = false;     // 16-bit mode: stage 2 beside B0 + B1 (backward_overlap_wanted), dh in its own buffer
 
   // `backward`: the scratch of a backward call (the 16-bit mode applies there only: the forward's
   // stage 3 reads fp32 h).
@@ -64,7 +62,6 @@ struct ChunkedScratch {
       FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
       FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
       dvn_in_w = dv_new_in_w_allowed(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
-      overlap = !dvn_in_w && backward_overlap_wanted();
     }
   }
   // Bytes of one h / dh element.
@@ -77,15 +74,13 @@ struct ChunkedScratch {
   // u's region: in the 16-bit mode also dh's, after stage 2.
   std::size_t u_bytes() const { return half ? std::max<std::size_t>(4 * n.u, elem * n.h) : 4 * n.u; }
   // Backward adds dh (as h), dv_new, dq/dk accumulators, dv, dbeta, dg (all fp32); in the 16-bit
-  // mode only dv_new (T; dh is in u's region, or its own with `overlap`) and, with GVA, the dq/dk
-  // accumulators.
+  // mode only dv_new (T; dh is in u's region) and, with GVA, the dq/dk accumulators.
   std::size_t backward_bytes(const DeltaRuleProblem& pr) const {
     const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
                   per_head = rows * pr.value_heads;
     // (+ the split B2's dG_state, fp32 [rows, HV], with a gate)
     if (half)
-      return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (overlap ? align_up(elem * n.h) : 0) +
-             (gva ? 2 * align_up(4 * qk) : 0) +
+      return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (gva ? 2 * align_up(4 * qk) : 0) +
              (pr.gate != GateKind::none ? align_up(4 * per_head) : 0);
     return forward_bytes() + align_up(4 * n.h) + align_up(4 * vv) + 2 * align_up(4 * qk) + align_up(4 * vv) +
            align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * dg_elems(pr)) : 0);
@@ -182,8 +177,7 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
   a.dht = view_of(in.dht);
   a.dh0 = view_of(grads.dh0);
   if (cs.half) {
-    // u is dead once stage 2 has run (see ChunkedScratch), unless stage 2 runs beside B1.
-    a.dh16 = cs.overlap ? buf.take<char>(cs.elem * cs.n.h) : static_cast<void*>(a.u);
+    a.dh16 = a.u;  // u is dead once stage 2 has run (see ChunkedScratch)
     a.dv_new16 = cs.dvn_in_w ? a.w : buf.take<char>(cs.elem * vv);
     a.dv_out = view_of(grads.dv);
     a.dbeta_out = view_of(grads.dbeta);
@@ -203,15 +197,8 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
     by_half_dtype(p.q.dtype, [&](auto tag) {
       using T = decltype(tag);
       launch_chunk_prepare<T>(a, stream);  // stages 1-2 again (o and the final state not needed)
-      if (cs.overlap) {  // stage 2 (writes h, v_new) on a side stream beside B0 + B1 (write dh, dv_new)
-        StreamFork fork(stream);
-        launch_chunk_state<T>(a, fork.side());
-        launch_chunk_state_backward<T>(a, stream);
-        fork.join();  // B2 reads h and v_new
-      } else {
-        launch_chunk_state<T>(a, stream);
-        launch_chunk_state_backward<T>(a, stream);
-      }
+      launch_chunk_state<T>(a, stream);
+      launch_chunk_state_backward<T>(a, stream);
       launch_chunk_grads<T>(a, stream);
       if (cs.gva) launch_chunk_qk_finish<T>(a, view_of(grads.dq), view_of(grads.dk), pr.batch, stream);
     });

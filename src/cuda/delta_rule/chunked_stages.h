@@ -225,18 +225,6 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
   return chains * (V / 64) < sms ? 2 : 1;
 }
 
-// Whether the 16-bit backward runs its stage-2 recompute beside B0 + B1 (session 10,
-// FLASHGRAD_CHUNKED_BWD_OVERLAP=1, read per call; off by default until measured): B1 reads neither h
-// nor v_new nor u (only w, k, q, do, G and dv_local), so the two serial chains are independent and
-// each holds one block per SM at few chains (stage 2's channel split 89 KiB + the quarter B1 131 KiB
-// fit one SM). Costs dh its own buffer (it otherwise reuses u's region, which stage 2 reads) and
-// needs dv_new outside w's region; chunked_path.cu decides and forks a side stream
-// (cuda/common/stream_fork.h).
-inline bool backward_overlap_wanted() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_BWD_OVERLAP");
-  return env && std::string(env) == "1";
-}
-
 // dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,
 // read per call): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
 // same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head) (16 x
