@@ -34,10 +34,12 @@
 //   dq_acc, dk_acc, dv, dbeta        as chunked_stages.h
 // kda_scratch_sizes() gives the element counts (G is K times GDN's).
 //
-// Stages: 1 prepare (chunks x HV), 2 state (sequences x HV x V/32), 3 output (chunks x HV x V/64),
-// B1 state backward (sequences x HV x V/32), B2 grads (chunks x HV, 256 threads: its contractions
-// on tensor cores, the per-channel decayed sums in fp32; chunked_kda_grads.cuh). Scope: bf16 /
-// fp16, K in {64, 128}, V in {64, 128, 192, 256}.
+// Stages: 1 prepare (chunks x HV), 2 state (sequences x HV x V/64, transposed), 3 output (chunks x HV
+// x V/64), B1 state backward (sequences x HV x V/64, transposed), B2 grads in two kernels (chunks x HV,
+// 256 threads each, key channels in 64-channel slices: chunked_kda_grads_state.cuh with the products
+// of h / dh, dA, dWb, dM; chunked_kda_grads_local.cuh with the per-channel decayed sums, dUb and dg;
+// FLASHGRAD_CHUNKED_KDA_B2=fused runs the one-kernel chunked_kda_grads.cuh). Scope: bf16 / fp16, K in
+// {64, 128}, V in {64, 128, 192, 256}.
 //
 // Checked by the host emulation of these sources (chunked_emulation/kda_harness.cc, every stage and
 // end to end within the GPU test's bars) and on the H200 by tests/cpp/delta_rule_chunked_kda_gpu_test.cu
