@@ -12,9 +12,9 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// P_ij (j <= i) of chunk rows i, j < L from the A intermediate of stage 1: row j, column i.
-__device__ __forceinline__ float kda_packed_P(const float* A, int64_t row0, int64_t hv, int64_t HV, int i, int j) {
-  return A[((row0 + j) * HV + hv) * kChunkSize + i];
+// Row j of the A intermediate of stage 1, which holds P_ij (j <= i < L) of chunk rows i, j at column i.
+__device__ __forceinline__ const float* kda_packed_P_row(const float* A, int64_t row0, int64_t hv, int64_t HV, int j) {
+  return A + ((row0 + j) * HV + hv) * kChunkSize;
 }
 
 // K = V = 128: 89 KiB (two blocks per SM). Rows of hs / vn (LDV = 72 elements, 144 bytes) stay
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArg
       *reinterpret_cast<uint2*>(sm.hs_lo + at) = lo;
     }
   }
-  // P_ij (j <= i < L) from A's row j (kda_packed_P: P_ij at A[row j][i]): piece e = tid + THR m, j = e / 16,
+  // P_ij (j <= i < L) from A's row j (kda_packed_P_row: P_ij at [i]): piece e = tid + THR m, j = e / 16,
   // columns i = 4 (e % 16) + [0, 4); rows j >= L are not read (they may lie past the tensor's end).
   {
     constexpr int kPPieces = C * C / 4 / THR;
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArg
 #pragma unroll
     for (int m = 0; m < kPPieces; ++m) {
       const int e = tid + THR * m, j = e >> 4, i0 = 4 * (e & 15);
-      x[m] = j < L ? *reinterpret_cast<const float4*>(a.A + ((row0 + j) * a.HV + hv) * C + i0)
+      x[m] = j < L ? *reinterpret_cast<const float4*>(kda_packed_P_row(a.A, row0, hv, a.HV, j) + i0)
                    : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll

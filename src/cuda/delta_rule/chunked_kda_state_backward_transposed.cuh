@@ -5,7 +5,7 @@
 // chunks in reverse, with dh = dL/dh_{c+1} (dht for the last chunk) and per key channel d:
 //   dv_new = kd dh + (scale P)^T do,                 kd = k o exp(G_{L-1} - G)
 //   dh_c   = diag(exp(G_{L-1})) dh + qg^T do - w^T dv_new,   qg = scale q o exp(G)
-// (q, k L2-normalized rows when asked; P from stage 1, packed in A: kda_packed_P).
+// (q, k L2-normalized rows when asked; P from stage 1, packed in A: kda_packed_P_row).
 //
 // Design (the forward's kda_state_transposed_kernel, chunked_kda_state_transposed.cuh, applied to
 // the backward; the old kernel spent ~34 us per chunk, 2.2 ms at B4 T4096 H16 K = V = 128):

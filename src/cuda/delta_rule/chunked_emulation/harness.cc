@@ -225,17 +225,14 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   const int b1_parts = dr::state_backward_channel_parts(N * HV, K, V, 1 << 20);
   if (b1_local) {
     launch(NC, HV, 1, [&] { dr::chunk_dv_local_kernel<TT, KM>(a); }, 256);
-    bool quarters = false;
-    if constexpr (KM == 128) {
-      if (b1_parts == 4) {
-        quarters = true;
+    if (b1_parts == 4) {  // (only at K = 128: state_backward_channel_parts)
+      if constexpr (KM == 128)
         launch(N, HV, V / 16, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true, 4>(a); }, 128);
-      }
-    }
-    if (!quarters && b1_parts == 2)
+    } else if (b1_parts == 2) {
       launch(N, HV, V / 32, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true, 2>(a); }, 128);
-    else if (!quarters)
+    } else {
       launch(N, HV, V / 64, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true>(a); }, 128);
+    }
   } else if (legacy_bwd)
     launch(N, HV, V / 32, [&] { dr::chunk_state_backward_kernel<TT, KM>(a); });
   else if (V % 128 == 0 && seed % 2 == 0)
