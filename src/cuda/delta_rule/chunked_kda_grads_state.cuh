@@ -71,8 +71,11 @@ struct KdaGradsStateSmem {
 static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024, "two blocks per SM");
 
 // kSplit: the state products with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact) or rounded
-// once to T (the default; chunked_kda_grads_state_product.cuh).
-template <typename T, int KMAX, bool kSplit>
+// once to T (the default; chunked_kda_grads_state_product.cuh). kStaged (session 11,
+// FLASHGRAD_CHUNKED_KDA_B2=staged; rounded operands only): the three products in one pass with the
+// chunk's rows of dv_new, do, v_new staged in shared memory over the dw / Y / X tiles
+// (kda_state_slice_products_staged).
+template <typename T, int KMAX, bool kSplit, bool kStaged = false>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
   using S = KdaGradsStateSmem<T>;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM;
@@ -92,6 +95,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   const float* dhn = a.dh + (c * HV + hv) * K * V;  // dL/dh_{c+1} [K][V]
   const bool pairs_do = (reinterpret_cast<uintptr_t>(do_base) & 3) == 0 && a.dout.s1 % 2 == 0;
   const bool pairs_v = (reinterpret_cast<uintptr_t>(v_base) & 3) == 0 && a.v.s1 % 2 == 0;
+  static_assert(!(kStaged && kSplit), "the staged products round their operands to T");
+  // The staged products' 16-byte loads of do and v_new rows (V is a multiple of 64).
+  const bool rows16 = (reinterpret_cast<uintptr_t>(do_base) & 15) == 0 && a.dout.s1 % 8 == 0 &&
+                      (reinterpret_cast<uintptr_t>(vn_base) & 15) == 0;
   const bool gva = a.H != a.HV;
   auto add_or_store = [gva](float* p, float x) {
     if (gva)
@@ -144,12 +151,24 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
     const float* hs = h + static_cast<int64_t>(c0) * V;  // rows c0.. of h_c and dh_{c+1}
     const float* dhs = dhn + static_cast<int64_t>(c0) * V;
-    if (pairs_do)
-      kda_state_slice_product2<T, kSplit, true>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
-    else
-      kda_state_slice_product2<T, kSplit, false>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
     float hdot[2];  // <dh[d], h[d]> for channels c0 + 16 (w % 4) + grp (+ 8); nonzero in one lane per channel
-    kda_state_slice_product<T, kSplit, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
+    if constexpr (kStaged) {
+      // The staging area is dw / Y / X (48 KiB, contiguous), free since the previous slice's last barrier.
+      static_assert(3 * C * kKdaStagePiece * sizeof(T) <= 3 * C * KS * sizeof(float), "staging within dw, Y, X");
+      T* stage = reinterpret_cast<T*>(sm.dw);
+      if (rows16)
+        kda_state_slice_products_staged<T, true>(hs, dhs, V, dvn_base, HVV, do_base, a.dout.s1, vn_base, HVV, L, stage,
+                                                 sm.dw, sm.Y, sm.X, hdot);
+      else
+        kda_state_slice_products_staged<T, false>(hs, dhs, V, dvn_base, HVV, do_base, a.dout.s1, vn_base, HVV, L,
+                                                  stage, sm.dw, sm.Y, sm.X, hdot);
+    } else {
+      if (pairs_do)
+        kda_state_slice_product2<T, kSplit, true>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
+      else
+        kda_state_slice_product2<T, kSplit, false>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
+      kda_state_slice_product<T, kSplit, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
+    }
     __syncthreads();
 
     // dq_s = scale e o Y, stored (thread: channel tid % 64 of rows tid / 64 + 4 m, coalesced q

@@ -200,4 +200,173 @@ __device__ __forceinline__ void kda_state_slice_product2(const float* S, int64_t
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The staged variant (session 11, FLASHGRAD_CHUNKED_KDA_B2=staged; operands rounded to T): the
+// three products of a slice in one pass, dw = -dv_new h_s^T, Y = do h_s^T, X = v_new dh_s^T, with
+// the chunk's rows staged in shared memory.
+//
+// Why (ncu, run 10.4, kda_grads_state_kernel): L1 throughput 86% of peak with issue active 23%;
+// the products above load every operand straight into fragments, so each warp-wide load touches 8
+// rows (8 lines, 8 L1 wavefronts for 128 - 256 bytes), and the rows of dv_new / do / v_new are
+// loaded by the 4 warps of a row half each, per slice: ~44k L1 tag lookups per block out of
+// ~95k L1 wavefronts in all. Here the rows come through shared memory (coalesced 16-byte loads,
+// read back 8 bytes per lane without bank conflicts), and h, dh (each read once, by 16-byte loads)
+// feed 12 mmas per 16-column step.
+//
+// Column order inside a 16-column step: the contraction order is free, so lane (grp, tig) takes
+// columns c + 4 tig .. c + 4 tig + 3 of its rows for the fragment elements k = 2 tig, 2 tig + 1,
+// 2 tig + 8, 2 tig + 9 (in that order) of both A (state rows) and B (chunk rows): one float4 per
+// state row and one 8-byte shared load per chunk row and operand.
+//
+// Staged layout: kKdaStagePiece (128) columns per piece, row r of an operand at stage + r * pw
+// (pw = the piece's width), its 16-column unit u at position u ^ (r & 3) (so the 4 rows of a
+// half-warp's 8-byte loads fall in 4 different 32-byte bank groups); rows >= L are zeros.
+constexpr int kKdaStagePiece = 128;
+template <typename T>
+__device__ __forceinline__ int64_t kda_staged_at(int r, int c, int pw) {  // element offset of (r, c)
+  return static_cast<int64_t>(r) * pw + ((((c >> 4) ^ (r & 3)) << 4) | (c & 15));
+}
+
+// Stages rows r < 64, columns [p0, p0 + pw) of the three operands into st_vn, st_do, st_dvn (T),
+// one 16-byte chunk (8 columns) per thread and pass: thread tid takes chunk j = q % (pw / 8) of row
+// q / (pw / 8), q = tid + 256 i (consecutive threads: consecutive chunks of one row). dv_new (fp32)
+// is rounded to T here. ALIGNED16: the rows of do and v_new allow 16-byte loads (else element loads).
+// No barrier.
+template <typename T, bool ALIGNED16>
+__device__ __forceinline__ void kda_stage_rows(const float* dvn, int64_t dvn_stride, const T* dout, int64_t do_stride,
+                                               const T* vn, int64_t vn_stride, int L, int64_t p0, int pw, T* st_dvn,
+                                               T* st_do, T* st_vn) {
+  const int cpr = pw / 8, n = 64 * cpr;  // chunks per row, chunks per operand
+  constexpr int NTHR = 256;
+#pragma unroll 1
+  for (int q0 = 0; q0 < n; q0 += 2 * NTHR) {  // two chunks per thread in flight per operand
+    uint4 vd[2], vo[2], vv[2];
+    int at[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int q = q0 + u * NTHR + static_cast<int>(threadIdx.x), r = q / cpr, j = q % cpr;
+      at[u] = q < n ? static_cast<int>(kda_staged_at<T>(r, 8 * j, pw)) : -1;
+      const bool ok = q < n && r < L;
+      const int64_t c = p0 + 8 * j;
+      vd[u] = vo[u] = vv[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (ok) {
+        const float4 a = *reinterpret_cast<const float4*>(dvn + r * dvn_stride + c);
+        const float4 b = *reinterpret_cast<const float4*>(dvn + r * dvn_stride + c + 4);
+        vd[u] = make_uint4(mma::pack_floats<T>(a.x, a.y), mma::pack_floats<T>(a.z, a.w), mma::pack_floats<T>(b.x, b.y),
+                           mma::pack_floats<T>(b.z, b.w));
+        const T* po = dout + r * do_stride + c;
+        const T* pv = vn + r * vn_stride + c;
+        if constexpr (ALIGNED16) {
+          vo[u] = *reinterpret_cast<const uint4*>(po);
+          vv[u] = *reinterpret_cast<const uint4*>(pv);
+        } else {
+          vo[u] = make_uint4(mma::pack2<T>(po[0], po[1]), mma::pack2<T>(po[2], po[3]), mma::pack2<T>(po[4], po[5]),
+                             mma::pack2<T>(po[6], po[7]));
+          vv[u] = make_uint4(mma::pack2<T>(pv[0], pv[1]), mma::pack2<T>(pv[2], pv[3]), mma::pack2<T>(pv[4], pv[5]),
+                             mma::pack2<T>(pv[6], pv[7]));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      if (at[u] >= 0) {
+        *reinterpret_cast<uint4*>(st_dvn + at[u]) = vd[u];
+        *reinterpret_cast<uint4*>(st_do + at[u]) = vo[u];
+        *reinterpret_cast<uint4*>(st_vn + at[u]) = vv[u];
+      }
+  }
+}
+
+// One slice's three products (kSplit = false only): dw[r * 64 + d] = -sum_c dv_new[r][c] hs[d][c],
+// Y[..] = sum_c do[r][c] hs[d][c], X[..] = sum_c v_new[r][c] dhs[d][c] (r < 64 chunk rows, 0 past
+// L; d < 64 slice channels, hs / dhs rows c0 + d of h_c / dh_{c+1}), and dot as
+// kda_state_slice_product's (<hs[d], dhs[d]> in lanes tig == 0 of warps 0..3). Warp layout as above
+// (warp w: channels 16 (w % 4).., rows 32 (w / 4)..). `stage` (3 x 64 x kKdaStagePiece T, 48 KiB)
+// may alias dw / Y / X: the results are written after a barrier that follows the last read of it.
+// Barriers inside; the caller's previous readers of stage / dw / Y / X must have passed a barrier.
+template <typename T, bool ALIGNED16>
+__device__ __forceinline__ void kda_state_slice_products_staged(const float* hs, const float* dhs, int64_t V,
+                                                                const float* dvn, int64_t dvn_stride, const T* dout,
+                                                                int64_t do_stride, const T* vn, int64_t vn_stride,
+                                                                int L, T* stage, float* dw, float* Y, float* X,
+                                                                float (&dot)[2]) {
+  constexpr int KS = 64, NT = 4, SP = 64 * kKdaStagePiece;  // SP: elements per staged operand
+  const int w = threadIdx.x / 32, g = mma::grp(), tg = mma::tig();
+  const int d0 = 16 * (w % 4), nt0 = NT * (w / 4);
+  const float* h0 = hs + static_cast<int64_t>(d0 + g) * V + 4 * tg;  // state rows d0 + g; + 8 V: d0 + g + 8
+  const float* e0 = dhs + static_cast<int64_t>(d0 + g) * V + 4 * tg;
+  const int64_t r8 = 8 * V;
+  T* st_dvn = stage;
+  T* st_do = stage + SP;
+  T* st_vn = stage + 2 * SP;
+  struct Raw {
+    float4 h0, h1, e0, e1;  // columns c + 4 tig .. + 3 of state rows g, g + 8 of hs and dhs
+  };
+  auto fetch = [&](Raw& R, int64_t c) {
+    R.h0 = *reinterpret_cast<const float4*>(h0 + c), R.h1 = *reinterpret_cast<const float4*>(h0 + r8 + c);
+    R.e0 = *reinterpret_cast<const float4*>(e0 + c), R.e1 = *reinterpret_cast<const float4*>(e0 + r8 + c);
+  };
+  float aw[NT][4] = {}, ay[NT][4] = {}, ax[NT][4] = {}, dsum[2] = {0.f, 0.f};
+  // This lane's chunk rows 8 (nt0 + nt) + g: the same (r & 3) = g & 3 for every nt.
+  const int rb = 8 * nt0 + g, sw = g & 3;
+  // One step: R's values into fragments (and the dot), R refilled with step c_next's (if < end),
+  // then 3 x NT mmas with the staged rows' 8-byte pieces of unit `unit` (local column 16 unit).
+  auto step = [&](Raw& R, int64_t c_next, int64_t end, int unit, int pw) {
+    uint32_t ah[4], ad[4];
+    ah[0] = mma::pack_floats<T>(R.h0.x, R.h0.y), ah[1] = mma::pack_floats<T>(R.h1.x, R.h1.y);
+    ah[2] = mma::pack_floats<T>(R.h0.z, R.h0.w), ah[3] = mma::pack_floats<T>(R.h1.z, R.h1.w);
+    ad[0] = mma::pack_floats<T>(R.e0.x, R.e0.y), ad[1] = mma::pack_floats<T>(R.e1.x, R.e1.y);
+    ad[2] = mma::pack_floats<T>(R.e0.z, R.e0.w), ad[3] = mma::pack_floats<T>(R.e1.z, R.e1.w);
+    dsum[0] += R.h0.x * R.e0.x + R.h0.y * R.e0.y + R.h0.z * R.e0.z + R.h0.w * R.e0.w;
+    dsum[1] += R.h1.x * R.e1.x + R.h1.y * R.e1.y + R.h1.z * R.e1.z + R.h1.w * R.e1.w;
+    if (c_next < end) fetch(R, c_next);
+    const int off = rb * pw + (((unit ^ sw) << 4) | (4 * tg));  // row rb; + 8 pw per tile
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int o = off + 8 * nt * pw;
+      const uint2 bw = *reinterpret_cast<const uint2*>(st_dvn + o);
+      const uint2 by = *reinterpret_cast<const uint2*>(st_do + o);
+      const uint2 bx = *reinterpret_cast<const uint2*>(st_vn + o);
+      const uint32_t fw[2] = {bw.x, bw.y}, fy[2] = {by.x, by.y}, fx[2] = {bx.x, bx.y};
+      mma::mma16816<T>(aw[nt], ah, fw);
+      mma::mma16816<T>(ay[nt], ah, fy);
+      mma::mma16816<T>(ax[nt], ad, fx);
+    }
+  };
+#pragma unroll 1
+  for (int64_t p0 = 0; p0 < V; p0 += kKdaStagePiece) {
+    const int pw = V - p0 < kKdaStagePiece ? static_cast<int>(V - p0) : kKdaStagePiece;  // a multiple of 64
+    const int64_t end = p0 + pw;
+    Raw ra, rb2;
+    fetch(ra, p0);  // in flight during the staging
+    fetch(rb2, p0 + 16);
+    if (p0 > 0) __syncthreads();  // the previous piece's readers are done
+    kda_stage_rows<T, ALIGNED16>(dvn, dvn_stride, dout, do_stride, vn, vn_stride, L, p0, pw, st_dvn, st_do, st_vn);
+    __syncthreads();
+#pragma unroll 1
+    for (int64_t c = p0; c < end; c += 32) {
+      const int unit = static_cast<int>(c - p0) >> 4;
+      step(ra, c + 32, end, unit, pw);
+      step(rb2, c + 48, end, unit + 1, pw);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // over the 4 lanes (tig) of a row
+    dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 1);
+    dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 2);
+    dot[i] = nt0 == 0 && tg == 0 ? dsum[i] : 0.f;
+  }
+  __syncthreads();  // every warp's last read of `stage` (which dw / Y / X may alias)
+  // acc[nt][e] is out^T at (channel d0 + acc_row(e), row 8 (nt0 + nt) + acc_col(e)).
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int at = (8 * (nt0 + nt) + mma::acc_col(e)) * KS + d0 + mma::acc_row(e);
+      dw[at] = -aw[nt][e];
+      Y[at] = ay[nt][e];
+      X[at] = ax[nt][e];
+    }
+}
+
 }  // namespace flashgrad::cuda_detail::delta_rule

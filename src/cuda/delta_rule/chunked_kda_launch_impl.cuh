@@ -185,18 +185,21 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
 // K=V=128): 3.81 ms per call against 5.44 for kda_grads_kernel, gradients within 4.2e-3 rel RMS of
 // its. FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split_exact splits those operands hi + lo as
 // kda_grads_kernel does (within 4e-5 of it, ~3% slower); = fused runs kda_grads_kernel (one block
-// per SM, 225 KiB at K = 128). FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
-enum class KdaB2Kernel { split, split_exact, fused };
+// per SM, 225 KiB at K = 128); = staged (session 11, helper kdab2s) runs the first kernel with its
+// products' chunk rows staged in shared memory (kda_state_slice_products_staged).
+// FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
+enum class KdaB2Kernel { split, split_exact, staged, fused };
 inline KdaB2Kernel kda_b2_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
   if (v && std::strcmp(v, "split_exact") == 0) return KdaB2Kernel::split_exact;
+  if (v && std::strcmp(v, "staged") == 0) return KdaB2Kernel::staged;
   if (v && std::strcmp(v, "fused") == 0) return KdaB2Kernel::fused;
   return KdaB2Kernel::split;
 }
 
-template <typename T, int KMAX, bool kSplit>
+template <typename T, int KMAX, bool kSplit, bool kStaged = false>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
-  launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit>,
+  launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit, kStaged>,
                                                             kda_chunk_grid(a), a, s);
   launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit>,
                                                          kda_chunk_grid(a), a, s);
@@ -206,6 +209,8 @@ template <typename T, int KMAX>
 void launch_kda_grads_split_as(KdaB2Kernel b2, const ChunkedArgs& a, cudaStream_t s) {
   if (b2 == KdaB2Kernel::split_exact)
     launch_kda_grads_split<T, KMAX, true>(a, s);
+  else if (b2 == KdaB2Kernel::staged)
+    launch_kda_grads_split<T, KMAX, false, true>(a, s);
   else
     launch_kda_grads_split<T, KMAX, false>(a, s);
 }

@@ -247,9 +247,11 @@ int run(const Case& c) {
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
   // B2 as the library picks it (chunked_kda_launch_impl.cuh): the split kernels (the state kernel over
   // every block, then the local kernel), operands rounded to T; FLASHGRAD_CHUNKED_KDA_B2=split_exact:
-  // hi + lo; =fused: kda_grads_kernel.
+  // hi + lo; =fused: kda_grads_kernel; =staged: the state kernel with its products' rows staged in
+  // shared memory (session 11).
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
   const bool b2_fused = b2 && std::strcmp(b2, "fused") == 0, b2_exact = b2 && std::strcmp(b2, "split_exact") == 0;
+  const bool b2_staged = b2 && std::strcmp(b2, "staged") == 0;
   if (b2_fused) {
     launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
   } else {
@@ -260,7 +262,10 @@ int run(const Case& c) {
       launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, true>(a); }, dr::kKdaSplitThreads);
       launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM, true>(a); }, dr::kKdaSplitThreads);
     } else {
-      launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
+      if (b2_staged)
+        launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false, true>(a); }, dr::kKdaSplitThreads);
+      else
+        launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
       launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
     }
   }
@@ -395,6 +400,7 @@ int main(int argc, char** argv) {
   const std::string b2s = b2 ? b2 : "";
   std::printf("B2: %s\n", b2s == "fused"         ? "kda_grads_kernel (FLASHGRAD_CHUNKED_KDA_B2=fused)"
                           : b2s == "split_exact" ? "split kernels, products hi + lo (FLASHGRAD_CHUNKED_KDA_B2=split_exact)"
+                          : b2s == "staged"      ? "split kernels, state products staged (FLASHGRAD_CHUNKED_KDA_B2=staged)"
                                                  : "split kernels, products rounded to T (the default)");
   // name, dtype, B, T, H, HV, V, varlen lengths, gate divisor, l2norm, g in f32, seed
   fails += run<bf16, 64>({"kda bf16 K64 V128 T=75 n=0.1", DType::bf16, 1, 75, 1, 2, 128, {}, 0.1f, true, true, 1});
