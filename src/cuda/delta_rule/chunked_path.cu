@@ -41,6 +41,7 @@ struct ChunkedScratch {
   bool half = false;        // the backward's 16-bit mode (h, dh, dv_new in T; direct outputs)
   bool gva = false;         // H < HV: dq, dk still summed over each group in fp32 accumulators
   bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed)
+  bool chains = false;      // 16-bit mode: stage 2 beside B1 in one launch (state_chains_wanted), dh in its own buffer
 
   // `backward`: the scratch of a backward call (the 16-bit mode applies there only: the forward's
   // stage 3 reads fp32 h).
@@ -62,6 +63,7 @@ struct ChunkedScratch {
       FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
       FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
       dvn_in_w = dv_new_in_w_allowed(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
+      chains = !dvn_in_w && state_chains_wanted(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
     }
   }
   // Bytes of one h / dh element.
@@ -74,13 +76,15 @@ struct ChunkedScratch {
   // u's region: in the 16-bit mode also dh's, after stage 2.
   std::size_t u_bytes() const { return half ? std::max<std::size_t>(4 * n.u, elem * n.h) : 4 * n.u; }
   // Backward adds dh (as h), dv_new, dq/dk accumulators, dv, dbeta, dg (all fp32); in the 16-bit
-  // mode only dv_new (T; dh is in u's region) and, with GVA, the dq/dk accumulators.
+  // mode only dv_new (T; dh is in u's region, or with `chains` its own) and, with GVA, the dq/dk
+  // accumulators.
   std::size_t backward_bytes(const DeltaRuleProblem& pr) const {
     const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
                   per_head = rows * pr.value_heads;
     // (+ the split B2's dG_state, fp32 [rows, HV], with a gate)
     if (half)
-      return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (gva ? 2 * align_up(4 * qk) : 0) +
+      return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (chains ? align_up(elem * n.h) : 0) +
+             (gva ? 2 * align_up(4 * qk) : 0) +
              (pr.gate != GateKind::none ? align_up(4 * per_head) : 0);
     return forward_bytes() + align_up(4 * n.h) + align_up(4 * vv) + 2 * align_up(4 * qk) + align_up(4 * vv) +
            align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * dg_elems(pr)) : 0);
@@ -177,7 +181,8 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
   a.dht = view_of(in.dht);
   a.dh0 = view_of(grads.dh0);
   if (cs.half) {
-    a.dh16 = a.u;  // u is dead once stage 2 has run (see ChunkedScratch)
+    // u is dead once stage 2 has run (see ChunkedScratch), unless stage 2 runs beside B1.
+    a.dh16 = cs.chains ? buf.take<char>(cs.elem * cs.n.h) : static_cast<void*>(a.u);
     a.dv_new16 = cs.dvn_in_w ? a.w : buf.take<char>(cs.elem * vv);
     a.dv_out = view_of(grads.dv);
     a.dbeta_out = view_of(grads.dbeta);
@@ -197,8 +202,12 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
     by_half_dtype(p.q.dtype, [&](auto tag) {
       using T = decltype(tag);
       launch_chunk_prepare<T>(a, stream);  // stages 1-2 again (o and the final state not needed)
-      launch_chunk_state<T>(a, stream);
-      launch_chunk_state_backward<T>(a, stream);
+      if (cs.chains) {
+        launch_chunk_state_chains<T>(a, stream);  // B0, then stage 2 and B1 side by side in one launch
+      } else {
+        launch_chunk_state<T>(a, stream);
+        launch_chunk_state_backward<T>(a, stream);
+      }
       launch_chunk_grads<T>(a, stream);
       if (cs.gva) launch_chunk_qk_finish<T>(a, view_of(grads.dq), view_of(grads.dk), pr.batch, stream);
     });

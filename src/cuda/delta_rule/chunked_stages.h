@@ -225,6 +225,25 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
   return chains * (V / 64) < sms ? 2 : 1;
 }
 
+// Whether the 16-bit backward runs its stage-2 recomputation and B1 in one launch
+// (chunked_state_chains.cuh, session 11): the two serial chains of chunks are independent (B1 reads
+// neither h, v_new nor u), and at few long sequences each holds one block per SM at ~20-30% issue
+// active. One block per (sequence, value head, 16 value columns) carries stage 2's two channel-split
+// warps and B1's four channel-quarter warps, so the two chains share every SM by construction (run
+// 10.4 put them on two streams instead: the block scheduler doubled stage-2 blocks up on some SMs,
+// whose B1 blocks then waited for a second wave, and B1 went 1.53 -> 2.74 ms). Where: K = 128 and the
+// quarter blocks fit one wave (chains * V / 16 <= SMs: B1's quarter rule), with the local B1
+// (B0 first; state_backward_local_wanted) and single-fragment B1 products. Costs dh its own buffer
+// (it otherwise reuses u's region, which stage 2 reads while B1 writes dh): rows' states, 268 MB at
+// B1 T32768 H16 K=V=128. FLASHGRAD_CHUNKED_STATE_CHAINS=1 / 0 (read per call) turns it on / off.
+constexpr bool kStateChainsByDefault = false;  // opt-in until an H200 run has timed it
+inline bool state_chains_wanted(int64_t chains, int64_t K, int64_t V, int64_t sms) {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
+  const bool on = env ? std::string(env) == "1" : kStateChainsByDefault;
+  return on && K == 128 && V % 16 == 0 && chains * (V / 16) <= sms && !state_backward_split_wanted() &&
+         state_backward_local_wanted(chains, V, sms);
+}
+
 // dv_new in w's region (on by default since run 9.1; FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off,
 // read per call): the 16-bit backward puts dv_new in w's region when that is race-free: K == V (the
 // same [rows, HV, 16-bit] layout) and one B1 block per (sequence, value head) (16 x
@@ -272,6 +291,11 @@ void launch_chunk_output(const ChunkedArgs& a, cudaStream_t stream);
 // dbeta, dg per chunk) is not written yet.
 template <typename T>
 void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t stream);
+
+// Backward stages B0, then stage 2's recomputation and B1 in one launch (state_chains_wanted;
+// chunked_state_chains.cuh): h, v_new, dh (not in u's region), dv_new (its own buffer) and dh0.
+template <typename T>
+void launch_chunk_state_chains(const ChunkedArgs& a, cudaStream_t stream);
 
 // Backward stage B2 (grid: chunks x HV): per-chunk dq, dk, dv, dbeta, dg on CUDA cores in fp32
 // (a correctness-first version, not tensor cores). Needs A (stage 1), h and v_new (stage 2), dh and

@@ -30,6 +30,7 @@
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
 #include "chunked_scaled_p.cuh"  // store_scaled_p_item
+#include "chunked_stage_sync.cuh"
 #include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -121,16 +122,15 @@ struct StateSmem {
 #ifndef FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT  // host emulation: -D...=0 checks the hi + lo kernel
 #define FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT 1
 #endif
-template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1,
-          bool kSingle = kOutput && FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT>
-__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs a) {
+// The stage's body: block barriers at named barrier kBar (chunked_stage_sync.cuh; 0 in its own kernel).
+template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT, bool kSingle, int kBar>
+__device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned char* smem_raw) {
   using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
   static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
   static_assert(!kSingle || kOutput, "single-fragment products: the fused forward only");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs 
     // (A) chunk c's tiles and G in place; every warp is done with chunk c - 1.
     if (tid < C) sm.G[tid] = g_next;
     mma::cp_async_wait<0>();
-    __syncthreads();
+    stage_sync<kBar, THREADS>();
     if (c + 1 < c_end) {
       g_next = prefetch(ci_next, s ^ 1);
       ci_cur = ci_next;
@@ -237,13 +237,13 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs 
         }
       }
     }
-    __syncthreads();
+    stage_sync<kBar, THREADS>();
 
     if constexpr (kOutput) {
       // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L (exp bounded
       // by 1), else 0; to shared memory (hi + lo unless kSingle; chunked_scaled_p.cuh).
       store_scaled_p_item<T, !kSingle>(praw, prb, phalf, sm.pscale, sm.rstd_k, sm.G, L, sm.P, sm.P_lo, LDP);
-      __syncthreads();
+      stage_sync<kBar, THREADS>();
     }
 
     // h_c to the intermediates (its slice's columns); not with the fused output, whose o was all
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs 
     }
     // The channel parts' sums (chunked_channel_split.cuh); the next chunk's barrier (A) orders the
     // exchange slots' next writes.
-    if constexpr (KSPLIT > 1) sum_channel_parts<KSPLIT, THREADS, NG>(p, sm.swap, tid);
+    if constexpr (KSPLIT > 1) sum_channel_parts<KSPLIT, THREADS, NG, kBar>(p, sm.swap, tid);
     const float* us = sm.u(s);
 #pragma unroll
     for (int j8 = 0; j8 < 8; ++j8)
@@ -400,6 +400,14 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs 
 #pragma unroll
       for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = hT[nk][e];
   }
+}
+
+// The stage's own kernel: the body on the whole block (barrier 0 = __syncthreads).
+template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1,
+          bool kSingle = kOutput && FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT>
+__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  chunk_state_body<T, KMAX, WARPS, kOutput, KSPLIT, kSingle, 0>(a, smem_raw);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -48,6 +48,7 @@
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
 #include "chunked_scaled_p.cuh"
+#include "chunked_stage_sync.cuh"
 #include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -113,8 +114,9 @@ __device__ __forceinline__ void scale_a(const uint32_t (&a)[4], const float2 s0,
 }
 }  // namespace mma
 
-template <typename T, int KMAX, int WARPS, bool kSplit = false, bool kLocal = false, int KSPLIT = 1>
-__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
+// The stage's body: block barriers at named barrier kBar (chunked_stage_sync.cuh; 0 in its own kernel).
+template <typename T, int KMAX, int WARPS, bool kSplit, bool kLocal, int KSPLIT, int kBar>
+__device__ __forceinline__ void chunk_state_backward_transposed_body(const ChunkedArgs& a, unsigned char* smem_raw) {
   using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal, KSPLIT>;
   static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
   static_assert(!kLocal || !kSplit, "dv_local (T) is added to single-fragment products");
@@ -122,7 +124,6 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
                 "the channel split: with dv_local, two halves, or four quarters of 32 channels");
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDD = S::LDD, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
     // (A) chunk c's tiles and G in place; every warp is done with chunk c + 1.
     if (tid < C) sm.G[tid] = g_next;
     mma::cp_async_wait<0>();
-    __syncthreads();
+    stage_sync<kBar, THREADS>();
     if (c > c_first) {
       g_next = prefetch(ci_next, s ^ 1);
       ci_cur = ci_next;
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
         sm.rstd_k[j] = rk;
       }
     }
-    __syncthreads();
+    stage_sync<kBar, THREADS>();
 
     // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L, else 0, into
     // shared memory (hi + lo with kSplit), this warp's items (chunked_scaled_p.cuh says which).
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
     }
     // The channel parts' sums (chunked_channel_split.cuh); the next chunk's barrier (A) orders the
     // exchange slots' next writes.
-    if constexpr (KSPLIT > 1) sum_channel_parts<KSPLIT, THREADS, NG>(p, sm.swap, tid);
+    if constexpr (KSPLIT > 1) sum_channel_parts<KSPLIT, THREADS, NG, kBar>(p, sm.swap, tid);
 #pragma unroll
     for (int j8 = 0; j8 < 8; ++j8) {
       const float2 cs = *reinterpret_cast<const float2*>(&sm.colscale[8 * j8 + 2 * tig]);
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
     for (int nk = 0; nk < NK; ++nk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dhT[nk][e] *= decay;
-    if constexpr (!kLocal) __syncthreads();  // (P) scale P is in shared memory
+    if constexpr (!kLocal) stage_sync<kBar, THREADS>();  // (P) scale P is in shared memory
 
     // Per 16-row block is of the chunk (the k dimension of both products): A = do^T's columns
     // [16 is, +16) (ldmatrix.trans); dv_new^T += do^T (scale P) over P's rows is (nonzero column
@@ -360,6 +361,13 @@ __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed
 #pragma unroll
       for (int e = 0; e < 4; ++e) dh0[off4(a.dh0, n, hv, kc0 + 8 * nk + tcol(e), col0 + vcol(e))] = dhT[nk][e];
   }
+}
+
+// The stage's own kernel: the body on the whole block (barrier 0 = __syncthreads).
+template <typename T, int KMAX, int WARPS, bool kSplit = false, bool kLocal = false, int KSPLIT = 1>
+__global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_backward_transposed_kernel(ChunkedArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  chunk_state_backward_transposed_body<T, KMAX, WARPS, kSplit, kLocal, KSPLIT, 0>(a, smem_raw);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -23,10 +23,15 @@
 struct EmuDim { unsigned x = 0, y = 0, z = 0; };
 thread_local EmuDim emu_tid, emu_bid;
 EmuDim emu_gdim;  // the grid of the current launch (set by the harness's launch)
+EmuDim emu_bdim;  // the block of the current launch (x threads per row; y rows: 2D blocks)
+// The linear warp of the calling thread (threadIdx.y rows of emu_bdim.x threads).
+inline int emu_warp() { return static_cast<int>((emu_tid.y * emu_bdim.x + emu_tid.x) / 32); }
 #define threadIdx emu_tid
 #define blockIdx emu_bid
 #define gridDim emu_gdim
 std::barrier<>* g_block_bar;
+std::barrier<>* g_named_bar[16];  // bar.sync id, n (chunked_stage_sync.cuh): one per id the launch names
+inline void emu_named_barrier(int id) { g_named_bar[id]->arrive_and_wait(); }
 std::barrier<>* g_warp_bar[16];  // up to 512 threads per block
 struct WarpBuf { float f[32]; uint32_t a[32][4]; uint32_t b[32][2]; } g_warp[16];
 inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
@@ -34,15 +39,15 @@ inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); retu
 #define __launch_bounds__(...)
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_bar[emu_tid.x / 32]->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_bar[emu_warp()]->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float x, int o) {
-  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  const int w = emu_warp(), l = emu_tid.x % 32;
   g_warp[w].f[l] = x; __syncwarp();
   const float y = g_warp[w].f[l ^ o]; __syncwarp();
   return y;
 }
 inline float __shfl_up_sync(unsigned, float x, unsigned o) {
-  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  const int w = emu_warp(), l = emu_tid.x % 32;
   g_warp[w].f[l] = x; __syncwarp();
   const float y = l >= (int)o ? g_warp[w].f[l - o] : x; __syncwarp();
   return y;
@@ -57,7 +62,7 @@ template <typename T> float half_of(uint32_t r, int hi) {
 }
 template <typename T>
 void emulated_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  const int w = emu_warp(), l = emu_tid.x % 32;
   std::memcpy(g_warp[w].a[l], a, 16); std::memcpy(g_warp[w].b[l], b, 8);
   __syncwarp();
   float A[16][16], B[16][8];
@@ -84,7 +89,7 @@ inline uint32_t emulated_to_tf32(float x) {
   return u;
 }
 inline void emulated_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  const int w = emu_warp(), l = emu_tid.x % 32;
   std::memcpy(g_warp[w].a[l], a, 16); std::memcpy(g_warp[w].b[l], b, 8);
   __syncwarp();
   float A[16][8], B[8][8];
@@ -108,7 +113,7 @@ inline void emulated_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const u
 // column l / 4); the lower index in the low half. Addresses are exchanged through the warp buffer.
 inline const void* g_warp_ptr[16][32];
 inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
-  const int w = emu_tid.x / 32, l = emu_tid.x % 32;
+  const int w = emu_warp(), l = emu_tid.x % 32;
   if ((reinterpret_cast<uintptr_t>(row_addr) & 15) != 0) {
     std::fprintf(stderr, "ldmatrix: row address not 16-byte aligned\n");
     std::abort();

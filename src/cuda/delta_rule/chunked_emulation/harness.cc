@@ -26,6 +26,7 @@
 #include "cuda/delta_rule/chunked_state_backward.cuh"
 #include "cuda/delta_rule/chunked_dv_local.cuh"
 #include "cuda/delta_rule/chunked_state_backward_transposed.cuh"
+#include "cuda/delta_rule/chunked_state_chains.cuh"
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "cuda/delta_rule/chunked_grads_mma.cuh"
 #include "cuda/delta_rule/chunked_grads_split.cuh"
@@ -38,18 +39,25 @@ namespace dr = flashgrad::cuda_detail::delta_rule;
 namespace ref = flashgrad::reference::delta_rule;
 using flashgrad::DType;
 
-// Runs body() as a grid gx x gy x gz of blocks of `threads` threads (a multiple of 32, <= 512).
+// Runs body() as a grid gx x gy x gz of blocks of `threads` threads (a multiple of 32, <= 512), or
+// of 2D blocks threads x rows (threadIdx.y < rows), with named barriers {id, thread count} for
+// bodies that share a block (chunked_state_chains.cuh).
 template <typename F>
-void launch(unsigned gx, unsigned gy, unsigned gz, F&& body, unsigned threads = 128) {
+void launch(unsigned gx, unsigned gy, unsigned gz, F&& body, unsigned threads = 128, unsigned rows = 1,
+            std::vector<std::pair<int, unsigned>> named = {}) {
   emu_gdim = {gx, gy, gz};
+  emu_bdim = {threads, rows, 1};
+  const unsigned all = threads * rows;
   for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x) {
     std::memset(dr::smem_raw, 0xff, sizeof(dr::smem_raw));
-    std::barrier<> blk(threads);
-    std::vector<std::unique_ptr<std::barrier<>>> wb;
-    for (unsigned w = 0; w < threads / 32; ++w) { wb.emplace_back(new std::barrier<>(32)); g_warp_bar[w] = wb.back().get(); }
+    std::barrier<> blk(all);
+    std::vector<std::unique_ptr<std::barrier<>>> wb, nb;
+    for (unsigned w = 0; w < all / 32; ++w) { wb.emplace_back(new std::barrier<>(32)); g_warp_bar[w] = wb.back().get(); }
+    for (const auto& [id, count] : named) { nb.emplace_back(new std::barrier<>(count)); g_named_bar[id] = nb.back().get(); }
     g_block_bar = &blk;
     std::vector<std::thread> th;
-    for (unsigned t = 0; t < threads; ++t) th.emplace_back([&, t] { emu_tid = {t, 0, 0}; emu_bid = {x, y, z}; body(); });
+    for (unsigned t = 0; t < all; ++t)
+      th.emplace_back([&, t] { emu_tid = {t % threads, t / threads, 0}; emu_bid = {x, y, z}; body(); });
     for (auto& t : th) t.join();
   }
 }
@@ -226,8 +234,15 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   if (b1_local) {
     launch(NC, HV, 1, [&] { dr::chunk_dv_local_kernel<TT, KM>(a); }, 256);
     if (b1_parts == 4) {  // (only at K = 128: state_backward_channel_parts)
-      if constexpr (KM == 128)
-        launch(N, HV, V / 16, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true, 4>(a); }, 128);
+      if constexpr (KM == 128) {
+        if (a.h16 && dr::state_chains_wanted(N * HV, K, V, 1 << 20)) {  // stage 2 recomputed beside B1, one launch
+          // h and v_new poisoned (NaN) first: B2 below then checks the recomputation, not the forward's.
+          std::memset(hh16.p(), 0xff, hh16.mem.size());
+          std::memset(vn.p(), 0xff, vn.mem.size());
+          launch(N, HV, V / 16, [&] { dr::chunk_state_chains_kernel<TT>(a); }, 128, 2, {{1, 128}, {2, 64}});
+        } else
+          launch(N, HV, V / 16, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true, 4>(a); }, 128);
+      }
     } else if (b1_parts == 2) {
       launch(N, HV, V / 32, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true, 2>(a); }, 128);
     } else {
