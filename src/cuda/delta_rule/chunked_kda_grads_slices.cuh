@@ -46,11 +46,25 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
 constexpr int kKdaSliceRowsPerPass = kKdaSplitThreads / kKdaSliceK;                   // 4
 constexpr int kKdaSlicePasses = kChunkSize * kKdaSliceK / kKdaSplitThreads;          // 16
 
-// out[r * 64 + d] = log2(e) G[row0 + r', hv, c0 + d] with r' = min(r, L - 1): log2 units, so that
-// exp(G_i - G_j) = kda_exp2(G2_i - G2_j) (chunked_kda_gate_rows.cuh: one ex2.approx.ftz, no multiply
-// per term); rows past L repeat the last row (the cumulative sum of zero gates), as the decayed sums
-// require. No barrier.
-template <int KMAX>
+// Swizzled slice tiles (the staged state kernel, session 11): element (r, d) of an fp32 [64][64]
+// tile at r * 64 + (d ^ s(r)), s(r) = 8 ((r & 3) ^ ((r >> 2) & 1)) (bits 3-4 only: pairs (d, d + 1),
+// d even, stay adjacent), so that its passes' access patterns touch distinct banks: a row's 32
+// consecutive channels (coalesced passes); rows R + grp, channel pairs D + 2 tig (fragment elements,
+// float2: each half-warp's rows R..R + 3 or R + 4..R + 7 get 4 different s); rows R + 2 tig + e,
+// channels D + grp (transposed fragments, scalar: s differs over tig). (ncu run 10.4: 8-way conflicts
+// in the unswizzled tiles' fragment passes, 74% of all shared wavefronts excessive.) A 16-bit tile
+// (k) XORs d with 8 (r & 7): a bank holds a pair, so the 8 rows of a fragment pattern need distinct
+// bits 3-5.
+__device__ __forceinline__ int kda_swz_at(int r, int d) {
+  return r * kKdaSliceK + (d ^ (((r & 3) ^ ((r >> 2) & 1)) << 3));
+}
+__device__ __forceinline__ int kda_swz16_at(int r, int d) { return r * kKdaSliceK + (d ^ ((r & 7) << 3)); }
+
+// out[r * 64 + d] (kSwz: out[kda_swz_at(r, d)]) = log2(e) G[row0 + r', hv, c0 + d] with
+// r' = min(r, L - 1): log2 units, so that exp(G_i - G_j) = kda_exp2(G2_i - G2_j)
+// (chunked_kda_gate_rows.cuh: one ex2.approx.ftz, no multiply per term); rows past L repeat the last
+// row (the cumulative sum of zero gates), as the decayed sums require. No barrier.
+template <int KMAX, bool kSwz = false>
 __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
                                                int64_t HV, int c0, float* out) {
   const int tid = threadIdx.x, d = tid % kKdaSliceK, r0 = tid / kKdaSliceK;
@@ -64,7 +78,10 @@ __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInf
 #pragma unroll
     for (int u = 0; u < 8; ++u, p += step) v[u] = *(r0 + kKdaSliceRowsPerPass * (m0 + u) < ci.len ? p : last);
 #pragma unroll
-    for (int u = 0; u < 8; ++u) out[(r0 + kKdaSliceRowsPerPass * (m0 + u)) * kKdaSliceK + d] = kKdaLog2e * v[u];
+    for (int u = 0; u < 8; ++u) {
+      const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
+      out[kSwz ? kda_swz_at(r, d) : r * kKdaSliceK + d] = kKdaLog2e * v[u];
+    }
   }
 }
 

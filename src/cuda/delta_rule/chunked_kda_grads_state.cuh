@@ -40,17 +40,19 @@ namespace flashgrad::cuda_detail::delta_rule {
 // k is kept raw in T (exact; normalized on read with rk), which leaves room for dA's own tile: dA's
 // K part is summed over the slices in shared memory, not in 16 registers held across the slice
 // loop (the fused dw / Y product needs them).
-template <typename T>
+// kPad (the staged variant): A at pitch 68 and dA at pitch 72, so that their fragment-layout reads and
+// (float2) updates hit 32 different banks (at 65 the products with A saw 4-way conflicts: ncu run 10.4).
+template <typename T, bool kPad = false>
 struct KdaGradsStateSmem {
-  static constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = C + 1;
+  static constexpr int C = kChunkSize, KS = kKdaSliceK, LDA = kPad ? C + 4 : C + 1, LDM = kPad ? C + 8 : C + 1;
   float *G, *dw, *Y, *X;  // [C][KS]: the slice's G (log2 units: kda_gate_slice), dw, Y, X
   T* k;                   // [C][KS]: the slice's k as stored (0 past L)
-  float *A, *mat;         // [C][LDM]: A; dA (unmasked: the V part, then + dw Wb^T per slice)
+  float *A, *mat;         // [C][LDA]: A; [C][LDM]: dA (unmasked: the V part, then + dw Wb^T per slice)
   float* tmp;             // after the slices: dA A^T [C][C] in dw's space
   float *beta, *rq, *rk, *dbeta;  // [C]
   float* sl;                      // [2][KS]: slice s sums into sl + KS (s % 2) (see the slice loop)
   static constexpr int64_t bytes() {
-    return sizeof(float) * (4 * C * KS + 2 * C * LDM + 4 * C + 2 * KS) + sizeof(T) * C * KS;
+    return sizeof(float) * (4 * C * KS + C * LDA + C * LDM + 4 * C + 2 * KS) + sizeof(T) * C * KS;
   }
   __device__ explicit KdaGradsStateSmem(unsigned char* raw) {
     G = reinterpret_cast<float*>(raw);
@@ -58,7 +60,7 @@ struct KdaGradsStateSmem {
     Y = dw + C * KS;
     X = Y + C * KS;
     A = X + C * KS;
-    mat = A + C * LDM;
+    mat = A + C * LDA;
     beta = mat + C * LDM;
     rq = beta + C;
     rk = rq + C;
@@ -68,7 +70,9 @@ struct KdaGradsStateSmem {
     tmp = dw;
   }
 };
-static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024, "two blocks per SM");
+static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024 &&
+                  KdaGradsStateSmem<__nv_bfloat16, true>::bytes() <= 113 * 1024,
+              "two blocks per SM");
 
 // kSplit: the state products with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact) or rounded
 // once to T (the default; chunked_kda_grads_state_product.cuh). kStaged (session 11,
@@ -77,8 +81,22 @@ static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024, "two bloc
 // (kda_state_slice_products_staged).
 template <typename T, int KMAX, bool kSplit, bool kStaged = false>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
-  using S = KdaGradsStateSmem<T>;
-  constexpr int C = kChunkSize, KS = kKdaSliceK, LDM = S::LDM;
+  using S = KdaGradsStateSmem<T, kStaged>;
+  constexpr int C = kChunkSize, KS = kKdaSliceK, LDA = S::LDA, LDM = S::LDM;
+  // Element (r, d) of the slice tiles G, dw, Y, X (and of tmp after the slices) and of k: row-major,
+  // or swizzled in the staged variant (kda_swz_at: conflict-free fragment-layout passes).
+  auto ti = [](int r, int d) {
+    if constexpr (kStaged)
+      return kda_swz_at(r, d);
+    else
+      return r * KS + d;
+  };
+  auto tk = [](int r, int d) {
+    if constexpr (kStaged)
+      return kda_swz16_at(r, d);
+    else
+      return r * KS + d;
+  };
   static_assert(KMAX % KS == 0, "whole slices");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
@@ -120,7 +138,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   if (tid < 2 * KS) sm.sl[tid] = 0.f;
   kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
   kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
-  kda_load_A(a.A, row0, hv, HV, L, sm.A, LDM);
+  kda_load_A(a.A, row0, hv, HV, L, sm.A, LDA);
   __syncthreads();
 
   // dA's V part, dv_new (beta v)^T: v exact in T, dv_new split; beta_j per column. The warp's
@@ -140,14 +158,26 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       }
   }
 
-  auto kx = [&](int r, int d) { return to_f<T>(sm.k[r * KS + d]); };  // raw k (times rk[r]: normalized)
+  auto kx = [&](int r, int d) { return to_f<T>(sm.k[tk(r, d)]); };  // raw k (times rk[r]: normalized)
+  // The coalesced passes' elements (r0 + 4 m, d), r0 = tid / 64 < 4: in the swizzled tiles the row's
+  // swizzle alternates with m's parity, so two bases and constant offsets (else the compiler keeps 16
+  // hoisted offsets, spilled).
+  auto coalesced_at = [&](int r0, int d) {
+    const int e = ti(r0, d), o = ti(r0 + 4, d) - 4 * KS;
+    return [=](int m) {
+      if constexpr (kStaged)
+        return (m & 1 ? o : e) + 4 * KS * m;
+      else
+        return ti(r0 + 4 * m, d);
+    };
+  };
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
     // sl of this slice: its buffer was last read by the store pass of slice s - 2, two barriers ago.
     float* sl = sm.sl + KS * ((c0 / KS) % 2);
     if (c0 >= 2 * KS && tid < KS) sl[tid] = 0.f;
-    kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
-    kda_key_slice_raw<T>(a.k, ci, head, c0, sm.k);
+    kda_gate_slice<KMAX, kStaged>(a.G, ci, row0, hv, HV, c0, sm.G);
+    kda_key_slice_each<T>(a.k, ci, head, c0, [&](int r, int d, T v) { sm.k[tk(r, d)] = v; });
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
     const float* hs = h + static_cast<int64_t>(c0) * V;  // rows c0.. of h_c and dh_{c+1}
     const float* dhs = dhn + static_cast<int64_t>(c0) * V;
@@ -184,11 +214,12 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
       // The same pass sums this thread's s_rd = X_rd k_rd exp(gl_d - G_rd) of channel d for sl (X, k are
       // 0 past L), one shared atomic per thread.
-      const float gl = sm.G[(L - 1) * KS + d];
+      const float gl = sm.G[ti(L - 1, d)];
+      const auto at_m = coalesced_at(r0, d);
       float s_sum = 0.f;
 #pragma unroll
       for (int m = 0; m < NE; ++m, pdq += sqk) {
-        const int r = r0 + 4 * m, at = r * KS + d;
+        const int r = r0 + 4 * m, at = at_m(m);
         const float g = sm.G[at], dq = scale * kda_exp2(g) * sm.Y[at];
         if (r < L) add_or_store(pdq, dq);
         sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
@@ -200,31 +231,73 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
     {
       float acc[4][4] = {};
-      kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[r * KS + d]; },
-                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp2(sm.G[j * KS + d]) * kx(j, d); },
+      kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[ti(r, d)]; },
+                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp2(sm.G[ti(j, d)]) * kx(j, d); },
                                        16 * rs, n0, 0, KS, acc);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < 4; ++nt) {
+        if constexpr (kStaged) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          sm.mat[(16 * rs + mma::acc_row(e)) * LDM + n0 + 8 * nt + mma::acc_col(e)] += acc[nt][e];
+          for (int h2 = 0; h2 < 2; ++h2) {  // elements (acc_row(2 h2), acc_col(0) + {0, 1}): one float2 (LDM even)
+            float2* p = reinterpret_cast<float2*>(&sm.mat[(16 * rs + mma::acc_row(2 * h2)) * LDM + n0 + 8 * nt + mma::acc_col(0)]);
+            float2 v = *p;
+            v.x += acc[nt][2 * h2], v.y += acc[nt][2 * h2 + 1];
+            *p = v;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sm.mat[(16 * rs + mma::acc_row(e)) * LDM + n0 + 8 * nt + mma::acc_col(e)] += acc[nt][e];
+        }
+      }
     }
 
     // dWb_s = A^T dw_s (warp: rows 16 rs.., channels n0 + 8 nt..; A_ir = 0 for i < r, so the k range
     // starts at the strip), then every slice output at the warp's fragment elements.
     float acc[4][4] = {};
-    kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDM + r]; },
-                                     [&](int i, int d) { return sm.dw[i * KS + d]; }, 16 * rs, n0, 16 * rs, C, acc);
+    kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDA + r]; },
+                                     [&](int i, int d) { return sm.dw[ti(i, d)]; }, 16 * rs, n0, 16 * rs, C, acc);
     __syncthreads();  // q o dq_s in Y
     float tsum[2] = {0.f, 0.f};     // rows grp, grp + 8: sum of e k dWb over this thread's channels
     const int ra = 16 * rs + mma::grp();  // this lane's rows ra, ra + 8
+    if constexpr (kStaged) {
+      // The same per element pair (d, d + 1) = n0 + 8 nt + 2 tig (+ 1) with float2 loads / stores: in
+      // the swizzled tiles a pair of row r sits at r * 64 + n0 + 2 tig + (8 nt ^ s(r)), and s(ra + 8) =
+      // s(ra); k's pair (one 32-bit word) at d ^ 8 (r & 7).
+      const int sr = kda_swz_at(ra, 0) - ra * KS, sL = kda_swz_at(L - 1, 0) - (L - 1) * KS;
+      const int ct = n0 + 2 * mma::tig();
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int off = ct + ((8 * nt) ^ sr);
+        const float2 gL = *reinterpret_cast<const float2*>(&sm.G[(L - 1) * KS + ct + ((8 * nt) ^ sL)]);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int r = ra + 8 * h2, at = r * KS + off;
+          float k0, k1;
+          mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(&sm.k[tk(r, ct + 8 * nt)]), k0, k1);
+          const float2 g2 = *reinterpret_cast<const float2*>(&sm.G[at]), x2 = *reinterpret_cast<const float2*>(&sm.X[at]);
+          float2 y2 = *reinterpret_cast<const float2*>(&sm.Y[at]), w2;
+          const float rk = sm.rk[r], bt = sm.beta[r];
+          auto one = [&](float g, float gl, float kraw, float Xv, float dwb, float& y, float& wout) {
+            const float ex = kda_exp2(g), kr = kraw * rk, be = bt * ex, kdx = kda_exp2(gl - g), sx = Xv * kdx * kr;
+            tsum[h2] += ex * kr * dwb;
+            wout = Xv * kdx + be * dwb;
+            y = y - sx + be * kr * dwb;
+          };
+          one(g2.x, gL.x, k0, x2.x, acc[nt][2 * h2], y2.x, w2.x);
+          one(g2.y, gL.y, k1, x2.y, acc[nt][2 * h2 + 1], y2.y, w2.y);
+          *reinterpret_cast<float2*>(&sm.dw[at]) = w2;
+          *reinterpret_cast<float2*>(&sm.Y[at]) = y2;
+        }
+      }
+    } else
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = r * KS + d;
+        const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = ti(r, d);
         const float g = sm.G[at], ex = kda_exp2(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
-        const float kdx = kda_exp2(sm.G[(L - 1) * KS + d] - g);  // r <= L - 1 wherever X != 0
+        const float kdx = kda_exp2(sm.G[ti(L - 1, d)] - g);  // r <= L - 1 wherever X != 0
         const float Xv = sm.X[at], s = Xv * kdx * kr;
         tsum[e >> 1] += ex * kr * dwb;
         // dk_s into dw's tile (free: its readers passed the barrier above), dG_s over Y's element
@@ -243,7 +316,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       const int d0 = 16 * ((tid / 32) % 4) + mma::grp();
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (hdot[i] != 0.f) atomicAdd(&sl[d0 + 8 * i], kda_exp2(sm.G[(L - 1) * KS + d0 + 8 * i]) * hdot[i]);
+        if (hdot[i] != 0.f) atomicAdd(&sl[d0 + 8 * i], kda_exp2(sm.G[ti(L - 1, d0 + 8 * i)]) * hdot[i]);
     }
     __syncthreads();  // dk_s, dG_s, sl complete
     {
@@ -254,9 +327,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       float* pdg = dg_row0 + r0 * dg_stride + c0 + d;
       const int64_t sqk = 4 * qk_stride, sdg = 4 * dg_stride;
       const float sld = sl[d];
+      const auto at_m = coalesced_at(r0, d);
 #pragma unroll 4
       for (int m = 0; m < C * KS / kKdaSplitThreads; ++m, pdk += sqk, pdg += sdg) {
-        const int r = r0 + 4 * m, at = r * KS + d;
+        const int r = r0 + 4 * m, at = at_m(m);
         if (r < L) {
           add_or_store(pdk, sm.dw[at]);
           *pdg = sm.Y[at] + (r == L - 1 ? sld : 0.f);
@@ -273,18 +347,18 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   {
     float acc[4][4] = {};
     kda_mma::warp_fp32_product<T, 4>([&](int i, int j) { return i < L && j <= i ? sm.mat[i * LDM + j] : 0.f; },
-                                     [&](int j, int m) { return sm.A[m * LDM + j]; }, 16 * rs, n0, 0, 16 * rs + 16,
+                                     [&](int j, int m) { return sm.A[m * LDA + j]; }, 16 * rs, n0, 0, 16 * rs + 16,
                                      acc);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sm.tmp[(16 * rs + mma::acc_row(e)) * C + n0 + 8 * nt + mma::acc_col(e)] = acc[nt][e];
+      for (int e = 0; e < 4; ++e) sm.tmp[ti(16 * rs + mma::acc_row(e), n0 + 8 * nt + mma::acc_col(e))] = acc[nt][e];
   }
   __syncthreads();
   {
     float acc[4][4] = {};
-    kda_mma::warp_fp32_product<T, 4>([&](int i, int m) { return sm.A[m * LDM + i]; },
-                                     [&](int m, int j) { return sm.tmp[m * C + j]; }, 16 * rs, n0, 16 * rs, C, acc);
+    kda_mma::warp_fp32_product<T, 4>([&](int i, int m) { return sm.A[m * LDA + i]; },
+                                     [&](int m, int j) { return sm.tmp[ti(m, j)]; }, 16 * rs, n0, 16 * rs, C, acc);
     float* dv0 = a.dv + (row0 * HV + hv) * V;  // row i: + i * HV V; dM in columns [0, 64)
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)

@@ -19,6 +19,7 @@
 
 #include <type_traits>
 
+#include "chunked_kda_grads_slices.cuh"  // kda_swz_at
 #include "chunked_kda_mma.cuh"  // kda_mma::pair_exact
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
@@ -277,7 +278,8 @@ __device__ __forceinline__ void kda_stage_rows(const float* dvn, int64_t dvn_str
   }
 }
 
-// One slice's three products (kSplit = false only): dw[r * 64 + d] = -sum_c dv_new[r][c] hs[d][c],
+// One slice's three products (kSplit = false only), into swizzled tiles (kda_swz_at(r, d), written
+// r * 64 + d here): dw[r * 64 + d] = -sum_c dv_new[r][c] hs[d][c],
 // Y[..] = sum_c do[r][c] hs[d][c], X[..] = sum_c v_new[r][c] dhs[d][c] (r < 64 chunk rows, 0 past
 // L; d < 64 slice channels, hs / dhs rows c0 + d of h_c / dh_{c+1}), and dot as
 // kda_state_slice_product's (<hs[d], dhs[d]> in lanes tig == 0 of warps 0..3). Warp layout as above
@@ -290,7 +292,7 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
                                                                 int64_t do_stride, const T* vn, int64_t vn_stride,
                                                                 int L, T* stage, float* dw, float* Y, float* X,
                                                                 float (&dot)[2]) {
-  constexpr int KS = 64, NT = 4, SP = 64 * kKdaStagePiece;  // SP: elements per staged operand
+  constexpr int NT = 4, SP = 64 * kKdaStagePiece;  // SP: elements per staged operand
   const int w = threadIdx.x / 32, g = mma::grp(), tg = mma::tig();
   const int d0 = 16 * (w % 4), nt0 = NT * (w / 4);
   const float* h0 = hs + static_cast<int64_t>(d0 + g) * V + 4 * tg;  // state rows d0 + g; + 8 V: d0 + g + 8
@@ -362,7 +364,7 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int at = (8 * (nt0 + nt) + mma::acc_col(e)) * KS + d0 + mma::acc_row(e);
+      const int at = kda_swz_at(8 * (nt0 + nt) + mma::acc_col(e), d0 + mma::acc_row(e));
       dw[at] = -aw[nt][e];
       Y[at] = ay[nt][e];
       X[at] = ax[nt][e];

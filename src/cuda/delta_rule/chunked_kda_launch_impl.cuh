@@ -199,8 +199,8 @@ inline KdaB2Kernel kda_b2_requested() {
 
 template <typename T, int KMAX, bool kSplit, bool kStaged = false>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
-  launch_kda_kernel<KdaGradsStateSmem<T>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit, kStaged>,
-                                                            kda_chunk_grid(a), a, s);
+  launch_kda_kernel<KdaGradsStateSmem<T, kStaged>, kKdaSplitThreads>(kda_grads_state_kernel<T, KMAX, kSplit, kStaged>,
+                                                                     kda_chunk_grid(a), a, s);
   launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit>,
                                                          kda_chunk_grid(a), a, s);
 }
