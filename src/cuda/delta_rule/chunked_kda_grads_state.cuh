@@ -229,27 +229,58 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     }
 
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
-    {
+    if constexpr (kStaged) {
+      // Warp w: dA's columns j = 8 w + n (n < 8), every row (4 row tiles), so that each element
+      // exp(G_jd) k_jd of the B operand is formed once per block (the layout below forms it in the 4
+      // warps of a column half, with its beta_j rk_j: ~1/3 of the slice's instructions after the
+      // staged products); beta_j rk_j scales the sums. A (dw) and B pairs by float2 / 32-bit loads.
+      float acc[4][4] = {};
+      const int w = tid / 32, g = mma::grp(), t2 = 2 * mma::tig(), j = 8 * w + g;
+#pragma unroll 1
+      for (int kk = 0; kk < KS; kk += 16) {
+        uint32_t bh[2], bl[2];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {  // B rows (channels) kk + t2 + 8 h2 + {0, 1}, column j
+          const int d = kk + t2 + 8 * h2;
+          const float2 g2 = *reinterpret_cast<const float2*>(&sm.G[ti(j, d)]);
+          float k0, k1;
+          mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(&sm.k[tk(j, d)]), k0, k1);
+          mma::split_pair<T>(kda_exp2(g2.x) * k0, kda_exp2(g2.y) * k1, bh[h2], bl[h2]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          uint32_t ah[4], al[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {  // A: rows 16 mt + g (+ 8: i odd), channels kk + t2 (+ 8: i >= 2)
+            const float2 x2 = *reinterpret_cast<const float2*>(&sm.dw[ti(16 * mt + g + 8 * (i & 1), kk + t2 + 8 * (i >> 1))]);
+            mma::split_pair<T>(x2.x, x2.y, ah[i], al[i]);
+          }
+          mma::mma16816<T>(acc[mt], ah, bh);
+          mma::mma16816<T>(acc[mt], al, bh);
+          mma::mma16816<T>(acc[mt], ah, bl);
+        }
+      }
+      const int jc = 8 * w + t2;  // this lane's accumulator columns jc, jc + 1
+      const float s0 = sm.beta[jc] * sm.rk[jc], s1 = sm.beta[jc + 1] * sm.rk[jc + 1];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {  // rows 16 mt + g + 8 h2: one float2 (LDM even)
+          float2* p = reinterpret_cast<float2*>(&sm.mat[(16 * mt + g + 8 * h2) * LDM + jc]);
+          float2 v = *p;
+          v.x += acc[mt][2 * h2] * s0, v.y += acc[mt][2 * h2 + 1] * s1;
+          *p = v;
+        }
+    } else {
       float acc[4][4] = {};
       kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[ti(r, d)]; },
                                        [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp2(sm.G[ti(j, d)]) * kx(j, d); },
                                        16 * rs, n0, 0, KS, acc);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        if constexpr (kStaged) {
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int h2 = 0; h2 < 2; ++h2) {  // elements (acc_row(2 h2), acc_col(0) + {0, 1}): one float2 (LDM even)
-            float2* p = reinterpret_cast<float2*>(&sm.mat[(16 * rs + mma::acc_row(2 * h2)) * LDM + n0 + 8 * nt + mma::acc_col(0)]);
-            float2 v = *p;
-            v.x += acc[nt][2 * h2], v.y += acc[nt][2 * h2 + 1];
-            *p = v;
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sm.mat[(16 * rs + mma::acc_row(e)) * LDM + n0 + 8 * nt + mma::acc_col(e)] += acc[nt][e];
-        }
-      }
+        for (int e = 0; e < 4; ++e)
+          sm.mat[(16 * rs + mma::acc_row(e)) * LDM + n0 + 8 * nt + mma::acc_col(e)] += acc[nt][e];
     }
 
     // dWb_s = A^T dw_s (warp: rows 16 rs.., channels n0 + 8 nt..; A_ir = 0 for i < r, so the k range
