@@ -85,6 +85,52 @@ __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInf
   }
 }
 
+// kda_gate_slice<KMAX, true>'s tile by cp.async (the staged state kernel, session 11: the slice's
+// loads all in flight at once, no registers): 16-byte copies of raw G rows (rows past L: row L - 1)
+// into the swizzled tile; thread tid copies chunks q = tid + 256 i (row q / 16, channels 4 (q % 16)..).
+// After this thread's copies have landed (cp_async_wait), kda_gate_slice_to_log2 scales the same
+// chunks to log2 units (then a barrier before others read them). G's rows are 16-byte aligned (K is
+// a multiple of 64).
+constexpr int kKdaGateChunks = kChunkSize * kKdaSliceK / 4 / kKdaSplitThreads;  // 4 per thread
+template <int KMAX>
+__device__ __forceinline__ void kda_gate_slice_async(const float* G_in, const ChunkInfo& ci, int64_t row0,
+                                                     int64_t hv, int64_t HV, int c0, float* out) {
+#pragma unroll
+  for (int i = 0; i < kKdaGateChunks; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i, r = q / 16, d = 4 * (q % 16);
+    const int rr = r < ci.len ? r : ci.len - 1;
+    mma::cp_async16(out + kda_swz_at(r, d), G_in + ((row0 + rr) * HV + hv) * KMAX + c0 + d, true);
+  }
+}
+__device__ __forceinline__ void kda_gate_slice_to_log2(float* out) {
+#pragma unroll
+  for (int i = 0; i < kKdaGateChunks; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i;
+    float4* p = reinterpret_cast<float4*>(out + kda_swz_at(q / 16, 4 * (q % 16)));
+    float4 v = *p;
+    v.x *= kKdaLog2e, v.y *= kKdaLog2e, v.z *= kKdaLog2e, v.w *= kKdaLog2e;
+    *p = v;
+  }
+}
+// k's slice (as stored, T) by cp.async into the 16-bit swizzled tile (kda_swz16_at), rows past L
+// zero-filled: thread tid copies chunks q = tid + 256 i (row q / 8, channels 8 (q % 8)..). Needs
+// 16-byte aligned rows (kda_key_rows16); no barrier.
+template <typename T>
+__device__ __forceinline__ bool kda_key_rows16(const View& x, const ChunkInfo& ci, int64_t head) {
+  return (reinterpret_cast<uintptr_t>(static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0, head)) & 15) == 0 &&
+         x.s1 % 8 == 0;
+}
+template <typename T>
+__device__ __forceinline__ void kda_key_slice_async(const View& x, const ChunkInfo& ci, int64_t head, int c0, T* out) {
+  const T* row0 = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0, head) + c0;
+#pragma unroll
+  for (int i = 0; i < kChunkSize * kKdaSliceK / 8 / kKdaSplitThreads; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i, r = q / 8, d = 8 * (q % 8);
+    const bool ok = r < ci.len;
+    mma::cp_async16(out + kda_swz16_at(r, d), row0 + (ok ? r : 0) * x.s1 + d, ok);
+  }
+}
+
 // put(r, d, v) for the chunk's rows r < 64 and channels c0 + d (d < 64) of q or k as stored,
 // v = x[b, t0 + r, head, c0 + d] (T, 0 past L). No barrier.
 template <typename T, typename Put>

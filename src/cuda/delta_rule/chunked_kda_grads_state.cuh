@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   // The staged products' 16-byte loads of do and v_new rows (V is a multiple of 64).
   const bool rows16 = (reinterpret_cast<uintptr_t>(do_base) & 15) == 0 && a.dout.s1 % 8 == 0 &&
                       (reinterpret_cast<uintptr_t>(vn_base) & 15) == 0;
+  const bool k_rows16 = kStaged && kda_key_rows16<T>(a.k, ci, head);  // k's slice by cp.async
   const bool gva = a.H != a.HV;
   auto add_or_store = [gva](float* p, float x) {
     if (gva)
@@ -176,8 +177,19 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // sl of this slice: its buffer was last read by the store pass of slice s - 2, two barriers ago.
     float* sl = sm.sl + KS * ((c0 / KS) % 2);
     if (c0 >= 2 * KS && tid < KS) sl[tid] = 0.f;
-    kda_gate_slice<KMAX, kStaged>(a.G, ci, row0, hv, HV, c0, sm.G);
-    kda_key_slice_each<T>(a.k, ci, head, c0, [&](int r, int d, T v) { sm.k[tk(r, d)] = v; });
+    if constexpr (kStaged) {
+      // By cp.async, in flight with the staged products' loads (they wait for these copies too); G to
+      // log2 units after the products (first read after the barrier that follows them).
+      kda_gate_slice_async<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
+      if (k_rows16)
+        kda_key_slice_async<T>(a.k, ci, head, c0, sm.k);
+      else
+        kda_key_slice_each<T>(a.k, ci, head, c0, [&](int r, int d, T v) { sm.k[tk(r, d)] = v; });
+      mma::cp_async_commit();
+    } else {
+      kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
+      kda_key_slice_raw<T>(a.k, ci, head, c0, sm.k);
+    }
     // The products with the states (no barrier inside; each thread writes its own fragment elements).
     const float* hs = h + static_cast<int64_t>(c0) * V;  // rows c0.. of h_c and dh_{c+1}
     const float* dhs = dhn + static_cast<int64_t>(c0) * V;
@@ -199,6 +211,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         kda_state_slice_product2<T, kSplit, false>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
       kda_state_slice_product<T, kSplit, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
     }
+    if constexpr (kStaged) kda_gate_slice_to_log2(sm.G);  // this thread's copies landed inside the products
     __syncthreads();
 
     // dq_s = scale e o Y, stored (thread: channel tid % 64 of rows tid / 64 + 4 m, coalesced q

@@ -230,52 +230,56 @@ __device__ __forceinline__ int64_t kda_staged_at(int r, int c, int pw) {  // ele
 
 // Stages rows r < 64, columns [p0, p0 + pw) of the three operands into st_vn, st_do, st_dvn (T),
 // one 16-byte chunk (8 columns) per thread and pass: thread tid takes chunk j = q % (pw / 8) of row
-// q / (pw / 8), q = tid + 256 i (consecutive threads: consecutive chunks of one row). dv_new (fp32)
-// is rounded to T here. ALIGNED16: the rows of do and v_new allow 16-byte loads (else element loads).
-// No barrier.
+// q / (pw / 8), q = tid + 256 i (consecutive threads: consecutive chunks of one row). ALIGNED16 (the
+// rows of do and v_new allow 16-byte accesses): do and v_new by cp.async (zero fill past L; one
+// committed group), else by element loads. dv_new (fp32) is rounded to T here, two chunks' loads in
+// flight per round (four spilled at 128 registers). Ends with this thread's copies committed, not
+// waited for; no barrier.
 template <typename T, bool ALIGNED16>
 __device__ __forceinline__ void kda_stage_rows(const float* dvn, int64_t dvn_stride, const T* dout, int64_t do_stride,
                                                const T* vn, int64_t vn_stride, int L, int64_t p0, int pw, T* st_dvn,
                                                T* st_do, T* st_vn) {
-  const int cpr = pw / 8, n = 64 * cpr;  // chunks per row, chunks per operand
   constexpr int NTHR = 256;
+  const int cpr = pw / 8, n = 64 * cpr;  // chunks per row, per operand
 #pragma unroll 1
-  for (int q0 = 0; q0 < n; q0 += 2 * NTHR) {  // two chunks per thread in flight per operand
-    uint4 vd[2], vo[2], vv[2];
+  for (int q0 = 0; q0 < n; q0 += 2 * NTHR) {  // n is a multiple of 512
+    float4 va[2], vb[2];
     int at[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int q = q0 + u * NTHR + static_cast<int>(threadIdx.x), r = q / cpr, j = q % cpr;
-      at[u] = q < n ? static_cast<int>(kda_staged_at<T>(r, 8 * j, pw)) : -1;
-      const bool ok = q < n && r < L;
-      const int64_t c = p0 + 8 * j;
-      vd[u] = vo[u] = vv[u] = make_uint4(0u, 0u, 0u, 0u);
+      const bool ok = r < L;
+      const int64_t c = p0 + 8 * j, ro = ok ? r : 0;
+      at[u] = static_cast<int>(kda_staged_at<T>(r, 8 * j, pw));
+      va[u] = vb[u] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (ok) {
-        const float4 a = *reinterpret_cast<const float4*>(dvn + r * dvn_stride + c);
-        const float4 b = *reinterpret_cast<const float4*>(dvn + r * dvn_stride + c + 4);
-        vd[u] = make_uint4(mma::pack_floats<T>(a.x, a.y), mma::pack_floats<T>(a.z, a.w), mma::pack_floats<T>(b.x, b.y),
-                           mma::pack_floats<T>(b.z, b.w));
-        const T* po = dout + r * do_stride + c;
-        const T* pv = vn + r * vn_stride + c;
-        if constexpr (ALIGNED16) {
-          vo[u] = *reinterpret_cast<const uint4*>(po);
-          vv[u] = *reinterpret_cast<const uint4*>(pv);
-        } else {
-          vo[u] = make_uint4(mma::pack2<T>(po[0], po[1]), mma::pack2<T>(po[2], po[3]), mma::pack2<T>(po[4], po[5]),
-                             mma::pack2<T>(po[6], po[7]));
-          vv[u] = make_uint4(mma::pack2<T>(pv[0], pv[1]), mma::pack2<T>(pv[2], pv[3]), mma::pack2<T>(pv[4], pv[5]),
-                             mma::pack2<T>(pv[6], pv[7]));
+        va[u] = *reinterpret_cast<const float4*>(dvn + r * dvn_stride + c);
+        vb[u] = *reinterpret_cast<const float4*>(dvn + r * dvn_stride + c + 4);
+      }
+      if constexpr (ALIGNED16) {
+        mma::cp_async16(st_do + at[u], dout + ro * do_stride + c, ok);
+        mma::cp_async16(st_vn + at[u], vn + ro * vn_stride + c, ok);
+      } else {
+        uint4 vo = make_uint4(0u, 0u, 0u, 0u), vv = vo;
+        if (ok) {
+          const T* po = dout + r * do_stride + c;
+          const T* pv = vn + r * vn_stride + c;
+          vo = make_uint4(mma::pack2<T>(po[0], po[1]), mma::pack2<T>(po[2], po[3]), mma::pack2<T>(po[4], po[5]),
+                          mma::pack2<T>(po[6], po[7]));
+          vv = make_uint4(mma::pack2<T>(pv[0], pv[1]), mma::pack2<T>(pv[2], pv[3]), mma::pack2<T>(pv[4], pv[5]),
+                          mma::pack2<T>(pv[6], pv[7]));
         }
+        *reinterpret_cast<uint4*>(st_do + at[u]) = vo;
+        *reinterpret_cast<uint4*>(st_vn + at[u]) = vv;
       }
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u)
-      if (at[u] >= 0) {
-        *reinterpret_cast<uint4*>(st_dvn + at[u]) = vd[u];
-        *reinterpret_cast<uint4*>(st_do + at[u]) = vo[u];
-        *reinterpret_cast<uint4*>(st_vn + at[u]) = vv[u];
-      }
+      *reinterpret_cast<uint4*>(st_dvn + at[u]) =
+          make_uint4(mma::pack_floats<T>(va[u].x, va[u].y), mma::pack_floats<T>(va[u].z, va[u].w),
+                     mma::pack_floats<T>(vb[u].x, vb[u].y), mma::pack_floats<T>(vb[u].z, vb[u].w));
   }
+  if constexpr (ALIGNED16) mma::cp_async_commit();
 }
 
 // One slice's three products (kSplit = false only), into swizzled tiles (kda_swz_at(r, d), written
@@ -286,6 +290,8 @@ __device__ __forceinline__ void kda_stage_rows(const float* dvn, int64_t dvn_str
 // (warp w: channels 16 (w % 4).., rows 32 (w / 4)..). `stage` (3 x 64 x kKdaStagePiece T, 48 KiB)
 // may alias dw / Y / X: the results are written after a barrier that follows the last read of it.
 // Barriers inside; the caller's previous readers of stage / dw / Y / X must have passed a barrier.
+// Every cp.async this thread committed before the call has landed when it returns (cp_async_wait<0>
+// before the staging barrier).
 template <typename T, bool ALIGNED16>
 __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs, const float* dhs, int64_t V,
                                                                 const float* dvn, int64_t dvn_stride, const T* dout,
@@ -340,10 +346,11 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
     const int pw = V - p0 < kKdaStagePiece ? static_cast<int>(V - p0) : kKdaStagePiece;  // a multiple of 64
     const int64_t end = p0 + pw;
     Raw ra, rb2;
-    fetch(ra, p0);  // in flight during the staging
-    fetch(rb2, p0 + 16);
     if (p0 > 0) __syncthreads();  // the previous piece's readers are done
     kda_stage_rows<T, ALIGNED16>(dvn, dvn_stride, dout, do_stride, vn, vn_stride, L, p0, pw, st_dvn, st_do, st_vn);
+    fetch(ra, p0);  // in flight during the copies' wait and the barrier (after the staging: registers)
+    fetch(rb2, p0 + 16);
+    mma::cp_async_wait<0>();  // this thread's copies, including any the caller committed before the call
     __syncthreads();
 #pragma unroll 1
     for (int64_t c = p0; c < end; c += 32) {
