@@ -86,6 +86,33 @@ __device__ __forceinline__ float row_rstd(const T* tile, int ld, bool l2norm, in
   return 1.0f / sqrtf(ss + kL2NormEps);
 }
 
+// Rows r < 64 of a source whose row r starts at src + r * stride (elements) into a [C][KMAX + 8] tile by
+// 16-byte cp.async pieces: thread tid copies piece tid % P of rows tid / P + (256 / P) i (P = KMAX / 8
+// pieces per row; rows >= L zero-filled, their sources pointed at row 0). One 64-bit multiply per row.
+template <typename T, int KMAX>
+__device__ __forceinline__ void tile_rows_async(const T* src, int64_t stride, int L, T* dst, int tid) {
+  constexpr int P = KMAX / 8, RS = 256 / P, LDK = KMAX + 8;
+  const int p = tid % P, r0 = tid / P;
+#pragma unroll
+  for (int i = 0; i < kChunkSize / RS; ++i) {
+    const int r = r0 + RS * i;
+    const bool ok = r < L;
+    mma::cp_async16(dst + r * LDK + 8 * p, src + (ok ? r : 0) * stride + 8 * p, ok);
+  }
+}
+// The reverse for rows r < L: tile rows into dst + r * stride, 16-byte pieces, the same thread mapping.
+template <typename T, int KMAX>
+__device__ __forceinline__ void tile_rows_store(const T* tile, T* dst, int64_t stride, int L, int tid) {
+  constexpr int P = KMAX / 8, RS = 256 / P, LDK = KMAX + 8;
+  const int p = tid % P, r0 = tid / P;
+#pragma unroll
+  for (int i = 0; i < kChunkSize / RS; ++i) {
+    const int r = r0 + RS * i;
+    if (r < L)
+      *reinterpret_cast<uint4*>(dst + r * stride + 8 * p) = *reinterpret_cast<const uint4*>(tile + r * LDK + 8 * p);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // B2a: shared memory. q, k raw (for the rstd and the dG dots), two stages of two 32-column slice
 // tiles (pass 1: do, dv_new; pass 2: v_new in tile 0), three [C][K] staging tiles of the outputs in T
@@ -439,11 +466,17 @@ struct GradsLocalSmem {
   __device__ T* ptile(int m) const { return reinterpret_cast<T*>(region() + m * kPTile); }
 };
 
-template <typename T, int KMAX, int kItems = 1>
+// kVersion 1: session 7. 2 (session 11, FLASHGRAD_CHUNKED_B2_SPLIT=v2; kItems = 1): three slice stages
+// in pass 1 (two slices in flight while one is used, was one; 12 slice tiles fill the region exactly,
+// as its 4 P tiles do), and the q / k / dw / dk_s row copies by tile_rows_async (one 64-bit multiply
+// per row instead of a division and an off3 per piece).
+template <typename T, int KMAX, int kItems = 1, int kVersion = 1>
 __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_kernel(ChunkedArgs a) {
   using S = GradsLocalSmem<T, KMAX>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
+  constexpr int kStages = kVersion >= 2 ? 3 : 2;
+  static_assert(4 * kStages * S::kSliceTile <= S::kRegion && (kVersion == 1 || kItems == 1), "slice stages");
   static_assert(NKH % 2 == 0, "K = 64 or 128");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
@@ -457,11 +490,24 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   const int r0 = 16 * rs + grp;  // the thread's accumulator rows r0, r0 + 8
   const int d0 = hf * (KMAX / 2);  // K-column products: columns [d0, d0 + K / 2)
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
-  const int NS = static_cast<int>(V / VS);
+  // kVersion 3 (V == K): the slice count is known, pass 1 unrolled (stages and offsets fixed).
+  const int NS = kVersion >= 3 ? KMAX / VS : static_cast<int>(V / VS);
   const float scale = a.scale;
   const GradsFrags<T> fr(lane);
   auto erow = [&](int e) { return grp + 8 * (e >> 1); };
   auto ecol = [&](int e) { return 2 * tig + (e & 1); };
+  auto view_rows = [&](const View& x, int64_t idx) { return static_cast<T*>(x.p) + off3(x, ci.b, ci.t0, idx); };
+  // Element (r, de + odd) of a [C][LDK] tile of T as float (de even); kVersion 3 reads the pair (de,
+  // de + 1) as one 32-bit word (the pair's other element, read next, is the same load).
+  auto tile_elem = [&](const T* tile, int r, int de, int odd) -> float {
+    if constexpr (kVersion >= 3) {
+      float x0, x1;
+      mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(tile + r * LDK + de), x0, x1);
+      return odd ? x1 : x0;
+    } else {
+      return to_f<T>(tile[r * LDK + de + odd]);
+    }
+  };
   // x[e] split into hi / lo T tiles of pitch LDP at rows r0' + grp (+ 8), columns c0 + 2 tig + {0, 1}.
   auto store_tile_split = [&](T* hi, T* lo, int rr0, int c0, const float(&x)[4]) {
 #pragma unroll
@@ -499,10 +545,17 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // ---- Prologue: q, k, dw (B2a's, in dv's first K columns: read here, before pass 1 writes dv) and
   // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta.
   {
-    rows16_async<T>(a.q, ci, head, KMAX, sm.q, LDK, tid);
-    rows16_async<T>(a.k, ci, head, KMAX, sm.k, LDK, tid);
-    rows16_async<T>(a.dv_out, ci, hv, KMAX, sm.dw, LDK, tid);
+    if (kVersion >= 2) {
+      tile_rows_async<T, KMAX>(view_rows(a.q, head), a.q.s1, L, sm.q, tid);
+      tile_rows_async<T, KMAX>(view_rows(a.k, head), a.k.s1, L, sm.k, tid);
+      tile_rows_async<T, KMAX>(view_rows(a.dv_out, hv), a.dv_out.s1, L, sm.dw, tid);
+    } else {
+      rows16_async<T>(a.q, ci, head, KMAX, sm.q, LDK, tid);
+      rows16_async<T>(a.k, ci, head, KMAX, sm.k, LDK, tid);
+      rows16_async<T>(a.dv_out, ci, hv, KMAX, sm.dw, LDK, tid);
+    }
     issue_slice(0, 0);
+    if (kStages == 3) issue_slice(1, 1);  // (NS >= 4: V >= K >= 64)
     // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4); all loads first.
     float4 y[4];
 #pragma unroll
@@ -529,7 +582,10 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
       sm.dG[tid] = (a.dG_state && ok) ? a.dG_state[(row0 + tid) * HV + hv] : 0.f;  // B2a's dG terms (added last)
     }
-    mma::cp_async_wait<0>();
+    if (kStages == 3)
+      mma::cp_async_wait<1>();  // q, k, dw, slice 0 (slice 1 may be in flight)
+    else
+      mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
     const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
     const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
@@ -553,12 +609,26 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // column terms of columns 32 hf + 8 nt + 2 tig + p.
   float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   const int64_t dvo_row[2] = {off3(a.dv_out, ci.b, ci.t0 + r0, hv), off3(a.dv_out, ci.b, ci.t0 + r0 + 8, hv)};
-  for (int s = 0; s < NS; ++s) {
-    const int b = s & 1;
+  // b: slice s's stage (b3 = s % 3 counted along, for three stages).
+  constexpr int kUnrollPass1 = kVersion >= 3 ? KMAX / VS : 1;
+#pragma unroll kUnrollPass1
+  for (int s = 0, b3 = 0; s < NS; ++s, b3 = b3 == 2 ? 0 : b3 + 1) {
+    const int b = kStages == 2 ? s & 1 : b3;
     const int64_t col0 = static_cast<int64_t>(s) * VS;
-    mma::cp_async_wait<0>();
-    __syncthreads();  // slice s landed; every warp is done with stage b ^ 1
-    if (s + 1 < NS) issue_slice(s + 1, b ^ 1);
+    if (kStages == 3) {
+      // Committed before this wait: slices 0 .. s + 1 (one group each; empty groups past NS - 1), so
+      // all but the newest is slice s landed.
+      mma::cp_async_wait<1>();
+      __syncthreads();  // slice s landed; every warp is done with slice s - 1's stage, (s + 2) % 3
+      if (s + 2 < NS)
+        issue_slice(s + 2, b3 == 0 ? 2 : b3 - 1);  // (s + 2) % 3: slice s - 1's stage
+      else
+        mma::cp_async_commit();  // (an empty group keeps the count)
+    } else {
+      mma::cp_async_wait<0>();
+      __syncthreads();  // slice s landed; every warp is done with stage b ^ 1
+      if (s + 1 < NS) issue_slice(s + 1, b ^ 1);
+    }
     const T* sdo = sm.slice(b, 0);
     const T* svn = sm.slice(b, 1);
     const T* sv = sm.slice(b, 2);
@@ -596,10 +666,17 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
         const float x0 = acc[2 * h] + accl[2 * h], x1 = acc[2 * h + 1] + accl[2 * h + 1];
         if (j < L) {
           const float bj = sm.beta[j];
-          const int64_t at = dvo_row[h] + (col0 + n) * a.dv_out.s3;
+          // (kVersion 3: dv's inner stride is 1, as split_grads_applies checks)
+          const int64_t at = dvo_row[h] + (kVersion >= 3 ? col0 + n : (col0 + n) * a.dv_out.s3);
           *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_out.p) + at) = mma::pack_floats<T>(bj * x0, bj * x1);
         }
-        rsum[h] += to_f<T>(sv[j * LDS + n]) * x0 + to_f<T>(sv[j * LDS + n + 1]) * x1;
+        if (kVersion >= 3) {  // the pair (n, n + 1) as one 32-bit word
+          float v0, v1;
+          mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(sv + j * LDS + n), v0, v1);
+          rsum[h] += v0 * x0 + v1 * x1;
+        } else {
+          rsum[h] += to_f<T>(sv[j * LDS + n]) * x0 + to_f<T>(sv[j * LDS + n + 1]) * x1;
+        }
       }
       rowB[0] += rsum[0];
       rowB[1] += rsum[1];
@@ -712,7 +789,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
         float s0, s1;
         mma::unpack_floats<T>(dqs[nt][e >> 1], s0, s1);
         dq[nt][e] = dq[nt][e] * f[e >> 1] + ((e & 1) ? s1 : s0);
-        dot[e >> 1] += to_f<T>(sm.q[r * LDK + d]) * dq[nt][e];
+        dot[e >> 1] += tile_elem(sm.q, r, d - (e & 1), e & 1) * dq[nt][e];
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -742,7 +819,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 #pragma unroll
           for (int p = 0; p < 2; ++p) {
             const float g = dq[nt][2 * h + p];
-            dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.q[r * LDK + d + p])) : g;
+            dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * tile_elem(sm.q, r, d, p)) : g;
           }
           store_pair(dq_row2, h, d, dx[0], dx[1]);
         }
@@ -791,7 +868,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
         dkr[nt][e] += br[e >> 1] * er[e >> 1] * acc[nt][e];
-        rsum[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * acc[nt][e];
+        rsum[e >> 1] += tile_elem(sm.k, r, d - (e & 1), e & 1) * acc[nt][e];
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -935,8 +1012,8 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = r0 + 8 * (e >> 1), d = d0 + 8 * nt + ecol(e);
-        dkr[nt][e] += acc[nt][e] * irk[e >> 1] + to_f<T>(dks[r * LDK + d]);
-        dot[e >> 1] += to_f<T>(sm.k[r * LDK + d]) * dkr[nt][e];
+        dkr[nt][e] += acc[nt][e] * irk[e >> 1] + tile_elem(dks, r, d - (e & 1), e & 1);
+        dot[e >> 1] += tile_elem(sm.k, r, d - (e & 1), e & 1) * dkr[nt][e];
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -982,7 +1059,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 #pragma unroll
           for (int p = 0; p < 2; ++p) {
             const float g = dkr[nt][2 * h + p];
-            dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * to_f<T>(sm.k[r * LDK + d + p])) : g;
+            dx[p] = a.l2norm ? rstd[h] * (g - dotn[h] * rstd[h] * tile_elem(sm.k, r, d, p)) : g;
           }
           store_pair(dk_row, h, d, dx[0], dx[1]);
         }
@@ -1018,3 +1095,6 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
+
+// Session 11 variants (opt-in by FLASHGRAD_CHUNKED_B2_SPLIT, read per call: split_variant below).
+#include "chunked_grads_state_resident.cuh"

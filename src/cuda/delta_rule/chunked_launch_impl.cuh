@@ -309,11 +309,27 @@ void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV / kItems));
   constexpr int64_t bytes_a = kItems * GradsStateSmem<T, KMAX>::bytes(),
                     bytes_b = kItems * GradsLocalSmem<T, KMAX>::bytes();
-  set_smem(chunk_grads_state_kernel<T, KMAX, kItems>, bytes_a);
-  chunk_grads_state_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_a, s>>>(a);
+  const SplitVariant variant = kItems == 1 && a.V == KMAX ? split_variant() : SplitVariant::kV1;
+  if (variant != SplitVariant::kV1) {
+    // B2a with every tile loaded at its start (chunked_grads_state_resident.cuh, session 11; V == K).
+    constexpr int64_t bytes_r = GradsStateResidentSmem<T, KMAX>::bytes();
+    set_smem(chunk_grads_state_resident_kernel<T, KMAX>, bytes_r);
+    chunk_grads_state_resident_kernel<T, KMAX><<<grid, 256, bytes_r, s>>>(a);
+  } else {
+    set_smem(chunk_grads_state_kernel<T, KMAX, kItems>, bytes_a);
+    chunk_grads_state_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_a, s>>>(a);
+  }
   FLASHGRAD_CUDA_CHECK_LAUNCH();
-  set_smem(chunk_grads_local_kernel<T, KMAX, kItems>, bytes_b);
-  chunk_grads_local_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_b, s>>>(a);
+  if (variant == SplitVariant::kV2) {  // (kItems == 1) kVersion 2: pass 1 with three slice stages
+    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 2>, bytes_b);
+    chunk_grads_local_kernel<T, KMAX, 1, 2><<<grid, 256, bytes_b, s>>>(a);
+  } else if (variant == SplitVariant::kV3) {  // (kItems == 1, V == K) and pass 1 unrolled
+    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 3>, bytes_b);
+    chunk_grads_local_kernel<T, KMAX, 1, 3><<<grid, 256, bytes_b, s>>>(a);
+  } else {
+    set_smem(chunk_grads_local_kernel<T, KMAX, kItems>, bytes_b);
+    chunk_grads_local_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_b, s>>>(a);
+  }
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 template <typename T, int KMAX>
