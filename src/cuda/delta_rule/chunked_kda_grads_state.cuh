@@ -334,21 +334,22 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
           *reinterpret_cast<float2*>(&sm.Y[at]) = y2;
         }
       }
-    } else
+    } else {
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = ti(r, d);
-        const float g = sm.G[at], ex = kda_exp2(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
-        const float kdx = kda_exp2(sm.G[ti(L - 1, d)] - g);  // r <= L - 1 wherever X != 0
-        const float Xv = sm.X[at], s = Xv * kdx * kr;
-        tsum[e >> 1] += ex * kr * dwb;
-        // dk_s into dw's tile (free: its readers passed the barrier above), dG_s over Y's element
-        // (read just above by this thread): stored by the coalesced pass after the slice's barrier.
-        sm.dw[at] = Xv * kdx + be * dwb;
-        sm.Y[at] = sm.Y[at] - s + be * kr * dwb;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = ti(r, d);
+          const float g = sm.G[at], ex = kda_exp2(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
+          const float kdx = kda_exp2(sm.G[ti(L - 1, d)] - g);  // r <= L - 1 wherever X != 0
+          const float Xv = sm.X[at], s = Xv * kdx * kr;
+          tsum[e >> 1] += ex * kr * dwb;
+          // dk_s into dw's tile (free: its readers passed the barrier above), dG_s over Y's element
+          // (read just above by this thread): stored by the coalesced pass after the slice's barrier.
+          sm.dw[at] = Xv * kdx + be * dwb;
+          sm.Y[at] = sm.Y[at] - s + be * kr * dwb;
+        }
+    }
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {  // over the 4 lanes of a row, then one shared atomic per row and warp
       tsum[h2] += __shfl_xor_sync(0xffffffffu, tsum[h2], 1);
