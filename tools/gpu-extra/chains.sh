@@ -3,9 +3,9 @@
 # (chunked_state_chains.cuh, FLASHGRAD_CHUNKED_STATE_CHAINS=1; state_chains_wanted in chunked_stages.h).
 # Runs on the H200 from the repo root after tools/gpu-check's build into build-gpu (cap 150 s; logs in
 # $OUT/extra/):
-#   1. the chunked GDN GPU tests with the chains launch on (it applies where K = 128 and the blocks fit
-#      one wave: the tests' few-chain cases);
-#   2. chunk GDN bf16 K=V=128 B1 T32768 H16 and B1 T8192 H16 in one process each: off / on, per-kernel
+#   1. the chunked GDN GPU tests with the chains launch's single-fragment stage 2 (=single; the chains
+#      launch itself is the default since run 11.1 where K = 128 and the blocks fit one wave);
+#   2. chunk GDN bf16 K=V=128 B1 T32768 H16 (off / on / single) and B1 T8192 H16 (off / on), per-kernel
 #      times, wall ms, gradients of on against off;
 #   3. ncu of the chains kernel at B1 T32768 (occupancy, issue active, stalls);
 #   4. fla's per-kernel CUDA times at B8 T4096 H16 (where fla's backward time goes, for comparison).
@@ -14,12 +14,12 @@ cd "$(dirname "$0")/../.."
 JOB_BUDGET_S=140
 source tools/gpu-extra/lib/job_lib.sh
 
-echo "== chains 1/4: chunked GDN GPU tests, FLASHGRAD_CHUNKED_STATE_CHAINS=1"
-job_tests chains_tests 40 'DeltaRuleChunked*:DeltaRuleGpu.Chunked*:-*Kda*:*KDA*' FLASHGRAD_CHUNKED_STATE_CHAINS=1
+echo "== chains 1/4: chunked GDN GPU tests, FLASHGRAD_CHUNKED_STATE_CHAINS=single (=1 is the default since run 11.1)"
+job_tests chains_tests 40 'DeltaRuleChunked*:DeltaRuleGpu.Chunked*:-*Kda*:*KDA*' FLASHGRAD_CHUNKED_STATE_CHAINS=single
 
 echo "== chains 2/4: off / on at B1 T32768 and B1 T8192"
 job_compare chains_32k 30 --kind gdn --shape 1,32768,16,128 --env FLASHGRAD_CHUNKED_STATE_CHAINS \
-  --variants off=0,on=1 --focus 'state_chains|state_backward|chunk_state_kernel|dv_local' --reps 5,5,2
+  --variants off=0,on=1,single=single --focus 'state_chains|state_backward|chunk_state_kernel|dv_local' --reps 5,5,2
 job_compare chains_8k 20 --kind gdn --shape 1,8192,16,128 --env FLASHGRAD_CHUNKED_STATE_CHAINS \
   --variants off=0,on=1 --focus 'state_chains|state_backward|chunk_state_kernel|dv_local' --reps 5,5,2
 

@@ -236,10 +236,18 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
 // (B0 first; state_backward_local_wanted) and single-fragment B1 products. Costs dh its own buffer
 // (it otherwise reuses u's region, which stage 2 reads while B1 writes dh): rows' states, 268 MB at
 // B1 T32768 H16 K=V=128. FLASHGRAD_CHUNKED_STATE_CHAINS=1 / 0 (read per call) turns it on / off.
-constexpr bool kStateChainsByDefault = false;  // opt-in until an H200 run has timed it
+// On by default since run 11.1 (H200, 2026-11-30, chunk GDN bf16 K=V=128, one process): B1 T32768 H16
+// stage 2 + B1 1.232 + 1.527 ms -> 2.499 ms in one launch, backward 5.344 -> 5.013 ms; B1 T8192 0.709
+// -> 0.631 ms, 1.491 -> 1.392 ms; gradients bit-identical; the chunked GPU tests pass with it.
+constexpr bool kStateChainsByDefault = true;
+// =single: the chains kernel's stage 2 with single-fragment products (chunked_state_chains.cuh).
+inline bool state_chains_single_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
+  return env && std::string(env) == "single";
+}
 inline bool state_chains_wanted(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
-  const bool on = env ? std::string(env) == "1" : kStateChainsByDefault;
+  const bool on = env ? std::string(env) == "1" || std::string(env) == "single" : kStateChainsByDefault;
   return on && K == 128 && V % 16 == 0 && chains * (V / 16) <= sms && !state_backward_split_wanted() &&
          state_backward_local_wanted(chains, V, sms);
 }

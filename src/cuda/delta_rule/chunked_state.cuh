@@ -130,7 +130,8 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
   static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
-  static_assert(!kSingle || kOutput, "single-fragment products: the fused forward only");
+  static_assert(!kSingle || kOutput || kBar != 0,
+                "single-fragment products: the fused forward, or the chains kernel's recomputation");
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;

@@ -22,9 +22,10 @@ void launch_chunk_state_chains(const ChunkedArgs& a, cudaStream_t s) {
     FLASHGRAD_CUDA_CHECK_LAUNCH();
   }
   using L = StateChainsLayout<T>;
-  set_smem(chunk_state_chains_kernel<T>, L::bytes());
+  const auto kernel = state_chains_single_wanted() ? chunk_state_chains_kernel<T, true> : chunk_state_chains_kernel<T>;
+  set_smem(kernel, L::bytes());
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / 16));
-  chunk_state_chains_kernel<T><<<grid, dim3(128, 2), L::bytes(), s>>>(a);
+  kernel<<<grid, dim3(128, 2), L::bytes(), s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 

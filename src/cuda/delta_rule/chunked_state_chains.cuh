@@ -31,7 +31,11 @@ struct StateChainsLayout {
   static_assert(bytes() <= 227 * 1024, "both layouts in one SM's shared memory");
 };
 
-template <typename T>
+// kStateSingle (FLASHGRAD_CHUNKED_STATE_CHAINS=single, an experiment of session 11): stage 2's products
+// with single-fragment operands (h^T, v_new^T rounded to T, as the fused forward and fla take them):
+// fewer instructions on its chain and less code beside B1's (run 11.1's ncu of the hi + lo pair: 16%
+// of the stall samples waiting for instructions).
+template <typename T, bool kStateSingle = false>
 __global__ void __launch_bounds__(256, 1) chunk_state_chains_kernel(ChunkedArgs a) {
   using L = StateChainsLayout<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -39,7 +43,7 @@ __global__ void __launch_bounds__(256, 1) chunk_state_chains_kernel(ChunkedArgs 
     chunk_state_backward_transposed_body<T, L::KMAX, L::kB1Warps, /*kSplit=*/false, /*kLocal=*/true, L::kB1Split,
                                          /*kBar=*/1>(a, smem_raw);
   else if (threadIdx.x < 32 * L::kStateWarps)
-    chunk_state_body<T, L::KMAX, L::kStateWarps, /*kOutput=*/false, L::kStateSplit, /*kSingle=*/false, /*kBar=*/2>(
+    chunk_state_body<T, L::KMAX, L::kStateWarps, /*kOutput=*/false, L::kStateSplit, kStateSingle, /*kBar=*/2>(
         a, smem_raw + L::kStateOffset);
 }
 
