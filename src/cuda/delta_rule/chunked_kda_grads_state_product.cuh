@@ -219,13 +219,13 @@ __device__ __forceinline__ void kda_state_slice_product2(const float* S, int64_t
 // 2 tig + 8, 2 tig + 9 (in that order) of both A (state rows) and B (chunk rows): one float4 per
 // state row and one 8-byte shared load per chunk row and operand.
 //
-// Staged layout: kKdaStagePiece (128) columns per piece, row r of an operand at stage + r * pw
-// (pw = the piece's width), its 16-column unit u at position u ^ (r & 3) (so the 4 rows of a
-// half-warp's 8-byte loads fall in 4 different 32-byte bank groups); rows >= L are zeros.
+// Staged layout: up to kKdaStagePiece (128) columns per piece, row r of an operand at stage + 128 r
+// (whatever the piece's width pw, so that the loads' offsets are immediates), its 16-column unit u
+// at position u ^ (r & 3) (so the 4 rows of a half-warp's 8-byte loads fall in 4 different 32-byte
+// bank groups; pw / 16 is a multiple of 4); rows >= L are zeros.
 constexpr int kKdaStagePiece = 128;
-template <typename T>
-__device__ __forceinline__ int64_t kda_staged_at(int r, int c, int pw) {  // element offset of (r, c)
-  return static_cast<int64_t>(r) * pw + ((((c >> 4) ^ (r & 3)) << 4) | (c & 15));
+__device__ __forceinline__ int kda_staged_at(int r, int c) {  // element offset of (r, c)
+  return r * kKdaStagePiece + ((((c >> 4) ^ (r & 3)) << 4) | (c & 15));
 }
 
 // Stages rows r < 64, columns [p0, p0 + pw) of the three operands into st_vn, st_do, st_dvn (T),
@@ -250,7 +250,7 @@ __device__ __forceinline__ void kda_stage_rows(const float* dvn, int64_t dvn_str
       const int q = q0 + u * NTHR + static_cast<int>(threadIdx.x), r = q / cpr, j = q % cpr;
       const bool ok = r < L;
       const int64_t c = p0 + 8 * j, ro = ok ? r : 0;
-      at[u] = static_cast<int>(kda_staged_at<T>(r, 8 * j, pw));
+      at[u] = kda_staged_at(r, 8 * j);
       va[u] = vb[u] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (ok) {
         va[u] = *reinterpret_cast<const float4*>(dvn + r * dvn_stride + c);
@@ -301,25 +301,30 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
   constexpr int NT = 4, SP = 64 * kKdaStagePiece;  // SP: elements per staged operand
   const int w = threadIdx.x / 32, g = mma::grp(), tg = mma::tig();
   const int d0 = 16 * (w % 4), nt0 = NT * (w / 4);
-  const float* h0 = hs + static_cast<int64_t>(d0 + g) * V + 4 * tg;  // state rows d0 + g; + 8 V: d0 + g + 8
-  const float* e0 = dhs + static_cast<int64_t>(d0 + g) * V + 4 * tg;
-  const int64_t r8 = 8 * V;
+  // State rows d0 + g and d0 + g + 8 of hs and dhs, columns 4 tig..: pointers stepped by 16 columns
+  // per fetch (the fetches run through the columns in order, across the pieces).
+  const float* ph0 = hs + static_cast<int64_t>(d0 + g) * V + 4 * tg;
+  const float* pe0 = dhs + static_cast<int64_t>(d0 + g) * V + 4 * tg;
+  const float* ph1 = ph0 + 8 * V;
+  const float* pe1 = pe0 + 8 * V;
   T* st_dvn = stage;
   T* st_do = stage + SP;
   T* st_vn = stage + 2 * SP;
   struct Raw {
     float4 h0, h1, e0, e1;  // columns c + 4 tig .. + 3 of state rows g, g + 8 of hs and dhs
   };
-  auto fetch = [&](Raw& R, int64_t c) {
-    R.h0 = *reinterpret_cast<const float4*>(h0 + c), R.h1 = *reinterpret_cast<const float4*>(h0 + r8 + c);
-    R.e0 = *reinterpret_cast<const float4*>(e0 + c), R.e1 = *reinterpret_cast<const float4*>(e0 + r8 + c);
+  auto fetch = [&](Raw& R) {
+    R.h0 = *reinterpret_cast<const float4*>(ph0), R.h1 = *reinterpret_cast<const float4*>(ph1);
+    R.e0 = *reinterpret_cast<const float4*>(pe0), R.e1 = *reinterpret_cast<const float4*>(pe1);
+    ph0 += 16, ph1 += 16, pe0 += 16, pe1 += 16;
   };
   float aw[NT][4] = {}, ay[NT][4] = {}, ax[NT][4] = {}, dsum[2] = {0.f, 0.f};
   // This lane's chunk rows 8 (nt0 + nt) + g: the same (r & 3) = g & 3 for every nt.
-  const int rb = 8 * nt0 + g, sw = g & 3;
-  // One step: R's values into fragments (and the dot), R refilled with step c_next's (if < end),
-  // then 3 x NT mmas with the staged rows' 8-byte pieces of unit `unit` (local column 16 unit).
-  auto step = [&](Raw& R, int64_t c_next, int64_t end, int unit, int pw) {
+  const int rbase = (8 * nt0 + g) * kKdaStagePiece + 4 * tg, sw = g & 3;
+  // One step: R's values into fragments (and the dot), R refilled with the next fetch's columns
+  // (refill: a constant at each call), then 3 x NT mmas with the staged rows' 8-byte pieces of unit
+  // `unit` (the piece's columns 16 unit..).
+  auto step = [&](Raw& R, int unit, bool refill) {
     uint32_t ah[4], ad[4];
     ah[0] = mma::pack_floats<T>(R.h0.x, R.h0.y), ah[1] = mma::pack_floats<T>(R.h1.x, R.h1.y);
     ah[2] = mma::pack_floats<T>(R.h0.z, R.h0.w), ah[3] = mma::pack_floats<T>(R.h1.z, R.h1.w);
@@ -327,11 +332,11 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
     ad[2] = mma::pack_floats<T>(R.e0.z, R.e0.w), ad[3] = mma::pack_floats<T>(R.e1.z, R.e1.w);
     dsum[0] += R.h0.x * R.e0.x + R.h0.y * R.e0.y + R.h0.z * R.e0.z + R.h0.w * R.e0.w;
     dsum[1] += R.h1.x * R.e1.x + R.h1.y * R.e1.y + R.h1.z * R.e1.z + R.h1.w * R.e1.w;
-    if (c_next < end) fetch(R, c_next);
-    const int off = rb * pw + (((unit ^ sw) << 4) | (4 * tg));  // row rb; + 8 pw per tile
+    if (refill) fetch(R);
+    const int off = rbase + ((unit ^ sw) << 4);  // + 8 rows per tile
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int o = off + 8 * nt * pw;
+      const int o = off + 8 * kKdaStagePiece * nt;
       const uint2 bw = *reinterpret_cast<const uint2*>(st_dvn + o);
       const uint2 by = *reinterpret_cast<const uint2*>(st_do + o);
       const uint2 bx = *reinterpret_cast<const uint2*>(st_vn + o);
@@ -344,20 +349,21 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
 #pragma unroll 1
   for (int64_t p0 = 0; p0 < V; p0 += kKdaStagePiece) {
     const int pw = V - p0 < kKdaStagePiece ? static_cast<int>(V - p0) : kKdaStagePiece;  // a multiple of 64
-    const int64_t end = p0 + pw;
     Raw ra, rb2;
     if (p0 > 0) __syncthreads();  // the previous piece's readers are done
     kda_stage_rows<T, ALIGNED16>(dvn, dvn_stride, dout, do_stride, vn, vn_stride, L, p0, pw, st_dvn, st_do, st_vn);
-    fetch(ra, p0);  // in flight during the copies' wait and the barrier (after the staging: registers)
-    fetch(rb2, p0 + 16);
+    fetch(ra);  // columns p0.., p0 + 16..: in flight during the copies' wait and the barrier
+    fetch(rb2);
     mma::cp_async_wait<0>();  // this thread's copies, including any the caller committed before the call
     __syncthreads();
+    const int last = pw / 16 - 2;  // the last pair of steps fetches nothing (the piece's columns end)
 #pragma unroll 1
-    for (int64_t c = p0; c < end; c += 32) {
-      const int unit = static_cast<int>(c - p0) >> 4;
-      step(ra, c + 32, end, unit, pw);
-      step(rb2, c + 48, end, unit + 1, pw);
+    for (int unit = 0; unit < last; unit += 2) {
+      step(ra, unit, true);
+      step(rb2, unit + 1, true);
     }
+    step(ra, last, false);
+    step(rb2, last + 1, false);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {  // over the 4 lanes (tig) of a row
