@@ -423,10 +423,12 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_state_ke
 // ---------------------------------------------------------------------------------------------
 // B2b: shared memory. q, k raw, dw (T, from B2a), A hi / lo, region R (two stages of four 16-column
 // slice tiles: do, v_new, v, dv_new; after pass 1: S hi / lo then tmp hi / lo, dA hi / lo then S2
-// hi / lo), per-row factors and fixed partial-sum slots.
-template <typename T, int KMAX>
+// hi / lo), per-row factors and fixed partial-sum slots. kVS = 32 (kVersion 4): two stages of four
+// 32-column slice tiles (40 KiB: the region grows by 4 KiB), and the partial-sum slots (first
+// written after pass 1) in the region's tail past the 4 P tiles, so the total stays under 113 KiB.
+template <typename T, int KMAX, int kVS = 16>
 struct GradsLocalSmem {
-  static constexpr int C = kChunkSize, VS = 16;
+  static constexpr int C = kChunkSize, VS = kVS;
   static constexpr int LDK = KMAX + 8, LDP = C + 8, LDS = VS + 8;
   static constexpr int64_t kKeyTile = sizeof(T) * C * LDK;
   static constexpr int64_t kPTile = sizeof(T) * C * LDP;
@@ -437,9 +439,12 @@ struct GradsLocalSmem {
   // row-role warps with hf = 0 / 1; 2, 3 dbeta likewise; 4 .. 7 dG column terms of rs = 0 .. 3;
   // 8, 9 <q_raw, dq> over K half hf; 10, 11 <k_raw, dk> likewise.
   static constexpr int kArrays = 8, kParts = 12;
+  static constexpr bool kPartsInRegion = kVS == 32;
+  static_assert(!kPartsInRegion || 4 * kPTile + int64_t(sizeof(float)) * kParts * C <= kRegion, "slots fit");
   static constexpr int64_t bytes() {
-    return 3 * kKeyTile + 2 * kPTile + kRegion + sizeof(float) * (kArrays + kParts) * C;
+    return 3 * kKeyTile + 2 * kPTile + kRegion + sizeof(float) * (kArrays + (kPartsInRegion ? 0 : kParts)) * C;
   }
+  static_assert(bytes() <= 113 * 1024, "two blocks per SM");
   unsigned char* raw;
   T *q, *k, *dw, *A_hi, *A_lo;
   float *G, *beta, *rq, *rk, *irq, *irk, *eG, *dG, *part;
@@ -457,7 +462,7 @@ struct GradsLocalSmem {
     irk = irq + C;
     eG = irk + C;
     dG = eG + C;
-    part = dG + C;
+    part = kPartsInRegion ? reinterpret_cast<float*>(region() + 4 * kPTile) : dG + C;
   }
   __device__ unsigned char* region() const { return raw + 3 * kKeyTile + 2 * kPTile; }
   // Slice stage b, tile m: 0 do, 1 v_new, 2 v, 3 dv_new, each [C][LDS].
@@ -472,10 +477,10 @@ struct GradsLocalSmem {
 // per row instead of a division and an off3 per piece).
 template <typename T, int KMAX, int kItems = 1, int kVersion = 1>
 __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_kernel(ChunkedArgs a) {
-  using S = GradsLocalSmem<T, KMAX>;
+  using S = GradsLocalSmem<T, KMAX, kVersion >= 4 ? 32 : 16>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
-  constexpr int kStages = kVersion >= 2 ? 3 : 2;
+  constexpr int kStages = kVersion == 2 || kVersion == 3 ? 3 : 2;
   static_assert(4 * kStages * S::kSliceTile <= S::kRegion && (kVersion == 1 || kItems == 1), "slice stages");
   static_assert(NKH % 2 == 0, "K = 64 or 128");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -490,7 +495,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   const int r0 = 16 * rs + grp;  // the thread's accumulator rows r0, r0 + 8
   const int d0 = hf * (KMAX / 2);  // K-column products: columns [d0, d0 + K / 2)
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
-  // kVersion 3 (V == K): the slice count is known, pass 1 unrolled (stages and offsets fixed).
+  // kVersion >= 3 (V == K): the slice count is known, pass 1 unrolled (stages and offsets fixed).
   const int NS = kVersion >= 3 ? KMAX / VS : static_cast<int>(V / VS);
   const float scale = a.scale;
   const GradsFrags<T> fr(lane);
@@ -521,8 +526,9 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   };
 
   // Slice copies (16 columns = two 16-byte pieces per row and tile): threads 0..127 copy do and
-  // v_new, 128..255 v and dv_new; row pr = (tid % 128) / 2, piece pp = tid % 2.
-  const int pr = (tid & 127) >> 1, pp = tid & 1, second = tid >> 7;
+  // v_new, 128..255 v and dv_new; row pr = (tid % 128) / 2, piece pp = tid % 2. (32 columns,
+  // kVersion 4: row pr = tid / 4, piece pp = tid % 4 of all four tiles.)
+  const int pr = VS == 32 ? tid >> 2 : (tid & 127) >> 1, pp = VS == 32 ? tid & 3 : tid & 1, second = tid >> 7;
   const bool pr_ok = pr < L;
   const int pr_src = pr_ok ? pr : 0;
   const T* vn_src = static_cast<const T*>(a.v_new) + ((row0 + pr_src) * HV + hv) * V + 8 * pp;
@@ -532,7 +538,12 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   const int p_at = pr * LDS + 8 * pp;
   auto issue_slice = [&](int s, int b) {
     const int64_t col0 = static_cast<int64_t>(s) * VS;
-    if (second == 0) {
+    if (VS == 32) {
+      mma::cp_async16(sm.slice(b, 1) + p_at, vn_src + col0, pr_ok);
+      mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
+      mma::cp_async16(sm.slice(b, 3) + p_at, dvn_src + col0, pr_ok);
+      mma::cp_async16(sm.slice(b, 2) + p_at, v_src + col0, pr_ok);
+    } else if (second == 0) {
       mma::cp_async16(sm.slice(b, 1) + p_at, vn_src + col0, pr_ok);
       mma::cp_async16(sm.slice(b, 0) + p_at, do_src + col0, pr_ok);
     } else {
@@ -609,6 +620,52 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // column terms of columns 32 hf + 8 nt + 2 tig + p.
   float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   const int64_t dvo_row[2] = {off3(a.dv_out, ci.b, ci.t0 + r0, hv), off3(a.dv_out, ci.b, ci.t0 + r0 + 8, hv)};
+  // kVersion 4: one 32-column slice (two 16-column steps k2 of dP, du); dUb for rows of the strip and
+  // columns [16 hf, +16) of the slice (both 8-column tiles of the .trans B fragment).
+  auto pass1_wide = [&](const T* sdo, const T* svn, const T* sv, const T* sdv, int64_t col0) {
+#pragma unroll
+    for (int k2 = 0; k2 < VS / 16; ++k2) {
+      uint32_t ado[4], adv[4];
+      fr.lda(ado, sdo, LDS, 16 * rs, 16 * k2);
+      fr.lda(adv, sdv, LDS, 16 * rs, 16 * k2);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        if (2 * hf + np > rs) continue;  // column blocks right of the diagonal block are never used
+        uint32_t bvn[4], bv[4];
+        fr.ldb(bvn, svn, LDS, 16 * k2, 32 * hf + 16 * np);
+        fr.ldb(bv, sv, LDS, 16 * k2, 32 * hf + 16 * np);
+        fr.mma2(accU[2 * np], accU[2 * np + 1], adv, bv);
+        fr.mma2(accP[2 * np], accP[2 * np + 1], ado, bvn);
+      }
+    }
+    float acc[2][4] = {}, accl[2][4] = {};
+    for (int kq = rs; kq < 4; ++kq) {
+      uint32_t ah[4], al[4], bd[4];
+      fr.lda_t(ah, sm.A_hi, LDP, 16 * rs, 16 * kq);
+      fr.lda_t(al, sm.A_lo, LDP, 16 * rs, 16 * kq);
+      fr.ldb_t(bd, sdv, LDS, 16 * kq, 16 * hf);
+      fr.mma2(acc[0], acc[1], ah, bd);
+      fr.mma2(accl[0], accl[1], al, bd);
+    }
+    float rsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = r0 + 8 * h, n = 16 * hf + 8 * nt + 2 * tig;
+        const float x0 = acc[nt][2 * h] + accl[nt][2 * h], x1 = acc[nt][2 * h + 1] + accl[nt][2 * h + 1];
+        if (j < L) {
+          const float bj = sm.beta[j];
+          *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_out.p) + dvo_row[h] + col0 + n) =
+              mma::pack_floats<T>(bj * x0, bj * x1);  // (inner stride 1: split_grads_applies)
+        }
+        float v0, v1;
+        mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(sv + j * LDS + n), v0, v1);
+        rsum[h] += v0 * x0 + v1 * x1;
+      }
+    rowB[0] += rsum[0];
+    rowB[1] += rsum[1];
+  };
   // b: slice s's stage (b3 = s % 3 counted along, for three stages).
   constexpr int kUnrollPass1 = kVersion >= 3 ? KMAX / VS : 1;
 #pragma unroll kUnrollPass1
@@ -633,6 +690,10 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     const T* svn = sm.slice(b, 1);
     const T* sv = sm.slice(b, 2);
     const T* sdv = sm.slice(b, 3);
+    if constexpr (VS == 32) {
+      pass1_wide(sdo, svn, sv, sdv, col0);
+      continue;
+    }
     {
       uint32_t ado[4], adv[4];
       fr.lda(ado, sdo, LDS, 16 * rs, 0);

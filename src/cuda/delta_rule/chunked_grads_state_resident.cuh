@@ -37,14 +37,15 @@ namespace flashgrad::cuda_detail::delta_rule {
 // process can time them all): unset or "v1" = the session-7 kernels; "resident" = B2a by
 // chunk_grads_state_resident_kernel, B2b as in v1; "v2" = that B2a and B2b with three slice stages
 // and lean row copies (chunk_grads_local_kernel<.., kVersion = 2>); "v3" = v2 with B2b's pass 1
-// unrolled (kVersion = 3).
-enum class SplitVariant { kV1, kResident, kV2, kV3 };
+// unrolled (kVersion = 3); "v4" = B2b's pass 1 over 32-column slices, two stages (kVersion = 4).
+enum class SplitVariant { kV1, kResident, kV2, kV3, kV4 };
 inline SplitVariant split_variant() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B2_SPLIT");
   const std::string v = env ? env : "";
   if (v == "resident") return SplitVariant::kResident;
   if (v == "v2") return SplitVariant::kV2;
   if (v == "v3") return SplitVariant::kV3;
+  if (v == "v4") return SplitVariant::kV4;
   return SplitVariant::kV1;
 }
 

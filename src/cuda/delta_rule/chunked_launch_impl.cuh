@@ -326,6 +326,10 @@ void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
   } else if (variant == SplitVariant::kV3) {  // (kItems == 1, V == K) and pass 1 unrolled
     set_smem(chunk_grads_local_kernel<T, KMAX, 1, 3>, bytes_b);
     chunk_grads_local_kernel<T, KMAX, 1, 3><<<grid, 256, bytes_b, s>>>(a);
+  } else if (variant == SplitVariant::kV4) {  // (kItems == 1, V == K) pass 1 over 32-column slices
+    constexpr int64_t bytes_w = GradsLocalSmem<T, KMAX, 32>::bytes();
+    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 4>, bytes_w);
+    chunk_grads_local_kernel<T, KMAX, 1, 4><<<grid, 256, bytes_w, s>>>(a);
   } else {
     set_smem(chunk_grads_local_kernel<T, KMAX, kItems>, bytes_b);
     chunk_grads_local_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_b, s>>>(a);
