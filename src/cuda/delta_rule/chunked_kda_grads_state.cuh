@@ -146,7 +146,9 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   // 16 x 32 block: rows 16 rs.., columns n0 + 8 nt.. (rows_times_rows_global's layout).
   {
     float acc[4][4] = {};
-    if (pairs_v)
+    if (kStaged && (reinterpret_cast<uintptr_t>(v_base) & 7) == 0 && a.v.s1 % 4 == 0)
+      kda_dvn_v_product<T>(dvn_base, HVV, v_base, a.v.s1, V, L, acc);
+    else if (pairs_v)
       kda_mma::rows_times_rows_global<T, true>(dvn_base, HVV, v_base, a.v.s1, V, L, acc);
     else
       kda_mma::rows_times_rows_global<T, false>(dvn_base, HVV, v_base, a.v.s1, V, L, acc);

@@ -384,4 +384,53 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
     }
 }
 
+// dA's V part in the staged kernel: acc += X Y^T over ncols columns, X = dv_new rows (fp32, split
+// hi + lo), Y = v rows (T, exact), rows >= L read as 0; kda_mma::rows_times_rows_global's warp
+// layout (warp w: rows 16 (w % 4) + acc_row, columns 32 (w / 4) + 8 nt + acc_col) and result, with
+// the staged products' column order (lane tig: columns c + 4 tig..c + 4 tig + 3 for the k indices
+// 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9), so that each warp-wide load carries 16 (X) or 8 (Y)
+// bytes per lane over its 8 rows: half the loads and L1 lookups of the 8- / 4-byte fragment loads
+// (~6k lookups per block there, as many as all of h and dh). Y's rows must be 8-byte aligned.
+// Loads one 16-column step ahead; no barrier.
+template <typename T>
+__device__ __forceinline__ void kda_dvn_v_product(const float* x, int64_t xs, const T* y, int64_t ys, int64_t ncols,
+                                                  int L, float (&acc)[4][4]) {
+  const int w = threadIdx.x / 32, g = mma::grp(), c4 = 4 * mma::tig(), rs = w % 4, hf = w / 4;
+  const int ra = 16 * rs + g, rb = ra + 8;
+  const bool oka = ra < L, okb = rb < L;
+  const float* xa = x + (oka ? ra : 0) * xs + c4;
+  const float* xb = x + (okb ? rb : 0) * xs + c4;
+  const T* y0 = y + (32 * hf + g) * ys + c4;  // tile nt: row 32 hf + 8 nt + g
+  const int64_t y8 = 8 * ys;
+  bool yok[4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) yok[nt] = 32 * hf + 8 * nt + g < L;
+  float4 xva, xvb;
+  uint2 yv[4];
+  auto fetch = [&](int64_t c) {
+    xva = oka ? *reinterpret_cast<const float4*>(xa + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    xvb = okb ? *reinterpret_cast<const float4*>(xb + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const T* p = y0 + c;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt, p += y8) yv[nt] = yok[nt] ? *reinterpret_cast<const uint2*>(p) : make_uint2(0u, 0u);
+  };
+  fetch(0);
+#pragma unroll 1
+  for (int64_t c = 0; c < ncols; c += 16) {
+    uint32_t ah[4], al[4], b[4][2];
+    mma::split_pair<T>(xva.x, xva.y, ah[0], al[0]);
+    mma::split_pair<T>(xvb.x, xvb.y, ah[1], al[1]);
+    mma::split_pair<T>(xva.z, xva.w, ah[2], al[2]);
+    mma::split_pair<T>(xvb.z, xvb.w, ah[3], al[3]);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) b[nt][0] = yv[nt].x, b[nt][1] = yv[nt].y;
+    if (c + 16 < ncols) fetch(c + 16);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      mma::mma16816<T>(acc[nt], ah, b[nt]);
+      mma::mma16816<T>(acc[nt], al, b[nt]);
+    }
+  }
+}
+
 }  // namespace flashgrad::cuda_detail::delta_rule
