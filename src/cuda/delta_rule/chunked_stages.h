@@ -240,14 +240,18 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
 // stage 2 + B1 1.232 + 1.527 ms -> 2.499 ms in one launch, backward 5.344 -> 5.013 ms; B1 T8192 0.709
 // -> 0.631 ms, 1.491 -> 1.392 ms; gradients bit-identical; the chunked GPU tests pass with it.
 constexpr bool kStateChainsByDefault = true;
-// =single: the chains kernel's stage 2 with single-fragment products (chunked_state_chains.cuh).
-inline bool state_chains_single_wanted() {
+// The chains kernel's shape (chunked_state_chains.cuh; experiments of session 11): B1's channel
+// quarters beside stage 2 (the default), the same with stage 2's products single-fragment (=single),
+// or B1's channel halves beside stage 2 on the other two sub-partitions (=halves).
+enum class ChainsShape { quarters, quarters_single, halves };
+inline ChainsShape state_chains_shape() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
-  return env && std::string(env) == "single";
+  const std::string e = env ? env : "";
+  return e == "single" ? ChainsShape::quarters_single : e == "halves" ? ChainsShape::halves : ChainsShape::quarters;
 }
 inline bool state_chains_wanted(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
-  const bool on = env ? std::string(env) == "1" || std::string(env) == "single" : kStateChainsByDefault;
+  const bool on = env ? std::string(env) != "0" : kStateChainsByDefault;
   return on && K == 128 && V % 16 == 0 && chains * (V / 16) <= sms && !state_backward_split_wanted() &&
          state_backward_local_wanted(chains, V, sms);
 }
