@@ -38,6 +38,37 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
   if (part == 0) out[r] = l2norm ? 1.0f / sqrtf(ss + kL2NormEps) : 1.f;
 }
 
+// kda_row_rstd with 16-byte loads (the staged state kernel, session 11; run 11.1: the element loads
+// above, 8 rows and 8 lines per warp-wide 2-byte load, were ~10% of its stall samples): lane part of
+// row tid / 4 sums channels 8 part + 32 i .. + 8 (i < KMAX / 32), so that a row's 4 lanes read 64
+// contiguous bytes per load. Needs 16-byte aligned rows (kda_key_rows16). The same sums in another
+// order.
+template <typename T, int KMAX>
+__device__ __forceinline__ void kda_row_rstd16(const View& x, const ChunkInfo& ci, int64_t head, bool l2norm,
+                                               float* out) {
+  static_assert(kKdaSplitThreads == 4 * kChunkSize && KMAX % 32 == 0, "four lanes per row, 8 channels per load");
+  const int tid = threadIdx.x, r = tid / 4, part = tid % 4;
+  float ss = 0.f;
+  if (r < ci.len) {
+    const T* row = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + r, head) + 8 * part;
+    uint4 v[KMAX / 32];
+#pragma unroll
+    for (int i = 0; i < KMAX / 32; ++i) v[i] = *reinterpret_cast<const uint4*>(row + 32 * i);
+#pragma unroll
+    for (int i = 0; i < KMAX / 32; ++i) {
+      const uint32_t wv[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float lo, hi;
+        mma::unpack_floats<T>(wv[k], lo, hi);
+        ss += lo * lo + hi * hi;
+      }
+    }
+  }
+  ss = group_sum<4>(ss);
+  if (part == 0) out[r] = l2norm ? 1.0f / sqrtf(ss + kL2NormEps) : 1.f;
+}
+
 // The slice loads below: thread tid owns channel d = tid % 64 of rows r = tid / 64 + 4 m (m < 16),
 // i.e. consecutive lanes read consecutive channels of one row (coalesced), and the row pointers
 // step by a constant (4 rows): one 64-bit add per element, where a product per element cost ~12

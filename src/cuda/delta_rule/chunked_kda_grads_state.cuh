@@ -32,6 +32,8 @@
 // stored. 106 KiB of shared memory (K = 128 or 64).
 #pragma once
 
+#include <type_traits>
+
 #include "chunked_kda_grads_slices.cuh"
 #include "chunked_kda_grads_state_product.cuh"
 
@@ -137,8 +139,14 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     sm.dbeta[tid] = 0.f;
   }
   if (tid < 2 * KS) sm.sl[tid] = 0.f;
-  kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
-  kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  if (kStaged && kda_key_rows16<T>(a.q, ci, head))
+    kda_row_rstd16<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
+  else
+    kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
+  if (k_rows16)
+    kda_row_rstd16<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  else
+    kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
   kda_load_A(a.A, row0, hv, HV, L, sm.A, LDA);
   __syncthreads();
 
@@ -231,16 +239,31 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       // 0 past L), one shared atomic per thread.
       const float gl = sm.G[ti(L - 1, d)];
       const auto at_m = coalesced_at(r0, d);
-      float s_sum = 0.f;
+      float s_sum = 0.f, dqv[NE];
 #pragma unroll
       for (int m = 0; m < NE; ++m, pdq += sqk) {
         const int r = r0 + 4 * m, at = at_m(m);
         const float g = sm.G[at], dq = scale * kda_exp2(g) * sm.Y[at];
-        if (r < L) add_or_store(pdq, dq);
+        if constexpr (kStaged)
+          dqv[m] = dq;  // stored below, the GVA test out of the loop
+        else if (r < L)
+          add_or_store(pdq, dq);
         sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
         s_sum += sm.X[at] * kx(r, d) * sm.rk[r] * kda_exp2(gl - g);
       }
       atomicAdd(&sl[d], s_sum);
+      if constexpr (kStaged) {
+        float* p = dq_row0 + r0 * qk_stride + c0 + d;
+        if (gva) {
+#pragma unroll
+          for (int m = 0; m < NE; ++m)
+            if (r0 + 4 * m < L) atomicAdd(p + m * sqk, dqv[m]);
+        } else {
+#pragma unroll
+          for (int m = 0; m < NE; ++m)
+            if (r0 + 4 * m < L) p[m * sqk] = dqv[m];
+        }
+      }
     }
 
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
@@ -375,12 +398,33 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       const int64_t sqk = 4 * qk_stride, sdg = 4 * dg_stride;
       const float sld = sl[d];
       const auto at_m = coalesced_at(r0, d);
+      if constexpr (kStaged) {
+        // The GVA test out of the loop (per element it cost a constant load, a compare and two branches).
+        auto pass = [&](auto atomic) {
 #pragma unroll 4
-      for (int m = 0; m < C * KS / kKdaSplitThreads; ++m, pdk += sqk, pdg += sdg) {
-        const int r = r0 + 4 * m, at = at_m(m);
-        if (r < L) {
-          add_or_store(pdk, sm.dw[at]);
-          *pdg = sm.Y[at] + (r == L - 1 ? sld : 0.f);
+          for (int m = 0; m < C * KS / kKdaSplitThreads; ++m, pdk += sqk, pdg += sdg) {
+            const int r = r0 + 4 * m, at = at_m(m);
+            if (r < L) {
+              if constexpr (decltype(atomic)::value)
+                atomicAdd(pdk, sm.dw[at]);
+              else
+                *pdk = sm.dw[at];
+              *pdg = sm.Y[at] + (r == L - 1 ? sld : 0.f);
+            }
+          }
+        };
+        if (gva)
+          pass(std::true_type{});
+        else
+          pass(std::false_type{});
+      } else {
+#pragma unroll 4
+        for (int m = 0; m < C * KS / kKdaSplitThreads; ++m, pdk += sqk, pdg += sdg) {
+          const int r = r0 + 4 * m, at = at_m(m);
+          if (r < L) {
+            add_or_store(pdk, sm.dw[at]);
+            *pdg = sm.Y[at] + (r == L - 1 ? sld : 0.f);
+          }
         }
       }
     }
