@@ -391,7 +391,8 @@ __device__ __forceinline__ void kda_state_slice_products_staged(const float* hs,
 // 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9), so that each warp-wide load carries 16 (X) or 8 (Y)
 // bytes per lane over its 8 rows: half the loads and L1 lookups of the 8- / 4-byte fragment loads
 // (~6k lookups per block there, as many as all of h and dh). Y's rows must be 8-byte aligned.
-// Loads one 16-column step ahead; no barrier.
+// Loads four 16-column steps ahead (four register sets, 64 registers: the kernel's prologue holds
+// little else; one step ahead, each step waited for its loads); ncols a multiple of 64. No barrier.
 template <typename T>
 __device__ __forceinline__ void kda_dvn_v_product(const float* x, int64_t xs, const T* y, int64_t ys, int64_t ncols,
                                                   int L, float (&acc)[4][4]) {
@@ -405,31 +406,41 @@ __device__ __forceinline__ void kda_dvn_v_product(const float* x, int64_t xs, co
   bool yok[4];
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) yok[nt] = 32 * hf + 8 * nt + g < L;
-  float4 xva, xvb;
-  uint2 yv[4];
-  auto fetch = [&](int64_t c) {
-    xva = oka ? *reinterpret_cast<const float4*>(xa + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    xvb = okb ? *reinterpret_cast<const float4*>(xb + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  struct Raw {
+    float4 xa, xb;
+    uint2 y[4];
+  };
+  auto fetch = [&](Raw& R, int64_t c) {
+    R.xa = oka ? *reinterpret_cast<const float4*>(xa + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    R.xb = okb ? *reinterpret_cast<const float4*>(xb + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     const T* p = y0 + c;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt, p += y8) yv[nt] = yok[nt] ? *reinterpret_cast<const uint2*>(p) : make_uint2(0u, 0u);
+    for (int nt = 0; nt < 4; ++nt, p += y8) R.y[nt] = yok[nt] ? *reinterpret_cast<const uint2*>(p) : make_uint2(0u, 0u);
   };
-  fetch(0);
-#pragma unroll 1
-  for (int64_t c = 0; c < ncols; c += 16) {
+  // One step: R's values into fragments, R refilled with the columns c_next.. (if < ncols), 8 mmas.
+  auto step = [&](Raw& R, int64_t c_next) {
     uint32_t ah[4], al[4], b[4][2];
-    mma::split_pair<T>(xva.x, xva.y, ah[0], al[0]);
-    mma::split_pair<T>(xvb.x, xvb.y, ah[1], al[1]);
-    mma::split_pair<T>(xva.z, xva.w, ah[2], al[2]);
-    mma::split_pair<T>(xvb.z, xvb.w, ah[3], al[3]);
+    mma::split_pair<T>(R.xa.x, R.xa.y, ah[0], al[0]);
+    mma::split_pair<T>(R.xb.x, R.xb.y, ah[1], al[1]);
+    mma::split_pair<T>(R.xa.z, R.xa.w, ah[2], al[2]);
+    mma::split_pair<T>(R.xb.z, R.xb.w, ah[3], al[3]);
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) b[nt][0] = yv[nt].x, b[nt][1] = yv[nt].y;
-    if (c + 16 < ncols) fetch(c + 16);
+    for (int nt = 0; nt < 4; ++nt) b[nt][0] = R.y[nt].x, b[nt][1] = R.y[nt].y;
+    if (c_next < ncols) fetch(R, c_next);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       mma::mma16816<T>(acc[nt], ah, b[nt]);
       mma::mma16816<T>(acc[nt], al, b[nt]);
     }
+  };
+  Raw r0, r1, r2, r3;
+  fetch(r0, 0), fetch(r1, 16), fetch(r2, 32), fetch(r3, 48);
+#pragma unroll 1
+  for (int64_t c = 0; c < ncols; c += 64) {
+    step(r0, c + 64);
+    step(r1, c + 80);
+    step(r2, c + 96);
+    step(r3, c + 112);
   }
 }
 
