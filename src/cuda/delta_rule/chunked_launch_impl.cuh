@@ -220,21 +220,35 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
 // Stage 2 unfused (the forward on few long sequences, and the backward's recomputation), hi + lo
 // products: single-fragment ones (kSingle, FLASHGRAD_CHUNKED_STATE_PRODUCTS=single in session 9) saved
 // nothing in run 9.2 (B8 T4096 0.520 -> 0.513 ms, B1 T32768 1.768 -> 1.861), so they stay the fused
-// forward's alone.
+// forward's alone. Session 11 times them again after the copies were hoisted (session 10) and since
+// the chains kernel's stage 2 gained with them (run 11.2): FLASHGRAD_CHUNKED_STATE_PRODUCTS=single
+// (read per call) for the four-warp and channel-split shapes, an experiment.
+inline bool state_single_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_PRODUCTS");
+  return env && std::string(env) == "single";
+}
 template <typename T>
 void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (state)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
+  const bool single = state_single_wanted();
   switch (state_shape(a)) {
     case StateShape::four_warps:
-      a.K == 64 ? launch_state_fixed<T, 64, 4>(a, s) : launch_state_fixed<T, 128, 4>(a, s);
+      if (single)
+        a.K == 64 ? launch_state_fixed<T, 64, 4, false, 1, true>(a, s) : launch_state_fixed<T, 128, 4, false, 1, true>(a, s);
+      else
+        a.K == 64 ? launch_state_fixed<T, 64, 4>(a, s) : launch_state_fixed<T, 128, 4>(a, s);
       break;
     case StateShape::two_warps:
       a.K == 64 ? launch_state_fixed<T, 64, 2>(a, s) : launch_state_fixed<T, 128, 2>(a, s);
       break;
     case StateShape::channel_split:
-      a.K == 64 ? launch_state_fixed<T, 64, 2, false, 2>(a, s) : launch_state_fixed<T, 128, 2, false, 2>(a, s);
+      if (single)
+        a.K == 64 ? launch_state_fixed<T, 64, 2, false, 2, true>(a, s)
+                  : launch_state_fixed<T, 128, 2, false, 2, true>(a, s);
+      else
+        a.K == 64 ? launch_state_fixed<T, 64, 2, false, 2>(a, s) : launch_state_fixed<T, 128, 2, false, 2>(a, s);
       break;
     case StateShape::eight_warps:
       a.K == 64 ? launch_state_fixed<T, 64, 8>(a, s) : launch_state_fixed<T, 128, 8>(a, s);

@@ -235,19 +235,17 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
 // quarter blocks fit one wave (chains * V / 16 <= SMs: B1's quarter rule), with the local B1
 // (B0 first; state_backward_local_wanted) and single-fragment B1 products. Costs dh its own buffer
 // (it otherwise reuses u's region, which stage 2 reads while B1 writes dh): rows' states, 268 MB at
-// B1 T32768 H16 K=V=128. FLASHGRAD_CHUNKED_STATE_CHAINS=1 / 0 (read per call) turns it on / off.
+// B1 T32768 H16 K=V=128. FLASHGRAD_CHUNKED_STATE_CHAINS=0 (read per call) turns it off, =1 / =exact on.
 // On by default since run 11.1 (H200, 2026-11-30, chunk GDN bf16 K=V=128, one process): B1 T32768 H16
 // stage 2 + B1 1.232 + 1.527 ms -> 2.499 ms in one launch, backward 5.344 -> 5.013 ms; B1 T8192 0.709
 // -> 0.631 ms, 1.491 -> 1.392 ms; gradients bit-identical; the chunked GPU tests pass with it.
 constexpr bool kStateChainsByDefault = true;
-// The chains kernel's shape (chunked_state_chains.cuh; experiments of session 11): B1's channel
-// quarters beside stage 2 (the default), the same with stage 2's products single-fragment (=single),
-// or B1's channel halves beside stage 2 on the other two sub-partitions (=halves).
-enum class ChainsShape { quarters, quarters_single, halves };
-inline ChainsShape state_chains_shape() {
+// The chains kernel's stage 2 with single-fragment products (the default since run 11.2:
+// chunked_state_chains.cuh) unless FLASHGRAD_CHUNKED_STATE_CHAINS=exact (hi + lo, as stage 2's own
+// kernel).
+inline bool state_chains_exact_wanted() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
-  const std::string e = env ? env : "";
-  return e == "single" ? ChainsShape::quarters_single : e == "halves" ? ChainsShape::halves : ChainsShape::quarters;
+  return env && std::string(env) == "exact";
 }
 inline bool state_chains_wanted(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");

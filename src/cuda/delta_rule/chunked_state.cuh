@@ -118,7 +118,9 @@ struct StateSmem {
 // accumulators, so the rounding does not compound over chunks. The unfused kernel (the backward's
 // recomputation, the forward on few long sequences) keeps hi + lo: run 9.2 timed it with kSingle and
 // it saved nothing there (not mma-bound). FLASHGRAD_CHUNKED_FWD_SPLIT=1 (chunked_launch_impl.cuh)
-// runs the hi + lo fused kernel instead, to time and compare both in one process.
+// runs the hi + lo fused kernel instead, to time and compare both in one process. The unfused body
+// takes kSingle too: in the chains kernel by default (chunked_state_chains.cuh), in its own kernel
+// with FLASHGRAD_CHUNKED_STATE_PRODUCTS=single (an experiment: chunked_launch_impl.cuh).
 #ifndef FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT  // host emulation: -D...=0 checks the hi + lo kernel
 #define FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT 1
 #endif
@@ -130,8 +132,6 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
   static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
-  static_assert(!kSingle || kOutput || kBar != 0,
-                "single-fragment products: the fused forward, or the chains kernel's recomputation");
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;

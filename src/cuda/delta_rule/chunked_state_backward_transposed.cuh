@@ -118,8 +118,7 @@ __device__ __forceinline__ void scale_a(const uint32_t (&a)[4], const float2 s0,
 template <typename T, int KMAX, int WARPS, bool kSplit, bool kLocal, int KSPLIT, int kBar>
 __device__ __forceinline__ void chunk_state_backward_transposed_body(const ChunkedArgs& a, unsigned char* smem_raw) {
   using S = StateBackwardTSmem<T, KMAX, WARPS, kLocal, KSPLIT>;
-  static_assert(WARPS == 4 || WARPS == 8 || (WARPS == 2 && kLocal && kBar != 0),
-                "8 P items over the warps (2 warps: without P, in the chains kernel), 64 rows over the threads");
+  static_assert(WARPS == 4 || WARPS == 8, "8 P items over the warps, 64 rows over the threads");
   static_assert(!kLocal || !kSplit, "dv_local (T) is added to single-fragment products");
   static_assert(KSPLIT == 1 || (kLocal && (KSPLIT == 2 || (KSPLIT == 4 && KMAX == 128))),
                 "the channel split: with dv_local, two halves, or four quarters of 32 channels");

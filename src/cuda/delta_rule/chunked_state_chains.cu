@@ -4,15 +4,6 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-template <typename T, int kB1Warps, bool kStateSingle>
-void launch_state_chains_as(const ChunkedArgs& a, dim3 grid, cudaStream_t s) {
-  using L = StateChainsLayout<T, kB1Warps>;
-  const auto kernel = chunk_state_chains_kernel<T, kB1Warps, kStateSingle>;
-  set_smem(kernel, L::bytes());
-  kernel<<<grid, dim3(L::kRowThreads, 2), L::bytes(), s>>>(a);
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
-}
-
 template <typename T>
 void launch_chunk_state_chains(const ChunkedArgs& a, cudaStream_t s) {
   const char* stage = "chunked delta rule (state chains)";
@@ -30,15 +21,12 @@ void launch_chunk_state_chains(const ChunkedArgs& a, cudaStream_t s) {
     chunk_dv_local_kernel<T, 128><<<grid, kDvLocalThreads, bytes, s>>>(a);
     FLASHGRAD_CUDA_CHECK_LAUNCH();
   }
+  using L = StateChainsLayout<T>;
+  const auto kernel = state_chains_exact_wanted() ? chunk_state_chains_kernel<T, false> : chunk_state_chains_kernel<T>;
+  set_smem(kernel, L::bytes());
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / 16));
-  switch (state_chains_shape()) {
-    case ChainsShape::quarters:
-      return launch_state_chains_as<T, 4, false>(a, grid, s);
-    case ChainsShape::quarters_single:
-      return launch_state_chains_as<T, 4, true>(a, grid, s);
-    case ChainsShape::halves:
-      return launch_state_chains_as<T, 2, false>(a, grid, s);
-  }
+  kernel<<<grid, dim3(128, 2), L::bytes(), s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
 template void launch_chunk_state_chains<__nv_bfloat16>(const ChunkedArgs&, cudaStream_t);

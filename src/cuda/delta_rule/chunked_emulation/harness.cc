@@ -239,17 +239,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
           // h and v_new poisoned (NaN) first: B2 below then checks the recomputation, not the forward's.
           std::memset(hh16.p(), 0xff, hh16.mem.size());
           std::memset(vn.p(), 0xff, vn.mem.size());
-          switch (dr::state_chains_shape()) {  // (as the launcher: chunked_state_chains.cu)
-            case dr::ChainsShape::quarters:
-              launch(N, HV, V / 16, [&] { dr::chunk_state_chains_kernel<TT, 4, false>(a); }, 128, 2, {{1, 128}, {2, 64}});
-              break;
-            case dr::ChainsShape::quarters_single:
-              launch(N, HV, V / 16, [&] { dr::chunk_state_chains_kernel<TT, 4, true>(a); }, 128, 2, {{1, 128}, {2, 64}});
-              break;
-            case dr::ChainsShape::halves:
-              launch(N, HV, V / 16, [&] { dr::chunk_state_chains_kernel<TT, 2, false>(a); }, 64, 2, {{1, 64}, {2, 64}});
-              break;
-          }
+          const bool exact = dr::state_chains_exact_wanted();  // (as the launcher: chunked_state_chains.cu)
+          launch(N, HV, V / 16, [&] {
+            exact ? dr::chunk_state_chains_kernel<TT, false>(a) : dr::chunk_state_chains_kernel<TT>(a);
+          }, 128, 2, {{1, 128}, {2, 64}});
         } else
           launch(N, HV, V / 16, [&] { dr::chunk_state_backward_transposed_kernel<TT, KM, 4, false, true, 4>(a); }, 128);
       }
