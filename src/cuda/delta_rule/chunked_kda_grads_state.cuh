@@ -249,7 +249,14 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         else if (r < L)
           add_or_store(pdq, dq);
         sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
-        s_sum += sm.X[at] * kx(r, d) * sm.rk[r] * kda_exp2(gl - g);
+        if constexpr (kStaged) {
+          // X <- X exp(gl - G), the only form of X the per-element pass uses (its exp not formed twice).
+          const float xk = sm.X[at] * kda_exp2(gl - g);
+          sm.X[at] = xk;
+          s_sum += xk * kx(r, d) * sm.rk[r];
+        } else {
+          s_sum += sm.X[at] * kx(r, d) * sm.rk[r] * kda_exp2(gl - g);
+        }
       }
       atomicAdd(&sl[d], s_sum);
       if constexpr (kStaged) {
@@ -268,47 +275,56 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 
     // dA += dw_s Wb_s^T over the slice's channels (Wb_jd = beta_j exp(G_jd) k_jd, 0 past L).
     if constexpr (kStaged) {
-      // Warp w: dA's columns j = 8 w + n (n < 8), every row (4 row tiles), so that each element
-      // exp(G_jd) k_jd of the B operand is formed once per block (the layout below forms it in the 4
-      // warps of a column half, with its beta_j rk_j: ~1/3 of the slice's instructions after the
-      // staged products); beta_j rk_j scales the sums. A (dw) and B pairs by float2 / 32-bit loads.
-      float acc[4][4] = {};
-      const int w = tid / 32, g = mma::grp(), t2 = 2 * mma::tig(), j = 8 * w + g;
+      // Warp w: dA's rows 32 (w / 4).. (2 row tiles) and columns 16 (w % 4).. (2 column tiles): each
+      // A (dw) fragment split hi + lo in 4 warps and each B element exp(G_jd) k_jd formed in 2 (the
+      // 4 x 2 layout above: 2 and 4 with beta_j rk_j; 8 x 1: 8 and 1, ~1/5 of the slice's
+      // instructions); beta_j rk_j scales the sums. A and B pairs by float2 / 32-bit loads.
+      float acc[2][2][4] = {};
+      const int w = tid / 32, g = mma::grp(), t2 = 2 * mma::tig(), m0 = 32 * (w / 4), j0 = 16 * (w % 4);
 #pragma unroll 1
       for (int kk = 0; kk < KS; kk += 16) {
-        uint32_t bh[2], bl[2];
+        uint32_t bh[2][2], bl[2][2];
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {  // B rows (channels) kk + t2 + 8 h2 + {0, 1}, column j
-          const int d = kk + t2 + 8 * h2;
-          const float2 g2 = *reinterpret_cast<const float2*>(&sm.G[ti(j, d)]);
-          float k0, k1;
-          mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(&sm.k[tk(j, d)]), k0, k1);
-          mma::split_pair<T>(kda_exp2(g2.x) * k0, kda_exp2(g2.y) * k1, bh[h2], bl[h2]);
-        }
+        for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
+          for (int h2 = 0; h2 < 2; ++h2) {  // B rows (channels) kk + t2 + 8 h2 + {0, 1}, column j
+            const int d = kk + t2 + 8 * h2, j = j0 + 8 * nt + g;
+            const float2 g2 = *reinterpret_cast<const float2*>(&sm.G[ti(j, d)]);
+            float k0, k1;
+            mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(&sm.k[tk(j, d)]), k0, k1);
+            mma::split_pair<T>(kda_exp2(g2.x) * k0, kda_exp2(g2.y) * k1, bh[nt][h2], bl[nt][h2]);
+          }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
           uint32_t ah[4], al[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {  // A: rows 16 mt + g (+ 8: i odd), channels kk + t2 (+ 8: i >= 2)
-            const float2 x2 = *reinterpret_cast<const float2*>(&sm.dw[ti(16 * mt + g + 8 * (i & 1), kk + t2 + 8 * (i >> 1))]);
+          for (int i = 0; i < 4; ++i) {  // A: rows m0 + 16 mt + g (+ 8: i odd), channels kk + t2 (+ 8: i >= 2)
+            const float2 x2 =
+                *reinterpret_cast<const float2*>(&sm.dw[ti(m0 + 16 * mt + g + 8 * (i & 1), kk + t2 + 8 * (i >> 1))]);
             mma::split_pair<T>(x2.x, x2.y, ah[i], al[i]);
           }
-          mma::mma16816<T>(acc[mt], ah, bh);
-          mma::mma16816<T>(acc[mt], al, bh);
-          mma::mma16816<T>(acc[mt], ah, bl);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            mma::mma16816<T>(acc[mt][nt], ah, bh[nt]);
+            mma::mma16816<T>(acc[mt][nt], al, bh[nt]);
+            mma::mma16816<T>(acc[mt][nt], ah, bl[nt]);
+          }
         }
       }
-      const int jc = 8 * w + t2;  // this lane's accumulator columns jc, jc + 1
-      const float s0 = sm.beta[jc] * sm.rk[jc], s1 = sm.beta[jc + 1] * sm.rk[jc + 1];
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
+      for (int nt = 0; nt < 2; ++nt) {
+        const int jc = j0 + 8 * nt + t2;  // this lane's accumulator columns jc, jc + 1
+        const float s0 = sm.beta[jc] * sm.rk[jc], s1 = sm.beta[jc + 1] * sm.rk[jc + 1];
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {  // rows 16 mt + g + 8 h2: one float2 (LDM even)
-          float2* p = reinterpret_cast<float2*>(&sm.mat[(16 * mt + g + 8 * h2) * LDM + jc]);
-          float2 v = *p;
-          v.x += acc[mt][2 * h2] * s0, v.y += acc[mt][2 * h2 + 1] * s1;
-          *p = v;
-        }
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h2 = 0; h2 < 2; ++h2) {  // rows m0 + 16 mt + g + 8 h2: one float2 (LDM even)
+            float2* p = reinterpret_cast<float2*>(&sm.mat[(m0 + 16 * mt + g + 8 * h2) * LDM + jc]);
+            float2 v = *p;
+            v.x += acc[mt][nt][2 * h2] * s0, v.y += acc[mt][nt][2 * h2 + 1] * s1;
+            *p = v;
+          }
+      }
     } else {
       float acc[4][4] = {};
       kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[ti(r, d)]; },
@@ -332,13 +348,12 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     if constexpr (kStaged) {
       // The same per element pair (d, d + 1) = n0 + 8 nt + 2 tig (+ 1) with float2 loads / stores: in
       // the swizzled tiles a pair of row r sits at r * 64 + n0 + 2 tig + (8 nt ^ s(r)), and s(ra + 8) =
-      // s(ra); k's pair (one 32-bit word) at d ^ 8 (r & 7).
-      const int sr = kda_swz_at(ra, 0) - ra * KS, sL = kda_swz_at(L - 1, 0) - (L - 1) * KS;
+      // s(ra); k's pair (one 32-bit word) at d ^ 8 (r & 7). X holds X exp(gl - G) (the dq pass).
+      const int sr = kda_swz_at(ra, 0) - ra * KS;
       const int ct = n0 + 2 * mma::tig();
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int off = ct + ((8 * nt) ^ sr);
-        const float2 gL = *reinterpret_cast<const float2*>(&sm.G[(L - 1) * KS + ct + ((8 * nt) ^ sL)]);
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
           const int r = ra + 8 * h2, at = r * KS + off;
@@ -347,14 +362,14 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
           const float2 g2 = *reinterpret_cast<const float2*>(&sm.G[at]), x2 = *reinterpret_cast<const float2*>(&sm.X[at]);
           float2 y2 = *reinterpret_cast<const float2*>(&sm.Y[at]), w2;
           const float rk = sm.rk[r], bt = sm.beta[r];
-          auto one = [&](float g, float gl, float kraw, float Xv, float dwb, float& y, float& wout) {
-            const float ex = kda_exp2(g), kr = kraw * rk, be = bt * ex, kdx = kda_exp2(gl - g), sx = Xv * kdx * kr;
+          auto one = [&](float g, float kraw, float xk, float dwb, float& y, float& wout) {
+            const float ex = kda_exp2(g), kr = kraw * rk, be = bt * ex;
             tsum[h2] += ex * kr * dwb;
-            wout = Xv * kdx + be * dwb;
-            y = y - sx + be * kr * dwb;
+            wout = xk + be * dwb;
+            y = y - xk * kr + be * kr * dwb;
           };
-          one(g2.x, gL.x, k0, x2.x, acc[nt][2 * h2], y2.x, w2.x);
-          one(g2.y, gL.y, k1, x2.y, acc[nt][2 * h2 + 1], y2.y, w2.y);
+          one(g2.x, k0, x2.x, acc[nt][2 * h2], y2.x, w2.x);
+          one(g2.y, k1, x2.y, acc[nt][2 * h2 + 1], y2.y, w2.y);
           *reinterpret_cast<float2*>(&sm.dw[at]) = w2;
           *reinterpret_cast<float2*>(&sm.Y[at]) = y2;
         }
