@@ -130,15 +130,19 @@ void launch_kda_state(const ChunkedArgs& a, cudaStream_t s) {
           : launch_kda_state_transposed<T, 128, FLASHGRAD_KDA_STATE_SPLIT_DEFAULT>(a, s);
 }
 
+// (kda_output_single_wanted: chunked_kda_output.cuh)
 template <typename T>
 void launch_kda_output(const ChunkedArgs& a, cudaStream_t s) {
   check_kda_args("chunked KDA (output)", dtype_of<T>(), a);
   if (a.num_chunks == 0 || a.HV == 0) return;
   const dim3 grid = kda_chunk_grid(a, a.V / kOutputCols);
+  const bool single = kda_output_single_wanted();
   if (a.K == 64)
-    launch_kda_kernel<KdaOutputSmem<T, 64>>(kda_output_kernel<T, 64>, grid, a, s);
+    single ? launch_kda_kernel<KdaOutputSmem<T, 64, true>>(kda_output_kernel<T, 64, true>, grid, a, s)
+           : launch_kda_kernel<KdaOutputSmem<T, 64>>(kda_output_kernel<T, 64>, grid, a, s);
   else
-    launch_kda_kernel<KdaOutputSmem<T, 128>>(kda_output_kernel<T, 128>, grid, a, s);
+    single ? launch_kda_kernel<KdaOutputSmem<T, 128, true>>(kda_output_kernel<T, 128, true>, grid, a, s)
+           : launch_kda_kernel<KdaOutputSmem<T, 128>>(kda_output_kernel<T, 128>, grid, a, s);
 }
 
 // B1 is the transposed, pipelined kernel of session 9 (chunked_kda_state_backward_transposed.cuh: dh^T

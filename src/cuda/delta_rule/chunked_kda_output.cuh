@@ -4,13 +4,28 @@
 // P comes from stage 1 (packed in A's upper triangle, chunked_kda.h); both products run on tensor
 // cores with q o exp(G), h_c and P split hi + lo (v_new is stored in T). Warp wp owns output rows
 // [16 wp, 16 wp + 16).
+// kSingle (FLASHGRAD_CHUNKED_KDA_OUTPUT=single, an experiment of session 11): q o exp(G), h_c and P
+// rounded to T once (single-fragment operands, as fla's chunk_gla_fwd_kernel_o takes bf16 q, h and
+// A): no lo tiles (47 instead of 89 KiB at K = 128: four blocks per SM instead of two) and a third
+// of the mmas. fla's output kernel runs in 0.127 ms at B4 T4096 H16 K=V=128 (run 11.2), this one in
+// 0.45.
 #pragma once
+
+#include <cstdlib>
+#include <string>
 
 #include "chunked_kda_decay.cuh"  // decay_exp
 #include "chunked_kda_mma.cuh"
 #include "chunked_tiles.cuh"  // key_rows_vectorizable
 
 namespace flashgrad::cuda_detail::delta_rule {
+
+// FLASHGRAD_CHUNKED_KDA_OUTPUT=single (read per call; an experiment of session 11): the output kernel's
+// single-fragment products (kSingle below), for the launcher and the host emulation.
+inline bool kda_output_single_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_KDA_OUTPUT");
+  return env && std::string(env) == "single";
+}
 
 // Row j of the A intermediate of stage 1, which holds P_ij (j <= i < L) of chunk rows i, j at column i.
 __device__ __forceinline__ const float* kda_packed_P_row(const float* A, int64_t row0, int64_t hv, int64_t HV, int j) {
@@ -19,30 +34,47 @@ __device__ __forceinline__ const float* kda_packed_P_row(const float* A, int64_t
 
 // K = V = 128: 89 KiB (two blocks per SM). Rows of hs / vn (LDV = 72 elements, 144 bytes) stay
 // 16-byte aligned for the vector stores.
-template <typename T, int KMAX>
+template <typename T, int KMAX, bool kSingle = false>
 struct KdaOutputSmem {
-  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDV = kOutputCols + 8, LDP = C + 8;
-  T *qs, *qs_lo;  // [C][LDK] q o exp(G)
+  static constexpr int C = kChunkSize, LDK = KMAX + 8, LDV = kOutputCols + 8, LDP = C + 8, kParts = kSingle ? 1 : 2;
+  T *qs, *qs_lo;  // [C][LDK] q o exp(G) (qs_lo, hs_lo, P_lo: not with kSingle)
   T *hs, *hs_lo;  // [KMAX][LDV] h_c slice
   T *P, *P_lo;    // [C][LDP]
   T* vn;          // [C][LDV] v_new slice
   static constexpr int64_t bytes() {
-    return sizeof(T) * (2 * C * LDK + 2 * KMAX * LDV + 2 * C * LDP + C * LDV);
+    return sizeof(T) * (kParts * C * LDK + kParts * KMAX * LDV + kParts * C * LDP + C * LDV);
   }
   __device__ explicit KdaOutputSmem(unsigned char* raw) {
     qs = reinterpret_cast<T*>(raw);
-    qs_lo = qs + C * LDK;
-    hs = qs_lo + C * LDK;
-    hs_lo = hs + KMAX * LDV;
-    P = hs_lo + KMAX * LDV;
-    P_lo = P + C * LDP;
-    vn = P_lo + C * LDP;
+    qs_lo = kSingle ? nullptr : qs + C * LDK;
+    hs = qs + kParts * C * LDK;
+    hs_lo = kSingle ? nullptr : hs + KMAX * LDV;
+    P = hs + kParts * KMAX * LDV;
+    P_lo = kSingle ? nullptr : P + C * LDP;
+    vn = P + kParts * C * LDP;
   }
 };
 
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArgs a) {
-  using S = KdaOutputSmem<T, KMAX>;
+// One value x into a T tile at `hi` (and its remainder at `lo` unless kSingle).
+template <typename T, bool kSingle>
+__device__ __forceinline__ void kda_output_store(float x, T* hi, T* lo) {
+  if constexpr (kSingle)
+    *hi = from_f<T>(x);
+  else
+    store_split<T>(x, hi, lo);
+}
+// A pair (x0, x1) as packed T words: hi (and lo unless kSingle).
+template <typename T, bool kSingle>
+__device__ __forceinline__ void kda_output_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSingle)
+    hi = mma::pack_floats<T>(x0, x1);
+  else
+    mma::split_pair<T>(x0, x1, hi, lo);
+}
+
+template <typename T, int KMAX, bool kSingle = false>
+__global__ void __launch_bounds__(kChunkThreads, kSingle ? 4 : 1) kda_output_kernel(ChunkedArgs a) {
+  using S = KdaOutputSmem<T, KMAX, kSingle>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDV = S::LDV, LDP = S::LDP, NT = kOutputCols / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
@@ -93,14 +125,15 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArg
       for (int j = 0; j < 4; ++j) {
         const float v0 = r < L ? x[2 * j] * rstd * decay_exp(g[2 * j]) : 0.f;
         const float v1 = r < L ? x[2 * j + 1] * rstd * decay_exp(g[2 * j + 1]) : 0.f;
-        mma::split_pair<T>(v0, v1, h4[j], l4[j]);
+        kda_output_pair<T, kSingle>(v0, v1, h4[j], l4[j]);
       }
       *reinterpret_cast<uint4*>(sm.qs + r * LDK + 8 * seg) = hi;
-      *reinterpret_cast<uint4*>(sm.qs_lo + r * LDK + 8 * seg) = lo;
+      if constexpr (!kSingle) *reinterpret_cast<uint4*>(sm.qs_lo + r * LDK + 8 * seg) = lo;
     }
   } else {
     kda_key_rows<T, KMAX>(a.q, ci, head, a.l2norm, G_at, [&](int r, int d, float x, float g) {
-      store_split<T>(r < L ? x * decay_exp(g) : 0.f, &sm.qs[r * LDK + d], &sm.qs_lo[r * LDK + d]);
+      kda_output_store<T, kSingle>(r < L ? x * decay_exp(g) : 0.f, &sm.qs[r * LDK + d],
+                                   kSingle ? nullptr : &sm.qs_lo[r * LDK + d]);
     });
   }
   // h_c's slice, P and v_new by 16-byte loads (session 10; the session-6 kernel loaded them element by
@@ -124,10 +157,10 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArg
     for (int u = 0; u < kHBatch; ++u) {
       const int e = tid + THR * (m0 + u), at = (e >> 4) * LDV + 4 * (e & 15);
       uint2 hi, lo;
-      mma::split_pair<T>(x[u].x, x[u].y, hi.x, lo.x);
-      mma::split_pair<T>(x[u].z, x[u].w, hi.y, lo.y);
+      kda_output_pair<T, kSingle>(x[u].x, x[u].y, hi.x, lo.x);
+      kda_output_pair<T, kSingle>(x[u].z, x[u].w, hi.y, lo.y);
       *reinterpret_cast<uint2*>(sm.hs + at) = hi;
-      *reinterpret_cast<uint2*>(sm.hs_lo + at) = lo;
+      if constexpr (!kSingle) *reinterpret_cast<uint2*>(sm.hs_lo + at) = lo;
     }
   }
   // P_ij (j <= i < L) from A's row j (kda_packed_P_row: P_ij at [i]): piece e = tid + THR m, j = e / 16,
@@ -148,7 +181,8 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArg
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int i = i0 + q;
-        store_split<T>(i < L && j <= i ? p[q] : 0.f, &sm.P[i * LDP + j], &sm.P_lo[i * LDP + j]);
+        kda_output_store<T, kSingle>(i < L && j <= i ? p[q] : 0.f, &sm.P[i * LDP + j],
+                                     kSingle ? nullptr : &sm.P_lo[i * LDP + j]);
       }
     }
   }
@@ -172,8 +206,36 @@ __global__ void __launch_bounds__(kChunkThreads, 1) kda_output_kernel(ChunkedArg
   __syncthreads();
 
   float acc[NT][4] = {};
-  kda_mma::rows_times_split<T, NT>(sm.qs, sm.qs_lo, LDK, sm.hs, sm.hs_lo, LDV, 0, KMAX, acc);
-  kda_mma::lower_times_split<T, NT>(sm.P, sm.P_lo, LDP, sm.vn, static_cast<const T*>(nullptr), LDV, 0, acc);
+  if constexpr (kSingle) {
+    // (q o exp(G)) h_c over the K channels, then P v_new over the chunk rows kb <= wp (P lower).
+    for (int kk = 0; kk < KMAX; kk += 16) {
+      uint32_t af[4];
+      kda_mma::ldm_a(sm.qs, LDK, 16 * wp, kk, af);
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bf[4];
+        kda_mma::ldm_b_pair(sm.hs, LDV, kk, 16 * np, bf);
+        const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+        mma::mma16816<T>(acc[2 * np], af, b0);
+        mma::mma16816<T>(acc[2 * np + 1], af, b1);
+      }
+    }
+    for (int kb = 0; kb <= wp; ++kb) {
+      uint32_t af[4];
+      kda_mma::ldm_a(sm.P, LDP, 16 * wp, 16 * kb, af);
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bf[4];
+        kda_mma::ldm_b_pair(sm.vn, LDV, 16 * kb, 16 * np, bf);
+        const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+        mma::mma16816<T>(acc[2 * np], af, b0);
+        mma::mma16816<T>(acc[2 * np + 1], af, b1);
+      }
+    }
+  } else {
+    kda_mma::rows_times_split<T, NT>(sm.qs, sm.qs_lo, LDK, sm.hs, sm.hs_lo, LDV, 0, KMAX, acc);
+    kda_mma::lower_times_split<T, NT>(sm.P, sm.P_lo, LDP, sm.vn, static_cast<const T*>(nullptr), LDV, 0, acc);
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

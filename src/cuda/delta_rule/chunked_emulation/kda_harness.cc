@@ -235,7 +235,10 @@ int run(const Case& c) {
     launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8, kAll>(a); }, S2::THREADS);
   else
     launch(N, HV, V / S2::BV, [&] { dr::kda_state_transposed_kernel<TT, KM, 8>(a); }, S2::THREADS);
-  launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
+  if (dr::kda_output_single_wanted())  // (as the launcher)
+    launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM, true>(a); });
+  else
+    launch(NC, HV, V / 64, [&] { dr::kda_output_kernel<TT, KM>(a); });
   // B1 as the library picks it (chunked_kda_launch_impl.cuh): the transposed kernel (single-fragment
   // products); FLASHGRAD_CHUNKED_KDA_B1=transposed_split: the same with dh, P and dv_new hi + lo.
   const char* b1 = std::getenv("FLASHGRAD_CHUNKED_KDA_B1");
