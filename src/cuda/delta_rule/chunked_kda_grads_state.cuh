@@ -281,17 +281,25 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       // instructions); beta_j rk_j scales the sums. A and B pairs by float2 / 32-bit loads.
       float acc[2][2][4] = {};
       const int w = tid / 32, g = mma::grp(), t2 = 2 * mma::tig(), m0 = 32 * (w / 4), j0 = 16 * (w % 4);
-#pragma unroll 1
+      // Every row this lane reads (m0 + 16 mt + g (+ 8), j0 + 8 nt + g) has the swizzle s(g) (rows
+      // differ by multiples of 8), so channel block q (channels 8 q..) of such a row sits at
+      // 8 q ^ s(g) (k: 8 q ^ 8 g): the k loop unrolled, those offsets are 8 values formed once and
+      // the rows immediates (the loop with runtime offsets spent ~70 integer instructions per step).
+      const int sg = kda_swz_at(g, 0) - g * KS;
+      const float* dwb = sm.dw + (m0 + g) * KS + t2;  // A rows m0 + g + 16 mt (+ 8)
+      const float* gb = sm.G + (j0 + g) * KS + t2;    // B rows j0 + g + 8 nt
+      const T* kb = sm.k + (j0 + g) * KS + t2;
+#pragma unroll
       for (int kk = 0; kk < KS; kk += 16) {
         uint32_t bh[2][2], bl[2][2];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int h2 = 0; h2 < 2; ++h2) {  // B rows (channels) kk + t2 + 8 h2 + {0, 1}, column j
-            const int d = kk + t2 + 8 * h2, j = j0 + 8 * nt + g;
-            const float2 g2 = *reinterpret_cast<const float2*>(&sm.G[ti(j, d)]);
+            const int q8 = kk + 8 * h2;
+            const float2 g2 = *reinterpret_cast<const float2*>(gb + 8 * nt * KS + (q8 ^ sg));
             float k0, k1;
-            mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(&sm.k[tk(j, d)]), k0, k1);
+            mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(kb + 8 * nt * KS + (q8 ^ (8 * g))), k0, k1);
             mma::split_pair<T>(kda_exp2(g2.x) * k0, kda_exp2(g2.y) * k1, bh[nt][h2], bl[nt][h2]);
           }
 #pragma unroll
@@ -299,8 +307,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
           uint32_t ah[4], al[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) {  // A: rows m0 + 16 mt + g (+ 8: i odd), channels kk + t2 (+ 8: i >= 2)
-            const float2 x2 =
-                *reinterpret_cast<const float2*>(&sm.dw[ti(m0 + 16 * mt + g + 8 * (i & 1), kk + t2 + 8 * (i >> 1))]);
+            const float2 x2 = *reinterpret_cast<const float2*>(dwb + (16 * mt + 8 * (i & 1)) * KS +
+                                                               ((kk + 8 * (i >> 1)) ^ sg));
             mma::split_pair<T>(x2.x, x2.y, ah[i], al[i]);
           }
 #pragma unroll
@@ -340,8 +348,43 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // dWb_s = A^T dw_s (warp: rows 16 rs.., channels n0 + 8 nt..; A_ir = 0 for i < r, so the k range
     // starts at the strip), then every slice output at the warp's fragment elements.
     float acc[4][4] = {};
-    kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDA + r]; },
-                                     [&](int i, int d) { return sm.dw[ti(i, d)]; }, 16 * rs, n0, 16 * rs, C, acc);
+    if constexpr (kStaged) {
+      // warp_fp32_product's result with the k loop unrolled (steps kk < 16 rs skipped: warp-uniform)
+      // and fixed offsets: A^T's element (r, i) at A[i * LDA + r] (rows i = kk + t2 + e (+ 8)); dw's
+      // element (i, d) of channel d = n0 + 8 nt + g at row i * 64 + (d ^ s(i)), s(i) = s(t2 + e).
+      const int g = mma::grp(), t2 = 2 * mma::tig();
+      const float* ab = sm.A + t2 * LDA + 16 * rs + g;
+      int boff[2][4];  // dw's offset of (t2 + e, n0 + 8 nt + g)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) boff[e][nt] = kda_swz_at(t2 + e, n0 + 8 * nt + g);
+#pragma unroll
+      for (int kk = 0; kk < C; kk += 16) {
+        if (kk < 16 * rs) continue;
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // rows 16 rs + g (+ 8: i odd), k kk + t2 (+ 8: i >= 2) + {0, 1}
+          const float* p = ab + (kk + 8 * (i >> 1)) * LDA + 8 * (i & 1);
+          mma::split_pair<T>(p[0], p[LDA], ah[i], al[i]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          uint32_t bh[2], bl[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // k rows kk + 8 h + t2 + {0, 1}
+            const float* p = sm.dw + (kk + 8 * h) * KS;
+            mma::split_pair<T>(p[boff[0][nt]], p[boff[1][nt]], bh[h], bl[h]);
+          }
+          mma::mma16816<T>(acc[nt], ah, bh);
+          mma::mma16816<T>(acc[nt], al, bh);
+          mma::mma16816<T>(acc[nt], ah, bl);
+        }
+      }
+    } else {
+      kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDA + r]; },
+                                       [&](int i, int d) { return sm.dw[ti(i, d)]; }, 16 * rs, n0, 16 * rs, C, acc);
+    }
     __syncthreads();  // q o dq_s in Y
     float tsum[2] = {0.f, 0.f};     // rows grp, grp + 8: sum of e k dWb over this thread's channels
     const int ra = 16 * rs + mma::grp();  // this lane's rows ra, ra + 8
