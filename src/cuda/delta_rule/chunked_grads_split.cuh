@@ -745,6 +745,10 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   }
   __syncthreads();  // every warp is done with the slices: the region takes S, dA
 
+  // kVersion 5: B2a's state part of dq at the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig
+  // + {0, 1}; as S3a's load_pair) loaded at mid's end, in flight through its barrier.
+  uint32_t dqs_early[NKH][2];
+
   T* S_hi = sm.ptile(0);  // S, then tmp
   T* S_lo = sm.ptile(1);
   T* dA_hi = sm.ptile(2);  // dA, then S2
@@ -800,6 +804,16 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     rowG[0] += rsum[0];
     rowG[1] += rsum[1];
   }
+  if constexpr (kVersion >= 5) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const T* row = static_cast<const T*>(a.dq_out.p) + off3(a.dq_out, ci.b, ci.t0 + r0 + 8 * h, head);
+#pragma unroll
+      for (int nt = 0; nt < NKH; ++nt)
+        dqs_early[nt][h] =
+            r0 + 8 * h < L ? *reinterpret_cast<const uint32_t*>(row + d0 + 8 * nt + 2 * tig) : 0u;
+    }
+  }
   __syncthreads();
 
   // The pair (r, d), (r, d + 1) (d even) of the user's dq / dk as one 32-bit word of two T (rows of
@@ -822,12 +836,19 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     // B2a's state part of the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig + {0, 1}),
     // in flight during the products.
     uint32_t dqs[NKH][2];
-    T* dq_row[2];
-    rows_of(a.dq_out, dq_row);
+    if constexpr (kVersion >= 5) {
 #pragma unroll
-    for (int nt = 0; nt < NKH; ++nt)
+      for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) dqs[nt][h] = load_pair(dq_row, h, d0 + 8 * nt + 2 * tig);
+        for (int h = 0; h < 2; ++h) dqs[nt][h] = dqs_early[nt][h];
+    } else {
+      T* dq_row[2];
+      rows_of(a.dq_out, dq_row);
+#pragma unroll
+      for (int nt = 0; nt < NKH; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) dqs[nt][h] = load_pair(dq_row, h, d0 + 8 * nt + 2 * tig);
+    }
     mma::zero_acc(dq);
     for (int kq = 0; kq <= rs; ++kq) {
       uint32_t sh[4], sl[4], bk[NKH / 2][4];
@@ -1159,3 +1180,4 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 
 // Session 11 variants (opt-in by FLASHGRAD_CHUNKED_B2_SPLIT, read per call: split_variant below).
 #include "chunked_grads_state_resident.cuh"
+#include "chunked_grads_state_coalesced.cuh"

@@ -37,8 +37,10 @@ namespace flashgrad::cuda_detail::delta_rule {
 // process can time them all): unset or "v1" = the session-7 kernels; "resident" = B2a by
 // chunk_grads_state_resident_kernel, B2b as in v1; "v2" = that B2a and B2b with three slice stages
 // and lean row copies (chunk_grads_local_kernel<.., kVersion = 2>); "v3" = v2 with B2b's pass 1
-// unrolled (kVersion = 3); "v4" = B2b's pass 1 over 32-column slices, two stages (kVersion = 4).
-enum class SplitVariant { kV1, kResident, kV2, kV3, kV4 };
+// unrolled (kVersion = 3); "v4" = B2b's pass 1 over 32-column slices, two stages (kVersion = 4);
+// "v5" = B2a by chunk_grads_state_coalesced_kernel (whole-sector state loads), B2b v4 with dq's state
+// part loaded a phase earlier (kVersion = 5).
+enum class SplitVariant { kV1, kResident, kV2, kV3, kV4, kV5 };
 inline SplitVariant split_variant() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B2_SPLIT");
   const std::string v = env ? env : "";
@@ -46,7 +48,65 @@ inline SplitVariant split_variant() {
   if (v == "v2") return SplitVariant::kV2;
   if (v == "v3") return SplitVariant::kV3;
   if (v == "v4") return SplitVariant::kV4;
+  if (v == "v5") return SplitVariant::kV5;
   return SplitVariant::kV1;
+}
+
+// <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk (as the slice
+// kernel: 16-bit copies of those arbitrary states lose most of dg's largest term there): the thread's
+// share (key rows key0, key0 + 8, columns 2 tig + 8 m + {0, 1}) replaces hdh there.
+template <typename T>
+__device__ __forceinline__ void exact_state_dot(const ChunkedArgs& a, const ChunkInfo& ci, int64_t c, int64_t hv,
+                                                const T* hc, const T* dhc, int64_t V, int key0, int tig, float& hdh) {
+  const int64_t n = ci.seq;
+  const bool exact_h = a.h0.p && c == a.seq_first_chunk[n], exact_dh = a.dht.p && c == a.seq_first_chunk[n + 1] - 1;
+  if (!(exact_h || exact_dh)) return;
+  const float* h0 = static_cast<const float*>(a.h0.p);
+  const float* dht = static_cast<const float*>(a.dht.p);
+  hdh = 0.f;
+  for (int col = 2 * tig; col < V; col += 8)
+#pragma unroll
+    for (int r8 = 0; r8 < 2; ++r8) {
+      const int key = key0 + 8 * r8;
+#pragma unroll
+      for (int p2 = 0; p2 < 2; ++p2) {
+        const float x = exact_h ? h0[off4(a.h0, n, hv, key, col + p2)] : to_f<T>(hc[key * V + col + p2]);
+        const float y = exact_dh ? dht[off4(a.dht, n, hv, key, col + p2)] : to_f<T>(dhc[key * V + col + p2]);
+        hdh += x * y;
+      }
+    }
+}
+// dG's state terms by one warp (lane l: rows l and l + 32) from the per-warp column partials pq, pk
+// ([KS][C]) of the raw dots, the row norms and the per-warp hdh sums: s_i = k_i.dk_s_i, dG_i = q_i.dq_s_i
+// - s_i (normalized q, k: the raw dots times rstd), dG_{L-1} += sum_{i < L} s_i + exp(G_last) <h, dh>.
+template <int KS>
+__device__ __forceinline__ void store_state_dG_terms(const ChunkedArgs& a, const float* pq, const float* pk,
+                                                     const float* rq, const float* rk, const float* hsum8, int L,
+                                                     int64_t row0, int64_t hv, float gl, int lane) {
+  constexpr int C = kChunkSize;
+  float sq[2], sk[2], ssum = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = lane + 32 * h;
+    float x = 0.f, y = 0.f;
+#pragma unroll
+    for (int w = 0; w < KS; ++w) {
+      x += pq[w * C + i];
+      y += pk[w * C + i];
+    }
+    sq[h] = x * rq[i];
+    sk[h] = y * rk[i];
+    if (i < L) ssum += sk[h];
+  }
+  ssum = group_sum<32>(ssum);
+  float hsum = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) hsum += hsum8[w];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = lane + 32 * h;
+    if (i < L) a.dG_state[(row0 + i) * a.HV + hv] = sq[h] - sk[h] + (i == L - 1 ? ssum + expf(gl) * hsum : 0.f);
+  }
 }
 
 // Shared memory: q, k raw; do (then the dq_s staging tile), dv_new (then dw's), v_new, dk_s's staging
@@ -238,59 +298,15 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_resident_kernel(Chun
         if (grp == 0) sm.pk[kst * C + n0k + 8 * nt + 2 * tig + q2] = s;
       }
     }
-    // <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk (as the
-    // slice kernel: 16-bit copies of those arbitrary states lose most of dg's largest term there).
-    const int64_t n = ci.seq;
-    const bool exact_h = a.h0.p && c == a.seq_first_chunk[n], exact_dh = a.dht.p && c == a.seq_first_chunk[n + 1] - 1;
-    if (cgp == 0 && (exact_h || exact_dh)) {
-      const float* h0 = static_cast<const float*>(a.h0.p);
-      const float* dht = static_cast<const float*>(a.dht.p);
-      hdh = 0.f;
-      for (int col = 2 * tig; col < V; col += 8)
-#pragma unroll
-        for (int r8 = 0; r8 < 2; ++r8) {
-          const int key = 16 * kst + grp + 8 * r8;
-#pragma unroll
-          for (int p2 = 0; p2 < 2; ++p2) {
-            const float x = exact_h ? h0[off4(a.h0, n, hv, key, col + p2)] : to_f<T>(hc[key * V + col + p2]);
-            const float y = exact_dh ? dht[off4(a.dht, n, hv, key, col + p2)] : to_f<T>(dhc[key * V + col + p2]);
-            hdh += x * y;
-          }
-        }
-    }
+    if (cgp == 0) exact_state_dot<T>(a, ci, c, hv, hc, dhc, V, 16 * kst + grp, tig, hdh);
     hdh = group_sum<32>(hdh);
     if (lane == 0) sm.hsum[wp] = cgp == 0 ? hdh : 0.f;
   }
   __syncthreads();  // dk_s's tile, the dot partials and hdh complete
   tile_rows_store<T, KMAX>(sm.out_k, view_rows(a.dk_out, head), a.dk_out.s1, L, tid);
 
-  // ---- dG's state terms (warp 0; lane l: rows l and l + 32): s_i = k_i.dk_s_i, dG_i = q_i.dq_s_i - s_i
-  // (normalized q, k: the raw dots times rstd), dG_{L-1} += sum_{i < L} s_i + exp(G_last) <h, dh>.
-  if (wp == 0 && a.dG_state) {
-    float sq[2], sk[2], ssum = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = lane + 32 * h;
-      float x = 0.f, y = 0.f;
-#pragma unroll
-      for (int w = 0; w < KS; ++w) {
-        x += sm.pq[w * C + i];
-        y += sm.pk[w * C + i];
-      }
-      sq[h] = x * sm.rq[i];
-      sk[h] = y * sm.rk[i];
-      if (i < L) ssum += sk[h];
-    }
-    ssum = group_sum<32>(ssum);
-    float hsum = 0.f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) hsum += sm.hsum[w];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = lane + 32 * h;
-      if (i < L) a.dG_state[(row0 + i) * HV + hv] = sq[h] - sk[h] + (i == L - 1 ? ssum + expf(gl) * hsum : 0.f);
-    }
-  }
+  // ---- dG's state terms (warp 0).
+  if (wp == 0 && a.dG_state) store_state_dG_terms<KS>(a, sm.pq, sm.pk, sm.rq, sm.rk, sm.hsum, L, row0, hv, gl, lane);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

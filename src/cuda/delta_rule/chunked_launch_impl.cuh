@@ -324,7 +324,12 @@ void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int64_t bytes_a = kItems * GradsStateSmem<T, KMAX>::bytes(),
                     bytes_b = kItems * GradsLocalSmem<T, KMAX>::bytes();
   const SplitVariant variant = kItems == 1 && a.V == KMAX ? split_variant() : SplitVariant::kV1;
-  if (variant != SplitVariant::kV1) {
+  if (variant == SplitVariant::kV5) {
+    // B2a with resident tiles and whole-sector state loads (chunked_grads_state_coalesced.cuh).
+    constexpr int64_t bytes_r = GradsStateResidentSmem<T, KMAX>::bytes();
+    set_smem(chunk_grads_state_coalesced_kernel<T, KMAX>, bytes_r);
+    chunk_grads_state_coalesced_kernel<T, KMAX><<<grid, 256, bytes_r, s>>>(a);
+  } else if (variant != SplitVariant::kV1) {
     // B2a with every tile loaded at its start (chunked_grads_state_resident.cuh, session 11; V == K).
     constexpr int64_t bytes_r = GradsStateResidentSmem<T, KMAX>::bytes();
     set_smem(chunk_grads_state_resident_kernel<T, KMAX>, bytes_r);
@@ -344,6 +349,10 @@ void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
     constexpr int64_t bytes_w = GradsLocalSmem<T, KMAX, 32>::bytes();
     set_smem(chunk_grads_local_kernel<T, KMAX, 1, 4>, bytes_w);
     chunk_grads_local_kernel<T, KMAX, 1, 4><<<grid, 256, bytes_w, s>>>(a);
+  } else if (variant == SplitVariant::kV5) {  // and dq's state part loaded at mid's end
+    constexpr int64_t bytes_w = GradsLocalSmem<T, KMAX, 32>::bytes();
+    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 5>, bytes_w);
+    chunk_grads_local_kernel<T, KMAX, 1, 5><<<grid, 256, bytes_w, s>>>(a);
   } else {
     set_smem(chunk_grads_local_kernel<T, KMAX, kItems>, bytes_b);
     chunk_grads_local_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_b, s>>>(a);
