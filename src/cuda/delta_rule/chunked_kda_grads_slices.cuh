@@ -1,5 +1,5 @@
 // Pieces shared by the two kernels of the split KDA B2 (session 10: chunked_kda_grads_state.cuh and
-// chunked_kda_grads_local.cuh; FLASHGRAD_CHUNKED_KDA_B2=split). Both kernels walk the key channels in
+// chunked_kda_grads_local.cuh; the default B2). Both kernels walk the key channels in
 // slices of 64 so that their per-channel tiles are [64][64] fp32 (16 KiB) whatever K is, and each
 // block fits in half an SM's shared memory (two blocks of 8 warps per SM). The slice tiles hold
 // chunk rows r < 64 and channels c0 + d (d < 64) of one slice: element (r, d) at [r * 64 + d].

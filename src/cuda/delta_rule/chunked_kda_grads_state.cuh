@@ -1,4 +1,5 @@
-// Split KDA B2, first kernel (session 10, FLASHGRAD_CHUNKED_KDA_B2=split): everything of
+// Split KDA B2, first kernel (session 10; since session 11 in its staged form by default, kStaged
+// below; FLASHGRAD_CHUNKED_KDA_B2=split runs the session-10 form): everything of
 // kda_grads_kernel (chunked_kda_grads.cuh, whose notation this uses) except the per-channel decayed
 // sums aq, ak, bm, ck, which the second kernel (chunked_kda_grads_local.cuh) forms.
 //
@@ -77,10 +78,10 @@ static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024 &&
               "two blocks per SM");
 
 // kSplit: the state products with hi + lo operands (FLASHGRAD_CHUNKED_KDA_B2=split_exact) or rounded
-// once to T (the default; chunked_kda_grads_state_product.cuh). kStaged (session 11,
-// FLASHGRAD_CHUNKED_KDA_B2=staged; rounded operands only): the three products in one pass with the
-// chunk's rows of dv_new, do, v_new staged in shared memory over the dw / Y / X tiles
-// (kda_state_slice_products_staged).
+// once to T (chunked_kda_grads_state_product.cuh). kStaged (session 11, the default; rounded operands
+// only): the three products in one pass with the chunk's rows of dv_new, do, v_new staged in shared
+// memory over the dw / Y / X tiles (kda_state_slice_products_staged), swizzled tiles, cp.async slice
+// loads (docs/perf/delta_rule.md, "KDA B2 state kernel, session 11").
 template <typename T, int KMAX, bool kSplit, bool kStaged = false>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
   using S = KdaGradsStateSmem<T, kStaged>;

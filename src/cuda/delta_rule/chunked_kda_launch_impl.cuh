@@ -185,20 +185,22 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
 // chunked_kda_grads_state.cuh, then chunked_kda_grads_local.cuh; the first hands the second dM
 // through dv's first 64 columns and the state parts of dq, dk, dg, dbeta through those outputs), with
 // the fp32 operands of the products with the states (h, dh, dv_new) and of the decayed sums'
-// tensor-core parts rounded once to T (as fla and the default B1). Run 10.3 (H200, B4 T4096 H16
-// K=V=128): 3.81 ms per call against 5.44 for kda_grads_kernel, gradients within 4.2e-3 rel RMS of
-// its. FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split_exact splits those operands hi + lo as
-// kda_grads_kernel does (within 4e-5 of it, ~3% slower); = fused runs kda_grads_kernel (one block
-// per SM, 225 KiB at K = 128); = staged (session 11, helper kdab2s) runs the first kernel with its
-// products' chunk rows staged in shared memory (kda_state_slice_products_staged).
-// FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
-enum class KdaB2Kernel { split, split_exact, staged, fused };
+// tensor-core parts rounded once to T (as fla and the default B1). Since session 11 (helper kdab2s)
+// the first kernel runs its `staged` form by default (kda_state_slice_products_staged: the chunk rows
+// of the products staged in shared memory, conflict-free swizzled tiles, cp.async slice loads):
+// H200, B4 T4096 H16 K=V=128, run 11.2: 0.99 ms per call against 1.95 (backward 5.87 -> 4.95 ms),
+// gradients within 7e-6 rel RMS. FLASHGRAD_CHUNKED_KDA_B2 (read at every launch) = split runs
+// the session-10 first kernel (run 10.4: 1.94 ms; the two kernels 3.62 ms per call against 5.37 for
+// kda_grads_kernel); = split_exact splits the operands hi + lo as kda_grads_kernel does (within 4e-5
+// of it, ~3% slower than split); = fused runs kda_grads_kernel (one block per SM, 225 KiB at
+// K = 128). FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
+enum class KdaB2Kernel { staged, split, split_exact, fused };
 inline KdaB2Kernel kda_b2_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
+  if (v && std::strcmp(v, "split") == 0) return KdaB2Kernel::split;
   if (v && std::strcmp(v, "split_exact") == 0) return KdaB2Kernel::split_exact;
-  if (v && std::strcmp(v, "staged") == 0) return KdaB2Kernel::staged;
   if (v && std::strcmp(v, "fused") == 0) return KdaB2Kernel::fused;
-  return KdaB2Kernel::split;
+  return KdaB2Kernel::staged;
 }
 
 template <typename T, int KMAX, bool kSplit, bool kStaged = false>

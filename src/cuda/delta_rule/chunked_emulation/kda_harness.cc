@@ -249,16 +249,17 @@ int run(const Case& c) {
   else
     launch(N, HV, V / SB::BV, [&] { dr::kda_state_backward_transposed_kernel<TT, KM, 8, false>(a); }, SB::THREADS);
   // B2 as the library picks it (chunked_kda_launch_impl.cuh): the split kernels (the state kernel over
-  // every block, then the local kernel), operands rounded to T; FLASHGRAD_CHUNKED_KDA_B2=split_exact:
-  // hi + lo; =fused: kda_grads_kernel; =staged: the state kernel with its products' rows staged in
-  // shared memory (session 11).
+  // every block, then the local kernel), operands rounded to T, the state kernel in its staged form
+  // (session 11); FLASHGRAD_CHUNKED_KDA_B2=split: the session-10 state kernel; =split_exact: hi + lo;
+  // =fused: kda_grads_kernel.
   const char* b2 = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
   const bool b2_fused = b2 && std::strcmp(b2, "fused") == 0, b2_exact = b2 && std::strcmp(b2, "split_exact") == 0;
-  const bool b2_staged = b2 && std::strcmp(b2, "staged") == 0;
+  const bool b2_staged = !(b2 && std::strcmp(b2, "split") == 0);
   if (b2_fused) {
     launch(NC, HV, 1, [&] { dr::kda_grads_kernel<TT, KM>(a); }, dr::kGradsThreads);
   } else {
     static_assert(dr::KdaGradsStateSmem<TT>::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)) &&
+                      dr::KdaGradsStateSmem<TT, true>::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)) &&
                       dr::KdaGradsLocalSmem::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)),
                   "emulated shared memory");
     if (b2_exact) {
@@ -403,8 +404,8 @@ int main(int argc, char** argv) {
   const std::string b2s = b2 ? b2 : "";
   std::printf("B2: %s\n", b2s == "fused"         ? "kda_grads_kernel (FLASHGRAD_CHUNKED_KDA_B2=fused)"
                           : b2s == "split_exact" ? "split kernels, products hi + lo (FLASHGRAD_CHUNKED_KDA_B2=split_exact)"
-                          : b2s == "staged"      ? "split kernels, state products staged (FLASHGRAD_CHUNKED_KDA_B2=staged)"
-                                                 : "split kernels, products rounded to T (the default)");
+                          : b2s == "split"       ? "split kernels, session-10 state kernel (FLASHGRAD_CHUNKED_KDA_B2=split)"
+                                                 : "split kernels, state products staged (the default)");
   // name, dtype, B, T, H, HV, V, varlen lengths, gate divisor, l2norm, g in f32, seed
   fails += run<bf16, 64>({"kda bf16 K64 V128 T=75 n=0.1", DType::bf16, 1, 75, 1, 2, 128, {}, 0.1f, true, true, 1});
   fails += run<__half, 64>({"kda f16 K64 V64 B=2 T=70 g f16", DType::f16, 2, 70, 1, 1, 64, {}, 1.f, true, false, 2});
