@@ -598,6 +598,22 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     else
       mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
+    if constexpr (kVersion < 6) {
+      const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
+      const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
+      if ((tid & 3) == 0) {
+        const int r = tid >> 2;
+        sm.rq[r] = rq;
+        sm.rk[r] = rk;
+        sm.irq[r] = 1.f / rq;
+        sm.irk[r] = 1.f / rk;
+      }
+    }
+    // (first read after pass 1's barriers)
+  }
+  // kVersion 6: the row norms after pass 1's first products instead, so that their shared loads and
+  // shuffles wait beside those mmas (ncu, v4: 8.5% of the stall samples at the prologue's norms).
+  auto row_norms = [&]() {
     const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
     const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
     if ((tid & 3) == 0) {
@@ -607,8 +623,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       sm.irq[r] = 1.f / rq;
       sm.irk[r] = 1.f / rk;
     }
-    // (first read after pass 1's barriers)
-  }
+  };
 
   // ---- Pass 1 over 16-column V slices (a barrier per slice, the next slice's copies in flight):
   // dP = do v_new^T, du = dv_new v^T (kept for mid); dUb = A^T dv_new for rows of the strip, columns
@@ -692,6 +707,8 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     const T* sdv = sm.slice(b, 3);
     if constexpr (VS == 32) {
       pass1_wide(sdo, svn, sv, sdv, col0);
+      if constexpr (kVersion >= 6)
+        if (s == 0) row_norms();
       continue;
     }
     {
@@ -1178,6 +1195,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 
 }  // namespace flashgrad::cuda_detail::delta_rule
 
-// Session 11 variants (opt-in by FLASHGRAD_CHUNKED_B2_SPLIT, read per call: split_variant below).
+// Session 11 variants (opt-in by FLASHGRAD_CHUNKED_B2_SPLIT, read per call: split_variant).
 #include "chunked_grads_state_resident.cuh"
 #include "chunked_grads_state_coalesced.cuh"
+#include "chunked_grads_split_variants.cuh"

@@ -19,9 +19,6 @@
 // No barrier inside the passes (4 in all, was 10), and dq_s / dw leave (16-byte stores) before pass 2.
 #pragma once
 
-#include <cstdlib>
-#include <string>
-
 #include "chunked_grads_frags.cuh"
 #include "chunked_grads_split.cuh"  // row_rstd, tile_rows_async / _store (it includes this file at its end)
 #include "chunked_mma.cuh"
@@ -33,24 +30,6 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Which kernels the split B2 runs where V == K (FLASHGRAD_CHUNKED_B2_SPLIT, read per call so that one
-// process can time them all): unset or "v1" = the session-7 kernels; "resident" = B2a by
-// chunk_grads_state_resident_kernel, B2b as in v1; "v2" = that B2a and B2b with three slice stages
-// and lean row copies (chunk_grads_local_kernel<.., kVersion = 2>); "v3" = v2 with B2b's pass 1
-// unrolled (kVersion = 3); "v4" = B2b's pass 1 over 32-column slices, two stages (kVersion = 4);
-// "v5" = B2a by chunk_grads_state_coalesced_kernel (whole-sector state loads), B2b v4 with dq's state
-// part loaded a phase earlier (kVersion = 5).
-enum class SplitVariant { kV1, kResident, kV2, kV3, kV4, kV5 };
-inline SplitVariant split_variant() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_B2_SPLIT");
-  const std::string v = env ? env : "";
-  if (v == "resident") return SplitVariant::kResident;
-  if (v == "v2") return SplitVariant::kV2;
-  if (v == "v3") return SplitVariant::kV3;
-  if (v == "v4") return SplitVariant::kV4;
-  if (v == "v5") return SplitVariant::kV5;
-  return SplitVariant::kV1;
-}
 
 // <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk (as the slice
 // kernel: 16-bit copies of those arbitrary states lose most of dg's largest term there): the thread's

@@ -321,43 +321,24 @@ void launch_grads_mma_half(const ChunkedArgs& a, cudaStream_t s) {
 template <typename T, int KMAX, int kItems>
 void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV / kItems));
-  constexpr int64_t bytes_a = kItems * GradsStateSmem<T, KMAX>::bytes(),
-                    bytes_b = kItems * GradsLocalSmem<T, KMAX>::bytes();
-  const SplitVariant variant = kItems == 1 && a.V == KMAX ? split_variant() : SplitVariant::kV1;
-  if (variant == SplitVariant::kV5) {
-    // B2a with resident tiles and whole-sector state loads (chunked_grads_state_coalesced.cuh).
-    constexpr int64_t bytes_r = GradsStateResidentSmem<T, KMAX>::bytes();
-    set_smem(chunk_grads_state_coalesced_kernel<T, KMAX>, bytes_r);
-    chunk_grads_state_coalesced_kernel<T, KMAX><<<grid, 256, bytes_r, s>>>(a);
-  } else if (variant != SplitVariant::kV1) {
-    // B2a with every tile loaded at its start (chunked_grads_state_resident.cuh, session 11; V == K).
-    constexpr int64_t bytes_r = GradsStateResidentSmem<T, KMAX>::bytes();
-    set_smem(chunk_grads_state_resident_kernel<T, KMAX>, bytes_r);
-    chunk_grads_state_resident_kernel<T, KMAX><<<grid, 256, bytes_r, s>>>(a);
+  if constexpr (kItems == 1) {
+    // The variant FLASHGRAD_CHUNKED_B2_SPLIT picks where V == K (chunked_grads_split_variants.cuh), else v1.
+    const SplitVariant variant = a.V == KMAX ? split_variant() : SplitVariant::kV1;
+    for_split_kernels<T, KMAX>(variant, [&](auto kernel, int64_t bytes) {
+      set_smem(kernel, bytes);
+      kernel<<<grid, 256, bytes, s>>>(a);
+      FLASHGRAD_CUDA_CHECK_LAUNCH();
+    });
   } else {
+    constexpr int64_t bytes_a = kItems * GradsStateSmem<T, KMAX>::bytes(),
+                      bytes_b = kItems * GradsLocalSmem<T, KMAX>::bytes();
     set_smem(chunk_grads_state_kernel<T, KMAX, kItems>, bytes_a);
     chunk_grads_state_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_a, s>>>(a);
-  }
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
-  if (variant == SplitVariant::kV2) {  // (kItems == 1) kVersion 2: pass 1 with three slice stages
-    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 2>, bytes_b);
-    chunk_grads_local_kernel<T, KMAX, 1, 2><<<grid, 256, bytes_b, s>>>(a);
-  } else if (variant == SplitVariant::kV3) {  // (kItems == 1, V == K) and pass 1 unrolled
-    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 3>, bytes_b);
-    chunk_grads_local_kernel<T, KMAX, 1, 3><<<grid, 256, bytes_b, s>>>(a);
-  } else if (variant == SplitVariant::kV4) {  // (kItems == 1, V == K) pass 1 over 32-column slices
-    constexpr int64_t bytes_w = GradsLocalSmem<T, KMAX, 32>::bytes();
-    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 4>, bytes_w);
-    chunk_grads_local_kernel<T, KMAX, 1, 4><<<grid, 256, bytes_w, s>>>(a);
-  } else if (variant == SplitVariant::kV5) {  // and dq's state part loaded at mid's end
-    constexpr int64_t bytes_w = GradsLocalSmem<T, KMAX, 32>::bytes();
-    set_smem(chunk_grads_local_kernel<T, KMAX, 1, 5>, bytes_w);
-    chunk_grads_local_kernel<T, KMAX, 1, 5><<<grid, 256, bytes_w, s>>>(a);
-  } else {
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
     set_smem(chunk_grads_local_kernel<T, KMAX, kItems>, bytes_b);
     chunk_grads_local_kernel<T, KMAX, kItems><<<grid, 256 * kItems, bytes_b, s>>>(a);
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
   }
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 template <typename T, int KMAX>
 void launch_grads_split(const ChunkedArgs& a, cudaStream_t s) {

@@ -1,0 +1,58 @@
+// The split B2's kernel variants (session 11, helper gdnb2s; docs/perf/delta_rule.md "GDN B2, session 11
+// (helper gdnb2s)"): which B2a / B2b pair runs, chosen in one place for the launcher
+// (chunked_launch_impl.cuh) and the host emulation (chunked_emulation/harness.cc).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "chunked_grads_split.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Which kernels the split B2 runs where V == K (FLASHGRAD_CHUNKED_B2_SPLIT, read per call so that one
+// process can time them all): unset or "v1" = the session-7 kernels; "resident" = B2a by
+// chunk_grads_state_resident_kernel, B2b as in v1; "v2" = that B2a and B2b with three slice stages
+// and lean row copies (chunk_grads_local_kernel<.., kVersion = 2>); "v3" = v2 with B2b's pass 1
+// unrolled (kVersion = 3); "v4" = B2b's pass 1 over 32-column slices, two stages (kVersion = 4);
+// "v5" = B2a by chunk_grads_state_coalesced_kernel (whole-sector state loads), B2b v4 with dq's state
+// part loaded a phase earlier (kVersion = 5); "v6" = v5 with B2b's row norms after pass 1's first
+// products (kVersion = 6).
+enum class SplitVariant { kV1, kResident, kV2, kV3, kV4, kV5, kV6 };
+inline SplitVariant split_variant() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_B2_SPLIT");
+  const std::string v = env ? env : "";
+  if (v == "resident") return SplitVariant::kResident;
+  if (v == "v2") return SplitVariant::kV2;
+  if (v == "v3") return SplitVariant::kV3;
+  if (v == "v4") return SplitVariant::kV4;
+  if (v == "v5") return SplitVariant::kV5;
+  if (v == "v6") return SplitVariant::kV6;
+  return SplitVariant::kV1;
+}
+
+// B2a, then B2b of a variant (one item per block) as f(kernel, dynamic shared bytes): the launcher
+// launches them on a chunks x HV grid of 256 threads, the emulation runs them. Variants other than kV1
+// need V == K.
+template <typename T, int KMAX, typename F>
+void for_split_kernels(SplitVariant v, F&& f) {
+  constexpr int64_t kResident = GradsStateResidentSmem<T, KMAX>::bytes();
+  constexpr int64_t kLocal = GradsLocalSmem<T, KMAX>::bytes(), kLocalWide = GradsLocalSmem<T, KMAX, 32>::bytes();
+  if (v == SplitVariant::kV5 || v == SplitVariant::kV6)
+    f(chunk_grads_state_coalesced_kernel<T, KMAX>, kResident);
+  else if (v != SplitVariant::kV1)
+    f(chunk_grads_state_resident_kernel<T, KMAX>, kResident);
+  else
+    f(chunk_grads_state_kernel<T, KMAX, 1>, GradsStateSmem<T, KMAX>::bytes());
+  switch (v) {
+    case SplitVariant::kV2: f(chunk_grads_local_kernel<T, KMAX, 1, 2>, kLocal); break;
+    case SplitVariant::kV3: f(chunk_grads_local_kernel<T, KMAX, 1, 3>, kLocal); break;
+    case SplitVariant::kV4: f(chunk_grads_local_kernel<T, KMAX, 1, 4>, kLocalWide); break;
+    case SplitVariant::kV5: f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocalWide); break;
+    case SplitVariant::kV6: f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocalWide); break;
+    default: f(chunk_grads_local_kernel<T, KMAX, 1>, kLocal); break;  // kV1, kResident
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
