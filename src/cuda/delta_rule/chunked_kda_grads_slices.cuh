@@ -38,6 +38,19 @@ __device__ __forceinline__ void kda_row_rstd(const View& x, const ChunkInfo& ci,
   if (part == 0) out[r] = l2norm ? 1.0f / sqrtf(ss + kL2NormEps) : 1.f;
 }
 
+// prefetch.global.L2 of the 128-byte lines of n floats at p (a hint: the later loads hit L2 instead of
+// waiting for HBM); threads tid, tid + 256, .. take one line each. Nothing in the host emulation.
+// The staged state kernel fetches the next slice's h / dh rows this way while it works on the
+// current slice (run 11.2: the product loop's loads, two 16-column steps ahead, were 54% long
+// scoreboard stalls).
+__device__ __forceinline__ void kda_prefetch_l2(const float* p, int64_t n) {
+#ifndef FLASHGRAD_CHUNKED_HOST_EMULATION
+  for (int64_t q = threadIdx.x; q < n / 32; q += kKdaSplitThreads) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 32 * q));
+#else
+  (void)p, (void)n;
+#endif
+}
+
 // kda_row_rstd with 16-byte loads (the staged state kernel, session 11; run 11.1: the element loads
 // above, 8 rows and 8 lines per warp-wide 2-byte load, were ~10% of its stall samples): lane part of
 // row tid / 4 sums channels 8 part + 32 i .. + 8 (i < KMAX / 32), so that a row's 4 lanes read 64

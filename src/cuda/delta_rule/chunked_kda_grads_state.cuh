@@ -82,7 +82,9 @@ static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024 &&
 // only): the three products in one pass with the chunk's rows of dv_new, do, v_new staged in shared
 // memory over the dw / Y / X tiles (kda_state_slice_products_staged), swizzled tiles, cp.async slice
 // loads (docs/perf/delta_rule.md, "KDA B2 state kernel, session 11").
-template <typename T, int KMAX, bool kSplit, bool kStaged = false>
+// kPrefetch (staged only; FLASHGRAD_CHUNKED_KDA_B2=staged_noprefetch turns it off to measure it): the
+// h / dh rows of the next slice prefetched into L2 (kda_prefetch_l2).
+template <typename T, int KMAX, bool kSplit, bool kStaged = false, bool kPrefetch = kStaged>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
   using S = KdaGradsStateSmem<T, kStaged>;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDA = S::LDA, LDM = S::LDM;
@@ -135,6 +137,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
   const int64_t qk_stride = a.H * K, dg_stride = HV * K;
   const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
 
+  if constexpr (kPrefetch) {  // the first slice's h / dh rows into L2 while the prologue runs
+    kda_prefetch_l2(h, KS * V);
+    kda_prefetch_l2(dhn, KS * V);
+  }
   if (tid < C) {
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
@@ -222,7 +228,13 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         kda_state_slice_product2<T, kSplit, false>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
       kda_state_slice_product<T, kSplit, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
     }
-    if constexpr (kStaged) kda_gate_slice_to_log2(sm.G);  // this thread's copies landed inside the products
+    if constexpr (kStaged) {
+      kda_gate_slice_to_log2(sm.G);  // this thread's copies landed inside the products
+      if (kPrefetch && c0 + KS < KMAX) {  // the next slice's h / dh rows into L2 during the other passes
+        kda_prefetch_l2(hs + KS * V, KS * V);
+        kda_prefetch_l2(dhs + KS * V, KS * V);
+      }
+    }
     __syncthreads();
 
     // dq_s = scale e o Y, stored (thread: channel tid % 64 of rows tid / 64 + 4 m, coalesced q
