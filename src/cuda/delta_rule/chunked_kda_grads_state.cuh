@@ -228,7 +228,19 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         kda_state_slice_product2<T, kSplit, false>(hs, V, dvn_base, HVV, -1.f, do_base, a.dout.s1, L, sm.dw, sm.Y);
       kda_state_slice_product<T, kSplit, true>(dhs, V, vn_base, HVV, L, 1.f, sm.X, hs, hdot);
     }
+    // q's slice for the dq pass below (thread: channel tid % 64 of rows tid / 64 + 4 m; coalesced): in
+    // the staged form loaded here, in flight during the barrier (run 11.2: the dq pass waited on them).
+    constexpr int NE = C * KS / kKdaSplitThreads;
+    float qv[NE];
+    auto load_q = [&] {
+      const int d = tid % KS, r0 = tid / KS;
+      const T* pq = q_rows + r0 * a.q.s1 + c0 + d;  // rows r0, r0 + 4, ...: stepped pointers
+      const int64_t sq = 4 * a.q.s1;
+#pragma unroll
+      for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
+    };
     if constexpr (kStaged) {
+      load_q();
       kda_gate_slice_to_log2(sm.G);  // this thread's copies landed inside the products
       if (kPrefetch && c0 + KS < KMAX) {  // the next slice's h / dh rows into L2 during the other passes
         kda_prefetch_l2(hs + KS * V, KS * V);
@@ -240,14 +252,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     // dq_s = scale e o Y, stored (thread: channel tid % 64 of rows tid / 64 + 4 m, coalesced q
     // loads); Y <- q o dq_s, dG's first term, for the pass below.
     {
-      constexpr int NE = C * KS / kKdaSplitThreads;
       const int d = tid % KS, r0 = tid / KS;
-      const T* pq = q_rows + r0 * a.q.s1 + c0 + d;  // rows r0, r0 + 4, ...: stepped pointers
       float* pdq = dq_row0 + r0 * qk_stride + c0 + d;
-      const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride;
-      float qv[NE];  // q's loads first, all in flight together (no store between them)
-#pragma unroll
-      for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
+      const int64_t sqk = 4 * qk_stride;
+      if constexpr (!kStaged) load_q();  // q's loads first, all in flight together (no store between them)
       // The same pass sums this thread's s_rd = X_rd k_rd exp(gl_d - G_rd) of channel d for sl (X, k are
       // 0 past L), one shared atomic per thread.
       const float gl = sm.G[ti(L - 1, d)];
