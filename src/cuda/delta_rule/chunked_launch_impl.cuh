@@ -220,20 +220,16 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
 // Stage 2 unfused (the forward on few long sequences, and the backward's recomputation), hi + lo
 // products: single-fragment ones (kSingle, FLASHGRAD_CHUNKED_STATE_PRODUCTS=single in session 9) saved
 // nothing in run 9.2 (B8 T4096 0.520 -> 0.513 ms, B1 T32768 1.768 -> 1.861), so they stay the fused
-// forward's alone. Session 11 times them again after the copies were hoisted (session 10) and since
-// the chains kernel's stage 2 gained with them (run 11.2): FLASHGRAD_CHUNKED_STATE_PRODUCTS=single
-// (read per call) for the four-warp and channel-split shapes, an experiment.
-inline bool state_single_wanted() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_PRODUCTS");
-  return env && std::string(env) == "single";
-}
+// forward's alone. Session 11 timed them again: single-fragment products are now the default of the
+// channel-split shape (state_products_single, chunked_stages.h).
 template <typename T>
 void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (state)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
-  const bool single = state_single_wanted();
-  switch (state_shape(a)) {
+  const StateShape shape = state_shape(a);
+  const bool single = state_products_single(shape == StateShape::channel_split);
+  switch (shape) {
     case StateShape::four_warps:
       if (single)
         a.K == 64 ? launch_state_fixed<T, 64, 4, false, 1, true>(a, s) : launch_state_fixed<T, 128, 4, false, 1, true>(a, s);

@@ -225,6 +225,20 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
   return chains * (V / 64) < sms ? 2 : 1;
 }
 
+// Whether stage 2's own (unfused) kernel takes single-fragment products (chunk_state_kernel's kSingle:
+// h^T, v_new^T rounded to T in the products, as the fused forward and fla take them; h itself stays in
+// fp32 accumulators). Run 11.3 (H200, 2026-11-30, chunk GDN bf16): the channel-split shape (few long
+// sequences) B1 T32768 H16 K=V=128 1.201 -> 1.052 ms, forward 1.991 -> 1.840 ms (o 7.4e-4 rel RMS from
+// hi + lo; the chunked GPU tests pass, worst 0.60 of a bar); the four-warp shape no faster (B8 T4096
+// K=V=64 0.163 ms both ways). So: the default of the channel-split shape only.
+// FLASHGRAD_CHUNKED_STATE_PRODUCTS=single / split (read per call) forces them on / off for both.
+inline bool state_products_single(bool channel_split) {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_PRODUCTS");
+  if (env && std::string(env) == "single") return true;
+  if (env && std::string(env) == "split") return false;
+  return channel_split;
+}
+
 // Whether the 16-bit backward runs its stage-2 recomputation and B1 in one launch
 // (chunked_state_chains.cuh, session 11): the two serial chains of chunks are independent (B1 reads
 // neither h, v_new nor u), and at few long sequences each holds one block per SM at ~20-30% issue

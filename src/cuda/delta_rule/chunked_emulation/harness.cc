@@ -177,8 +177,12 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, false>(a); }, 256);
     else if (seed % 2 == 0)
       launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
-    else if (seed == 5 || seed == 7 || seed == 13)  // key channels split over two warps
-      launch(N, HV, V / 16, [&] { dr::chunk_state_kernel<TT, KM, 2, false, 2>(a); }, 64);
+    else if (seed == 5 || seed == 7 || seed == 13) {  // key channels split over two warps
+      if (dr::state_products_single(true))  // (single-fragment products: the launcher's default here)
+        launch(N, HV, V / 16, [&] { dr::chunk_state_kernel<TT, KM, 2, false, 2, true>(a); }, 64);
+      else
+        launch(N, HV, V / 16, [&] { dr::chunk_state_kernel<TT, KM, 2, false, 2>(a); }, 64);
+    }
     else
       launch(N, HV, V / 32, [&] { dr::chunk_state_kernel<TT, KM, 2, false>(a); }, 64);
   };
