@@ -1,7 +1,10 @@
 // Chunked backward stage B2 split in two kernels (session 7): the default of the 16-bit backward's common
 // case (h, dh, dv_new in T, direct outputs, H == HV, V >= K, views in 16-byte row pieces:
 // split_grads_applies); FLASHGRAD_CHUNKED_B2=fused runs the one-kernel B2 of chunked_grads_mma.cuh, which
-// also takes every other case (docs/perf/delta_rule.md "B2 split (session 7)"). Same notation:
+// also takes every other case (docs/perf/delta_rule.md "B2 split (session 7)"). Where V == K, the
+// session-11 kernels run by default (chunked_grads_split_variants.cuh: B2a from
+// chunked_grads_state_coalesced.cuh, this file's B2b with kVersion 5; FLASHGRAD_CHUNKED_B2_SPLIT=v1
+// keeps the kernels below as they were). Same notation:
 // X = v_new dh^T, Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...
 //
 // Why: the fused kernel holds one block of 8 warps per SM (211 KiB of shared memory, 232 registers)
@@ -474,13 +477,18 @@ struct GradsLocalSmem {
 // kVersion 1: session 7. 2 (session 11, FLASHGRAD_CHUNKED_B2_SPLIT=v2; kItems = 1): three slice stages
 // in pass 1 (two slices in flight while one is used, was one; 12 slice tiles fill the region exactly,
 // as its 4 P tiles do), and the q / k / dw / dk_s row copies by tile_rows_async (one 64-bit multiply
-// per row instead of a division and an off3 per piece).
+// per row instead of a division and an off3 per piece). 3 (V == K): pass 1 unrolled, paired element
+// reads. 4: pass 1 over 32-column slices in two stages. 5 (the default where V == K since run 11.3):
+// 4 with B2a's dq part loaded at mid's end. 6: 5 with the row norms after pass 1's first products; 7:
+// 4 with those norms moved (chunked_grads_split_variants.cuh, docs "GDN B2, session 11").
 template <typename T, int KMAX, int kItems = 1, int kVersion = 1>
 __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_kernel(ChunkedArgs a) {
   using S = GradsLocalSmem<T, KMAX, kVersion >= 4 ? 32 : 16>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
   constexpr int kStages = kVersion == 2 || kVersion == 3 ? 3 : 2;
+  // kVersion 5, 6: B2a's dq part loaded at mid's end; 6, 7: the row norms after pass 1's first products.
+  constexpr bool kEarlyDqState = kVersion == 5 || kVersion == 6, kLateNorms = kVersion >= 6;
   static_assert(4 * kStages * S::kSliceTile <= S::kRegion && (kVersion == 1 || kItems == 1), "slice stages");
   static_assert(NKH % 2 == 0, "K = 64 or 128");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -598,7 +606,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     else
       mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
-    if constexpr (kVersion < 6) {
+    if constexpr (!kLateNorms) {
       const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
       const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
       if ((tid & 3) == 0) {
@@ -611,7 +619,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     }
     // (first read after pass 1's barriers)
   }
-  // kVersion 6: the row norms after pass 1's first products instead, so that their shared loads and
+  // kLateNorms: the row norms after pass 1's first products instead, so that their shared loads and
   // shuffles wait beside those mmas (ncu, v4: 8.5% of the stall samples at the prologue's norms).
   auto row_norms = [&]() {
     const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
@@ -707,7 +715,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     const T* sdv = sm.slice(b, 3);
     if constexpr (VS == 32) {
       pass1_wide(sdo, svn, sv, sdv, col0);
-      if constexpr (kVersion >= 6)
+      if constexpr (kLateNorms)
         if (s == 0) row_norms();
       continue;
     }
@@ -762,7 +770,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   }
   __syncthreads();  // every warp is done with the slices: the region takes S, dA
 
-  // kVersion 5: B2a's state part of dq at the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig
+  // kEarlyDqState: B2a's state part of dq at the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig
   // + {0, 1}; as S3a's load_pair) loaded at mid's end, in flight through its barrier.
   uint32_t dqs_early[NKH][2];
 
@@ -821,7 +829,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     rowG[0] += rsum[0];
     rowG[1] += rsum[1];
   }
-  if constexpr (kVersion >= 5) {
+  if constexpr (kEarlyDqState) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const T* row = static_cast<const T*>(a.dq_out.p) + off3(a.dq_out, ci.b, ci.t0 + r0 + 8 * h, head);
@@ -853,7 +861,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     // B2a's state part of the thread's elements (rows r0 + 8 h, channels d0 + 8 nt + 2 tig + {0, 1}),
     // in flight during the products.
     uint32_t dqs[NKH][2];
-    if constexpr (kVersion >= 5) {
+    if constexpr (kEarlyDqState) {
 #pragma unroll
       for (int nt = 0; nt < NKH; ++nt)
 #pragma unroll
