@@ -226,6 +226,34 @@ __device__ __forceinline__ void kda_load_square(const float* src, int64_t stride
   }
 }
 
+// kda_load_A by cp.async (the staged state kernel, session 11; run 11.3: the prologue's waits on A's
+// two batches of loads were ~4% of the stall samples): raw rows into out (ldo a multiple of 4, 16-byte
+// aligned), rows past L zero-filled; thread tid copies chunks q = tid + 256 i (row q / 16, columns
+// 4 (q % 16)..). After this thread's copies have landed (cp_async_wait), kda_load_A_fix applies the
+// same mask to the same chunks (then a barrier before others read them).
+constexpr int kKdaAChunks = kChunkSize * kChunkSize / 4 / kKdaSplitThreads;  // 4 per thread
+__device__ __forceinline__ void kda_load_A_async(const float* A_in, int64_t row0, int64_t hv, int64_t HV, int L,
+                                                 float* out, int ldo) {
+  const float* src = A_in + (row0 * HV + hv) * kChunkSize;  // row i: + i * HV * 64
+#pragma unroll
+  for (int u = 0; u < kKdaAChunks; ++u) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * u, i = q / 16, j = 4 * (q % 16);
+    const bool ok = i < L;
+    mma::cp_async16(out + i * ldo + j, src + (ok ? i : 0) * HV * kChunkSize + j, ok);
+  }
+}
+__device__ __forceinline__ void kda_load_A_fix(int L, float* out, int ldo) {
+#pragma unroll
+  for (int u = 0; u < kKdaAChunks; ++u) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * u, i = q / 16, j = 4 * (q % 16);
+    float4* p = reinterpret_cast<float4*>(out + i * ldo + j);
+    float4 v = *p;
+    auto mask = [&](float x, int jj) { return i < L ? (jj < i ? x : (jj == i ? 1.f : 0.f)) : 0.f; };
+    v.x = mask(v.x, j), v.y = mask(v.y, j + 1), v.z = mask(v.z, j + 2), v.w = mask(v.w, j + 3);
+    *p = v;
+  }
+}
+
 // A from stage 1 into out[i * ldo + j] (64 x 64): stage 1 packs P^T into A's upper triangle
 // (chunked_kda.h), so keep the strict lower part and put the unit diagonal back (rows past L: 0).
 // No barrier.

@@ -141,6 +141,10 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     kda_prefetch_l2(h, KS * V);
     kda_prefetch_l2(dhn, KS * V);
   }
+  if constexpr (kStaged) {  // A by cp.async, in flight with the row norms' loads
+    kda_load_A_async(a.A, row0, hv, HV, L, sm.A, LDA);
+    mma::cp_async_commit();
+  }
   if (tid < C) {
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
@@ -154,7 +158,12 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     kda_row_rstd16<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
   else
     kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
-  kda_load_A(a.A, row0, hv, HV, L, sm.A, LDA);
+  if constexpr (kStaged) {
+    mma::cp_async_wait<0>();
+    kda_load_A_fix(L, sm.A, LDA);
+  } else {
+    kda_load_A(a.A, row0, hv, HV, L, sm.A, LDA);
+  }
   __syncthreads();
 
   // dA's V part, dv_new (beta v)^T: v exact in T, dv_new split; beta_j per column. The warp's
