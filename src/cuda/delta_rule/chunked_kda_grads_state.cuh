@@ -31,6 +31,19 @@
 //         second kernel, after its block has read dM (same (chunk, value head)): no extra scratch.
 // Rows past L: G repeats row L - 1, k, X, Y, dw, A are 0, so no term there is nonzero and nothing is
 // stored. 106 KiB of shared memory (K = 128 or 64).
+//
+// The staged form (kStaged, session 11, the default; docs/perf/delta_rule.md "KDA B2 state kernel,
+// session 11"): the same outputs, with
+//   - the three products of a slice in one pass, the chunk rows of dv_new (rounded to T), do, v_new
+//     staged in shared memory over the dw / Y / X tiles and h / dh read by 16-byte loads
+//     (kda_state_slice_products_staged), the next slice's h / dh prefetched into L2 (kPrefetch);
+//   - the slice tiles swizzled by row (kda_swz_at, kda_swz16_at), A / dA at pitches 68 / 72, so that
+//     every fragment-layout pass is free of bank conflicts (ncu run 10.4: the session-10 form was
+//     bound by L1 wavefronts, 74% of its shared wavefronts excessive);
+//   - G, k, A and the staged do / v_new by cp.async; dA's V part and the row norms by 16-byte loads;
+//   - dA += dw Wb^T in a 2 x 4 warp layout, dWb and dA with their k loops unrolled;
+//   - X exp(gl - G) formed once, in the dq pass.
+// 108.5 KiB of shared memory. H200, B4 T4096 H16 K=V=128: 1.94 -> 0.90 ms per call (run 11.3).
 #pragma once
 
 #include <type_traits>
