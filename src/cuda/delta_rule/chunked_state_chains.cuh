@@ -13,6 +13,10 @@
 // Both use blockIdx as their own kernels do (x: sequence, y: value head, z: 16-column slice) and
 // threadIdx.x as their thread index; each synchronizes at its own named barrier (1: B1 over 128
 // threads, 2: stage 2 over 64; chunked_stage_sync.cuh). Shared memory: B1's layout, then stage 2's.
+// Measured (H200, runs 11.1-11.3, B1 T32768 H16 K=V=128): the two chains 1.23 + 1.53 ms -> 2.34 ms in
+// one launch (with kStateSingle), less than hoped: both hot loops (~2650 + ~2000 static instructions)
+// run on one SM and evict each other from its instruction cache (ncu: 16% of the stall samples wait for
+// instructions, a stall neither kernel has alone). docs/perf/delta_rule.md, "Session 11".
 #pragma once
 
 #include "chunked_state.cuh"
