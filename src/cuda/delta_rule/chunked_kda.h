@@ -35,16 +35,18 @@
 // kda_scratch_sizes() gives the element counts (G is K times GDN's).
 //
 // Stages: 1 prepare (chunks x HV), 2 state (sequences x HV x V/64, transposed), 3 output (chunks x HV
-// x V/64), B1 state backward (sequences x HV x V/64, transposed), B2 grads in two kernels (chunks x HV,
+// x V/64; single-fragment products by default since session 11, FLASHGRAD_CHUNKED_KDA_OUTPUT=split for
+// hi + lo), B1 state backward (sequences x HV x V/64, transposed), B2 grads in two kernels (chunks x HV,
 // 256 threads each, key channels in 64-channel slices: chunked_kda_grads_state.cuh with the products
-// of h / dh, dA, dWb, dM; chunked_kda_grads_local.cuh with the per-channel decayed sums, dUb and dg;
-// FLASHGRAD_CHUNKED_KDA_B2=fused runs the one-kernel chunked_kda_grads.cuh). Scope: bf16 / fp16, K in
-// {64, 128}, V in {64, 128, 192, 256}.
+// of h / dh (by default the session-11 staged form: the three products of a slice in one pass, the
+// chunk's dv_new / do / v_new rows staged in shared memory; FLASHGRAD_CHUNKED_KDA_B2=split runs the
+// session-10 form, =staged_noprefetch the staged one without its L2 prefetch), dA, dWb, dM;
+// chunked_kda_grads_local.cuh with the per-channel decayed sums, dUb and dg; =fused runs the one-kernel
+// chunked_kda_grads.cuh). Scope: bf16 / fp16, K in {64, 128}, V in {64, 128, 192, 256}.
 //
 // Checked by the host emulation of these sources (chunked_emulation/kda_harness.cc, every stage and
 // end to end within the GPU test's bars) and on the H200 by tests/cpp/delta_rule_chunked_kda_gpu_test.cu
-// (2026-11-29: all passed on an earlier version of the stages; the later speed changes were checked
-// by the emulation and go through that test in the next GPU run).
+// (every GPU check runs it with the defaults; the GPU jobs also with the variables above).
 #pragma once
 
 #include <cuda_runtime.h>
