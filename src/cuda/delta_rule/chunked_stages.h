@@ -255,8 +255,8 @@ inline bool state_products_single(bool channel_split) {
 // -> 0.631 ms, 1.491 -> 1.392 ms; gradients bit-identical; the chunked GPU tests pass with it.
 constexpr bool kStateChainsByDefault = true;
 // The chains kernel's stage 2 with single-fragment products (the default since run 11.2:
-// chunked_state_chains.cuh) unless FLASHGRAD_CHUNKED_STATE_CHAINS=exact (hi + lo, as stage 2's own
-// kernel).
+// chunked_state_chains.cuh) unless FLASHGRAD_CHUNKED_STATE_CHAINS=exact (hi + lo). (Stage 2's own
+// kernel has its own switch: state_products_single above.)
 inline bool state_chains_exact_wanted() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
   return env && std::string(env) == "exact";
