@@ -30,6 +30,7 @@
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "cuda/delta_rule/chunked_grads_mma.cuh"
 #include "cuda/delta_rule/chunked_grads_split.cuh"
+#include "cuda/delta_rule/chunked_grads_split_variants.cuh"
 #include "core/host_dtype.h"
 #include "flashgrad/delta_rule.h"
 #include "flashgrad/status.h"
@@ -297,9 +298,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     if (HV % 2 == 0 && dr::split_grads_paired_wanted()) {
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
-    } else {
-      launch(NC, HV, 1, [&] { dr::chunk_grads_state_kernel<TT, KM>(a); }, 256);
-      launch(NC, HV, 1, [&] { dr::chunk_grads_local_kernel<TT, KM>(a); }, 256);
+    } else {  // the launcher's variant (chunked_grads_split_variants.cuh: session 11's v5 where V == K)
+      dr::for_split_kernels<TT, KM>(V == K ? dr::split_variant() : dr::SplitVariant::kV1,
+                                    [&](auto kernel, int64_t) { launch(NC, HV, 1, [&] { kernel(a); }, 256); });
     }
   } else if (half == 3)
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 3>(a); }, 256);
