@@ -561,6 +561,21 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     mma::cp_async_commit();
   };
 
+  // Rows' L2-norm factors (and their inverses) of q and k into shared memory: in the prologue, or with
+  // kLateNorms after pass 1's first products, so that their shared loads and shuffles wait beside those
+  // mmas (ncu, v4: 8.5% of the stall samples at the prologue's norms).
+  auto row_norms = [&]() {
+    const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
+    const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
+    if ((tid & 3) == 0) {
+      const int r = tid >> 2;
+      sm.rq[r] = rq;
+      sm.rk[r] = rk;
+      sm.irq[r] = 1.f / rq;
+      sm.irk[r] = 1.f / rk;
+    }
+  };
+
   // ---- Prologue: q, k, dw (B2a's, in dv's first K columns: read here, before pass 1 writes dv) and
   // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta.
   {
@@ -606,32 +621,9 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     else
       mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
-    if constexpr (!kLateNorms) {
-      const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
-      const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
-      if ((tid & 3) == 0) {
-        const int r = tid >> 2;
-        sm.rq[r] = rq;
-        sm.rk[r] = rk;
-        sm.irq[r] = 1.f / rq;
-        sm.irk[r] = 1.f / rk;
-      }
-    }
+    if constexpr (!kLateNorms) row_norms();
     // (first read after pass 1's barriers)
   }
-  // kLateNorms: the row norms after pass 1's first products instead, so that their shared loads and
-  // shuffles wait beside those mmas (ncu, v4: 8.5% of the stall samples at the prologue's norms).
-  auto row_norms = [&]() {
-    const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
-    const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
-    if ((tid & 3) == 0) {
-      const int r = tid >> 2;
-      sm.rq[r] = rq;
-      sm.rk[r] = rk;
-      sm.irq[r] = 1.f / rq;
-      sm.irk[r] = 1.f / rk;
-    }
-  };
 
   // ---- Pass 1 over 16-column V slices (a barrier per slice, the next slice's copies in flight):
   // dP = do v_new^T, du = dv_new v^T (kept for mid); dUb = A^T dv_new for rows of the strip, columns

@@ -160,13 +160,19 @@ void launch_state_backward_transposed(const ChunkedArgs& a, cudaStream_t s) {
 // dv_new's own buffer (chunked_dv_local.cuh), then B1 in 4-warp blocks without P on its serial chain,
 // with the key channels split over 2 or 4 warps per 16 value columns where
 // state_backward_channel_parts says so (parts: 1, 2 or 4; 4 at K = 128 only).
+// B0 alone: dv_local = do^T (scale P) of every chunk into dv_new's 16-bit buffer (grid chunks x HV);
+// also run ahead of the chains kernel (chunked_state_chains.cu).
 template <typename T, int KMAX>
-void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, int parts) {
+void launch_dv_local(const ChunkedArgs& a, cudaStream_t s) {
   const int64_t bytes = DvLocalSmem<T, KMAX>::bytes(a.V);
   set_smem(chunk_dv_local_kernel<T, KMAX>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
   chunk_dv_local_kernel<T, KMAX><<<grid, kDvLocalThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+template <typename T, int KMAX>
+void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, int parts) {
+  launch_dv_local<T, KMAX>(a, s);
   if constexpr (KMAX == 128) {
     if (parts == 4) return launch_state_backward_transposed_as<T, KMAX, 4, false, true, 4>(a, s);
   }

@@ -14,13 +14,7 @@ void launch_chunk_state_chains(const ChunkedArgs& a, cudaStream_t s) {
     throw_invalid_argument(stage, "scratch", "dh and dv_new need their own buffers (stage 2 reads u and w meanwhile)");
   if (a.num_seqs == 0 || a.HV == 0) return;
   // B0: dv_local = do^T (scale P) of every chunk into dv_new's buffer, which B1 reads and overwrites.
-  if (a.num_chunks > 0) {
-    const int64_t bytes = DvLocalSmem<T, 128>::bytes(a.V);
-    set_smem(chunk_dv_local_kernel<T, 128>, bytes);
-    const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));
-    chunk_dv_local_kernel<T, 128><<<grid, kDvLocalThreads, bytes, s>>>(a);
-    FLASHGRAD_CUDA_CHECK_LAUNCH();
-  }
+  if (a.num_chunks > 0) launch_dv_local<T, 128>(a, s);
   using L = StateChainsLayout<T>;
   const auto kernel = state_chains_exact_wanted() ? chunk_state_chains_kernel<T, false> : chunk_state_chains_kernel<T>;
   set_smem(kernel, L::bytes());
