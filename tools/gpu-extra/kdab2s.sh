@@ -7,8 +7,9 @@
 # and the package install (cap 150 s, budget 138 s; logs in $OUT/extra/):
 #   1. the DeltaRuleChunkedKda* GPU tests with the default B2 (staged) and with =split (every stage
 #      against the CPU chunked reference, end to end against the CPU recurrence);
-#   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: =split (session 10), the default (staged)
-#      and =staged_noprefetch (the default without its L2 prefetches of the next slice's states):
+#   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: =split (session 10), the default (staged,
+#      without L2 prefetches since session 12) and =staged_prefetch (with the next slice's states
+#      prefetched into L2, the default of session 11):
 #      forward / backward wall, every kda_* kernel's CUDA time per call, and the gradients against
 #      split's (rel RMS);
 #   2b. compute-sanitizer racecheck and memcheck of small KDA GPU cases with the default;
@@ -26,7 +27,7 @@ job_tests kdab2s_tests_split 25 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2=
 
 echo "== kdab2s 2/3: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs staged B2 (one process)"
 job_compare kdab2s_compare 50 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CHUNKED_KDA_B2 \
-  --variants split=split,staged=-,staged_nopf=staged_noprefetch --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
+  --variants split=split,staged=-,staged_pf=staged_prefetch --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
 
 echo "== kdab2s 2b: compute-sanitizer racecheck / memcheck of small KDA cases with the default (staged)"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)

@@ -40,7 +40,8 @@
 // 256 threads each, key channels in 64-channel slices: chunked_kda_grads_state.cuh with the products
 // of h / dh (by default the session-11 staged form: the three products of a slice in one pass, the
 // chunk's dv_new / do / v_new rows staged in shared memory; FLASHGRAD_CHUNKED_KDA_B2=split runs the
-// session-10 form, =staged_noprefetch the staged one without its L2 prefetch), dA, dWb, dM;
+// session-10 form, =staged_prefetch the staged one with the L2 prefetch of the next slice's states, the
+// default until session 12), dA, dWb, dM;
 // chunked_kda_grads_local.cuh with the per-channel decayed sums, dUb and dg; =fused runs the one-kernel
 // chunked_kda_grads.cuh). Scope: bf16 / fp16, K in {64, 128}, V in {64, 128, 192, 256}.
 //

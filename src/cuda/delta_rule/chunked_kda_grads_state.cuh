@@ -95,9 +95,10 @@ static_assert(KdaGradsStateSmem<__nv_bfloat16>::bytes() <= 113 * 1024 &&
 // only): the three products in one pass with the chunk's rows of dv_new, do, v_new staged in shared
 // memory over the dw / Y / X tiles (kda_state_slice_products_staged), swizzled tiles, cp.async slice
 // loads (docs/perf/delta_rule.md, "KDA B2 state kernel, session 11").
-// kPrefetch (staged only; FLASHGRAD_CHUNKED_KDA_B2=staged_noprefetch turns it off to measure it): the
-// h / dh rows of the next slice prefetched into L2 (kda_prefetch_l2).
-template <typename T, int KMAX, bool kSplit, bool kStaged = false, bool kPrefetch = kStaged>
+// kPrefetch (staged only; off by default since session 12, FLASHGRAD_CHUNKED_KDA_B2=staged_prefetch turns
+// it on: run 11.4 timed it 0.076 ms slower per call): the h / dh rows of the next slice prefetched into L2
+// (kda_prefetch_l2).
+template <typename T, int KMAX, bool kSplit, bool kStaged = false, bool kPrefetch = false>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(ChunkedArgs a) {
   using S = KdaGradsStateSmem<T, kStaged>;
   constexpr int C = kChunkSize, KS = kKdaSliceK, LDA = S::LDA, LDM = S::LDM;

@@ -194,18 +194,20 @@ void launch_kda_state_backward(const ChunkedArgs& a, cudaStream_t s) {
 // kda_grads_kernel); = split_exact splits the operands hi + lo as kda_grads_kernel does (within 4e-5
 // of it, ~3% slower than split); = fused runs kda_grads_kernel (one block per SM, 225 KiB at
 // K = 128). FLASHGRAD_CHUNKED_KDA=legacy takes precedence (the session-5 kernel).
-// (= staged_noprefetch: the staged form without its L2 prefetches of the next slice's states.)
-enum class KdaB2Kernel { staged, staged_noprefetch, split, split_exact, fused };
+// = staged_prefetch: the staged form with L2 prefetches of the next slice's states (kPrefetch); the
+// default until session 12, when run 11.4 had timed it 0.076 ms slower (0.906 against 0.830 ms per call;
+// docs/perf/delta_rule.md, "KDA B2 state kernel, session 11"). = staged_noprefetch names the default.
+enum class KdaB2Kernel { staged, staged_prefetch, split, split_exact, fused };
 inline KdaB2Kernel kda_b2_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2");
   if (v && std::strcmp(v, "split") == 0) return KdaB2Kernel::split;
-  if (v && std::strcmp(v, "staged_noprefetch") == 0) return KdaB2Kernel::staged_noprefetch;
+  if (v && std::strcmp(v, "staged_prefetch") == 0) return KdaB2Kernel::staged_prefetch;
   if (v && std::strcmp(v, "split_exact") == 0) return KdaB2Kernel::split_exact;
   if (v && std::strcmp(v, "fused") == 0) return KdaB2Kernel::fused;
   return KdaB2Kernel::staged;
 }
 
-template <typename T, int KMAX, bool kSplit, bool kStaged = false, bool kPrefetch = kStaged>
+template <typename T, int KMAX, bool kSplit, bool kStaged = false, bool kPrefetch = false>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
   launch_kda_kernel<KdaGradsStateSmem<T, kStaged>, kKdaSplitThreads>(
       kda_grads_state_kernel<T, KMAX, kSplit, kStaged, kPrefetch>, kda_chunk_grid(a), a, s);
@@ -219,8 +221,8 @@ void launch_kda_grads_split_as(KdaB2Kernel b2, const ChunkedArgs& a, cudaStream_
     launch_kda_grads_split<T, KMAX, true>(a, s);
   else if (b2 == KdaB2Kernel::staged)
     launch_kda_grads_split<T, KMAX, false, true>(a, s);
-  else if (b2 == KdaB2Kernel::staged_noprefetch)
-    launch_kda_grads_split<T, KMAX, false, true, false>(a, s);
+  else if (b2 == KdaB2Kernel::staged_prefetch)
+    launch_kda_grads_split<T, KMAX, false, true, true>(a, s);
   else
     launch_kda_grads_split<T, KMAX, false>(a, s);
 }
