@@ -9,6 +9,7 @@
 #include "chunked_kda.h"
 #include "chunked_kda_grads.cuh"
 #include "chunked_kda_grads_local.cuh"
+#include "chunked_kda_grads_local2.cuh"
 #include "chunked_kda_grads_state.cuh"
 #include "chunked_kda_grads_legacy.cuh"
 #include "chunked_kda_output.cuh"
@@ -207,12 +208,24 @@ inline KdaB2Kernel kda_b2_requested() {
   return KdaB2Kernel::staged;
 }
 
+// FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new (read at every launch; session 12, helper kdaloc) runs the second
+// B2 kernel in its session-12 form (chunked_kda_grads_local2.cuh: dP / dM as 16-bit tiles read by
+// ldmatrix, staging with fixed offsets; the same outputs up to fp32 summation order) where the
+// operands are rounded (every variant but =split_exact); unset, the session-10 kernel.
+inline bool kda_b2_local_new_requested() {
+  const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2_LOCAL");
+  return v && std::strcmp(v, "new") == 0;
+}
+
 template <typename T, int KMAX, bool kSplit, bool kStaged = false, bool kPrefetch = false>
 void launch_kda_grads_split(const ChunkedArgs& a, cudaStream_t s) {
   launch_kda_kernel<KdaGradsStateSmem<T, kStaged>, kKdaSplitThreads>(
       kda_grads_state_kernel<T, KMAX, kSplit, kStaged, kPrefetch>, kda_chunk_grid(a), a, s);
-  launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit>,
-                                                         kda_chunk_grid(a), a, s);
+  if (!kSplit && kda_b2_local_new_requested())
+    launch_kda_kernel<KdaGradsLocal2Smem<T>, kKdaSplitThreads>(kda_grads_local2_kernel<T, KMAX>, kda_chunk_grid(a), a, s);
+  else
+    launch_kda_kernel<KdaGradsLocalSmem, kKdaSplitThreads>(kda_grads_local_kernel<T, KMAX, kSplit>,
+                                                           kda_chunk_grid(a), a, s);
 }
 
 template <typename T, int KMAX>

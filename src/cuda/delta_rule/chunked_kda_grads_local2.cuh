@@ -1,0 +1,244 @@
+// KDA B2 local kernel, session 12 form (helper kdaloc; FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new, read per
+// launch, for the rounded B2 variants): the same outputs as kda_grads_local_kernel<T, KMAX, false>
+// (chunked_kda_grads_local.cuh: the notation, the phases and the thread ownership of the slice's
+// elementwise terms) up to fp32 summation order, with
+//   - dP and dM kept as 16-bit tiles (rounded once, as the session-10 kernel rounded them at each
+//     fragment load) for the decayed sums' tensor-core parts, plus fp32 copies of their 8 x 8
+//     diagonal blocks for the fp32 in-half part (chunked_kda_grads_decayed2.cuh: ldmatrix fragments,
+//     staging loops with fixed offsets, staged operands in T);
+//   - dbeta's rowsum(k o bm) by a pass over a tile (k o bm written over bm, 4 lanes per row, 16-byte
+//     loads) instead of a 32-lane shuffle sum and a shared-memory atomic (a compare-and-swap loop on
+//     sm_90) per element row;
+//   - A and dv_new for dUb in the slice tiles' space (free after the slices).
+// Shared memory 93.75 KiB (the session-10 kernel: 110): two blocks per SM as before.
+#pragma once
+
+#include "chunked_kda_grads_decayed2.cuh"
+#include "chunked_kda_grads_local.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <typename T>
+struct KdaGradsLocal2Smem {
+  static constexpr int C = kChunkSize, KS = kKdaSliceK, HP = kKdaHalfPitch;
+  float *G, *q, *k, *out;  // [C][KS]; G in log2 units (kda_gate_slice); later A and dv_new for dUb
+  float *dPd, *dMd;        // [8][8][8]: the 8 x 8 diagonal blocks of dP, dM (fp32)
+  T *dPh, *dMh;            // [C][HP]: dP, dM rounded to T
+  T* stage;                // [kKdaStage2Rows][HP]
+  float *beta, *dbeta, *rq, *rk;  // [C]
+  static constexpr int64_t bytes() {
+    return sizeof(float) * (4 * C * KS + 2 * kKdaDiagFloats + 4 * C) + sizeof(T) * (2 * C * HP + kKdaStage2Rows * HP);
+  }
+  __device__ explicit KdaGradsLocal2Smem(unsigned char* raw) {
+    G = reinterpret_cast<float*>(raw);
+    q = G + C * KS;
+    k = q + C * KS;
+    out = k + C * KS;
+    dPd = out + C * KS;
+    dMd = dPd + kKdaDiagFloats;
+    dPh = reinterpret_cast<T*>(dMd + kKdaDiagFloats);
+    dMh = dPh + C * HP;
+    stage = dMh + C * HP;
+    beta = reinterpret_cast<float*>(stage + kKdaStage2Rows * HP);
+    dbeta = beta + C;
+    rq = dbeta + C;
+    rk = rq + C;
+  }
+};
+static_assert(KdaGradsLocal2Smem<__half>::bytes() <= 113 * 1024, "two blocks per SM");
+static_assert((2 * kChunkSize * kKdaHalfPitch + kKdaStage2Rows * kKdaHalfPitch) * 2 % 16 == 0, "16-byte alignment");
+
+// Index of W[i][j] in the compact diagonal blocks (i / 8 == j / 8).
+__device__ __forceinline__ int kda_diag_at(int i, int j) { return 64 * (i >> 3) + 8 * (i & 7) + (j & 7); }
+
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(ChunkedArgs a) {
+  using S = KdaGradsLocal2Smem<T>;
+  constexpr int C = kChunkSize, KS = kKdaSliceK, HP = kKdaHalfPitch, NE = C * KS / kKdaSplitThreads;
+  static_assert(KMAX % KS == 0, "whole slices");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  S sm(smem_raw);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = threadIdx.x, rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
+  const int64_t row0 = chunk_row0(ci, a.T), V = a.V, K = a.K, HV = a.HV, HVV = a.HV * a.V;
+  const float scale = a.scale;
+  const T* vn_base = static_cast<const T*>(a.v_new) + (row0 * HV + hv) * V;  // row r: + r * HV V
+  const T* do_base = static_cast<const T*>(a.dout.p) + off4(a.dout, ci.b, ci.t0, hv, 0);  // row r: + r * s1
+  const T* v_base = static_cast<const T*>(a.v.p) + off4(a.v, ci.b, ci.t0, hv, 0);       // row r: + r * s1
+  const float* dvn_base = a.dv_new + (row0 * HV + hv) * V;                              // row r: + r * HV V
+  float* dv0 = a.dv + (row0 * HV + hv) * V;                                             // row r: + r * HV V
+  const bool pairs_do = (reinterpret_cast<uintptr_t>(do_base) & 3) == 0 && a.dout.s1 % 2 == 0;
+  float* dq_row0 = a.dq_acc + (row0 * a.H + head) * K;  // row r, channel d: + r * H K + d
+  float* dk_row0 = a.dk_acc + (row0 * a.H + head) * K;
+  float* dg_row0 = a.dg + (row0 * HV + hv) * K;  // row r, channel d: + r * HV K + d
+  const int64_t qk_stride = a.H * K, dg_stride = HV * K;
+
+  if (tid < C) {
+    sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+    sm.dbeta[tid] = 0.f;
+  }
+  // dM from dv's first 64 columns (rows past L: 0): rounded into dMh, its diagonal blocks into dMd
+  // (kda_load_square's ownership: column j = tid % 64 of rows tid / 64 + 4 u).
+  kda_load_square(dv0, HVV, L, sm.k, KS, [&](int i, int j, float x) {
+    sm.dMh[i * HP + j] = from_f<T>(x);
+    if ((i >> 3) == (j >> 3)) sm.dMd[kda_diag_at(i, j)] = x;
+    return x;  // (into the k tile, unused: kda_load_square stores f's value)
+  });
+  {
+    // dP = scale Lower_incl(do v_new^T) (warp: rows 16 rs.., columns n0 + 8 nt..): accumulator pairs
+    // (columns j, j + 1 of one row) rounded into dPh, the diagonal blocks into dPd.
+    float acc[4][4] = {};
+    if (pairs_do)
+      kda_mma::rows_times_rows_global<T, true>(do_base, a.dout.s1, vn_base, HVV, V, L, acc);
+    else
+      kda_mma::rows_times_rows_global<T, false>(do_base, a.dout.s1, vn_base, HVV, V, L, acc);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int i = 16 * rs + mma::grp() + 8 * h2, j = n0 + 8 * nt + 2 * mma::tig();
+        const float v0 = i < L && j <= i ? scale * acc[nt][2 * h2] : 0.f;
+        const float v1 = i < L && j + 1 <= i ? scale * acc[nt][2 * h2 + 1] : 0.f;
+        *reinterpret_cast<uint32_t*>(sm.dPh + i * HP + j) = mma::pack_floats<T>(v0, v1);
+        if ((i >> 3) == (j >> 3)) sm.dPd[kda_diag_at(i, j)] = v0, sm.dPd[kda_diag_at(i, j + 1)] = v1;
+      }
+  }
+  kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);  // (after dP: fewer registers live at once)
+  kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  __syncthreads();  // dM read (dv is free from here on), dP, beta, rstd in place
+
+  const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
+#pragma unroll 1
+  for (int c0 = 0; c0 < KMAX; c0 += KS) {
+    kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
+    kda_key_slice<T>(a.q, ci, head, c0, sm.rq, sm.q);
+    kda_key_slice<T>(a.k, ci, head, c0, sm.rk, sm.k);
+    __syncthreads();
+    float dk[NE], dG[NE];  // element e = tid + 256 m: row e / 64 = tid / 64 + 4 m, channel tid % 64
+    const int d = tid % KS, r0 = tid / KS;
+    const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride, sdg = 4 * dg_stride;
+    {
+      const float* pdg = dg_row0 + r0 * dg_stride + c0 + d;
+#pragma unroll
+      for (int m = 0; m < NE; ++m, pdg += sdg) {
+        dG[m] = r0 + 4 * m < L ? *pdg : 0.f;
+        dk[m] = 0.f;
+      }
+    }
+    // ak + ck: dk = ak + ck, dG -= k o (ak + ck).
+    kda_cols_sum2<T>(sm.dPh, sm.dMh, sm.dPd, sm.dMd, sm.q, sm.k, sm.beta, sm.G, sm.out, sm.stage);
+#pragma unroll
+    for (int m = 0; m < NE; ++m) {
+      const int e = (r0 + 4 * m) * KS + d;
+      const float s = sm.out[e];
+      dk[m] += s;
+      dG[m] -= sm.k[e] * s;
+    }
+    __syncthreads();  // out's and q's readers are done: the pair below writes aq into out, bm into q's tile
+    kda_rows_pair2<T>(sm.dPh, sm.dMh, sm.dPd, sm.dMd, sm.k, sm.G, sm.out, sm.q, sm.stage);
+    {
+      const T* pq = q_rows + r0 * a.q.s1 + c0 + d;
+      float* pdq = dq_row0 + r0 * qk_stride + c0 + d;
+      float* pdk = dk_row0 + r0 * qk_stride + c0 + d;
+      float qv[NE];
+#pragma unroll
+      for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
+#pragma unroll
+      for (int m = 0; m < NE; ++m, pdq += sqk, pdk += sqk) {
+        const int r = r0 + 4 * m, e = r * KS + d;
+        const float aq = sm.out[e], bm = sm.q[e], kr = sm.k[e], br = sm.beta[r];
+        dk[m] += br * bm;
+        dG[m] += qv[m] * sm.rq[r] * aq + br * kr * bm;
+        sm.q[e] = kr * bm;  // dbeta's terms (0 past L: k is), summed by rows below
+        if (r < L) {
+          atomicAdd(pdq, aq);
+          atomicAdd(pdk, dk[m]);
+        }
+        sm.out[e] = r < L ? dG[m] : 0.f;  // the same thread read out[e] above
+      }
+    }
+    __syncthreads();
+    {
+      // dbeta += rowsum(k o bm): row tid / 4, lane part sums channels 16 part .. + 16 (4 float4).
+      const int r = tid / 4, part = tid % 4;
+      const float4* p = reinterpret_cast<const float4*>(sm.q + r * KS + 16 * part);
+      float s = 0.f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float4 x = p[u];
+        s += (x.x + x.y) + (x.z + x.w);
+      }
+      s = group_sum<4>(s);
+      if (part == 0) sm.dbeta[r] += s;  // one thread per row (rows past L: 0)
+    }
+    // dg = reverse cumsum over the chunk's rows, one thread per channel.
+    if (tid < KS) {
+      float acc = 0.f;
+#pragma unroll 8
+      for (int i = L - 1; i >= 0; --i) {
+        acc += sm.out[i * KS + tid];
+        dg_row0[i * dg_stride + c0 + tid] = acc;
+      }
+    }
+    __syncthreads();  // the slice tiles and out are free
+  }
+
+  // dUb = A^T dv_new, 64 value columns at a time (as the session-10 kernel): A in the G / q tiles'
+  // space ([64][65]), dv_new's columns staged in the k / out tiles' space ([64][68]).
+  constexpr int LDM = C + 1, LDV = 68;
+  static_assert(C * LDM <= 2 * C * KS && C * LDV <= 2 * C * KS, "A and dv_new's pass fit in two slice tiles each");
+  float* Aw = sm.G;
+  float* dvs = sm.k;
+  kda_load_A(a.A, row0, hv, HV, L, Aw, LDM);
+  for (int64_t cv = 0; cv < V; cv += 64) {
+    if (cv) __syncthreads();  // the previous pass's readers of dvs are done
+    {
+      float4 x[4];  // piece p = tid + 256 u: row p / 16, columns 4 (p % 16) ..
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int p = tid + kKdaSplitThreads * u, i = p / 16;
+        x[u] = i < L ? *reinterpret_cast<const float4*>(dvn_base + i * HVV + cv + 4 * (p % 16))
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int p = tid + kKdaSplitThreads * u;
+        *reinterpret_cast<float4*>(dvs + (p / 16) * LDV + 4 * (p % 16)) = x[u];
+      }
+    }
+    __syncthreads();  // dvs (and, the first time, A) in place
+    float vv[4][4];  // v at this thread's accumulator elements, loaded ahead (0 past L)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
+        vv[nt][e] = j < L ? to_f<T>(v_base[j * a.v.s1 + cv + n]) : 0.f;
+      }
+    float acc[4][4] = {};
+    kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return Aw[i * LDM + r]; },
+                                     [&](int i, int n) { return dvs[i * LDV + n]; }, 16 * rs, n0, 16 * rs, C, acc);
+    float vd[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
+        if (j < L) dv0[j * HVV + cv + n] = sm.beta[j] * acc[nt][e];
+        vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
+      }
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 1);
+      vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 2);
+      const int j = 16 * rs + mma::grp() + 8 * h2;
+      if (mma::tig() == 0 && j < L) atomicAdd(&sm.dbeta[j], vd[h2]);
+    }
+  }
+  __syncthreads();
+  // dbeta = the first kernel's WY part + ours.
+  if (tid < L) a.dbeta[(row0 + tid) * HV + hv] += sm.dbeta[tid];
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
