@@ -51,6 +51,69 @@ static_assert((2 * kChunkSize * kKdaHalfPitch + kKdaStage2Rows * kKdaHalfPitch) 
 // Index of W[i][j] in the compact diagonal blocks (i / 8 == j / 8).
 __device__ __forceinline__ int kda_diag_at(int i, int j) { return 64 * (i >> 3) + 8 * (i & 7) + (j & 7); }
 
+// The slice tiles with all loads in flight at once (session-10 loaders, kda_gate_slice /
+// kda_key_slice: 8 dependent batches of 2- or 4-byte loads per tile, ~700 SASS instructions per slice
+// and warp):
+//   G: 16-byte cp.async copies of raw rows (rows past L: row L - 1) into the unswizzled tile, chunk
+//      q = tid + 256 i (row q / 16, channels 4 (q % 16)..); kda_gate2_to_log2 scales the same chunks
+//      after this thread's copies have landed (no barrier needed in between);
+//   q, k: 8-byte loads of 4 T (a warp reads two whole 128-byte rows), chunk q = tid + 256 i (row q / 16,
+//      channels 4 (q % 16)..), times the row's rstd, one 16-byte store (a warp's 32 stores are 512
+//      contiguous bytes: no bank conflict). Rows past L: 0. Needs 8-byte aligned rows
+//      (kda_key_rows8); otherwise kda_key_slice.
+template <int KMAX>
+__device__ __forceinline__ void kda_gate2_async(const float* G_in, const ChunkInfo& ci, int64_t row0, int64_t hv,
+                                                int64_t HV, int c0, float* out) {
+#pragma unroll
+  for (int i = 0; i < kKdaGateChunks; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i, r = q / 16, d = 4 * (q % 16);
+    const int rr = r < ci.len ? r : ci.len - 1;
+    mma::cp_async16(out + r * kKdaSliceK + d, G_in + ((row0 + rr) * HV + hv) * KMAX + c0 + d, true);
+  }
+  mma::cp_async_commit();
+}
+__device__ __forceinline__ void kda_gate2_to_log2(float* out) {
+  mma::cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kKdaGateChunks; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i;
+    float4* p = reinterpret_cast<float4*>(out + (q / 16) * kKdaSliceK + 4 * (q % 16));
+    float4 v = *p;
+    v.x *= kKdaLog2e, v.y *= kKdaLog2e, v.z *= kKdaLog2e, v.w *= kKdaLog2e;
+    *p = v;
+  }
+}
+template <typename T>
+__device__ __forceinline__ bool kda_key_rows8(const View& x, const ChunkInfo& ci, int64_t head) {
+  return (reinterpret_cast<uintptr_t>(static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0, head)) & 7) == 0 &&
+         x.s1 % 4 == 0;
+}
+constexpr int kKdaKeyChunks = kChunkSize * kKdaSliceK / 4 / kKdaSplitThreads;  // 4 per thread
+template <typename T>
+__device__ __forceinline__ void kda_key2_load(const View& x, const ChunkInfo& ci, int64_t head, int c0,
+                                              uint2 (&v)[kKdaKeyChunks]) {
+  // Row tid / 16 + 16 i: one pointer stepped by 16 rows (fewer 64-bit addresses live across the slices).
+  const int r0 = static_cast<int>(threadIdx.x) / 16;
+  const T* p = static_cast<const T*>(x.p) + off3(x, ci.b, ci.t0 + r0, head) + c0 + 4 * (threadIdx.x % 16);
+  const int64_t step = 16 * x.s1;
+#pragma unroll
+  for (int i = 0; i < kKdaKeyChunks; ++i, p += step)
+    v[i] = r0 + 16 * i < ci.len ? *reinterpret_cast<const uint2*>(p) : make_uint2(0u, 0u);
+}
+template <typename T>
+__device__ __forceinline__ void kda_key2_store(const uint2 (&v)[kKdaKeyChunks], const float* rstd, float* out) {
+#pragma unroll
+  for (int i = 0; i < kKdaKeyChunks; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i, r = q / 16, d = 4 * (q % 16);
+    const float s = rstd[r];
+    float4 f;
+    mma::unpack_floats<T>(v[i].x, f.x, f.y);
+    mma::unpack_floats<T>(v[i].y, f.z, f.w);
+    f.x *= s, f.y *= s, f.z *= s, f.w *= s;
+    *reinterpret_cast<float4*>(out + r * kKdaSliceK + d) = f;
+  }
+}
+
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(ChunkedArgs a) {
   using S = KdaGradsLocal2Smem<T>;
@@ -109,11 +172,21 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
   __syncthreads();  // dM read (dv is free from here on), dP, beta, rstd in place
 
   const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
+  const bool keys8 = kda_key_rows8<T>(a.q, ci, head) && kda_key_rows8<T>(a.k, ci, head);
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
-    kda_gate_slice<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
-    kda_key_slice<T>(a.q, ci, head, c0, sm.rq, sm.q);
-    kda_key_slice<T>(a.k, ci, head, c0, sm.rk, sm.k);
+    kda_gate2_async<KMAX>(a.G, ci, row0, hv, HV, c0, sm.G);
+    if (keys8) {
+      uint2 vq[kKdaKeyChunks], vk[kKdaKeyChunks];
+      kda_key2_load<T>(a.q, ci, head, c0, vq);
+      kda_key2_load<T>(a.k, ci, head, c0, vk);
+      kda_key2_store<T>(vq, sm.rq, sm.q);
+      kda_key2_store<T>(vk, sm.rk, sm.k);
+    } else {
+      kda_key_slice<T>(a.q, ci, head, c0, sm.rq, sm.q);
+      kda_key_slice<T>(a.k, ci, head, c0, sm.rk, sm.k);
+    }
+    kda_gate2_to_log2(sm.G);
     __syncthreads();
     float dk[NE], dG[NE];  // element e = tid + 256 m: row e / 64 = tid / 64 + 4 m, channel tid % 64
     const int d = tid % KS, r0 = tid / KS;
