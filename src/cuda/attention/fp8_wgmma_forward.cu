@@ -35,11 +35,11 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true>
+template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
-  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean>;
+  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
@@ -81,6 +81,10 @@ constexpr int kScheduleByDefault = D == 256 ? cuda_attn::fp8w::kSerial : cuda_at
 // they were slower in run 6.1: 838 against 857); PV_PIPE=1 / 0 overrides it for either schedule.
 template <int D>
 constexpr bool kPvPipeByDefault = D == 256;
+// Session 12 (opt-in until an H200 run has tested and timed it): the full tiles' softmax with the
+// exponentials issued before the block's row max is known (the kernel's kSpecMax, same numerics),
+// in the default schedules only (hd 64 / 128 kEarlyS, hd 256 kSerialPvPipe, without ping-pong).
+constexpr bool kSpecMaxByDefault = false;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
@@ -121,16 +125,25 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
     return launch_kernel<D, false, kOverlap, true, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if (schedule == kOverlap && !pingpong && !env_switch("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", true))
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+  // FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX=1 (session 12): kSpecMax in the default schedules (below).
+  const bool spec_max = !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX", kSpecMaxByDefault);
   if constexpr (D <= 128)
-    if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault<D>))
+    if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault<D>)) {
+      if (spec_max)
+        return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, true>(mq, mk, mvt, f, axes, mblocks,
+                                                                                   tiles, stream);
       return pingpong ? launch_kernel<D, true, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+    }
   if constexpr (D == 256)
     if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", kPvPipeByDefault<D> && schedule == kSerial)) {
       if (schedule == kOverlap)
         return launch_kernel<D, false, cuda_attn::fp8w::kOverlapPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
       if (schedule == kSerial)
-        return launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+        return spec_max ? launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe, false, true, true>(
+                              mq, mk, mvt, f, axes, mblocks, tiles, stream)
+                        : launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe>(mq, mk, mvt, f, axes, mblocks,
+                                                                                 tiles, stream);
     }
   if (schedule == kSerial)
     pingpong ? launch_kernel<D, true, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream)

@@ -258,6 +258,123 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
   }
 }
 
+// kSpecMax (session 12; full tiles of the short path only): the same online softmax with the block's
+// row max taken off the path to the exponentials. fp8w_softmax_block finds the row max first (a
+// 5-deep FMNMX tree per thread, two dependent SHFL rounds across the quad, the compare with the
+// running max), and only then starts its 64 exponentials; ncu put ~13 % of the consumer warps' stall
+// samples on that chain (docs/perf/attention_fp8_wgmma.md, session 6). Here the exponentials are
+// issued at once against the running max m (448 p~ = exp2(x), x = s mul - m + log2 448, the same
+// FFMA as fp8w_softmax_block's); the thread's largest x per row is taken beside them, and
+// afterwards, for each of the thread's two rows (r = 0: rows g, r = 1: rows g + 8 of the warp's 16),
+// a vote over the warp tells whether any of the warp's 8 rows saw a score above m. Only then
+// (warp-uniform branch) the quad max gives the new max m' and the row's 32 values are multiplied by
+// c = exp2(m - m'), its sum too, and c is the O rescale, as fp8w_softmax_block computes it
+// (exp2(m - m')). Rows whose max did not rise (c = 1) keep m, and their values, sums and rescale are
+// the same bits fp8w_softmax_block computes; rows whose max rose get exp2(x) exp2(m - m') for
+// exp2(x - (m' - m)): the same number up to the approximate exp2's fp32 rounding, and m' is s mul up
+// to one rounding (a score above m by less than x's rounding, ~1e-6, leaves m as it is: p~ <= 1 +
+// 1e-6). So the recipe (P8 = e4m3(448 p~) with p~ relative to the running max, l of the
+// unquantized p~) is unchanged.
+// Overflow: exp2(s mul - m + log2 448) must stay finite before the correction, and so must the
+// thread's sum of 32 of them: the caller takes this path only while every row of the warp has
+// m >= spec_lim (fp8w_spec_limit: the row's bound on s mul minus 110), so every argument is at most
+// 110 + log2 448 < 119 and a sum of 32 values stays below 2^124.
+// Returns nothing new: row_max, row_sum and rescale as fp8w_softmax_block leaves them.
+template <int BN>
+__device__ __forceinline__ void fp8w_softmax_spec(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
+                                                  float (&rescale)[2], float scale_log2) {
+  // The exponents x = s mul - m + log2 448 against the running max m, not yet updated.
+  float base448[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    base448[r] = row_max[r] - fp8::kLog2E4m3Max;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      s[4 * nt + 2 * r] = s[4 * nt + 2 * r] * scale_log2 - base448[r];
+      s[4 * nt + 2 * r + 1] = s[4 * nt + 2 * r + 1] * scale_log2 - base448[r];
+    }
+  }
+  // The thread's largest exponent per row (4 interleaved chains), read before exp2 overwrites them:
+  // each leaf is needed only by its two exponentials, so they can follow it at once.
+  float xmax[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float part[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * r], s[4 * k + 2 * r + 1]);
+#pragma unroll
+    for (int nt = 4; nt < BN / 8; ++nt)
+      part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+    xmax[r] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+  }
+  float sum[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r]);
+      s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1]);
+      if (nt < 4)
+        sum[r][nt] = s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+      else
+        sum[r][nt % 4] += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float block_sum = (sum[r][0] + sum[r][1]) + (sum[r][2] + sum[r][3]);
+    rescale[r] = 1.f;
+    // A score above m: its exponent above m - base448 (log2 448 up to the rounding of base448).
+    // Warp-uniform branch: quad_max's shuffles need every lane.
+    if (__any_sync(0xffffffffu, xmax[r] > row_max[r] - base448[r])) {
+      // The new max m' = base448 + the row's largest exponent (s mul up to one rounding).
+      const float mx = fmaxf(row_max[r], base448[r] + quad_max(xmax[r]));
+      const float c = fast_exp2(row_max[r] - mx);
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        s[4 * nt + 2 * r] *= c;
+        s[4 * nt + 2 * r + 1] *= c;
+      }
+      block_sum *= c;
+      rescale[r] = c;
+      row_max[r] = mx;
+    }
+    row_sum[r] = row_sum[r] * rescale[r] + block_sum;
+  }
+}
+
+// The smallest running max m of one query row for which fp8w_softmax_spec's exponentials cannot
+// overflow: |S| = |sum_d q8_d k8_d| <= 448 sum_d |q8_d| (|k8| <= 448, e4m3's largest value), so
+// s mul <= bound = 448 |q8|_1 mul, and with m >= bound - 110 every argument s mul - m + log2 448 is
+// at most 110 + 8.81. Each of the 4 threads of a row's quad sums the magnitudes of a quarter of the
+// row's bytes in every panel (the swizzle permutes 16-byte chunks inside a row, so a row's bytes are
+// where they are, in some order); the quad's shuffles add the quarters. |e4m3| is bounded above by
+// its bits read as a normal number: exponent field e, mantissa m -> 2^(e - 7) (1 + m / 8), exact for
+// e > 0, and above the subnormal m 2^-9 for e = 0 (it is 2^-7 (1 + m / 8)); e4m3 NaN (0x7f) reads
+// as 480. q_row: the row's first byte in panel 0 (generic pointer into shared memory).
+template <int kPanels, int kRowBytes, int kPanelBytes>
+__device__ __forceinline__ float fp8w_spec_limit(const unsigned char* q_row, int t4, float scale_log2) {
+  float acc = 0.f;
+#pragma unroll
+  for (int pnl = 0; pnl < kPanels; ++pnl) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(q_row + pnl * kPanelBytes + t4 * (kRowBytes / 4));
+#pragma unroll
+    for (int i = 0; i < kRowBytes / 16; ++i) {
+      const uint32_t x = w[i];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        // Byte b without its sign bit, shifted so that its 7 bits land on the fp32 exponent's low 4
+        // bits and the mantissa's top 3; + 120 << 23 rebiases the exponent (127 - 7).
+        const uint32_t bits = ((x >> (8 * b)) & 0x7Fu) << 20;
+        acc += __int_as_float(static_cast<int>(bits + (120u << 23)));
+      }
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  return acc * 448.f * scale_log2 - 110.f;
+}
+
 // P8 A registers of k32 step ks from the S accumulators: chunks 4 ks .. 4 ks + 3 (8 keys each) of
 // rows g (elements 0, 1) and g + 8 (elements 2, 3); register 0 = row g, positions 4t..4t+3 = keys
 // 2t, 2t+1 (chunk 4 ks), 8+2t, 9+2t (chunk 4 ks + 1): fp8::p_to_a_fragment's order, which vt8's
@@ -344,7 +461,13 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // and advanced by fp8w_desc_add, full key blocks stepped through without classify, ring slot and
 // phase kept incrementally, max / sum chains without -inf / 0 starts); the same products, schedule
 // and numerics. false: session 4's instruction stream, for timing both.
-template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true>
+// kSpecMax (session 12; kLean, no polynomial exp2): full tiles of the short path take
+// fp8w_softmax_spec (the exponentials issued before the block's row max is known) once every row
+// of the warp has a running max at or above its overflow limit (fp8w_spec_limit); the first block,
+// masked and softcapped blocks, and rows below the limit take fp8w_softmax_block as before. Same
+// numerics (see fp8w_softmax_spec).
+template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true,
+          bool kSpecMax = false>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -568,8 +691,32 @@ __global__ void __launch_bounds__(384, 1)
       if (c + 2 < CH) issue_pv(slot, sub, c + 2);
     }
   };
+  // kSpecMax: the rows' overflow limits (set once Q is in: set_spec_limits) and whether every row
+  // of this warp has reached its limit (warp-uniform; the running max only grows, so once set it
+  // stays set and is no longer tested).
+  float spec_lim[2] = {INFINITY, INFINITY};
+  bool spec_on = false;
+  auto set_spec_limits = [&] {
+    if constexpr (kSpecMax) {
+      if (!short_path_ok) return;  // the limits use scale_log2 > 0; other calls never take the spec path
+      const unsigned char* q_bytes = smem_raw + (sQ - smem_address(smem_raw));
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        spec_lim[r] = fp8w_spec_limit<Cfg::kPanels, Cfg::kRowBytes, Cfg::kPanelBytes>(
+            q_bytes + (row_in_block + 8 * r) * Cfg::kRowBytes, t4, qk_scale * kLog2e);
+    }
+  };
   auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
     const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;
+    if constexpr (kSpecMax) {
+      if (tile_cls == full_short_cls) {
+        if (!spec_on) spec_on = __all_sync(0xffffffffu, row_max[0] >= spec_lim[0] && row_max[1] >= spec_lim[1]);
+        if (spec_on) {
+          fp8w_softmax_spec<BN>(s, row_max, row_sum, rescale, qk_scale * kLog2e);
+          return;
+        }
+      }
+    }
     if (kLean ? tile_cls == full_short_cls : tile_cls == kTileFull && short_path_ok)
       fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
                                                          n0, t4);
@@ -602,6 +749,7 @@ __global__ void __launch_bounds__(384, 1)
     wait_turn();
     issue_qk(0, 0);
     pass_turn(false);
+    set_spec_limits();  // kSpecMax: reads Q while S(0) runs
     sm90::wgmma_wait<0>();
     sm90::pin_registers(s);
   };
@@ -611,6 +759,7 @@ __global__ void __launch_bounds__(384, 1)
     // Per item: S, softmax, P V (its chunks in turn), each waited for before the next; O = O rescale
     // + ob with this item's own rescale. Turns (kPingpong): one for S, one for P V's first chunk.
     sm90::mbar_wait(bar_q_full, 0);
+    set_spec_limits();
     if constexpr (kPingpong)
       if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
     // Staggered start (as in the overlapped schedules below): warpgroup 2 waits until warpgroup 1

@@ -84,6 +84,22 @@ inline int __shfl_sync(unsigned, int x, int src) {
   return y;
 }
 
+// Warp votes (the FP8 wgmma forward's kSpecMax softmax): every lane's predicate, the same answer to all.
+inline bool emu_vote(bool pred, bool all) {
+  WarpBuf& w = g_warp[emu_warp()];
+  w.f[emu_lane()] = pred ? 1.f : 0.f;
+  emu_syncwarp();
+  bool any = false, every = true;
+  for (int l = 0; l < 32; ++l) {
+    any = any || w.f[l] != 0.f;
+    every = every && w.f[l] != 0.f;
+  }
+  emu_syncwarp();
+  return all ? every : any;
+}
+inline bool __any_sync(unsigned, bool pred) { return emu_vote(pred, false); }
+inline bool __all_sync(unsigned, bool pred) { return emu_vote(pred, true); }
+
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline float2 atomicAdd(float2* p, float2 v) {  // sm_90's vector atomic: each component atomically
   return make_float2(std::atomic_ref<float>(p->x).fetch_add(v.x), std::atomic_ref<float>(p->y).fetch_add(v.y));

@@ -88,7 +88,7 @@ std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h,
 
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
 // bhsd (padded cases): q, k, v stored [B, H, S, D].
-template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true>
+template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -139,7 +139,8 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const int mblocks = (c.max_q + 127) / 128;
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
   launch(tiles, 1, 384, [&] {
-    fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean>(mq, mk, mvt, f, axes, mblocks);
+    fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax>(mq, mk, mvt, f, axes,
+                                                                                                 mblocks);
   });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
@@ -150,7 +151,8 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
 // exp2 (on session 4's stream, as the host launches it), bit 5 session 4's instruction stream
 // (kLean = false; overlapped schedule), bit 6 P V chunks pipelined (kOverlapPvPipe), bit 7 the serial
 // schedule's P V chunks pipelined (kSerialPvPipe), bit 8 the staggered start (Fp8wMapAxes::stagger,
-// a launch option: set through g_stagger), bit 9 kEarlyS (D = 64 / 128; with bit 0 ping-pong);
+// a launch option: set through g_stagger), bit 9 kEarlyS (D = 64 / 128; with bit 0 ping-pong), bit 10
+// kSpecMax (session 12; with bit 9, or with bit 7 at D = 256);
 // bit 2: inputs stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
@@ -159,6 +161,13 @@ bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false, false>(c, r, bhsd);
   if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
   if (variant & 64) return run_emulated<D, false, fp8w::kOverlapPvPipe>(c, r, bhsd);
+  if (variant & 1024) {
+    if (variant & 128) return run_emulated<D, false, fp8w::kSerialPvPipe, false, true, true>(c, r, bhsd);
+    if constexpr (D <= 128)
+      if (variant & 512) return run_emulated<D, false, fp8w::kEarlyS, false, true, true>(c, r, bhsd);
+    std::printf("    kSpecMax needs bit 9 (D <= 128) or bit 7\n");
+    return false;
+  }
   if (variant & 128) return run_emulated<D, false, fp8w::kSerialPvPipe>(c, r, bhsd);
   if constexpr (D <= 128)
     if (variant & 512)
@@ -188,6 +197,7 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   if (variant & 128) std::printf("    (serial, P V chunks pipelined: kSerialPvPipe)\n");
   if (variant & 256) std::printf("    (staggered start: warpgroup 2 after warpgroup 1's first P)\n");
   if (variant & 512) std::printf("    (early S: kEarlyS)\n");
+  if (variant & 1024) std::printf("    (exponentials before the row max: kSpecMax)\n");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -215,7 +225,9 @@ int main(int argc, char** argv) {
                           {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"}};
   auto add = [&](std::string name, Fp8Config c, int variant = 0) {
     c.name = std::move(name);
-    if (picker.picks(c.name) && (picker.only != "quick" || variant == 0)) cases.push_back({c, variant});
+    // "spec": the kSpecMax runs (bit 10) only.
+    if (picker.only == "spec" ? (variant & 1024) != 0 : picker.picks(c.name) && (picker.only != "quick" || variant == 0))
+      cases.push_back({c, variant});
   };
   for (int d : {64, 128, 256})
     for (MaskKind m : {MaskKind::none, MaskKind::causal})
@@ -346,6 +358,29 @@ int main(int argc, char** argv) {
       add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512);
       add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512 + 1);
     }
+    // Session 12, kSpecMax (bit 10) in the default schedules: kEarlyS with the stagger at hd 64 / 128,
+    // kSerialPvPipe at hd 256; full-block runs (the spec path), masked blocks (the exact path), long
+    // rows (many blocks whose row max rises after the first), peaked inputs (std 3: the rows' overflow
+    // limits keep some warps on the exact path), varlen GQA with empty sequences.
+    for (int d : {64, 128, 256}) {
+      c.d = d;
+      const int v = 1024 + 256 + (d == 256 ? 128 : 512);
+      c.mask = MaskKind::none;
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, v);
+      c.mask = MaskKind::causal;
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, v);
+    }
+    add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 1024 + 512);
+    add("none d256 Sq=128 Sk=3000 (long full rows)", one_sequence(256, MaskKind::none, 128, 3000), 1024 + 128);
+    c.d = 128;
+    c.mask = MaskKind::none;
+    c.input_std = 3.f;
+    add("none d128 Sq=256 Sk=700 std 3 (peaked)", c, 1024 + 512);
+    add("none d128 Sq=256 Sk=700 std 3 (peaked)", c, 0);
+    Fp8Config vc = varlen_gqa_with_empty_sequences(128);
+    vc.lens_q = {37, 0, 180, 5};
+    vc.lens_k = {53, 0, 300, 0};
+    add("varlen causal d128 gqa 4/2 with empty sequences", vc, 1024 + 512 + 256);
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   return finish();
