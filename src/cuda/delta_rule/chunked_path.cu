@@ -206,6 +206,8 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
         launch_chunk_state_chains<T>(a, stream);  // B0, then stage 2 and B1 side by side in one launch
       } else {
         launch_chunk_state<T>(a, stream);
+        // The experiment of states_from_vnew_wanted (chunked_stages.h): the states rebuilt from v_new.
+        if (states_from_vnew_wanted()) launch_chunk_state_from_vnew<T>(a, stream);
         launch_chunk_state_backward<T>(a, stream);
       }
       launch_chunk_grads<T>(a, stream);

@@ -261,9 +261,18 @@ inline bool state_chains_exact_wanted() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
   return env && std::string(env) == "exact";
 }
+// Whether the backward rebuilds the chunk-entry states from v_new after stage 2's recomputation
+// (chunked_state_from_vnew.cuh): FLASHGRAD_CHUNKED_STATES_FROM_VNEW=1, read per call, off by default.
+// An experiment (session 12) that checks and times the kernel which a forward-kept v_new would let the
+// backward run instead of stage 2 (B1 and B2 then read the states it wrote). It needs stage 2 in its
+// own launch, so it turns the chains launch below off.
+inline bool states_from_vnew_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATES_FROM_VNEW");
+  return env && std::string(env) == "1";
+}
 inline bool state_chains_wanted(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
-  const bool on = env ? std::string(env) != "0" : kStateChainsByDefault;
+  const bool on = (env ? std::string(env) != "0" : kStateChainsByDefault) && !states_from_vnew_wanted();
   return on && K == 128 && V % 16 == 0 && chains * (V / 16) <= sms && !state_backward_split_wanted() &&
          state_backward_local_wanted(chains, V, sms);
 }
@@ -320,6 +329,11 @@ void launch_chunk_state_backward(const ChunkedArgs& a, cudaStream_t stream);
 // chunked_state_chains.cuh): h, v_new, dh (not in u's region), dv_new (its own buffer) and dh0.
 template <typename T>
 void launch_chunk_state_chains(const ChunkedArgs& a, cudaStream_t stream);
+
+// The chunk-entry states h (or h16) and, with ht, the final state rebuilt from v_new, k, G and h0
+// (grid: sequences x HV x V/16; chunked_state_from_vnew.cuh). Needs stage 1's G and stage 2's v_new.
+template <typename T>
+void launch_chunk_state_from_vnew(const ChunkedArgs& a, cudaStream_t stream);
 
 // Backward stage B2 (grid: chunks x HV): per-chunk dq, dk, dv, dbeta, dg on CUDA cores in fp32
 // (a correctness-first version, not tensor cores). Needs A (stage 1), h and v_new (stage 2), dh and

@@ -30,6 +30,7 @@
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
 #include "chunked_scaled_p.cuh"  // store_scaled_p_item
+#include "chunked_stage_store.cuh"
 #include "chunked_stage_sync.cuh"
 #include "chunked_tiles.cuh"
 
@@ -250,22 +251,7 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
     // h_c to the intermediates (its slice's columns); not with the fused output, whose o was all
     // that needed them in the forward (the backward recomputes stage 2 unfused).
     // In T when the backward asked for 16-bit storage (a.h16; only the mma B2 reads it), else fp32.
-    if constexpr (!kOutput) {
-      const int64_t at = (c * a.HV + hv) * a.K * a.V + col0;
-      if (a.h16) {
-        T* hc = static_cast<T*>(a.h16) + at;
-#pragma unroll
-        for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = from_f<T>(hT[nk][e]);
-      } else {
-        float* hc = a.h + at;
-#pragma unroll
-        for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) hc[(kc0 + 8 * nk + tcol(e)) * a.V + vcol(e)] = hT[nk][e];
-      }
-    }
+    if constexpr (!kOutput) store_state_tiles<T, NK>(a, c, hv, col0, vc0, kc0, grp, tig, hT);
 
     if constexpr (kOutput) {
       // First part of o^T: (h^T q^T) * rowscale (per column i), in four quarters of 16 chunk rows,

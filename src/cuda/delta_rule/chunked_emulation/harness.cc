@@ -27,6 +27,7 @@
 #include "cuda/delta_rule/chunked_dv_local.cuh"
 #include "cuda/delta_rule/chunked_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_state_chains.cuh"
+#include "cuda/delta_rule/chunked_state_from_vnew.cuh"
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "cuda/delta_rule/chunked_grads_mma.cuh"
 #include "cuda/delta_rule/chunked_grads_split.cuh"
@@ -214,6 +215,18 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     a.h = nullptr; a.h16 = hh16.p();
     unfused_state();
   }
+  // The states rebuilt from v_new (chunked_state_from_vnew.cuh), every case, into their own buffer
+  // (poisoned), compared with the reference below; with FLASHGRAD_CHUNKED_STATES_FROM_VNEW=1 the
+  // backward then reads them, as the path's does (the final state stays the forward's).
+  Buf hfv(dt_h, std::max<int64_t>(NC,1)*HV*K*V);
+  {
+    void* const h16_kept = a.h16; float* const h_kept = a.h; const dr::View ht_kept = a.ht;
+    if (half & 1) a.h16 = hfv.p(); else a.h = (float*)hfv.p();
+    a.ht = dr::View{};
+    launch(N, HV, V / 16, [&] { dr::chunk_state_from_vnew_kernel<TT, KM>(a); }, dr::kFromVnewThreads);
+    if (!dr::states_from_vnew_wanted()) { a.h16 = h16_kept; a.h = h_kept; }
+    a.ht = ht_kept;
+  }
   // Backward stage B1.
   Buf bdo(dt, dout.size()), bdht(DType::f32, dht.size()), bdh(dt_h, std::max<int64_t>(NC,1)*HV*K*V),
       bdvn(dt_dvn, rows*HV*V), bdh0(DType::f32, N*HV*K*V);
@@ -309,7 +322,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   else
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 0>(a); }, 256);
   std::vector<double> rdq(rows*H*K, 0.0), rdk(rows*H*K, 0.0);
-  Pairs pG, pA, pw, pu, pvn, ph, pht, po, ph16; double h0mis = 0;
+  Pairs pG, pA, pw, pu, pvn, ph, pht, po, ph16, pfv; double h0mis = 0;
   Pairs pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = plan.seq_b[n], t0 = plan.seq_t0[n], len = plan.seq_len[n], c0 = plan.seq_first_chunk[n], row0 = b*T + t0;
@@ -353,7 +366,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       for (int64_t cc = 0; cc < f.num_chunks; ++cc) for (int64_t e = 0; e < K*V; ++e) {
         double gv = hh.at(((c0+cc)*HV+j)*K*V+e), want = f.h[cc*K*V+e];
         if (cc == 0) h0mis = std::max(h0mis, std::isnan(gv) ? 1e300 : std::fabs(gv - want)); else ph.add(gv, want);
-        if (half & 1) ph16.add(hh16.at(((c0+cc)*HV+j)*K*V+e), want); }
+        if (half & 1) ph16.add(hh16.at(((c0+cc)*HV+j)*K*V+e), want);
+        pfv.add(hfv.at(((c0+cc)*HV+j)*K*V+e), want); }
       for (int64_t e = 0; e < K*V; ++e) pht.add(bht.at((n*HV+j)*K*V+e), f.h[f.num_chunks*K*V+e]);
     }
   }
@@ -367,9 +381,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   }
   if (direct_qk) { pdq = Pairs{}; pdk = Pairs{}; }  // final gradients, compared with the CPU's below
   std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e  B2: dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e"
-              "  [16-bit mode %d%s, h16 %.2e]\n", "",
+              "  [16-bit mode %d%s, h16 %.2e, h from v_new %.2e%s]\n", "",
               pdh.rel(), pdvn.rel(), pdh0.rel(), pdq.rel(), pdk.rel(), pdv.rel(), pdb.rel(), pdg.rel(), half,
-              direct ? (direct_qk ? " direct dq dk dv dbeta dg" : " direct dv dbeta dg") : "", ph16.rel());
+              direct ? (direct_qk ? " direct dq dk dv dbeta dg" : " direct dv dbeta dg") : "", ph16.rel(), pfv.rel(),
+              dr::states_from_vnew_wanted() ? ", read by B1 / B2" : "");
   CpuResult R;
   Pairs eo, eht, edq, edk, edv, edb, edg, edh0;
   if (cpu_reference(B, T, H, HV, K, V, N, gate, l2norm, cu, q, k, v, g, be, h0, dout, dht, &R)) {
@@ -390,7 +405,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     if (p.n && !(p.rel() <= b)) { std::printf("  FAIL %s: %.3e > %g\n", what, p.rel(), b); ++fails; } };
   if (gate) bar("G", pG, 1e-5);
   bar("A", pA, 5e-3); bar("w", pw, 5e-3); bar("u", pu, 5e-3); bar("h", ph, 5e-3); bar("v_new", pvn, 5e-3);
-  bar("h (16-bit)", ph16, 5e-3);
+  bar("h (16-bit)", ph16, 5e-3); bar("h from v_new", pfv, 5e-3);
   bar("final h", pht, 5e-3); bar("o", po, 5e-3);
   bar("dh", pdh, 8e-3); bar("dv_new", pdvn, 8e-3); bar("dh0", pdh0, 8e-3);
   bar("dq", pdq, 8e-3); bar("dk", pdk, 8e-3); bar("dv", pdv, 8e-3); bar("dbeta", pdb, 2e-2); if (gate) bar("dg", pdg, 2e-2);
