@@ -10,7 +10,7 @@
 //     loads) instead of a 32-lane shuffle sum and a shared-memory atomic (a compare-and-swap loop on
 //     sm_90) per element row;
 //   - A and dv_new for dUb in the slice tiles' space (free after the slices).
-// Shared memory 93.75 KiB (the session-10 kernel: 110): two blocks per SM as before.
+// Shared memory 109.75 KiB (the session-10 kernel: 110): two blocks per SM as before.
 #pragma once
 
 #include "chunked_kda_grads_decayed2.cuh"
@@ -21,20 +21,21 @@ namespace flashgrad::cuda_detail::delta_rule {
 template <typename T>
 struct KdaGradsLocal2Smem {
   static constexpr int C = kChunkSize, KS = kKdaSliceK, HP = kKdaHalfPitch;
-  float *G, *q, *k, *out;  // [C][KS]; G in log2 units (kda_gate_slice); later A and dv_new for dUb
+  float *G, *q, *k, *out, *out2;  // [C][KS]; G in log2 units; later A and dv_new for dUb
   float *dPd, *dMd;        // [8][8][8]: the 8 x 8 diagonal blocks of dP, dM (fp32)
   T *dPh, *dMh;            // [C][HP]: dP, dM rounded to T
   T* stage;                // [kKdaStage2Rows][HP]
   float *beta, *dbeta, *rq, *rk;  // [C]
   static constexpr int64_t bytes() {
-    return sizeof(float) * (4 * C * KS + 2 * kKdaDiagFloats + 4 * C) + sizeof(T) * (2 * C * HP + kKdaStage2Rows * HP);
+    return sizeof(float) * (5 * C * KS + 2 * kKdaDiagFloats + 4 * C) + sizeof(T) * (2 * C * HP + kKdaStage2Rows * HP);
   }
   __device__ explicit KdaGradsLocal2Smem(unsigned char* raw) {
     G = reinterpret_cast<float*>(raw);
     q = G + C * KS;
     k = q + C * KS;
     out = k + C * KS;
-    dPd = out + C * KS;
+    out2 = out + C * KS;
+    dPd = out2 + C * KS;
     dMd = dPd + kKdaDiagFloats;
     dPh = reinterpret_cast<T*>(dMd + kKdaDiagFloats);
     dMh = dPh + C * HP;
@@ -167,11 +168,17 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
         if ((i >> 3) == (j >> 3)) sm.dPd[kda_diag_at(i, j)] = v0, sm.dPd[kda_diag_at(i, j + 1)] = v1;
       }
   }
-  kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);  // (after dP: fewer registers live at once)
-  kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  // (after dP: fewer registers live at once) 16-byte loads where the rows allow (one round trip; the
+  // 2-byte loads were four), the same sums in another order.
+  if (kda_key_rows16<T>(a.q, ci, head) && kda_key_rows16<T>(a.k, ci, head)) {
+    kda_row_rstd16<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
+    kda_row_rstd16<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  } else {
+    kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
+    kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
+  }
   __syncthreads();  // dM read (dv is free from here on), dP, beta, rstd in place
 
-  const T* q_rows = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0, head);  // row r: + r * s1
   const bool keys8 = kda_key_rows8<T>(a.q, ci, head) && kda_key_rows8<T>(a.k, ci, head);
 #pragma unroll 1
   for (int c0 = 0; c0 < KMAX; c0 += KS) {
@@ -190,7 +197,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
     __syncthreads();
     float dk[NE], dG[NE];  // element e = tid + 256 m: row e / 64 = tid / 64 + 4 m, channel tid % 64
     const int d = tid % KS, r0 = tid / KS;
-    const int64_t sq = 4 * a.q.s1, sqk = 4 * qk_stride, sdg = 4 * dg_stride;
+    const int64_t sqk = 4 * qk_stride, sdg = 4 * dg_stride;
     {
       const float* pdg = dg_row0 + r0 * dg_stride + c0 + d;
 #pragma unroll
@@ -208,22 +215,20 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
       dk[m] += s;
       dG[m] -= sm.k[e] * s;
     }
-    __syncthreads();  // out's and q's readers are done: the pair below writes aq into out, bm into q's tile
-    kda_rows_pair2<T>(sm.dPh, sm.dMh, sm.dPd, sm.dMd, sm.k, sm.G, sm.out, sm.q, sm.stage);
+    __syncthreads();  // out's readers are done: the pair below writes aq into out, bm into out2
+    kda_rows_pair2<T>(sm.dPh, sm.dMh, sm.dPd, sm.dMd, sm.k, sm.G, sm.out, sm.out2, sm.stage);
     {
-      const T* pq = q_rows + r0 * a.q.s1 + c0 + d;
       float* pdq = dq_row0 + r0 * qk_stride + c0 + d;
       float* pdk = dk_row0 + r0 * qk_stride + c0 + d;
-      float qv[NE];
-#pragma unroll
-      for (int m = 0; m < NE; ++m) qv[m] = r0 + 4 * m < L ? to_f<T>(pq[m * sq]) : 0.f;
 #pragma unroll
       for (int m = 0; m < NE; ++m, pdq += sqk, pdk += sqk) {
         const int r = r0 + 4 * m, e = r * KS + d;
-        const float aq = sm.out[e], bm = sm.q[e], kr = sm.k[e], br = sm.beta[r];
+        const float aq = sm.out[e], bm = sm.out2[e], kr = sm.k[e], br = sm.beta[r];
         dk[m] += br * bm;
-        dG[m] += qv[m] * sm.rq[r] * aq + br * kr * bm;
-        sm.q[e] = kr * bm;  // dbeta's terms (0 past L: k is), summed by rows below
+        // (q's tile holds q rstd, the product the session-10 kernel formed from q reloaded from global
+        // memory: the same float)
+        dG[m] += sm.q[e] * aq + br * kr * bm;
+        sm.out2[e] = kr * bm;  // dbeta's terms (0 past L: k is), summed by rows below
         if (r < L) {
           atomicAdd(pdq, aq);
           atomicAdd(pdk, dk[m]);
@@ -235,7 +240,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
     {
       // dbeta += rowsum(k o bm): row tid / 4, lane part sums channels 16 part .. + 16 (4 float4).
       const int r = tid / 4, part = tid % 4;
-      const float4* p = reinterpret_cast<const float4*>(sm.q + r * KS + 16 * part);
+      const float4* p = reinterpret_cast<const float4*>(sm.out2 + r * KS + 16 * part);
       float s = 0.f;
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
