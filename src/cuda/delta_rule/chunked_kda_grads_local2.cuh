@@ -142,21 +142,73 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
     sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
     sm.dbeta[tid] = 0.f;
   }
-  // dM from dv's first 64 columns (rows past L: 0): rounded into dMh, its diagonal blocks into dMd
-  // (kda_load_square's ownership: column j = tid % 64 of rows tid / 64 + 4 u).
-  kda_load_square(dv0, HVV, L, sm.k, KS, [&](int i, int j, float x) {
-    sm.dMh[i * HP + j] = from_f<T>(x);
-    if ((i >> 3) == (j >> 3)) sm.dMd[kda_diag_at(i, j)] = x;
-    return x;  // (into the k tile, unused: kda_load_square stores f's value)
-  });
+  // do and v_new's chunk rows staged in the slice tiles' space by 16-byte cp.async (rows past L
+  // zero-filled; [64][V + 8] T each, pitch V + 8: the 8 rows of an ldmatrix phase in distinct banks),
+  // so that dP's fragments come by ldmatrix, in one round trip (rows_times_rows_global loaded them
+  // straight from global memory, one 16-column step ahead: 8 dependent steps at V = 128). Needs
+  // 16-byte aligned do rows; otherwise the global-fragment product.
+  const int VP = static_cast<int>(V) + 8, cpr = static_cast<int>(V) / 8;  // T per staged row, 16-byte chunks per row
+  T* do_s = reinterpret_cast<T*>(sm.G);
+  T* vn_s = do_s + C * VP;
+  static_assert(2 * C * (256 + 8) * 2 <= 5 * C * KS * 4, "do and v_new rows (V <= 256) fit in the slice tiles");
+  const bool stage_do = (reinterpret_cast<uintptr_t>(do_base) & 15) == 0 && a.dout.s1 % 8 == 0;
+  if (stage_do) {
+    for (int q = tid; q < C * cpr; q += kKdaSplitThreads) {
+      const int r = q / cpr, c8 = 8 * (q - r * cpr);
+      const bool ok = r < L;
+      mma::cp_async16(do_s + r * VP + c8, do_base + (ok ? r : 0) * a.dout.s1 + c8, ok);
+      mma::cp_async16(vn_s + r * VP + c8, vn_base + (ok ? r : 0) * HVV + c8, ok);
+    }
+    mma::cp_async_commit();
+  }
+  // dM from dv's first 64 columns (rows past L: 0), 16-byte loads all in flight: rounded into dMh,
+  // its diagonal blocks into dMd. Chunk q = tid + 256 u: row q / 16, columns 4 (q % 16)...
+  {
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int q = tid + kKdaSplitThreads * u, i = q / 16, j = 4 * (q % 16);
+      x[u] = i < L ? *reinterpret_cast<const float4*>(dv0 + i * HVV + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int q = tid + kKdaSplitThreads * u, i = q / 16, j = 4 * (q % 16);
+      *reinterpret_cast<uint2*>(sm.dMh + i * HP + j) =
+          make_uint2(mma::pack_floats<T>(x[u].x, x[u].y), mma::pack_floats<T>(x[u].z, x[u].w));
+      if ((i >> 3) == (j >> 3)) *reinterpret_cast<float4*>(sm.dMd + kda_diag_at(i, j)) = x[u];
+    }
+  }
   {
     // dP = scale Lower_incl(do v_new^T) (warp: rows 16 rs.., columns n0 + 8 nt..): accumulator pairs
     // (columns j, j + 1 of one row) rounded into dPh, the diagonal blocks into dPd.
     float acc[4][4] = {};
-    if (pairs_do)
+    if (stage_do) {
+      mma::cp_async_wait<0>();
+      __syncthreads();  // every thread's copies landed
+      const int lane = tid % 32;
+      // A: do rows 16 rs + (lane & 7) + 8 ((lane >> 3) & 1), columns c + 8 (lane >> 4) (a[0..3]);
+      // B (B[k][n] = v_new[n][c + k], non-transposed tiles of v_new rows): tile t = lane / 8 of a pair
+      // of column tiles: rows n0 + 8 (2 p + (t >> 1)) + (lane & 7), columns c + 8 (t & 1).
+      const T* pa = do_s + (16 * rs + (lane & 7) + 8 * ((lane >> 3) & 1)) * VP + 8 * (lane >> 4);
+      const T* pb = vn_s + (n0 + 8 * (lane >> 4) + (lane & 7)) * VP + 8 * ((lane >> 3) & 1);
+#pragma unroll 2
+      for (int c = 0; c < V; c += 16) {
+        uint32_t af[4], b01[4], b23[4];
+        mma::ldmatrix_x4<false>(af, pa + c);
+        mma::ldmatrix_x4<false>(b01, pb + c);
+        mma::ldmatrix_x4<false>(b23, pb + 16 * VP + c);
+        const uint32_t b0[2] = {b01[0], b01[1]}, b1[2] = {b01[2], b01[3]}, b2[2] = {b23[0], b23[1]},
+                       b3[2] = {b23[2], b23[3]};
+        mma::mma16816<T>(acc[0], af, b0);
+        mma::mma16816<T>(acc[1], af, b1);
+        mma::mma16816<T>(acc[2], af, b2);
+        mma::mma16816<T>(acc[3], af, b3);
+      }
+    } else if (pairs_do) {
       kda_mma::rows_times_rows_global<T, true>(do_base, a.dout.s1, vn_base, HVV, V, L, acc);
-    else
+    } else {
       kda_mma::rows_times_rows_global<T, false>(do_base, a.dout.s1, vn_base, HVV, V, L, acc);
+    }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -177,7 +229,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
     kda_row_rstd<T, KMAX>(a.q, ci, head, a.l2norm, sm.rq);
     kda_row_rstd<T, KMAX>(a.k, ci, head, a.l2norm, sm.rk);
   }
-  __syncthreads();  // dM read (dv is free from here on), dP, beta, rstd in place
+  __syncthreads();  // dM read (dv is free from here on), dP, beta, rstd in place; do / v_new's readers done
 
   const bool keys8 = kda_key_rows8<T>(a.q, ci, head) && kda_key_rows8<T>(a.k, ci, head);
 #pragma unroll 1
