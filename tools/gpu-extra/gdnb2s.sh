@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gdnb2s (issue 6, session 11, helper gdnb2s: the chunked GDN backward's B2 split kernels,
-# chunked_grads_split.cuh + chunked_grads_state_{resident,coalesced}.cuh, the variant table in
+# chunked_grads_split.cuh + chunked_grads_state_coalesced.cuh, the variant table in
 # chunked_grads_split_variants.cuh; docs/perf/delta_rule.md "GDN B2, session 11 (helper gdnb2s)").
 # Variants by FLASHGRAD_CHUNKED_B2_SPLIT (read per call; V == K): unset = the default, v5 since run
 # 11.3 (B2a chunk_grads_state_coalesced_kernel, B2b chunk_grads_local_kernel<.., 5>); v1 = the

@@ -4,7 +4,8 @@
 // also takes every other case (docs/perf/delta_rule.md "B2 split (session 7)"). Where V == K, the
 // session-11 kernels run by default (chunked_grads_split_variants.cuh: B2a from
 // chunked_grads_state_coalesced.cuh, this file's B2b with kVersion 5; FLASHGRAD_CHUNKED_B2_SPLIT=v1
-// keeps the kernels below as they were). Same notation:
+// runs the session-7 kernels: chunk_grads_state_kernel, chunk_grads_local_kernel with kVersion 1).
+// Same notation:
 // X = v_new dh^T, Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...
 //
 // Why: the fused kernel holds one block of 8 warps per SM (211 KiB of shared memory, 232 registers)
@@ -113,6 +114,65 @@ __device__ __forceinline__ void tile_rows_store(const T* tile, T* dst, int64_t s
     const int r = r0 + RS * i;
     if (r < L)
       *reinterpret_cast<uint4*>(dst + r * stride + 8 * p) = *reinterpret_cast<const uint4*>(tile + r * LDK + 8 * p);
+  }
+}
+
+// Steps of the B2a kernels (store_state_dG_terms: this file's and chunk_grads_state_coalesced_kernel's;
+// exact_state_dot: the latter's, this file's has the same steps inline).
+// <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk (as the fused
+// kernel: 16-bit copies of those arbitrary states lose most of dg's largest term there): the thread's
+// share (key rows key0, key0 + 8, columns 2 tig + 8 m + {0, 1}) replaces hdh there.
+template <typename T>
+__device__ __forceinline__ void exact_state_dot(const ChunkedArgs& a, const ChunkInfo& ci, int64_t c, int64_t hv,
+                                                const T* hc, const T* dhc, int64_t V, int key0, int tig, float& hdh) {
+  const int64_t n = ci.seq;
+  const bool exact_h = a.h0.p && c == a.seq_first_chunk[n], exact_dh = a.dht.p && c == a.seq_first_chunk[n + 1] - 1;
+  if (!(exact_h || exact_dh)) return;
+  const float* h0 = static_cast<const float*>(a.h0.p);
+  const float* dht = static_cast<const float*>(a.dht.p);
+  hdh = 0.f;
+  for (int col = 2 * tig; col < V; col += 8)
+#pragma unroll
+    for (int r8 = 0; r8 < 2; ++r8) {
+      const int key = key0 + 8 * r8;
+#pragma unroll
+      for (int p2 = 0; p2 < 2; ++p2) {
+        const float x = exact_h ? h0[off4(a.h0, n, hv, key, col + p2)] : to_f<T>(hc[key * V + col + p2]);
+        const float y = exact_dh ? dht[off4(a.dht, n, hv, key, col + p2)] : to_f<T>(dhc[key * V + col + p2]);
+        hdh += x * y;
+      }
+    }
+}
+// dG's state terms by one warp (lane l: rows l and l + 32) from the per-warp column partials pq, pk
+// ([KS][C]) of the raw dots, the row norms and the per-warp hdh sums: s_i = k_i.dk_s_i, dG_i = q_i.dq_s_i
+// - s_i (normalized q, k: the raw dots times rstd), dG_{L-1} += sum_{i < L} s_i + exp(G_last) <h, dh>.
+template <int KS>
+__device__ __forceinline__ void store_state_dG_terms(const ChunkedArgs& a, const float* pq, const float* pk,
+                                                     const float* rq, const float* rk, const float* hsum8, int L,
+                                                     int64_t row0, int64_t hv, float gl, int lane) {
+  constexpr int C = kChunkSize;
+  float sq[2], sk[2], ssum = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = lane + 32 * h;
+    float x = 0.f, y = 0.f;
+#pragma unroll
+    for (int w = 0; w < KS; ++w) {
+      x += pq[w * C + i];
+      y += pk[w * C + i];
+    }
+    sq[h] = x * rq[i];
+    sk[h] = y * rk[i];
+    if (i < L) ssum += sk[h];
+  }
+  ssum = group_sum<32>(ssum);
+  float hsum = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) hsum += hsum8[w];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = lane + 32 * h;
+    if (i < L) a.dG_state[(row0 + i) * a.HV + hv] = sq[h] - sk[h] + (i == L - 1 ? ssum + expf(gl) * hsum : 0.f);
   }
 }
 
@@ -352,8 +412,9 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_state_ke
         store_qk(1, i, d, accX[nt][e]);
       }
     column_dots(sm.k, accX, sm.pk);
-    // <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk (as the
-    // fused kernel: 16-bit copies of those arbitrary states lose most of dg's largest term there).
+    // <h_c, dh_{c+1}> from the fp32 initial_state / dht on a sequence's first / last chunk: the steps of
+    // exact_state_dot, inline (called under cgp == 0, the flags' loads move into the branch and this
+    // kernel's SASS changes: predicates and order, same instruction count).
     const int64_t n = ci.seq;
     const bool exact_h = a.h0.p && c == a.seq_first_chunk[n], exact_dh = a.dht.p && c == a.seq_first_chunk[n + 1] - 1;
     if (cgp == 0 && (exact_h || exact_dh)) {
@@ -394,41 +455,17 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_state_ke
     copy_out(sm.out_w, a.dv_out, hv);
   }
 
-  // ---- dG's state terms (warp 0; lane l: rows l and l + 32): s_i = k_i.dk_s_i, dG_i = q_i.dq_s_i - s_i
-  // (normalized q, k: the raw dots times rstd), dG_{L-1} += sum_{i < L} s_i + exp(G_last) <h, dh>.
-  if (wp == 0 && a.dG_state) {
-    float sq[2], sk[2], ssum = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = lane + 32 * h;
-      float x = 0.f, y = 0.f;
-#pragma unroll
-      for (int w = 0; w < KS; ++w) {
-        x += sm.pq[w * C + i];
-        y += sm.pk[w * C + i];
-      }
-      sq[h] = x * sm.rq[i];
-      sk[h] = y * sm.rk[i];
-      if (i < L) ssum += sk[h];
-    }
-    ssum = group_sum<32>(ssum);
-    float hsum = 0.f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) hsum += sm.hsum[w];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = lane + 32 * h;
-      if (i < L) a.dG_state[(row0 + i) * HV + hv] = sq[h] - sk[h] + (i == L - 1 ? ssum + expf(gl) * hsum : 0.f);
-    }
-  }
+  // ---- dG's state terms (warp 0).
+  if (wp == 0 && a.dG_state) store_state_dG_terms<KS>(a, sm.pq, sm.pk, sm.rq, sm.rk, sm.hsum, L, row0, hv, gl, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
 // B2b: shared memory. q, k raw, dw (T, from B2a), A hi / lo, region R (two stages of four 16-column
 // slice tiles: do, v_new, v, dv_new; after pass 1: S hi / lo then tmp hi / lo, dA hi / lo then S2
-// hi / lo), per-row factors and fixed partial-sum slots. kVS = 32 (kVersion 4): two stages of four
-// 32-column slice tiles (40 KiB: the region grows by 4 KiB), and the partial-sum slots (first
-// written after pass 1) in the region's tail past the 4 P tiles, so the total stays under 113 KiB.
+// hi / lo), per-row factors and fixed partial-sum slots. kVS = 32 (the session-11 kernels, kVersion >= 5):
+// two stages of four 32-column slice tiles (40 KiB: the region grows by 4 KiB), and the partial-sum
+// slots (first written after pass 1) in the region's tail past the 4 P tiles, so the total stays under
+// 113 KiB.
 template <typename T, int KMAX, int kVS = 16>
 struct GradsLocalSmem {
   static constexpr int C = kChunkSize, VS = kVS;
@@ -474,22 +511,23 @@ struct GradsLocalSmem {
   __device__ T* ptile(int m) const { return reinterpret_cast<T*>(region() + m * kPTile); }
 };
 
-// kVersion 1: session 7. 2 (session 11, FLASHGRAD_CHUNKED_B2_SPLIT=v2; kItems = 1): three slice stages
-// in pass 1 (two slices in flight while one is used, was one; 12 slice tiles fill the region exactly,
-// as its 4 P tiles do), and the q / k / dw / dk_s row copies by tile_rows_async (one 64-bit multiply
-// per row instead of a division and an off3 per piece). 3 (V == K): pass 1 unrolled, paired element
-// reads. 4: pass 1 over 32-column slices in two stages. 5 (the default where V == K since run 11.3):
-// 4 with B2a's dq part loaded at mid's end. 6: 5 with the row norms after pass 1's first products; 7:
-// 4 with those norms moved (chunked_grads_split_variants.cuh, docs "GDN B2, session 11").
+// kVersion 1: session 7 (any V >= K; every V != K case and FLASHGRAD_CHUNKED_B2_SPLIT=v1 run it).
+// kVersion 5, 6, 7 (session 11, V == K, kItems = 1; chunked_grads_split_variants.cuh, docs "GDN B2,
+// session 11"), what they share (kV11): q / k / dw / dk_s row copies by tile_rows_async (one 64-bit
+// multiply per row instead of a division and an off3 per piece), pass 1 over 32-column slices in two
+// stages, unrolled (the slice count is known), paired element reads of the [C][K] tiles. 5 (the default
+// where V == K since run 11.3): B2a's dq part loaded at mid's end; 6: 5 with the row norms after pass
+// 1's first products; 7: only those norms moved. (Versions 2 - 4 were steps to 5, retired in session 12.)
 template <typename T, int KMAX, int kItems = 1, int kVersion = 1>
 __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_kernel(ChunkedArgs a) {
-  using S = GradsLocalSmem<T, KMAX, kVersion >= 4 ? 32 : 16>;
+  static_assert(kVersion == 1 || (kVersion >= 5 && kVersion <= 7 && kItems == 1), "versions 1, 5, 6, 7");
+  constexpr bool kV11 = kVersion != 1;  // the session-11 kernels (V == K)
+  using S = GradsLocalSmem<T, KMAX, kV11 ? 32 : 16>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
-  constexpr int kStages = kVersion == 2 || kVersion == 3 ? 3 : 2;
   // kVersion 5, 6: B2a's dq part loaded at mid's end; 6, 7: the row norms after pass 1's first products.
   constexpr bool kEarlyDqState = kVersion == 5 || kVersion == 6, kLateNorms = kVersion >= 6;
-  static_assert(4 * kStages * S::kSliceTile <= S::kRegion && (kVersion == 1 || kItems == 1), "slice stages");
+  static_assert(8 * S::kSliceTile <= S::kRegion, "two slice stages");
   static_assert(NKH % 2 == 0, "K = 64 or 128");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
@@ -503,17 +541,17 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   const int r0 = 16 * rs + grp;  // the thread's accumulator rows r0, r0 + 8
   const int d0 = hf * (KMAX / 2);  // K-column products: columns [d0, d0 + K / 2)
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, HV = a.HV;
-  // kVersion >= 3 (V == K): the slice count is known, pass 1 unrolled (stages and offsets fixed).
-  const int NS = kVersion >= 3 ? KMAX / VS : static_cast<int>(V / VS);
+  // kV11 (V == K): the slice count is known, pass 1 unrolled (stages and offsets fixed).
+  const int NS = kV11 ? KMAX / VS : static_cast<int>(V / VS);
   const float scale = a.scale;
   const GradsFrags<T> fr(lane);
   auto erow = [&](int e) { return grp + 8 * (e >> 1); };
   auto ecol = [&](int e) { return 2 * tig + (e & 1); };
   auto view_rows = [&](const View& x, int64_t idx) { return static_cast<T*>(x.p) + off3(x, ci.b, ci.t0, idx); };
-  // Element (r, de + odd) of a [C][LDK] tile of T as float (de even); kVersion 3 reads the pair (de,
-  // de + 1) as one 32-bit word (the pair's other element, read next, is the same load).
+  // Element (r, de + odd) of a [C][LDK] tile of T as float (de even); kV11 reads the pair (de, de + 1)
+  // as one 32-bit word (the pair's other element, read next, is the same load).
   auto tile_elem = [&](const T* tile, int r, int de, int odd) -> float {
-    if constexpr (kVersion >= 3) {
+    if constexpr (kV11) {
       float x0, x1;
       mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(tile + r * LDK + de), x0, x1);
       return odd ? x1 : x0;
@@ -535,7 +573,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 
   // Slice copies (16 columns = two 16-byte pieces per row and tile): threads 0..127 copy do and
   // v_new, 128..255 v and dv_new; row pr = (tid % 128) / 2, piece pp = tid % 2. (32 columns,
-  // kVersion 4: row pr = tid / 4, piece pp = tid % 4 of all four tiles.)
+  // kV11: row pr = tid / 4, piece pp = tid % 4 of all four tiles.)
   const int pr = VS == 32 ? tid >> 2 : (tid & 127) >> 1, pp = VS == 32 ? tid & 3 : tid & 1, second = tid >> 7;
   const bool pr_ok = pr < L;
   const int pr_src = pr_ok ? pr : 0;
@@ -579,7 +617,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // ---- Prologue: q, k, dw (B2a's, in dv's first K columns: read here, before pass 1 writes dv) and
   // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta.
   {
-    if (kVersion >= 2) {
+    if (kV11) {
       tile_rows_async<T, KMAX>(view_rows(a.q, head), a.q.s1, L, sm.q, tid);
       tile_rows_async<T, KMAX>(view_rows(a.k, head), a.k.s1, L, sm.k, tid);
       tile_rows_async<T, KMAX>(view_rows(a.dv_out, hv), a.dv_out.s1, L, sm.dw, tid);
@@ -589,7 +627,6 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       rows16_async<T>(a.dv_out, ci, hv, KMAX, sm.dw, LDK, tid);
     }
     issue_slice(0, 0);
-    if (kStages == 3) issue_slice(1, 1);  // (NS >= 4: V >= K >= 64)
     // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4); all loads first.
     float4 y[4];
 #pragma unroll
@@ -616,18 +653,15 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
       sm.dG[tid] = (a.dG_state && ok) ? a.dG_state[(row0 + tid) * HV + hv] : 0.f;  // B2a's dG terms (added last)
     }
-    if (kStages == 3)
-      mma::cp_async_wait<1>();  // q, k, dw, slice 0 (slice 1 may be in flight)
-    else
-      mma::cp_async_wait<0>();
+    mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
     if constexpr (!kLateNorms) row_norms();
     // (first read after pass 1's barriers)
   }
 
-  // ---- Pass 1 over 16-column V slices (a barrier per slice, the next slice's copies in flight):
-  // dP = do v_new^T, du = dv_new v^T (kept for mid); dUb = A^T dv_new for rows of the strip, columns
-  // [8 hf, +8) of the slice -> dv, dbeta.
+  // ---- Pass 1 over V slices of VS columns (16; kV11: 32; a barrier per slice, the next slice's copies
+  // in flight): dP = do v_new^T, du = dv_new v^T (kept for mid); dUb = A^T dv_new for rows of the strip,
+  // columns [8 hf, +8) of the slice (kV11: [16 hf, +16)) -> dv, dbeta.
   float accP[4][4], accU[4][4];
   mma::zero_acc(accP);
   mma::zero_acc(accU);
@@ -635,7 +669,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // column terms of columns 32 hf + 8 nt + 2 tig + p.
   float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   const int64_t dvo_row[2] = {off3(a.dv_out, ci.b, ci.t0 + r0, hv), off3(a.dv_out, ci.b, ci.t0 + r0 + 8, hv)};
-  // kVersion 4: one 32-column slice (two 16-column steps k2 of dP, du); dUb for rows of the strip and
+  // kV11: one 32-column slice (two 16-column steps k2 of dP, du); dUb for rows of the strip and
   // columns [16 hf, +16) of the slice (both 8-column tiles of the .trans B fragment).
   auto pass1_wide = [&](const T* sdo, const T* svn, const T* sv, const T* sdv, int64_t col0) {
 #pragma unroll
@@ -681,26 +715,15 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     rowB[0] += rsum[0];
     rowB[1] += rsum[1];
   };
-  // b: slice s's stage (b3 = s % 3 counted along, for three stages).
-  constexpr int kUnrollPass1 = kVersion >= 3 ? KMAX / VS : 1;
+  // b: slice s's stage.
+  constexpr int kUnrollPass1 = kV11 ? KMAX / VS : 1;
 #pragma unroll kUnrollPass1
-  for (int s = 0, b3 = 0; s < NS; ++s, b3 = b3 == 2 ? 0 : b3 + 1) {
-    const int b = kStages == 2 ? s & 1 : b3;
+  for (int s = 0; s < NS; ++s) {
+    const int b = s & 1;
     const int64_t col0 = static_cast<int64_t>(s) * VS;
-    if (kStages == 3) {
-      // Committed before this wait: slices 0 .. s + 1 (one group each; empty groups past NS - 1), so
-      // all but the newest is slice s landed.
-      mma::cp_async_wait<1>();
-      __syncthreads();  // slice s landed; every warp is done with slice s - 1's stage, (s + 2) % 3
-      if (s + 2 < NS)
-        issue_slice(s + 2, b3 == 0 ? 2 : b3 - 1);  // (s + 2) % 3: slice s - 1's stage
-      else
-        mma::cp_async_commit();  // (an empty group keeps the count)
-    } else {
-      mma::cp_async_wait<0>();
-      __syncthreads();  // slice s landed; every warp is done with stage b ^ 1
-      if (s + 1 < NS) issue_slice(s + 1, b ^ 1);
-    }
+    mma::cp_async_wait<0>();
+    __syncthreads();  // slice s landed; every warp is done with stage b ^ 1
+    if (s + 1 < NS) issue_slice(s + 1, b ^ 1);
     const T* sdo = sm.slice(b, 0);
     const T* svn = sm.slice(b, 1);
     const T* sv = sm.slice(b, 2);
@@ -744,17 +767,10 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
         const float x0 = acc[2 * h] + accl[2 * h], x1 = acc[2 * h + 1] + accl[2 * h + 1];
         if (j < L) {
           const float bj = sm.beta[j];
-          // (kVersion 3: dv's inner stride is 1, as split_grads_applies checks)
-          const int64_t at = dvo_row[h] + (kVersion >= 3 ? col0 + n : (col0 + n) * a.dv_out.s3);
+          const int64_t at = dvo_row[h] + (col0 + n) * a.dv_out.s3;
           *reinterpret_cast<uint32_t*>(static_cast<T*>(a.dv_out.p) + at) = mma::pack_floats<T>(bj * x0, bj * x1);
         }
-        if (kVersion >= 3) {  // the pair (n, n + 1) as one 32-bit word
-          float v0, v1;
-          mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(sv + j * LDS + n), v0, v1);
-          rsum[h] += v0 * x0 + v1 * x1;
-        } else {
-          rsum[h] += to_f<T>(sv[j * LDS + n]) * x0 + to_f<T>(sv[j * LDS + n + 1]) * x1;
-        }
+        rsum[h] += to_f<T>(sv[j * LDS + n]) * x0 + to_f<T>(sv[j * LDS + n + 1]) * x1;
       }
       rowB[0] += rsum[0];
       rowB[1] += rsum[1];
@@ -1195,7 +1211,6 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
 
 }  // namespace flashgrad::cuda_detail::delta_rule
 
-// Session 11 variants (opt-in by FLASHGRAD_CHUNKED_B2_SPLIT, read per call: split_variant).
-#include "chunked_grads_state_resident.cuh"
+// Session 11's kernels where V == K (the default v5; FLASHGRAD_CHUNKED_B2_SPLIT, read per call: split_variant).
 #include "chunked_grads_state_coalesced.cuh"
 #include "chunked_grads_split_variants.cuh"

@@ -12,15 +12,15 @@
 namespace flashgrad::cuda_detail::delta_rule {
 
 // Which kernels the split B2 runs where V == K (FLASHGRAD_CHUNKED_B2_SPLIT, read per call so that one
-// process can time them all): unset = kSplitDefault (v5 since run 11.3); "v1" = the session-7
-// kernels (which also run every V != K case); "resident" = B2a by
-// chunk_grads_state_resident_kernel, B2b as in v1; "v2" = that B2a and B2b with three slice stages
-// and lean row copies (chunk_grads_local_kernel<.., kVersion = 2>); "v3" = v2 with B2b's pass 1
-// unrolled (kVersion = 3); "v4" = B2b's pass 1 over 32-column slices, two stages (kVersion = 4);
-// "v5" = B2a by chunk_grads_state_coalesced_kernel (whole-sector state loads), B2b v4 with dq's state
-// part loaded a phase earlier (kVersion = 5); "v6" = v5 with B2b's row norms after pass 1's first
-// products (kVersion = 6); "v7" = v5's B2a, B2b v4 with those norms moved (kVersion = 7).
-enum class SplitVariant { kV1, kResident, kV2, kV3, kV4, kV5, kV6, kV7 };
+// process can time them all): unset = kSplitDefault (v5 since run 11.3); "v1" = the session-7 kernels
+// (which also run every V != K case); "v5" = B2a by chunk_grads_state_coalesced_kernel (resident tiles,
+// whole-sector state loads), B2b chunk_grads_local_kernel<.., kVersion = 5> (32-column slices, pass 1
+// unrolled, dq's state part loaded a phase earlier); "v6" = v5 with B2b's row norms after pass 1's
+// first products (kVersion = 6); "v7" = v5's B2a, B2b with those norms moved but without the early dq
+// load (kVersion = 7). v6 / v7 are untimed experiments. (Session 11's "resident", "v2", "v3", "v4"
+// were measured slower than v5 in runs 11.2 / 11.3 and retired in session 12; those names, as any
+// other value, give the default.)
+enum class SplitVariant { kV1, kV5, kV6, kV7 };
 // The default where V == K: v5 since run 11.3 (B8 T4096 H16 bf16, B2 per call: K = V = 128 1.848 ->
 // 1.520 ms, K = V = 64 1.056 -> 0.890 ms; the chunked GDN GPU tests pass with it; gradients within
 // 1.3e-5 relative RMS of v1's).
@@ -28,14 +28,10 @@ constexpr SplitVariant kSplitDefault = SplitVariant::kV5;
 inline SplitVariant split_variant() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B2_SPLIT");
   const std::string v = env ? env : "";
-  if (v == "resident") return SplitVariant::kResident;
-  if (v == "v2") return SplitVariant::kV2;
-  if (v == "v3") return SplitVariant::kV3;
-  if (v == "v4") return SplitVariant::kV4;
+  if (v == "v1") return SplitVariant::kV1;
   if (v == "v5") return SplitVariant::kV5;
   if (v == "v6") return SplitVariant::kV6;
   if (v == "v7") return SplitVariant::kV7;
-  if (v == "v1") return SplitVariant::kV1;
   return kSplitDefault;
 }
 
@@ -44,22 +40,17 @@ inline SplitVariant split_variant() {
 // need V == K.
 template <typename T, int KMAX, typename F>
 void for_split_kernels(SplitVariant v, F&& f) {
-  constexpr int64_t kResident = GradsStateResidentSmem<T, KMAX>::bytes();
-  constexpr int64_t kLocal = GradsLocalSmem<T, KMAX>::bytes(), kLocalWide = GradsLocalSmem<T, KMAX, 32>::bytes();
-  if (v == SplitVariant::kV5 || v == SplitVariant::kV6 || v == SplitVariant::kV7)
-    f(chunk_grads_state_coalesced_kernel<T, KMAX>, kResident);
-  else if (v != SplitVariant::kV1)
-    f(chunk_grads_state_resident_kernel<T, KMAX>, kResident);
-  else
+  if (v == SplitVariant::kV1) {
     f(chunk_grads_state_kernel<T, KMAX, 1>, GradsStateSmem<T, KMAX>::bytes());
+    f(chunk_grads_local_kernel<T, KMAX, 1>, GradsLocalSmem<T, KMAX>::bytes());
+    return;
+  }
+  f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes());
+  constexpr int64_t kLocal = GradsLocalSmem<T, KMAX, 32>::bytes();
   switch (v) {
-    case SplitVariant::kV2: f(chunk_grads_local_kernel<T, KMAX, 1, 2>, kLocal); break;
-    case SplitVariant::kV3: f(chunk_grads_local_kernel<T, KMAX, 1, 3>, kLocal); break;
-    case SplitVariant::kV4: f(chunk_grads_local_kernel<T, KMAX, 1, 4>, kLocalWide); break;
-    case SplitVariant::kV5: f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocalWide); break;
-    case SplitVariant::kV6: f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocalWide); break;
-    case SplitVariant::kV7: f(chunk_grads_local_kernel<T, KMAX, 1, 7>, kLocalWide); break;
-    default: f(chunk_grads_local_kernel<T, KMAX, 1>, kLocal); break;  // kV1, kResident
+    case SplitVariant::kV6: f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocal); break;
+    case SplitVariant::kV7: f(chunk_grads_local_kernel<T, KMAX, 1, 7>, kLocal); break;
+    default: f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocal); break;  // kV5
   }
 }
 

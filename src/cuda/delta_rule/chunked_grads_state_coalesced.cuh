@@ -1,34 +1,79 @@
 // B2a with resident tiles and whole-sector state loads (session 11, helper gdnb2s;
 // docs/perf/delta_rule.md "GDN B2, session 11"): chunk_grads_state_coalesced_kernel computes what
-// chunk_grads_state_resident_kernel (chunked_grads_state_resident.cuh) computes, for V == K, with the
-// products' contraction index (V) visited in another order.
+// chunk_grads_state_kernel (chunked_grads_split.cuh) computes, for V == K: every tile it reads is
+// issued at its start, and the products' contraction index (V) is visited in another order.
 //
-// Why: ncu of the resident kernel (run 11.2) counted 39% of its L2 sectors as excess: an mma A fragment
-// of h / dh holds, per lane, two 32-bit words 8 columns apart, so each 32-bit load instruction takes 16
-// bytes of each of 8 rows, half of every 32-byte sector, and h, dh and the h re-read moved twice their
-// bytes from L2 (L2 68%, L1 71% busy; short scoreboard and MIO throttle stalls from the many small loads).
+// Why (1): the slice kernel moves ~1.6 GB per call at B8 T4096 H16 K=V=128 (~0.35 ms of HBM time) and
+// took 0.79 ms (ncu, session 7: issue active 28%, long scoreboard 30%, DRAM 45%): each of its 8
+// 32-column V slices waited for its own cp.async copies and h / dh fragments behind a block barrier,
+// one slice of loads in flight per block. Here do, dv_new (cp.async group 0), v_new, q, k (group 1) go
+// whole into shared memory, all of the warp's h blocks into registers before the first wait; each
+// block's registers take dh's block of the same columns once its pass-1 products are issued, so dh is in
+// flight through the rest of pass 1; h is read again (L2) for <h_c, dh_{c+1}>. 4 barriers (was 10).
+// Why (2): an mma A fragment of h / dh as ldmatrix lays it out holds, per lane, two 32-bit words 8
+// columns apart, so each 32-bit load instruction takes 16 bytes of each of 8 rows, half of every
+// 32-byte sector (ncu of session 11's first resident kernel, run 11.2: 39% of its L2 sectors excess).
 // The products contract over V, and any order of V works if both operands follow it: per 32-column
 // block of V, lane (grp, tig) takes columns 8 tig + [0, 8) of rows grp and grp + 8 (one 16-byte load
 // each: 4 lanes cover a row's 64 bytes), and mma k-step 0 of the block uses columns 8 tig + {0, 1}
 // (k slots 2 tig + {0, 1}) and 8 tig + {2, 3} (slots 8 + 2 tig + {0, 1}), k-step 1 columns 8 tig +
 // {4, 5} and {6, 7}. The B operands (do, dv_new, v_new rows) take the same columns of their rows: one
-// 16-byte shared load per row gives both k-steps (instead of ldmatrix). Shared tiles as the resident
-// kernel's ([64][K + 8]: 272-byte rows at K = 128); mma column n (lane grp) of an 8-row tile reads
-// chunk row pi(n) = n / 2 + 4 (n % 2), so a quarter warp's 16-byte loads (grp 2 m, 2 m + 1) touch rows
-// m and m + 4, 1088 bytes apart: opposite halves of the banks. Accumulator element (nt, e) is then
-// chunk row 8 nt + tig + 4 (e % 2) of the warp's rows.
+// 16-byte shared load per row gives both k-steps (instead of ldmatrix). Shared tiles [64][K + 8]
+// (272-byte rows at K = 128); mma column n (lane grp) of an 8-row tile reads chunk row pi(n) = n / 2 +
+// 4 (n % 2), so a quarter warp's 16-byte loads (grp 2 m, 2 m + 1) touch rows m and m + 4, 1088 bytes
+// apart: opposite halves of the banks. Accumulator element (nt, e) is then chunk row 8 nt + tig + 4
+// (e % 2) of the warp's rows.
 // Pass 1 runs in two halves (Y, then Z: 32 accumulator registers live, not 64), dq_s staged in the
 // dk_s tile, dw in do's after the barrier that ends pass 1, dk_s in dv_new's. 4 barriers, 107 KiB.
 // Sums inside each mma run in another order than the other kernels': gradients equal to rounding.
 #pragma once
 
-#include "chunked_grads_state_resident.cuh"
+#include "chunked_grads_frags.cuh"
+#include "chunked_grads_split.cuh"  // row_rstd, tile_rows_async / _store, exact_state_dot, store_state_dG_terms
+#include "chunked_mma.cuh"
+#include "chunked_mma_tf32.cuh"  // zero_acc, column_sum
+#include "chunked_rows.cuh"
+#include "chunked_stages.h"
+#include "chunked_tiles.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// Shared memory: q, k raw; do (then dw's staging tile), dv_new (then dk_s's), v_new, and one tile for
+// dq_s's staging (out_k), each [C][K + 8] of T (V == K); per-row factors; the dG dots' per-warp column
+// partials (as GradsStateSmem's).
+template <typename T, int KMAX>
+struct GradsStateCoalescedSmem {
+  static constexpr int C = kChunkSize, KS = KMAX / 16;
+  static constexpr int LDK = KMAX + 8;  // +8 elements: 16-byte aligned rows, rows m, m + 4 in opposite bank halves
+  static constexpr int64_t kTile = sizeof(T) * C * LDK;
+  static_assert(kTile % 16 == 0, "16-byte aligned tiles");
+  // floats: rq, rk, eG, kd [C]; dot partials q, k [KS][C]; hdh per warp [8].
+  static constexpr int64_t bytes() { return 6 * kTile + sizeof(float) * ((4 + 2 * KS) * C + 8); }
+  unsigned char* raw;
+  T *q, *k, *dO, *dvn, *vn, *out_k;
+  float *rq, *rk, *eG, *kd, *pq, *pk, *hsum;
+  __device__ explicit GradsStateCoalescedSmem(unsigned char* r) : raw(r) {
+    T* t = reinterpret_cast<T*>(raw);
+    constexpr int64_t n = C * LDK;  // elements per tile
+    q = t;
+    k = t + n;
+    dO = t + 2 * n;
+    dvn = t + 3 * n;
+    vn = t + 4 * n;
+    out_k = t + 5 * n;
+    rq = reinterpret_cast<float*>(raw + 6 * kTile);
+    rk = rq + C;
+    eG = rk + C;
+    kd = eG + C;
+    pq = kd + C;  // [KS][C]
+    pk = pq + KS * C;
+    hsum = pk + KS * C;
+  }
+};
+
 template <typename T, int KMAX>
 __global__ void __launch_bounds__(256, 2) chunk_grads_state_coalesced_kernel(ChunkedArgs a) {
-  using S = GradsStateResidentSmem<T, KMAX>;
+  using S = GradsStateCoalescedSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, NB = KMAX / 32;  // NB 32-column blocks of V
   constexpr int KS = KMAX / 16, CG = 8 / KS, NTV = 8 / CG;     // key strips, column groups, 8-row tiles
   static_assert(KS * CG == 8 && NTV % 2 == 0, "K = 64 or 128 over 8 warps");
