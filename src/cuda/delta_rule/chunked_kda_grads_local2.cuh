@@ -9,7 +9,8 @@
 //   - dbeta's rowsum(k o bm) by a pass over a tile (k o bm written over bm, 4 lanes per row, 16-byte
 //     loads) instead of a 32-lane shuffle sum and a shared-memory atomic (a compare-and-swap loop on
 //     sm_90) per element row;
-//   - A and dv_new for dUb in the slice tiles' space (free after the slices).
+//   - dUb's operands A and dv_new split hi + lo once where staged (16-bit tiles in the slice tiles'
+//     space, free after the slices), fragments by ldmatrix.
 // Shared memory 109.75 KiB (the session-10 kernel: 110): two blocks per SM as before.
 #pragma once
 
@@ -314,17 +315,50 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
     __syncthreads();  // the slice tiles and out are free
   }
 
-  // dUb = A^T dv_new, 64 value columns at a time (as the session-10 kernel): A in the G / q tiles'
-  // space ([64][65]), dv_new's columns staged in the k / out tiles' space ([64][68]).
-  constexpr int LDM = C + 1, LDV = 68;
-  static_assert(C * LDM <= 2 * C * KS && C * LDV <= 2 * C * KS, "A and dv_new's pass fit in two slice tiles each");
-  float* Aw = sm.G;
-  float* dvs = sm.k;
-  kda_load_A(a.A, row0, hv, HV, L, Aw, LDM);
+  // dUb = A^T dv_new, 64 value columns at a time, both operands hi + lo as the session-10 kernel's
+  // warp_fp32_product split them, but split once where they are staged (that product split every
+  // fragment element in each of the 2 - 4 warps that read it, from scalar loads): A masked (unit
+  // diagonal, zero upper triangle and rows past L) into Ah / Al [64][72] T, dv_new's 64 columns into
+  // Dh / Dl; fragments by ldmatrix.trans (A^T's rows are A's columns; dv_new's k pairs are in two rows).
+  // All four tiles in the slice tiles' space. Loads: chunk q = tid + 256 u, row q / 16, columns
+  // 4 (q % 16).., all in flight at once.
+  T* Ah = reinterpret_cast<T*>(sm.G);
+  T* Al = Ah + C * HP;
+  T* Dh = Al + C * HP;
+  T* Dl = Dh + C * HP;
+  static_assert(4 * C * kKdaHalfPitch * 2 <= 5 * C * KS * 4, "A and dv_new hi / lo fit in the slice tiles");
+  auto split4 = [&](T* hi, T* lo, int i, int j, float4 x) {
+    uint32_t h0, l0, h1, l1;
+    mma::split_pair<T>(x.x, x.y, h0, l0);
+    mma::split_pair<T>(x.z, x.w, h1, l1);
+    *reinterpret_cast<uint2*>(hi + i * HP + j) = make_uint2(h0, h1);
+    *reinterpret_cast<uint2*>(lo + i * HP + j) = make_uint2(l0, l1);
+  };
+  {
+    const float* Ag = a.A + (row0 * HV + hv) * C;  // row i: + i * HV * 64
+    float4 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int q = tid + kKdaSplitThreads * u, i = q / 16, j = 4 * (q % 16);
+      x[u] = i < L ? *reinterpret_cast<const float4*>(Ag + i * HV * C + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int q = tid + kKdaSplitThreads * u, i = q / 16, j = 4 * (q % 16);
+      auto mask = [&](float v, int jj) { return i < L ? (jj < i ? v : (jj == i ? 1.f : 0.f)) : 0.f; };
+      split4(Ah, Al, i, j, make_float4(mask(x[u].x, j), mask(x[u].y, j + 1), mask(x[u].z, j + 2), mask(x[u].w, j + 3)));
+    }
+  }
+  const int lane = tid % 32;
+  // A^T fragment (rows r = 16 rs.., k = i): tile t = lane / 8 from A rows k + 8 (t >> 1) + (lane & 7),
+  // columns 16 rs + 8 (t & 1). dv_new B fragments, two column tiles per ldmatrix: tile t from rows
+  // k + 8 (t & 1) + (lane & 7), columns n0 + 8 (2 p + (t >> 1)).
+  const int a_off = (8 * (lane >> 4) + (lane & 7)) * HP + 16 * rs + 8 * ((lane >> 3) & 1);
+  const int b_off = (8 * ((lane >> 3) & 1) + (lane & 7)) * HP + n0 + 8 * (lane >> 4);
   for (int64_t cv = 0; cv < V; cv += 64) {
-    if (cv) __syncthreads();  // the previous pass's readers of dvs are done
+    if (cv) __syncthreads();  // the previous pass's readers of Dh / Dl are done
     {
-      float4 x[4];  // piece p = tid + 256 u: row p / 16, columns 4 (p % 16) ..
+      float4 x[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int p = tid + kKdaSplitThreads * u, i = p / 16;
@@ -334,10 +368,9 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int p = tid + kKdaSplitThreads * u;
-        *reinterpret_cast<float4*>(dvs + (p / 16) * LDV + 4 * (p % 16)) = x[u];
+        split4(Dh, Dl, p / 16, 4 * (p % 16), x[u]);
       }
     }
-    __syncthreads();  // dvs (and, the first time, A) in place
     float vv[4][4];  // v at this thread's accumulator elements, loaded ahead (0 past L)
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -346,9 +379,28 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
         const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
         vv[nt][e] = j < L ? to_f<T>(v_base[j * a.v.s1 + cv + n]) : 0.f;
       }
+    __syncthreads();  // Dh / Dl (and, the first time, Ah / Al) in place
     float acc[4][4] = {};
-    kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return Aw[i * LDM + r]; },
-                                     [&](int i, int n) { return dvs[i * LDV + n]; }, 16 * rs, n0, 16 * rs, C, acc);
+    // k from 16 rs: A^T's rows r >= 16 rs are zero at k = i < r (A is lower triangular).
+#pragma unroll 1
+    for (int kk = 16 * rs; kk < C; kk += 16) {
+      uint32_t ah[4], al[4];
+      mma::ldmatrix_x4<true>(ah, Ah + kk * HP + a_off);
+      mma::ldmatrix_x4<true>(al, Al + kk * HP + a_off);
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {  // column tiles 2 p, 2 p + 1
+        uint32_t bh4[4], bl4[4];
+        mma::ldmatrix_x4<true>(bh4, Dh + kk * HP + b_off + 16 * p);
+        mma::ldmatrix_x4<true>(bl4, Dl + kk * HP + b_off + 16 * p);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t bh[2] = {bh4[2 * h], bh4[2 * h + 1]}, bl[2] = {bl4[2 * h], bl4[2 * h + 1]};
+          mma::mma16816<T>(acc[2 * p + h], ah, bh);
+          mma::mma16816<T>(acc[2 * p + h], al, bh);
+          mma::mma16816<T>(acc[2 * p + h], ah, bl);
+        }
+      }
+    }
     float vd[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
