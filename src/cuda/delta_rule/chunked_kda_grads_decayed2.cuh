@@ -17,6 +17,11 @@
 //     sum's transposed A);
 //   - the staging loops give warp w rows w, w + 8, .. and lane l the channel pair 2 l, 2 l + 1: fixed
 //     offsets, float2 loads of G / y / x, the reference row's G loaded once, one packed 4-byte store.
+// The fp32 slice tiles (G, y / x, out) are swizzled by row (kda_swz_at, chunked_kda_grads_slices.cuh):
+// the post-scales' read-modify-writes in fragment layout (8 rows x 4 column pairs per warp) hit one bank
+// per row pair at pitch 64 (ncu, run 12.1: 54% of the shared wavefronts excessive, ~20% of the stall
+// samples on those lines); swizzled and by float2 they are conflict-free, and the row-wise passes
+// (consecutive channels of one row) stay so.
 // Pitch 72 T (144 bytes = 36 banks) puts the 8 rows of every ldmatrix phase (8 rows x 16 bytes) in
 // distinct banks, and keeps each row 16-byte aligned. Contract as the session-10 functions': inputs
 // written and a barrier before the call, previous outputs read; the call ends with a barrier.
@@ -45,7 +50,14 @@ __device__ __forceinline__ void kda_stage_pair(T* stage, int row, int lane, floa
   *reinterpret_cast<uint32_t*>(stage + row * kKdaHalfPitch + 2 * lane) = mma::pack_floats<T>(a.x * e.x, a.y * e.y);
 }
 __device__ __forceinline__ float2 kda_ld2(const float* tile, int r, int lane) {
-  return *reinterpret_cast<const float2*>(tile + r * kKdaSliceK + 2 * lane);
+  return *reinterpret_cast<const float2*>(tile + kda_swz_at(r, 2 * lane));
+}
+// The pair (r, d), (r, d + 1) (d even) of a swizzled fp32 slice tile.
+__device__ __forceinline__ float2& kda_at2(float* tile, int r, int d) {
+  return *reinterpret_cast<float2*>(tile + kda_swz_at(r, d));
+}
+__device__ __forceinline__ float2 kda_get2(const float* tile, int r, int d) {
+  return *reinterpret_cast<const float2*>(tile + kda_swz_at(r, d));
 }
 // exp2 of (G_a - G_b) for a channel pair.
 __device__ __forceinline__ float2 kda_exp2_diff(float2 a, float2 b) {
@@ -66,10 +78,10 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
     const float* w2 = W2d + 64 * h;
     float gg[8], s1[8], s2[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) gg[i] = G[(r0 + i) * KS + d], s1[i] = 0.f, s2[i] = 0.f;
+    for (int i = 0; i < 8; ++i) gg[i] = G[kda_swz_at(r0 + i, d)], s1[i] = 0.f, s2[i] = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float yj = y[(r0 + j) * KS + d];
+      const float yj = y[kda_swz_at(r0 + j, d)];
 #pragma unroll
       for (int i = j; i < 8; ++i) {
         const float t = yj * kda_exp2(gg[i] - gg[j]);
@@ -78,7 +90,7 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
       }
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) out1[(r0 + i) * KS + d] = s1[i], out2[(r0 + i) * KS + d] = s2[i];
+    for (int i = 0; i < 8; ++i) out1[kda_swz_at(r0 + i, d)] = s1[i], out2[kda_swz_at(r0 + i, d)] = s2[i];
   }
   // 2. Staged rows q = 8 p + w (p < 4: sub-chunk p): ys[q] = y_j o exp(G_m - G_j), j = 16 p + w,
   //    m = 16 p + 8.
@@ -102,12 +114,13 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
       float c1[4] = {}, c2[4] = {};
       mma::mma16816<T>(c1, a1, b);
       mma::mma16816<T>(c2, a2, b);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {  // accumulator rows grp (< 8); rows grp + 8 are the padding
-        const int r = m + g, d = nq + 8 * nt + t2 + e;
-        const float f = kda_exp2(G[r * KS + d] - G[m * KS + d]);
-        out1[r * KS + d] += c1[e] * f;
-        out2[r * KS + d] += c2[e] * f;
+      {  // accumulator rows grp (< 8; rows grp + 8 are the padding), columns d, d + 1
+        const int r = m + g, d = nq + 8 * nt + t2;
+        const float2 f = kda_exp2_diff(kda_get2(G, r, d), kda_get2(G, m, d));
+        float2& o1 = kda_at2(out1, r, d);
+        float2& o2 = kda_at2(out2, r, d);
+        o1.x += c1[0] * f.x, o1.y += c1[1] * f.y;
+        o2.x += c2[0] * f.x, o2.y += c2[1] * f.y;
       }
     }
   }
@@ -140,11 +153,13 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
       mma::mma16816<T>(c2, a2, bb);
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = b + mma::acc_row(e), d = n0 + mma::acc_col(e);
-      const float f = kda_exp2(G[r * KS + d] - G[b * KS + d]);
-      out1[r * KS + d] += c1[e] * f;
-      out2[r * KS + d] += c2[e] * f;
+    for (int h = 0; h < 2; ++h) {  // accumulator rows grp + 8 h, columns d, d + 1
+      const int r = b + g + 8 * h, d = n0 + t2;
+      const float2 f = kda_exp2_diff(kda_get2(G, r, d), kda_get2(G, b, d));
+      float2& o1 = kda_at2(out1, r, d);
+      float2& o2 = kda_at2(out2, r, d);
+      o1.x += c1[2 * h] * f.x, o1.y += c1[2 * h + 1] * f.y;
+      o2.x += c2[2 * h] * f.x, o2.y += c2[2 * h + 1] * f.y;
     }
   }
   __syncthreads();
@@ -166,10 +181,10 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
     const float* w2 = W2d + 64 * h;
     float gg[8], s[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) gg[i] = G[(r0 + i) * KS + d], s[i] = 0.f;
+    for (int i = 0; i < 8; ++i) gg[i] = G[kda_swz_at(r0 + i, d)], s[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float u1 = x1[(r0 + i) * KS + d], u2 = beta[r0 + i] * xk[(r0 + i) * KS + d];
+      const float u1 = x1[kda_swz_at(r0 + i, d)], u2 = beta[r0 + i] * xk[kda_swz_at(r0 + i, d)];
 #pragma unroll
       for (int r = 0; r <= i; ++r) {
         float w = w1[8 * i + r] * u1;
@@ -178,7 +193,7 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
       }
     }
 #pragma unroll
-    for (int r = 0; r < 8; ++r) out[(r0 + r) * KS + d] = s[r];
+    for (int r = 0; r < 8; ++r) out[kda_swz_at(r0 + r, d)] = s[r];
   }
   // 2. Two rounds of two sub-chunks; staged rows: sub-chunk block s (16 rows) holds x1s in rows 0..7,
   //    x2s in 8..15, xNs[ii] = xN_{m+ii} o exp(G_{m+ii} - G_m), m = 16 I + 8; warp w stages ii = w of
@@ -214,10 +229,11 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
       const uint32_t b[2] = {b4[2 * nt], b4[2 * nt + 1]};
       float c[4] = {};
       mma::mma16816<T>(c, a, b);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {  // rows grp (< 8)
-        const int r = 16 * I + g, d = n0 + 8 * nt + t2 + e;
-        out[r * KS + d] += c[e] * kda_exp2(G[m * KS + d] - G[r * KS + d]);
+      {  // rows grp (< 8), columns d, d + 1
+        const int r = 16 * I + g, d = n0 + 8 * nt + t2;
+        const float2 f = kda_exp2_diff(kda_get2(G, m, d), kda_get2(G, r, d));
+        float2& o = kda_at2(out, r, d);
+        o.x += c[0] * f.x, o.y += c[1] * f.y;
       }
     }
   }
@@ -255,9 +271,11 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
       mma::mma16816<T>(c, a1, b1);
       mma::mma16816<T>(c, a2, b2);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 16 * J + mma::acc_row(e), d = n0 + mma::acc_col(e);
-        out[r * KS + d] += c[e] * kda_exp2(G[b * KS + d] - G[r * KS + d]);
+      for (int h = 0; h < 2; ++h) {  // rows grp + 8 h, columns d, d + 1
+        const int r = 16 * J + g + 8 * h, d = n0 + t2;
+        const float2 f = kda_exp2_diff(kda_get2(G, b, d), kda_get2(G, r, d));
+        float2& o = kda_at2(out, r, d);
+        o.x += c[2 * h] * f.x, o.y += c[2 * h + 1] * f.y;
       }
     }
   }

@@ -9,6 +9,8 @@
 //   - dbeta's rowsum(k o bm) by a pass over a tile (k o bm written over bm, 4 lanes per row, 16-byte
 //     loads) instead of a 32-lane shuffle sum and a shared-memory atomic (a compare-and-swap loop on
 //     sm_90) per element row;
+//   - the fp32 slice tiles (G, q, k, out, out2) swizzled by row (kda_swz_at; chunked_kda_grads_decayed2.cuh
+//     says why), the fragment-layout read-modify-writes by float2;
 //   - dUb's operands A and dv_new split hi + lo once where staged (16-bit tiles in the slice tiles'
 //     space, free after the slices), fragments by ldmatrix.
 // Shared memory 109.75 KiB (the session-10 kernel: 110): two blocks per SM as before.
@@ -70,7 +72,7 @@ __device__ __forceinline__ void kda_gate2_async(const float* G_in, const ChunkIn
   for (int i = 0; i < kKdaGateChunks; ++i) {
     const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i, r = q / 16, d = 4 * (q % 16);
     const int rr = r < ci.len ? r : ci.len - 1;
-    mma::cp_async16(out + r * kKdaSliceK + d, G_in + ((row0 + rr) * HV + hv) * KMAX + c0 + d, true);
+    mma::cp_async16(out + kda_swz_at(r, d), G_in + ((row0 + rr) * HV + hv) * KMAX + c0 + d, true);
   }
   mma::cp_async_commit();
 }
@@ -79,7 +81,7 @@ __device__ __forceinline__ void kda_gate2_to_log2(float* out) {
 #pragma unroll
   for (int i = 0; i < kKdaGateChunks; ++i) {
     const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i;
-    float4* p = reinterpret_cast<float4*>(out + (q / 16) * kKdaSliceK + 4 * (q % 16));
+    float4* p = reinterpret_cast<float4*>(out + kda_swz_at(q / 16, 4 * (q % 16)));
     float4 v = *p;
     v.x *= kKdaLog2e, v.y *= kKdaLog2e, v.z *= kKdaLog2e, v.w *= kKdaLog2e;
     *p = v;
@@ -112,7 +114,7 @@ __device__ __forceinline__ void kda_key2_store(const uint2 (&v)[kKdaKeyChunks], 
     mma::unpack_floats<T>(v[i].x, f.x, f.y);
     mma::unpack_floats<T>(v[i].y, f.z, f.w);
     f.x *= s, f.y *= s, f.z *= s, f.w *= s;
-    *reinterpret_cast<float4*>(out + r * kKdaSliceK + d) = f;
+    *reinterpret_cast<float4*>(out + kda_swz_at(r, d)) = f;
   }
 }
 
@@ -243,8 +245,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
       kda_key2_store<T>(vq, sm.rq, sm.q);
       kda_key2_store<T>(vk, sm.rk, sm.k);
     } else {
-      kda_key_slice<T>(a.q, ci, head, c0, sm.rq, sm.q);
-      kda_key_slice<T>(a.k, ci, head, c0, sm.rk, sm.k);
+      kda_key_slice_each<T>(a.q, ci, head, c0, [&](int r, int d, T v) { sm.q[kda_swz_at(r, d)] = to_f<T>(v) * sm.rq[r]; });
+      kda_key_slice_each<T>(a.k, ci, head, c0, [&](int r, int d, T v) { sm.k[kda_swz_at(r, d)] = to_f<T>(v) * sm.rk[r]; });
     }
     kda_gate2_to_log2(sm.G);
     __syncthreads();
@@ -263,7 +265,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
     kda_cols_sum2<T>(sm.dPh, sm.dMh, sm.dPd, sm.dMd, sm.q, sm.k, sm.beta, sm.G, sm.out, sm.stage);
 #pragma unroll
     for (int m = 0; m < NE; ++m) {
-      const int e = (r0 + 4 * m) * KS + d;
+      const int e = kda_swz_at(r0 + 4 * m, d);
       const float s = sm.out[e];
       dk[m] += s;
       dG[m] -= sm.k[e] * s;
@@ -275,7 +277,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
       float* pdk = dk_row0 + r0 * qk_stride + c0 + d;
 #pragma unroll
       for (int m = 0; m < NE; ++m, pdq += sqk, pdk += sqk) {
-        const int r = r0 + 4 * m, e = r * KS + d;
+        const int r = r0 + 4 * m, e = kda_swz_at(r, d);
         const float aq = sm.out[e], bm = sm.out2[e], kr = sm.k[e], br = sm.beta[r];
         dk[m] += br * bm;
         // (q's tile holds q rstd, the product the session-10 kernel formed from q reloaded from global
@@ -291,7 +293,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
     }
     __syncthreads();
     {
-      // dbeta += rowsum(k o bm): row tid / 4, lane part sums channels 16 part .. + 16 (4 float4).
+      // dbeta += rowsum(k o bm): row tid / 4, lane part sums the row's physical positions 16 part ..
+      // + 16 (4 float4; the swizzle permutes channels inside a row).
       const int r = tid / 4, part = tid % 4;
       const float4* p = reinterpret_cast<const float4*>(sm.out2 + r * KS + 16 * part);
       float s = 0.f;
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
       float acc = 0.f;
 #pragma unroll 8
       for (int i = L - 1; i >= 0; --i) {
-        acc += sm.out[i * KS + tid];
+        acc += sm.out[kda_swz_at(i, tid)];
         dg_row0[i * dg_stride + c0 + tid] = acc;
       }
     }
