@@ -35,11 +35,13 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false>
+template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false,
+          bool kEarlyTest = false>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
-  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax>;
+  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax,
+                                                                   kEarlyTest>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
@@ -85,6 +87,9 @@ constexpr bool kPvPipeByDefault = D == 256;
 // exponentials issued before the block's row max is known (the kernel's kSpecMax, same numerics),
 // in the default schedules only (hd 64 / 128 kEarlyS, hd 256 kSerialPvPipe, without ping-pong).
 constexpr bool kSpecMaxByDefault = false;
+// Session 12 (opt-in): kEarlyS's loop-top data waits tested a round ahead (the kernel's kEarlyTest),
+// hd 64 / 128 without ping-pong.
+constexpr bool kEarlyTestByDefault = false;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
@@ -132,6 +137,10 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
       if (spec_max)
         return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, true>(mq, mk, mvt, f, axes, mblocks,
                                                                                    tiles, stream);
+      // FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST=1 (session 12): kEarlyTest.
+      if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST", kEarlyTestByDefault))
+        return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, true>(mq, mk, mvt, f, axes,
+                                                                                          mblocks, tiles, stream);
       return pingpong ? launch_kernel<D, true, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
     }

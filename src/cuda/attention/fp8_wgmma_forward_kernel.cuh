@@ -466,8 +466,15 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // of the warp has a running max at or above its overflow limit (fp8w_spec_limit); the first block,
 // masked and softcapped blocks, and rows below the limit take fp8w_softmax_block as before. Same
 // numerics (see fp8w_softmax_spec).
+// kEarlyTest (session 12; kEarlyS only): the loop top's two data waits (K of the next block, V of
+// this one) and the next block's lookup move a round ahead. ncu of run 12.1 (hd 128 default): the
+// branches after the two SYNCS try_waits hold ~3.5 % of the consumer warps' stall samples (long
+// scoreboard: the SYNCS round trip, though the data is there), the loop's exit test on the next
+// block another ~1.3 % (uniform-datapath latency), all on the warp's path from its pack to its next
+// S. Here, once S(j+1) is in, the round also finds block j+2 and tests (mbarrier test_wait, which
+// never waits) whether K(j+2) and V(j+1) are in; the next round waits only where a test said no.
 template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true,
-          bool kSpecMax = false>
+          bool kSpecMax = false, bool kEarlyTest = false>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -823,30 +830,54 @@ __global__ void __launch_bounds__(384, 1)
     if (axes.stagger && cw == 0) sm90::named_barrier_arrive_id<3>(256);
 #pragma unroll
     for (int i = 0; i < NC / 2; ++i) ob[0][i] = 0.f;
+    // kEarlyTest: the next round's block and class (found a round ahead), and whether its K and V
+    // were in when tested.
+    int e_nb = 0, e_cls = kTileEmpty;
+    bool k_ready = false, v_ready = false;
+    if constexpr (kEarlyTest) e_nb = next_block(nb, e_cls);
     for (;;) {
       int n_cls = kTileEmpty;
-      const int n_nb = next_block(nb, n_cls);
+      int n_nb;
+      if constexpr (kEarlyTest) {
+        n_nb = e_nb;
+        n_cls = e_cls;
+      } else {
+        n_nb = next_block(nb, n_cls);
+      }
       if (n_nb < 0) break;
       const int n_slot = slot + 1 == ST ? 0 : slot + 1;
       const uint32_t n_phase = n_slot == 0 ? phase ^ 1u : phase;
-      sm90::mbar_wait(bar_k_full + 8 * n_slot, n_phase);
+      if (!kEarlyTest || !k_ready) sm90::mbar_wait(bar_k_full + 8 * n_slot, n_phase);
       wait_turn();
       issue_qk(n_slot, 0);
       // V(j) is long there; waiting for it here also ends the basic block, so that ptxas cannot
       // hoist the fold's FFMA between the QGMMA of S (it did: S's k steps 2-4 then waited for them).
-      sm90::mbar_wait(bar_v_full + 8 * slot, phase);
+      // (kEarlyTest: the branch around the wait ends it as well.)
+      if (!kEarlyTest || !v_ready) sm90::mbar_wait(bar_v_full + 8 * slot, phase);
       fold(0, rs_ob);  // P(j-1) V(j-1), beside S(j+1) on the tensor cores
       issue_pv(slot, 0, 0);
       pass_turn(false);
       sm90::wgmma_wait<1>();  // S(j+1) done; P(j) V(j) may still run
       sm90::pin_registers(s);
       if (lane == 0) sm90::mbar_arrive(bar_k_empty + 8 * n_slot);
+      // kEarlyTest: the round after this one, block e_nb (found here, beside the softmax).
+      if constexpr (kEarlyTest) e_nb = next_block(n_nb, e_cls);
       float rs_n[2];
       softmax(rs_n, n_cls, n_nb, 0);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(ob[0]);
       pin_p();  // the tensor cores read P(j) from these registers until now
       if (lane == 0) sm90::mbar_arrive(bar_v_empty + 8 * slot);
+      if constexpr (kEarlyTest) {
+        // Whether K(j+2) (slot after n_slot) and V(j+1) (n_slot) are in, asked before the pack so that
+        // the SYNCS round trip runs beside it; the next round's top only reads the answers.
+        const int e_slot = n_slot + 1 == ST ? 0 : n_slot + 1;
+        const uint32_t e_phase = e_slot == 0 ? n_phase ^ 1u : n_phase;
+        // (Asked even when there is no block j+2: the answer is then never read, and no branch
+        // around the test splits the block, which made ptxas read the first answer at once.)
+        k_ready = sm90::mbar_test(bar_k_full + 8 * e_slot, e_phase);
+        v_ready = sm90::mbar_test(bar_v_full + 8 * n_slot, n_phase);
+      }
       fp8w_pack_p<BN>(s, pa);
       rs_ob[0] = rs_p[0];
       rs_ob[1] = rs_p[1];

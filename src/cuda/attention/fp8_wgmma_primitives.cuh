@@ -155,6 +155,24 @@ __device__ __forceinline__ void mbar_wait_suspend(uint32_t bar, uint32_t parity)
       : "memory");
 }
 
+// Whether the phase with parity `parity` has completed, without waiting (test_wait: never suspends;
+// acquire semantics as try_wait, so reads after a true answer see what the phase's arrivals wrote).
+// The FP8 forward's kEarlyTest asks it a block ahead, so that the loop top's data waits do not put
+// the SYNCS round trip on the warp's path when the data is long there.
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // One box of a 3-D tensor map into shared memory; completion is counted on `bar` in bytes.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2) {

@@ -92,6 +92,11 @@ inline void mbar_wait(uint32_t bar, uint32_t parity) {
   }
 }
 inline void mbar_wait_suspend(uint32_t bar, uint32_t parity) { mbar_wait(bar, parity); }
+// Whether the phase of parity `parity` has completed, without waiting (test_wait).
+inline bool mbar_test(uint32_t bar, uint32_t parity) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return (mbar_at(bar).phase & 1u) != parity;
+}
 
 inline void named_barrier_sync(int id, int threads) {
   std::unique_lock<std::mutex> lock(g_mu);
