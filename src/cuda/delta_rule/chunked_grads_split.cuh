@@ -512,21 +512,22 @@ struct GradsLocalSmem {
 };
 
 // kVersion 1: session 7 (any V >= K; every V != K case and FLASHGRAD_CHUNKED_B2_SPLIT=v1 run it).
-// kVersion 5, 6, 7 (session 11, V == K, kItems = 1; chunked_grads_split_variants.cuh, docs "GDN B2,
+// kVersion 5, 6 (session 11, V == K, kItems = 1; chunked_grads_split_variants.cuh, docs "GDN B2,
 // session 11"), what they share (kV11): q / k / dw / dk_s row copies by tile_rows_async (one 64-bit
 // multiply per row instead of a division and an off3 per piece), pass 1 over 32-column slices in two
-// stages, unrolled (the slice count is known), paired element reads of the [C][K] tiles. 5 (the default
-// where V == K since run 11.3): B2a's dq part loaded at mid's end; 6: 5 with the row norms after pass
-// 1's first products; 7: only those norms moved. (Versions 2 - 4 were steps to 5, retired in session 12.)
+// stages, unrolled (the slice count is known), paired element reads of the [C][K] tiles, B2a's dq part
+// loaded at mid's end. 5 (the default where V == K since run 11.3); 6: 5 with the row norms after pass
+// 1's first products (run 12.0: B2b 0.893 -> 0.879 ms). (Versions 2 - 4 were steps to 5, 7 = 6 without
+// the early dq load timed no faster than 5; retired in session 12.)
 template <typename T, int KMAX, int kItems = 1, int kVersion = 1>
 __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_kernel(ChunkedArgs a) {
-  static_assert(kVersion == 1 || (kVersion >= 5 && kVersion <= 7 && kItems == 1), "versions 1, 5, 6, 7");
+  static_assert(kVersion == 1 || ((kVersion == 5 || kVersion == 6) && kItems == 1), "versions 1, 5, 6");
   constexpr bool kV11 = kVersion != 1;  // the session-11 kernels (V == K)
   using S = GradsLocalSmem<T, KMAX, kV11 ? 32 : 16>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
-  // kVersion 5, 6: B2a's dq part loaded at mid's end; 6, 7: the row norms after pass 1's first products.
-  constexpr bool kEarlyDqState = kVersion == 5 || kVersion == 6, kLateNorms = kVersion >= 6;
+  // kV11: B2a's dq part loaded at mid's end; kVersion 6: the row norms after pass 1's first products.
+  constexpr bool kEarlyDqState = kV11, kLateNorms = kVersion == 6;
   static_assert(8 * S::kSliceTile <= S::kRegion, "two slice stages");
   static_assert(NKH % 2 == 0, "K = 64 or 128");
   extern __shared__ __align__(16) unsigned char smem_raw[];

@@ -16,11 +16,11 @@ namespace flashgrad::cuda_detail::delta_rule {
 // (which also run every V != K case); "v5" = B2a by chunk_grads_state_coalesced_kernel (resident tiles,
 // whole-sector state loads), B2b chunk_grads_local_kernel<.., kVersion = 5> (32-column slices, pass 1
 // unrolled, dq's state part loaded a phase earlier); "v6" = v5 with B2b's row norms after pass 1's
-// first products (kVersion = 6); "v7" = v5's B2a, B2b with those norms moved but without the early dq
-// load (kVersion = 7). v6 / v7 are untimed experiments. (Session 11's "resident", "v2", "v3", "v4"
-// were measured slower than v5 in runs 11.2 / 11.3 and retired in session 12; those names, as any
-// other value, give the default.)
-enum class SplitVariant { kV1, kV5, kV6, kV7 };
+// first products (kVersion = 6; run 12.0: B2b 0.893 -> 0.879 ms, the candidate default once its GPU
+// tests pass). (Session 11's "resident", "v2", "v3", "v4" were measured slower than v5 in runs 11.2 /
+// 11.3, "v7" (v6 without the early dq load) no faster in run 12.0: retired in session 12; those names,
+// as any other value, give the default.)
+enum class SplitVariant { kV1, kV5, kV6 };
 // The default where V == K: v5 since run 11.3 (B8 T4096 H16 bf16, B2 per call: K = V = 128 1.848 ->
 // 1.520 ms, K = V = 64 1.056 -> 0.890 ms; the chunked GDN GPU tests pass with it; gradients within
 // 1.3e-5 relative RMS of v1's).
@@ -31,7 +31,6 @@ inline SplitVariant split_variant() {
   if (v == "v1") return SplitVariant::kV1;
   if (v == "v5") return SplitVariant::kV5;
   if (v == "v6") return SplitVariant::kV6;
-  if (v == "v7") return SplitVariant::kV7;
   return kSplitDefault;
 }
 
@@ -47,11 +46,10 @@ void for_split_kernels(SplitVariant v, F&& f) {
   }
   f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes());
   constexpr int64_t kLocal = GradsLocalSmem<T, KMAX, 32>::bytes();
-  switch (v) {
-    case SplitVariant::kV6: f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocal); break;
-    case SplitVariant::kV7: f(chunk_grads_local_kernel<T, KMAX, 1, 7>, kLocal); break;
-    default: f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocal); break;  // kV5
-  }
+  if (v == SplitVariant::kV6)
+    f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocal);
+  else
+    f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocal);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
