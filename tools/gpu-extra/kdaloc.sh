@@ -5,31 +5,48 @@
 # "KDA B2 local kernel, session 12 (helper kdaloc)"). Runs on the H200 from the repo root after
 # tools/gpu-check's build into build-gpu and the package install (cap 150 s, budget 138 s; logs in
 # $OUT/extra/):
-#   1. the DeltaRuleChunkedKda* GPU tests with FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new (the default's are in
-#      gpu-check's own suite);
+#   1. the DeltaRuleChunkedKda* GPU tests with FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new;
 #   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: the default local kernel and =new, per-kernel
 #      CUDA times and the gradients of =new against the default's (rel RMS);
-#   3. ncu of one launch of the new local kernel with the source counters: stall samples per phase
-#      (kdaprep_ncu_source.py; the csv comes back gzipped);
-#   4. the same for the default local kernel, while time is left.
+#   3. compute-sanitizer racecheck and memcheck of small KDA cases with =new (cp.async staging,
+#      swizzled tiles, new barriers);
+#   4. ncu of one launch of the new local kernel with the source counters: stall samples per phase
+#      (kdaprep_ncu_source.py; the csv, with per-instruction shared-wavefront counts, comes back gzipped);
+#   5. the DeltaRuleChunkedKda* GPU tests with the default (also in gpu-check's suite).
 # Prints a compact summary last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu-extra/lib/job_lib.sh
 
-echo "== kdaloc 1/4: DeltaRuleChunkedKda* GPU tests with FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new"
+echo "== kdaloc 1/5: DeltaRuleChunkedKda* GPU tests with FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new"
 job_tests kdaloc_tests_new 25 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new
 
-echo "== kdaloc 2/4: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs new local kernel (one process)"
+echo "== kdaloc 2/5: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs new local kernel (one process)"
 job_compare kdaloc_compare 45 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CHUNKED_KDA_B2_LOCAL \
   --variants default=-,new=new --focus 'kda_grads' --note "(local kernel 1.68 ms in run 11.4; fla bwd_intra 1.855 ms)"
 
-echo "== kdaloc 3/4: ncu (source counters) of the new local kernel"
+echo "== kdaloc 3/5: compute-sanitizer racecheck / memcheck of small KDA cases with =new"
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+bin=$(find build-gpu -name flashgrad_gpu_tests -type f 2>/dev/null | head -1)
+if [ -n "$san" ] && [ -n "$bin" ]; then
+  for tool in racecheck memcheck; do
+    filt='DeltaRuleChunkedKdaGpu.NoStatesNoNormF16'
+    [ $tool = memcheck ] && filt='DeltaRuleChunkedKdaGpu.NoStatesNoNormF16:DeltaRuleChunkedKdaGpu.KeyNotValue'
+    FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new timeout -k 3 "$(cap 30)" "$san" --tool $tool --error-exitcode 1 "$bin" \
+      --gtest_filter="$filt" > "$OUT/extra/kdaloc_$tool.log" 2>&1
+    rc=$?
+    l="$tool (=new, $filt) rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/extra/kdaloc_$tool.log" | tr '\n' ' ')"
+    echo "$l"; summary+=("$l")
+  done
+else
+  summary+=("sanitizer: skipped (no compute-sanitizer or no test binary)")
+fi
+
+echo "== kdaloc 4/5: ncu (source counters) of the new local kernel"
 job_ncu kdaloc_ncu_new 45 'kda_grads_local2_kernel' 1 FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new -- \
   --kind kda --B 4 --T 4096 --H 16 --K 128
 
-echo "== kdaloc 4/4: ncu (source counters) of the default local kernel"
-job_ncu kdaloc_ncu_old 45 'kda_grads_local_kernel' 1 - -- \
-  --kind kda --B 4 --T 4096 --H 16 --K 128
+echo "== kdaloc 5/5: DeltaRuleChunkedKda* GPU tests with the default local kernel"
+job_tests kdaloc_tests_default 25 'DeltaRuleChunkedKda*'
 
 job_summary kdaloc
