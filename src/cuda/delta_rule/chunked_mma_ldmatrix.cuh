@@ -53,6 +53,17 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem_src), "r"(n) : "memory");
 #endif
 }
+// 4 bytes global -> shared, asynchronously (cp.async.ca: 4-byte copies go through L1); `full` false:
+// zero-filled, src not dereferenced (as cp_async16).
+__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src, bool full) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  emulated_cp_async4(smem_dst, gmem_src, full);
+#else
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int n = full ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(gmem_src), "r"(n) : "memory");
+#endif
+}
 // Closes the group of cp.async issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
 #ifndef FLASHGRAD_CHUNKED_HOST_EMULATION

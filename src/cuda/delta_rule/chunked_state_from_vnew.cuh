@@ -14,8 +14,8 @@
 //
 // One block of 4 warps per (sequence, value head, 16 value columns); warp wp holds h^T (16 value
 // columns x the key channels [KW wp, KW wp + KW), KW = K / 4) in mma accumulators, as stage 2's
-// warps do (tile nk: channels KW wp + 8 nk + [0, 8)). Per chunk, from shared memory (cp.async, one
-// chunk ahead): k's raw rows [64 x K] and v_new's rows [64 x 16] (T);
+// warps do (tile nk: channels KW wp + 8 nk + [0, 8)). Per chunk, from shared memory (cp.async,
+// STAGES - 1 chunks ahead): k's raw rows [64 x K] and v_new's rows [64 x 16] (T);
 //   h^T = exp(G_{L-1}) h^T + (v_new^T * colscale) k        A = v_new^T scaled per chunk row j (hi + lo),
 //                                                         B = k (ldmatrix.trans of its rows),
 // with colscale_j = exp(G_{L-1} - G_j) rstd_kj for j < L (0 past L), as stage 2.
@@ -31,34 +31,40 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 constexpr int kFromVnewThreads = 128;
 
-template <typename T, int KMAX>
+// STAGES chunks in flight (cp.async, STAGES - 1 ahead of the one in use): the loop's products are
+// few and independent of the state, so what a chunk waits on is its copies' memory latency (run
+// 12.1: ~2.1 us per chunk with one chunk ahead at B1 T32768, against ~0.5 us of instructions).
+template <typename T, int KMAX, int STAGES>
 struct FromVnewSmem {
   static constexpr int C = kChunkSize, BV = 16;
   // +8 elements per row: the 8 rows an ldmatrix reads start in different banks (48- and 272-byte rows).
   static constexpr int LDK = KMAX + 8, LDV = BV + 8;
-  static constexpr int64_t kKBytes = sizeof(T) * C * LDK, kVBytes = sizeof(T) * C * LDV;
-  static constexpr int64_t kStageBytes = kKBytes + kVBytes;
+  static constexpr int64_t kKBytes = sizeof(T) * C * LDK, kVBytes = sizeof(T) * C * LDV, kGBytes = sizeof(float) * C;
+  static constexpr int64_t kStageBytes = kKBytes + kVBytes + kGBytes;
   static_assert(kKBytes % 16 == 0 && kVBytes % 16 == 0, "16-byte aligned tiles");
   unsigned char* raw;
-  float* G;         // [C] cumulative gate of the chunk (zeros past L)
   float* colscale;  // [C] exp(G_{L-1} - G_j) rstd_kj, 0 for j >= L
-  static constexpr int64_t bytes() { return 2 * kStageBytes + sizeof(float) * 2 * C; }
+  int* len;         // [STAGES] the chunk length of each stage
+  static constexpr int64_t bytes() { return STAGES * kStageBytes + sizeof(float) * C + 16 * ((STAGES + 3) / 4); }
   __device__ explicit FromVnewSmem(unsigned char* r) : raw(r) {
-    G = reinterpret_cast<float*>(raw + 2 * kStageBytes);
-    colscale = G + C;
+    colscale = reinterpret_cast<float*>(raw + STAGES * kStageBytes);
+    len = reinterpret_cast<int*>(colscale + C);
   }
-  // Stage s (= chunk parity): k(s) [C][LDK] k's raw rows; v(s) [C][LDV] v_new's rows, the slice's columns.
+  // Stage s: k(s) [C][LDK] k's raw rows; v(s) [C][LDV] v_new's rows, the slice's columns; G(s) [C] the
+  // cumulative gate (zeros past L).
   __device__ T* k(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes); }
   __device__ T* v(int s) const { return reinterpret_cast<T*>(raw + s * kStageBytes + kKBytes); }
+  __device__ float* G(int s) const { return reinterpret_cast<float*>(raw + s * kStageBytes + kKBytes + kVBytes); }
 };
 
-template <typename T, int KMAX>
+template <typename T, int KMAX, int STAGES>
 __global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_kernel(ChunkedArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  using S = FromVnewSmem<T, KMAX>;
+  using S = FromVnewSmem<T, KMAX, STAGES>;
   constexpr int C = kChunkSize, THREADS = kFromVnewThreads, LDK = S::LDK, LDV = S::LDV, KW = KMAX / 4, NK = KW / 8,
                 NB = NK / 2;
   static_assert(NK % 2 == 0, "whole 16-channel B fragments per warp");
+  static_assert(STAGES >= 2, "at least one chunk ahead");
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * S::BV;
@@ -83,41 +89,55 @@ __global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_kernel
   const T* v_new = static_cast<const T*>(a.v_new);
   const bool k_vec = key_rows_vectorizable(a.k);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
-  auto prefetch = [&](const ChunkInfo& ci, int s) {  // one cp.async group; returns G of row tid (tid < 64)
+  // Chunk ci's copies into stage s, one cp.async group (G's rows by 4-byte copies: they are HV apart).
+  auto prefetch = [&](const ChunkInfo& ci, int s) {
     const int64_t row0 = chunk_row0(ci, a.T);
     view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
     intermediate_stepped_async<T, S::BV, THREADS>(v_new, row0, a.HV, hv, a.V, col0, ci.len, sm.v(s), LDV);
+    if (tid < C) {
+      if (a.G)
+        mma::cp_async4(sm.G(s) + tid, a.G + (row0 + (tid < ci.len ? tid : 0)) * a.HV + hv, tid < ci.len);
+      else
+        sm.G(s)[tid] = 0.f;
+    }
+    if (tid == 0) sm.len[s] = ci.len;
     mma::cp_async_commit();
-    return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
 
-  ChunkInfo ci_cur{}, ci_next{};
-  float g_next = 0.f;
-  if (c_begin < c_end) {
-    ci_cur = a.chunks[c_begin];
-    g_next = prefetch(ci_cur, 0);
-    if (c_begin + 1 < c_end) ci_next = a.chunks[c_begin + 1];
+  // Chunks c_begin .. c_begin + STAGES - 2 in flight before the loop (an empty group where the
+  // sequence has fewer, so that every iteration's wait counts the same groups); ci_next: the chunk
+  // the loop's next prefetch copies.
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (c_begin + i < c_end)
+      prefetch(a.chunks[c_begin + i], i);
+    else
+      mma::cp_async_commit();
   }
+  ChunkInfo ci_next{};
+  if (c_begin + STAGES - 1 < c_end) ci_next = a.chunks[c_begin + STAGES - 1];
   for (int64_t c = c_begin; c < c_end; ++c) {
-    const int s = static_cast<int>((c - c_begin) & 1);
-    const int L = ci_cur.len;
-    // (A) chunk c's tiles and G in place; every warp is done with chunk c - 1 (stage s ^ 1 is free).
-    if (tid < C) sm.G[tid] = g_next;
-    mma::cp_async_wait<0>();
+    const int s = static_cast<int>((c - c_begin) % STAGES);
+    // (A) chunk c's group has landed (the STAGES - 2 issued after it may still fly); every warp is
+    // done with chunk c - 1, whose stage the prefetch below refills with chunk c + STAGES - 1.
+    mma::cp_async_wait<STAGES - 2>();
     __syncthreads();
-    if (c + 1 < c_end) {
-      g_next = prefetch(ci_next, s ^ 1);
-      ci_cur = ci_next;
-      if (c + 2 < c_end) ci_next = a.chunks[c + 2];
+    if (c + STAGES - 1 < c_end) {
+      prefetch(ci_next, static_cast<int>((c + STAGES - 1 - c_begin) % STAGES));
+      if (c + STAGES < c_end) ci_next = a.chunks[c + STAGES];
+    } else {
+      mma::cp_async_commit();
     }
     // (C) colscale from k's raw rows (their L2 norm with it) and G.
-    const float G_last = sm.G[L - 1];
+    const int L = sm.len[s];
+    const float* G = sm.G(s);
+    const float G_last = G[L - 1];
     {
       constexpr int kLanes = THREADS / C;
       const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
       if (tid % kLanes == 0) {
         const int j = tid / kLanes;
-        sm.colscale[j] = j < L ? expf(G_last - sm.G[j]) * rstd : 0.f;
+        sm.colscale[j] = j < L ? expf(G_last - G[j]) * rstd : 0.f;
       }
     }
     __syncthreads();
@@ -151,6 +171,7 @@ __global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_kernel
       mma::mma_tiles<T, NB>(hT, al, b);
     }
   }
+  mma::cp_async_wait<0>();  // (only empty groups can remain; no copy outlives the block)
 
   if (a.ht.p) {
     float* ht = static_cast<float*>(a.ht.p);

@@ -145,5 +145,15 @@ inline void emulated_cp_async16(void* dst, const void* src, bool full) {
   else
     std::memset(dst, 0, 16);
 }
+inline void emulated_cp_async4(void* dst, const void* src, bool full) {
+  if ((reinterpret_cast<uintptr_t>(dst) & 3) != 0 || (full && (reinterpret_cast<uintptr_t>(src) & 3) != 0)) {
+    std::fprintf(stderr, "cp.async: address not 4-byte aligned\n");
+    std::abort();
+  }
+  if (full)
+    std::memcpy(dst, src, 4);
+  else
+    std::memset(dst, 0, 4);
+}
 }  // namespace mma
 }  // namespace flashgrad::cuda_detail::delta_rule
