@@ -306,16 +306,29 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
       s = group_sum<4>(s);
       if (part == 0) sm.dbeta[r] += s;  // one thread per row (rows past L: 0)
     }
-    // dg = reverse cumsum over the chunk's rows, one thread per channel.
-    if (tid < KS) {
-      float acc = 0.f;
-#pragma unroll 8
-      for (int i = L - 1; i >= 0; --i) {
-        acc += sm.out[kda_swz_at(i, tid)];
-        dg_row0[i * dg_stride + c0 + tid] = acc;
+    // dg = reverse cumsum over the chunk's rows (out is 0 past L), by all 8 warps (the session-10
+    // kernel's two warps walked the 64 rows one after another while six waited): thread (channel
+    // d = tid % 64, quarter p = tid / 64) sums its rows 16 p + 15 .. 16 p from the end, publishes its
+    // quarter's total in `stage` (free here), and adds the later quarters' totals.
+    {
+      const int d = tid % KS, p = tid / KS;
+      float* tot = reinterpret_cast<float*>(sm.stage);  // [4][64]
+      float v[16], run = 0.f;
+#pragma unroll
+      for (int i = 15; i >= 0; --i) {
+        run += sm.out[kda_swz_at(16 * p + i, d)];
+        v[i] = run;
       }
+      tot[p * KS + d] = run;
+      __syncthreads();
+      float later = 0.f;
+      for (int q = 3; q > p; --q) later += tot[q * KS + d];
+      float* pg = dg_row0 + (16 * p) * dg_stride + c0 + d;
+#pragma unroll
+      for (int i = 0; i < 16; ++i, pg += dg_stride)
+        if (16 * p + i < L) *pg = v[i] + later;
     }
-    __syncthreads();  // the slice tiles and out are free
+    __syncthreads();  // the slice tiles, out and `stage` are free
   }
 
   // dUb = A^T dv_new, 64 value columns at a time, both operands hi + lo as the session-10 kernel's
