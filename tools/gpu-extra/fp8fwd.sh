@@ -4,12 +4,13 @@
 # passes, 7 % slower) and took the default's ncu. Now, in order of importance:
 #   1. the FP8 GPU tests (AttentionFp8Gpu.* less the mma.sync / deterministic / refusal ones, as
 #      fp8w.sh's variant runs) with FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST=1 (kEarlyTest: the loop top's
-#      data waits and next-block lookup a round ahead, kEarlyS at hd 64 / 128);
+#      data waits and next-block lookup a round ahead) and with FLASHGRAD_ATTN_FP8_WGMMA_EXP_TURN=1
+#      (kExpTurn: the two consumer warpgroups' exponentials in turns), both kEarlyS at hd 64 / 128;
 #   2. same-process timing (tools/gpu-extra/fp8fwd_time.py: the env-var variants in interleaved rounds
 #      on the same inputs), B2 H16 S8192, non-causal and causal, hd 128 and 64: w (the defaults), et
-#      (EARLY_TEST=1; only if its tests passed), w again (w2: the spread between two runs of one variant);
-#   3. ncu of et's hd 128 kernel with source counters (per-instruction warp-stall samples, summarized
-#      per opcode by tools/gpu-extra/fp8w_ncu_source.py); the default's was taken in run 12.1.
+#      and turn (each only if its tests passed), w again (w2: the spread between two runs of one variant);
+#   3. ncu of turn's and et's hd 128 kernels with source counters (per-instruction warp-stall samples,
+#      summarized per opcode by tools/gpu-extra/fp8w_ncu_source.py); the default's was taken in run 12.1.
 source "$(dirname "$0")/lib/job_lib.sh"
 cd "$(dirname "$0")/../.."
 V=FLASHGRAD_ATTN_FP8_WGMMA
@@ -18,10 +19,13 @@ sub_filter='AttentionFp8Gpu.*-AttentionFp8Gpu.Deterministic*:AttentionFp8Gpu.Mma
 echo "== fp8fwd: AttentionFp8Gpu.* with ${V}_EARLY_TEST=1"
 et=""
 job_tests fp8fwd_et_tests 30 "$sub_filter" FLASHGRAD_ATTN_FP8_FORWARD=wgmma ${V}_EARLY_TEST=1 && et="et=${V}_EARLY_TEST=1"
+echo "== fp8fwd: AttentionFp8Gpu.* with ${V}_EXP_TURN=1"
+turn=""
+job_tests fp8fwd_turn_tests 30 "$sub_filter" FLASHGRAD_ATTN_FP8_FORWARD=wgmma ${V}_EXP_TURN=1 && turn="turn=${V}_EXP_TURN=1"
 
-echo "== fp8fwd: hd 128 / 64 forward, w (defaults) ${et:+vs et (EARLY_TEST=1) }vs w2 (w again), B2 H16 S8192, one process"
+echo "== fp8fwd: hd 128 / 64 forward, w (defaults) ${et:+vs et (EARLY_TEST=1) }${turn:+vs turn (EXP_TURN=1) }vs w2 (w again), B2 H16 S8192, one process"
 timeout -k 3 "$(cap 45)" python3 tools/gpu-extra/fp8fwd_time.py --dims 128,64 --masks none,causal --rounds 3 --reps 10 \
-  w=- $et w2=- > "$OUT/extra/fp8fwd_time.log" 2>&1
+  w=- $et $turn w2=- > "$OUT/extra/fp8fwd_time.log" 2>&1
 rc=$?
 grep -E "^(ROW|DIFF)" "$OUT/extra/fp8fwd_time.log"
 [ $rc -eq 0 ] || tail -5 "$OUT/extra/fp8fwd_time.log"
@@ -35,6 +39,7 @@ run_ncu() {
   envs=(FP8FWD_NCU=1)
   [ "$variant" = spec ] && envs=(${V}_SPEC_MAX=1)
   [ "$variant" = et ] && envs=(${V}_EARLY_TEST=1)
+  [ "$variant" = turn ] && envs=(${V}_EXP_TURN=1)
   if [ -z "$ncu_bin" ] || [ "$(left)" -lt 40 ]; then
     summary+=("ncu $variant not run (no ncu or $(left) s left)")
     return
@@ -61,6 +66,7 @@ run_ncu() {
     tail -5 "$rep.log"
   fi
 }
+[ -n "$turn" ] && run_ncu turn
 [ -n "$et" ] && run_ncu et
 job_summary fp8fwd
 exit 0

@@ -36,12 +36,12 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
 }
 
 template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false,
-          bool kEarlyTest = false>
+          bool kEarlyTest = false, bool kExpTurn = false>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
   auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax,
-                                                                   kEarlyTest>;
+                                                                   kEarlyTest, kExpTurn>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
@@ -90,6 +90,9 @@ constexpr bool kSpecMaxByDefault = false;
 // Session 12 (opt-in): kEarlyS's loop-top data waits tested a round ahead (the kernel's kEarlyTest),
 // hd 64 / 128 without ping-pong.
 constexpr bool kEarlyTestByDefault = false;
+// Session 12 (opt-in): kEarlyS with the two warpgroups' exponentials in turns (the kernel's kExpTurn),
+// hd 64 / 128 without ping-pong.
+constexpr bool kExpTurnByDefault = false;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
@@ -137,6 +140,10 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
       if (spec_max)
         return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, true>(mq, mk, mvt, f, axes, mblocks,
                                                                                    tiles, stream);
+      // FLASHGRAD_ATTN_FP8_WGMMA_EXP_TURN=1 (session 12): kExpTurn.
+      if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EXP_TURN", kExpTurnByDefault))
+        return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, false, true>(
+            mq, mk, mvt, f, axes, mblocks, tiles, stream);
       // FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST=1 (session 12): kEarlyTest.
       if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST", kEarlyTestByDefault))
         return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, true>(mq, mk, mvt, f, axes,

@@ -180,10 +180,48 @@ __device__ __forceinline__ float fp8w_exp2_poly(float x) {
 // process): the partial max / sum chains start from their first elements instead of -inf / 0
 // (fmaxf(-inf, x) and 0 + x cannot be folded away by the compiler: NaN and -0 semantics), 16
 // instructions fewer per block.
-template <int kMode, int BN, bool kPolyExp = false, bool kLean = false>
+// Turn (session 12, the kernel's kExpTurn): acquire() before the block's exponentials returns a
+// zero they add to their bases, release(x) after them takes a value computed from all of them; the
+// data dependencies keep the exponentials between the two (ptxas moves register-only instructions
+// across bar.sync / bar.arrive: a first version without them had its MUFUs on both sides of the
+// barriers). Fp8wNoTurn (the default) changes nothing.
+struct Fp8wNoTurn {
+  static constexpr bool kActive = false;
+  __device__ __forceinline__ float acquire() const { return 0.f; }
+  __device__ __forceinline__ void release(float) const {}
+};
+
+// The kernel's kExpTurn: consumer warpgroup 1 (cw 0) acquires on named barrier 4 and hands over on
+// 5, warpgroup 2 the other way round. acquire(): bar.sync, then a volatile read of a shared word that
+// holds 0 (a shared load does not move above a barrier). release(x): bar.arrive under a condition on
+// x that always holds (x's bits are never those of the NaN 0x7fc00001: the FP32 units return the
+// canonical NaN 0x7fffffff), so the arrive waits for x.
+struct Fp8wExpTurn {
+  int cw;
+  const volatile float* zero;
+  static constexpr bool kActive = true;
+  __device__ __forceinline__ float acquire() const {
+    if (cw == 0)
+      sm90::named_barrier_sync_id<4>(256);
+    else
+      sm90::named_barrier_sync_id<5>(256);
+    return *zero;
+  }
+  __device__ __forceinline__ void release(float x) const {
+    if (__float_as_int(x) != 0x7fc00001) {
+      if (cw == 0)
+        sm90::named_barrier_arrive_id<5>(256);
+      else
+        sm90::named_barrier_arrive_id<4>(256);
+    }
+  }
+};
+
+template <int kMode, int BN, bool kPolyExp = false, bool kLean = false, typename Turn = Fp8wNoTurn>
 __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                    float (&rescale)[2], const AttentionKernelParams& p,
-                                                   float qk_scale, const MaskView& mask, int row0, int n0, int t) {
+                                                   float qk_scale, const MaskView& mask, int row0, int n0, int t,
+                                                   const Turn& turn = Turn{}) {
   constexpr bool kGeneral = kMode != kFp8wFull;
   const float scale_log2 = qk_scale * kLog2e;
   if constexpr (kGeneral) {
@@ -213,6 +251,9 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     }
   }
   const float mul = kGeneral ? 1.f : scale_log2;
+  // Turn: the exponentials (through their bases) wait for acquire()'s zero, and release() for the
+  // row sums; the max trees may run before the turn (ptxas schedules them as it likes).
+  const float zero = turn.acquire();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx;
@@ -238,7 +279,8 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     const float base = mx == -INFINITY ? 0.f : mx;
     rescale[r] = fast_exp2(row_max[r] - base);
     row_max[r] = mx;
-    const float base448 = base - fp8::kLog2E4m3Max;  // P8 = e4m3(448 p~): no multiply per element
+    // P8 = e4m3(448 p~): no multiply per element. (+ zero only with a turn: x + 0.f is not folded.)
+    const float base448 = Turn::kActive ? base - fp8::kLog2E4m3Max + zero : base - fp8::kLog2E4m3Max;
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
@@ -256,6 +298,7 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     }
     row_sum[r] = row_sum[r] * rescale[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
   }
+  turn.release(row_sum[0] + row_sum[1]);
 }
 
 // kSpecMax (session 12; full tiles of the short path only): the same online softmax with the block's
@@ -473,8 +516,15 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // block another ~1.3 % (uniform-datapath latency), all on the warp's path from its pack to its next
 // S. Here, once S(j+1) is in, the round also finds block j+2 and tests (mbarrier test_wait, which
 // never waits) whether K(j+2) and V(j+1) are in; the next round waits only where a test said no.
+// kExpTurn (session 12; kEarlyS only, without ping-pong): the two consumer warpgroups take turns
+// for their exponentials (named barriers 4 and 5, warpgroup 1 first), so that the two warps of a
+// scheduler never run their MUFU streams at once. Run 12.1's ncu: each warp spends ~540 cycles per
+// block in its own MUFU stream (one MUFU per 8 cycles per scheduler), the S wait holds 1 % of the
+// samples, and a block takes ~2230 cycles, about the two warps' non-MUFU work plus both MUFU streams
+// one after the other: the warpgroups run in step. With the exponentials in turns, one warpgroup's
+// max, fold, pack and loop top run beside the other's exponentials.
 template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true,
-          bool kSpecMax = false, bool kEarlyTest = false>
+          bool kSpecMax = false, bool kEarlyTest = false, bool kExpTurn = false>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -485,6 +535,8 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool kPipe = Cfg::kPvBuffers == 2;
   constexpr bool kEarly = kSchedule == kEarlyS;
   static_assert(!kEarly || (Cfg::kSub == 1 && Cfg::kPvChunks == 1), "kEarlyS: D = 64 / 128 (one P V chunk per block)");
+  static_assert(!(kExpTurn || kEarlyTest) || (kEarly && !kPingpong && kLean && !kPolyExp),
+                "kExpTurn, kEarlyTest: the kEarlyS schedule without ping-pong");
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
   constexpr int NC = Cfg::kPvChunk, CH = Cfg::kPvChunks;
@@ -496,6 +548,9 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bar_q_full = smem0 + Cfg::kBarrierOffset;
   const uint32_t bar_k_full = bar_q_full + 8, bar_v_full = bar_k_full + 8 * ST;
   const uint32_t bar_k_empty = bar_v_full + 8 * ST, bar_v_empty = bar_k_empty + 8 * ST;
+  // kExpTurn: a word holding 0.0f after the mbarriers (inside kSmemBytes: the base is aligned up by
+  // at most 1008 of the 1024 spare bytes, dynamic shared memory being 16-byte aligned).
+  const uint32_t turn_zero = bar_v_empty + 8 * ST;
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -507,6 +562,7 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_init(bar_k_empty + 8 * s, 8);  // one arrival per consumer warp
       sm90::mbar_init(bar_v_empty + 8 * s, 8);
     }
+    if constexpr (kExpTurn) *reinterpret_cast<float*>(smem_raw + (turn_zero - smem_address(smem_raw))) = 0.f;
     sm90::mbar_init_fence();
   }
   __syncthreads();
@@ -713,6 +769,7 @@ __global__ void __launch_bounds__(384, 1)
             q_bytes + (row_in_block + 8 * r) * Cfg::kRowBytes, t4, qk_scale * kLog2e);
     }
   };
+  const Fp8wExpTurn exp_turn{cw, reinterpret_cast<const volatile float*>(smem_raw + (turn_zero - smem_address(smem_raw)))};
   auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
     const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;
     if constexpr (kSpecMax) {
@@ -723,6 +780,15 @@ __global__ void __launch_bounds__(384, 1)
           return;
         }
       }
+    }
+    if constexpr (kExpTurn) {
+      // Every call takes its turn (both warpgroups make the same calls: the classes are the CTA's).
+      if (tile_cls == full_short_cls) {
+        fp8w_softmax_block<kFp8wFull, BN, false, true>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0,
+                                                       t4, exp_turn);
+        return;
+      }
+      exp_turn.release(exp_turn.acquire());  // an empty turn: the calls must pair up
     }
     if (kLean ? tile_cls == full_short_cls : tile_cls == kTileFull && short_path_ok)
       fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
@@ -822,6 +888,10 @@ __global__ void __launch_bounds__(384, 1)
     // with rescale 1 before the first round, so the first fold is a no-op on O = 0).
     int slot = 0;
     uint32_t phase = 0;
+    // kExpTurn: warpgroup 1 takes the first turn (warpgroup 2's arrival, made before the staggered
+    // start's wait on barrier 3, lets it through); the final sync below takes warpgroup 2's last
+    // hand-over, so every generation of barriers 4 and 5 completes.
+    if (kExpTurn && cw == 1) sm90::named_barrier_arrive_id<4>(256);
     first_scores();
     if (lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done with K(0)
     float rs_p[2], rs_ob[2] = {1.f, 1.f};
@@ -888,6 +958,7 @@ __global__ void __launch_bounds__(384, 1)
       slot = n_slot;
       phase = n_phase;
     }
+    if (kExpTurn && cw == 0) sm90::named_barrier_sync_id<4>(256);
     // The last block: fold the one before it, then its own P V.
     fold(0, rs_ob);
     sm90::mbar_wait(bar_v_full + 8 * slot, phase);

@@ -89,7 +89,7 @@ std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h,
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
 // bhsd (padded cases): q, k, v stored [B, H, S, D].
 template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false,
-          bool kEarlyTest = false>
+          bool kEarlyTest = false, bool kExpTurn = false>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -140,8 +140,8 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const int mblocks = (c.max_q + 127) / 128;
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
   launch(tiles, 1, 384, [&] {
-    fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax, kEarlyTest>(
-        mq, mk, mvt, f, axes, mblocks);
+    fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax, kEarlyTest,
+                                             kExpTurn>(mq, mk, mvt, f, axes, mblocks);
   });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
@@ -153,7 +153,8 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
 // (kLean = false; overlapped schedule), bit 6 P V chunks pipelined (kOverlapPvPipe), bit 7 the serial
 // schedule's P V chunks pipelined (kSerialPvPipe), bit 8 the staggered start (Fp8wMapAxes::stagger,
 // a launch option: set through g_stagger), bit 9 kEarlyS (D = 64 / 128; with bit 0 ping-pong), bit 10
-// kSpecMax (session 12; with bit 9, or with bit 7 at D = 256), bit 11 kEarlyTest (with bit 9);
+// kSpecMax (session 12; with bit 9, or with bit 7 at D = 256), bit 11 kEarlyTest (with bit 9), bit 12
+// kExpTurn (with bit 9);
 // bit 2: inputs stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
@@ -162,6 +163,9 @@ bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false, false>(c, r, bhsd);
   if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
   if (variant & 64) return run_emulated<D, false, fp8w::kOverlapPvPipe>(c, r, bhsd);
+  if constexpr (D <= 128)
+    if ((variant & 4096) && (variant & 512))
+      return run_emulated<D, false, fp8w::kEarlyS, false, true, false, false, true>(c, r, bhsd);
   if constexpr (D <= 128)
     if ((variant & 2048) && (variant & 512))
       return run_emulated<D, false, fp8w::kEarlyS, false, true, false, true>(c, r, bhsd);
@@ -203,6 +207,7 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   if (variant & 512) std::printf("    (early S: kEarlyS)\n");
   if (variant & 1024) std::printf("    (exponentials before the row max: kSpecMax)\n");
   if (variant & 2048) std::printf("    (data waits tested a round ahead: kEarlyTest)\n");
+  if (variant & 4096) std::printf("    (exponentials in turns: kExpTurn)\n");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -233,6 +238,7 @@ int main(int argc, char** argv) {
     // "spec": the kSpecMax runs (bit 10) only; "early_test": the kEarlyTest runs (bit 11) only.
     if (picker.only == "spec"         ? (variant & 1024) != 0
         : picker.only == "early_test" ? (variant & 2048) != 0
+        : picker.only == "exp_turn"   ? (variant & 4096) != 0
                                       : picker.picks(c.name) && (picker.only != "quick" || variant == 0))
       cases.push_back({c, variant});
   };
@@ -401,6 +407,18 @@ int main(int argc, char** argv) {
     add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 2048 + 512);
     add("varlen causal d128 gqa 4/2 with empty sequences", vc, 2048 + 512 + 256);
     add("varlen window 20,3 d128", varlen_window_20_3(128), 2048 + 512);
+    // kExpTurn (bit 12) with kEarlyS, with and without the stagger: full and masked blocks (the
+    // masked ones take an empty turn), long rows, varlen with empty sequences, softcap.
+    for (int d : {64, 128}) {
+      c.d = d;
+      c.mask = MaskKind::none;
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 4096 + 512 + 256);
+      c.mask = MaskKind::causal;
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 4096 + 512);
+    }
+    add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 4096 + 512);
+    add("varlen causal d128 gqa 4/2 with empty sequences", vc, 4096 + 512 + 256);
+    add("varlen window 20,3 d128", varlen_window_20_3(128), 4096 + 512);
   }
   for (auto& e : cases) check_case(e.cfg, e.variant, rng);
   return finish();
