@@ -182,6 +182,20 @@ __device__ __forceinline__ void store_state_dG_terms(const ChunkedArgs& a, const
 // (dq_s, dk_s, dw: written element by element from the transposed accumulators, copied out in 16-byte
 // row pieces), per-row factors, and the dG dots' per-warp column partials. Pitches +8 elements
 // (conflict-free ldmatrix rows, 16-byte aligned).
+// The B2a kernels' float arrays from f on (GradsStateSmem, GradsStateCoalescedSmem): rq, rk, eG, kd [C];
+// the dG dots' per-warp column partials pq, pk [KS][C]; hdh per warp hsum [8].
+template <int KMAX>
+__device__ __forceinline__ void place_state_floats(float* f, float*& rq, float*& rk, float*& eG, float*& kd, float*& pq,
+                                                   float*& pk, float*& hsum) {
+  constexpr int C = kChunkSize, KS = KMAX / 16;
+  rq = f;
+  rk = rq + C;
+  eG = rk + C;
+  kd = eG + C;
+  pq = kd + C;
+  pk = pq + KS * C;
+  hsum = pk + KS * C;
+}
 template <typename T, int KMAX>
 struct GradsStateSmem {
   static constexpr int C = kChunkSize, VS = 32, KS = KMAX / 16;
@@ -200,13 +214,7 @@ struct GradsStateSmem {
     out_q = reinterpret_cast<T*>(raw + 2 * kKeyTile + 4 * kSliceTile);
     out_k = reinterpret_cast<T*>(raw + 3 * kKeyTile + 4 * kSliceTile);
     out_w = reinterpret_cast<T*>(raw + 4 * kKeyTile + 4 * kSliceTile);
-    rq = reinterpret_cast<float*>(raw + 5 * kKeyTile + 4 * kSliceTile);
-    rk = rq + C;
-    eG = rk + C;
-    kd = eG + C;
-    pq = kd + C;   // [KS][C]
-    pk = pq + KS * C;
-    hsum = pk + KS * C;
+    place_state_floats<KMAX>(reinterpret_cast<float*>(raw + 5 * kKeyTile + 4 * kSliceTile), rq, rk, eG, kd, pq, pk, hsum);
   }
   // Slice stage b (0 / 1), tile m (0: do or v_new, 1: dv_new), [C][LDS].
   __device__ T* slice(int b, int m) const {

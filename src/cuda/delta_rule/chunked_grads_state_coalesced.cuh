@@ -61,13 +61,7 @@ struct GradsStateCoalescedSmem {
     dvn = t + 3 * n;
     vn = t + 4 * n;
     out_k = t + 5 * n;
-    rq = reinterpret_cast<float*>(raw + 6 * kTile);
-    rk = rq + C;
-    eG = rk + C;
-    kd = eG + C;
-    pq = kd + C;  // [KS][C]
-    pk = pq + KS * C;
-    hsum = pk + KS * C;
+    place_state_floats<KMAX>(reinterpret_cast<float*>(raw + 6 * kTile), rq, rk, eG, kd, pq, pk, hsum);
   }
 };
 
