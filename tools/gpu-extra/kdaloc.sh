@@ -23,7 +23,7 @@ job_tests kdaloc_tests_new 25 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2_LO
 
 echo "== kdaloc 2/5: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs new local kernel (one process)"
 job_compare kdaloc_compare 45 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CHUNKED_KDA_B2_LOCAL \
-  --variants default=-,new=new --focus 'kda_grads' --note "(local kernel 1.68 ms in run 11.4; fla bwd_intra 1.855 ms)"
+  --variants old=old,default=- --focus 'kda_grads' --note "(local kernel 1.68 ms in run 11.4; fla bwd_intra 1.855 ms)"
 
 echo "== kdaloc 3/5: compute-sanitizer racecheck / memcheck of small KDA cases with =new"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -46,7 +46,7 @@ echo "== kdaloc 4/5: ncu (source counters) of the new local kernel"
 job_ncu kdaloc_ncu_new 45 'kda_grads_local2_kernel' 1 FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new -- \
   --kind kda --B 4 --T 4096 --H 16 --K 128
 
-echo "== kdaloc 5/5: DeltaRuleChunkedKda* GPU tests with the default local kernel"
-job_tests kdaloc_tests_default 25 'DeltaRuleChunkedKda*'
+echo "== kdaloc 5/5: DeltaRuleChunkedKda* GPU tests with the session-10 local kernel (=old)"
+job_tests kdaloc_tests_old 25 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2_LOCAL=old
 
 job_summary kdaloc

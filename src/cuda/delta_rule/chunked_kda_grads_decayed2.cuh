@@ -1,5 +1,5 @@
 // The per-channel decayed sums of the KDA B2 local kernel, session 12 form (helper kdaloc;
-// chunked_kda_grads_local2.cuh, FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new): the same sums, the same three
+// chunked_kda_grads_local2.cuh, the default since session 12): the same sums, the same three
 // parts and the same rounded tensor-core operands as kda_rows_pair / kda_cols_sum
 // (chunked_kda_grads_decayed.cuh, which defines the sums and the accuracy argument) with kSplit =
 // false, so that the results differ from theirs at most in fp32 summation order. What changes is how

@@ -1,5 +1,6 @@
-// KDA B2 local kernel, session 12 form (helper kdaloc; FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new, read per
-// launch, for the rounded B2 variants): the same outputs as kda_grads_local_kernel<T, KMAX, false>
+// KDA B2 local kernel, session 12 form (helper kdaloc; the default for the rounded B2 variants since
+// run 12.2, FLASHGRAD_CHUNKED_KDA_B2_LOCAL=old keeps the session-10 kernel): the same outputs as
+// kda_grads_local_kernel<T, KMAX, false>
 // (chunked_kda_grads_local.cuh: the notation, the phases and the thread ownership of the slice's
 // elementwise terms) up to fp32 summation order, with
 //   - dP and dM kept as 16-bit tiles (rounded once, as the session-10 kernel rounded them at each

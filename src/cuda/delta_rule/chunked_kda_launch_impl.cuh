@@ -208,13 +208,15 @@ inline KdaB2Kernel kda_b2_requested() {
   return KdaB2Kernel::staged;
 }
 
-// FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new (read at every launch; session 12, helper kdaloc) runs the second
-// B2 kernel in its session-12 form (chunked_kda_grads_local2.cuh: dP / dM as 16-bit tiles read by
-// ldmatrix, staging with fixed offsets; the same outputs up to fp32 summation order) where the
-// operands are rounded (every variant but =split_exact); unset, the session-10 kernel.
+// The second B2 kernel runs in its session-12 form (helper kdaloc; chunked_kda_grads_local2.cuh: dP /
+// dM as 16-bit tiles read by ldmatrix, staging with fixed offsets, swizzled slice tiles, cp.async
+// slice loads; the same outputs up to fp32 summation order) where the operands are rounded (every
+// variant but =split_exact): run 12.2, B4 T4096 H16 K=V=128 bf16, 1.681 -> 0.770 ms per call, KDA
+// backward 4.714 -> 3.803 ms, GPU tests and sanitizers pass. FLASHGRAD_CHUNKED_KDA_B2_LOCAL=old (read
+// at every launch) runs the session-10 kernel (chunked_kda_grads_local.cuh).
 inline bool kda_b2_local_new_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_B2_LOCAL");
-  return v && std::strcmp(v, "new") == 0;
+  return !(v && std::strcmp(v, "old") == 0);
 }
 
 template <typename T, int KMAX, bool kSplit, bool kStaged = false, bool kPrefetch = false>

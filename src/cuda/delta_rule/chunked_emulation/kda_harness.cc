@@ -271,13 +271,14 @@ int run(const Case& c) {
         launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false, true>(a); }, dr::kKdaSplitThreads);
       else
         launch(NC, HV, 1, [&] { dr::kda_grads_state_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
-      // FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new: the session-12 local kernel (chunked_kda_grads_local2.cuh).
+      // The session-12 local kernel (chunked_kda_grads_local2.cuh) as the library's default;
+      // FLASHGRAD_CHUNKED_KDA_B2_LOCAL=old: the session-10 one.
       const char* b2l = std::getenv("FLASHGRAD_CHUNKED_KDA_B2_LOCAL");
       static_assert(dr::KdaGradsLocal2Smem<TT>::bytes() <= static_cast<int64_t>(sizeof(dr::smem_raw)), "emulated shared memory");
-      if (b2l && std::strcmp(b2l, "new") == 0)
-        launch(NC, HV, 1, [&] { dr::kda_grads_local2_kernel<TT, KM>(a); }, dr::kKdaSplitThreads);
-      else
+      if (b2l && std::strcmp(b2l, "old") == 0)
         launch(NC, HV, 1, [&] { dr::kda_grads_local_kernel<TT, KM, false>(a); }, dr::kKdaSplitThreads);
+      else
+        launch(NC, HV, 1, [&] { dr::kda_grads_local2_kernel<TT, KM>(a); }, dr::kKdaSplitThreads);
     }
   }
 
