@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # kdaloc (issue 6: the chunked KDA backward's B2 local kernel, session 12, helper kdaloc:
 # kda_grads_local_kernel, chunked_kda_grads_local.cuh, and its session-12 form kda_grads_local2_kernel,
-# chunked_kda_grads_local2.cuh, opt-in by FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new; docs/perf/delta_rule.md
+# chunked_kda_grads_local2.cuh, the default since run 12.3 (FLASHGRAD_CHUNKED_KDA_B2_LOCAL=old: session 10); docs/perf/delta_rule.md
 # "KDA B2 local kernel, session 12 (helper kdaloc)"). Runs on the H200 from the repo root after
 # tools/gpu-check's build into build-gpu and the package install (cap 150 s, budget 138 s; logs in
 # $OUT/extra/):
-#   1. the DeltaRuleChunkedKda* GPU tests with FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new;
-#   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: the default local kernel and =new, per-kernel
-#      CUDA times and the gradients of =new against the default's (rel RMS);
+#   1. the DeltaRuleChunkedKda* GPU tests with =new (the default since 12.3; =new still names it);
+#   2. chunk KDA B4 T4096 H16 K=V=128 bf16, one process: =old (session 10) and the default (session 12),
+#      per-kernel CUDA times and the gradients of the default against =old's (rel RMS);
 #   3. compute-sanitizer racecheck and memcheck of small KDA cases with =new (cp.async staging,
 #      swizzled tiles, new barriers);
 #   4. ncu of one launch of the new local kernel with the source counters: stall samples per phase
 #      (kdaprep_ncu_source.py; the csv, with per-instruction shared-wavefront counts, comes back gzipped);
-#   5. the DeltaRuleChunkedKda* GPU tests with the default (also in gpu-check's suite).
+#   5. the DeltaRuleChunkedKda* GPU tests with =old.
 # Prints a compact summary last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,7 +21,7 @@ source tools/gpu-extra/lib/job_lib.sh
 echo "== kdaloc 1/5: DeltaRuleChunkedKda* GPU tests with FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new"
 job_tests kdaloc_tests_new 25 'DeltaRuleChunkedKda*' FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new
 
-echo "== kdaloc 2/5: chunk KDA B4 T4096 H16 K=V=128 bf16, default vs new local kernel (one process)"
+echo "== kdaloc 2/5: chunk KDA B4 T4096 H16 K=V=128 bf16, =old vs the default local kernel (one process)"
 job_compare kdaloc_compare 45 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_CHUNKED_KDA_B2_LOCAL \
   --variants old=old,default=- --focus 'kda_grads' --note "(local kernel 1.68 ms in run 11.4; fla bwd_intra 1.855 ms)"
 
