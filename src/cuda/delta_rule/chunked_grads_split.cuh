@@ -3,7 +3,7 @@
 // split_grads_applies); FLASHGRAD_CHUNKED_B2=fused runs the one-kernel B2 of chunked_grads_mma.cuh, which
 // also takes every other case (docs/perf/delta_rule.md "B2 split (session 7)"). Where V == K, the
 // session-11 kernels run by default (chunked_grads_split_variants.cuh: B2a from
-// chunked_grads_state_coalesced.cuh, this file's B2b with kVersion 5; FLASHGRAD_CHUNKED_B2_SPLIT=v1
+// chunked_grads_state_coalesced.cuh, this file's B2b with kVersion 6; FLASHGRAD_CHUNKED_B2_SPLIT=v1
 // runs the session-7 kernels: chunk_grads_state_kernel, chunk_grads_local_kernel with kVersion 1).
 // Same notation:
 // X = v_new dh^T, Y = do h^T, Z = dv_new h^T, dP, du, dUb, ...
@@ -524,8 +524,8 @@ struct GradsLocalSmem {
 // session 11"), what they share (kV11): q / k / dw / dk_s row copies by tile_rows_async (one 64-bit
 // multiply per row instead of a division and an off3 per piece), pass 1 over 32-column slices in two
 // stages, unrolled (the slice count is known), paired element reads of the [C][K] tiles, B2a's dq part
-// loaded at mid's end. 5 (the default where V == K since run 11.3); 6: 5 with the row norms after pass
-// 1's first products (run 12.0: B2b 0.893 -> 0.879 ms). (Versions 2 - 4 were steps to 5, 7 = 6 without
+// loaded at mid's end. 5 (the default where V == K from run 11.3 to session 12); 6 (the default since
+// session 12): 5 with the row norms after pass 1's first products (run 12.2: B2b 0.894 -> 0.878 ms). (Versions 2 - 4 were steps to 5, 7 = 6 without
 // the early dq load timed no faster than 5; retired in session 12.)
 template <typename T, int KMAX, int kItems = 1, int kVersion = 1>
 __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_kernel(ChunkedArgs a) {

@@ -12,19 +12,20 @@
 namespace flashgrad::cuda_detail::delta_rule {
 
 // Which kernels the split B2 runs where V == K (FLASHGRAD_CHUNKED_B2_SPLIT, read per call so that one
-// process can time them all): unset = kSplitDefault (v5 since run 11.3); "v1" = the session-7 kernels
-// (which also run every V != K case); "v5" = B2a by chunk_grads_state_coalesced_kernel (resident tiles,
-// whole-sector state loads), B2b chunk_grads_local_kernel<.., kVersion = 5> (32-column slices, pass 1
-// unrolled, dq's state part loaded a phase earlier); "v6" = v5 with B2b's row norms after pass 1's
-// first products (kVersion = 6; run 12.0: B2b 0.893 -> 0.879 ms, the candidate default once its GPU
-// tests pass). (Session 11's "resident", "v2", "v3", "v4" were measured slower than v5 in runs 11.2 /
-// 11.3, "v7" (v6 without the early dq load) no faster in run 12.0: retired in session 12; those names,
-// as any other value, give the default.)
+// process can time them all): unset = kSplitDefault (v6 since session 12); "v1" = the session-7
+// kernels (which also run every V != K case); "v5" = B2a by chunk_grads_state_coalesced_kernel
+// (resident tiles, whole-sector state loads), B2b chunk_grads_local_kernel<.., kVersion = 5> (32-column
+// slices, pass 1 unrolled, dq's state part loaded a phase earlier; the default from run 11.3 to session
+// 12); "v6" = v5 with B2b's row norms after pass 1's first products (kVersion = 6). (Session 11's
+// "resident", "v2", "v3", "v4" were measured slower than v5 in runs 11.2 / 11.3, "v7" (v6 without the
+// early dq load) no faster in run 12.0: retired in session 12; those names, as any other value, give
+// the default.)
 enum class SplitVariant { kV1, kV5, kV6 };
-// The default where V == K: v5 since run 11.3 (B8 T4096 H16 bf16, B2 per call: K = V = 128 1.848 ->
-// 1.520 ms, K = V = 64 1.056 -> 0.890 ms; the chunked GDN GPU tests pass with it; gradients within
-// 1.3e-5 relative RMS of v1's).
-constexpr SplitVariant kSplitDefault = SplitVariant::kV5;
+// The default where V == K: v6 since session 12 (B8 T4096 H16 bf16, B2b per call against v5: run 12.0
+// K = V = 128 0.893 -> 0.879 ms; run 12.2 K = V = 128 0.894 -> 0.878, K = V = 64 0.613 -> 0.580; the
+// chunked GDN GPU tests pass with it (run 12.2); gradients as v5's, within 2.0e-5 relative RMS of v1's).
+// v5 was the default from run 11.3 (B2 against v1: K = V = 128 1.848 -> 1.520 ms, 64 1.056 -> 0.890).
+constexpr SplitVariant kSplitDefault = SplitVariant::kV6;
 inline SplitVariant split_variant() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B2_SPLIT");
   const std::string v = env ? env : "";

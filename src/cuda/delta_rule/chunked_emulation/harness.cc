@@ -313,7 +313,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     if (HV % 2 == 0 && dr::split_grads_paired_wanted()) {
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
-    } else {  // the launcher's variant (chunked_grads_split_variants.cuh: session 11's v5 where V == K)
+    } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, v6 since session 12, where V == K)
       dr::for_split_kernels<TT, KM>(V == K ? dr::split_variant() : dr::SplitVariant::kV1,
                                     [&](auto kernel, int64_t) { launch(NC, HV, 1, [&] { kernel(a); }, 256); });
     }
