@@ -30,21 +30,8 @@ job_compare kdab2s_compare 50 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_C
   --variants split=split,staged=-,staged_pf=staged_prefetch --focus 'kda_grads' --note "(fla backward ~4.2 ms)"
 
 echo "== kdab2s 2b: compute-sanitizer racecheck / memcheck of small KDA cases with the default (staged)"
-san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-bin=$(find build-gpu -name flashgrad_gpu_tests -type f 2>/dev/null | head -1)
-if [ -n "$san" ] && [ -n "$bin" ]; then
-  for tool in racecheck memcheck; do
-    filt='DeltaRuleChunkedKdaGpu.NoStatesNoNormF16'
-    [ $tool = memcheck ] && filt='DeltaRuleChunkedKdaGpu.NoStatesNoNormF16:DeltaRuleChunkedKdaGpu.KeyNotValue'
-    timeout -k 3 "$(cap 25)" "$san" --tool $tool --error-exitcode 1 "$bin" \
-      --gtest_filter="$filt" > "$OUT/extra/kdab2s_$tool.log" 2>&1
-    rc=$?
-    l="$tool (staged, $filt) rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/extra/kdab2s_$tool.log" | tr '\n' ' ')"
-    echo "$l"; summary+=("$l")
-  done
-else
-  summary+=("sanitizer: skipped (no compute-sanitizer or no test binary)")
-fi
+job_sanitize kdab2s 25 'DeltaRuleChunkedKdaGpu.NoStatesNoNormF16' \
+  'DeltaRuleChunkedKdaGpu.NoStatesNoNormF16:DeltaRuleChunkedKdaGpu.KeyNotValue'
 
 echo "== kdab2s 3/3: ncu of the (staged) state kernel"
 job_ncu kdab2s_ncu_state 40 'kda_grads_state_kernel' 1 - -- \

@@ -26,21 +26,8 @@ job_compare kdaloc_compare 45 --kind kda --shape 4,4096,16,128 --env FLASHGRAD_C
   --variants old=old,default=- --focus 'kda_grads' --note "(local kernel 1.68 ms in run 11.4; fla bwd_intra 1.855 ms)"
 
 echo "== kdaloc 3/5: compute-sanitizer racecheck / memcheck of small KDA cases with =new"
-san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-bin=$(find build-gpu -name flashgrad_gpu_tests -type f 2>/dev/null | head -1)
-if [ -n "$san" ] && [ -n "$bin" ]; then
-  for tool in racecheck memcheck; do
-    filt='DeltaRuleChunkedKdaGpu.NoStatesNoNormF16'
-    [ $tool = memcheck ] && filt='DeltaRuleChunkedKdaGpu.NoStatesNoNormF16:DeltaRuleChunkedKdaGpu.KeyNotValue'
-    FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new timeout -k 3 "$(cap 30)" "$san" --tool $tool --error-exitcode 1 "$bin" \
-      --gtest_filter="$filt" > "$OUT/extra/kdaloc_$tool.log" 2>&1
-    rc=$?
-    l="$tool (=new, $filt) rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/extra/kdaloc_$tool.log" | tr '\n' ' ')"
-    echo "$l"; summary+=("$l")
-  done
-else
-  summary+=("sanitizer: skipped (no compute-sanitizer or no test binary)")
-fi
+job_sanitize kdaloc 30 'DeltaRuleChunkedKdaGpu.NoStatesNoNormF16' \
+  'DeltaRuleChunkedKdaGpu.NoStatesNoNormF16:DeltaRuleChunkedKdaGpu.KeyNotValue' FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new
 
 echo "== kdaloc 4/5: ncu (source counters) of the new local kernel"
 job_ncu kdaloc_ncu_new 45 'kda_grads_local2_kernel' 1 FLASHGRAD_CHUNKED_KDA_B2_LOCAL=new -- \

@@ -303,24 +303,8 @@ __global__ void __launch_bounds__(kGradsThreads) kda_grads_kernel(ChunkedArgs a)
       kda_mma::warp_fp32_product<T, 4>([&](int r, int i) { return sm.A[i * LDM + r]; },
                                        [&](int i, int n) { return i < L ? dvc[i * HVV + n] : 0.f; }, 16 * rs, n0,
                                        16 * rs, C, acc);
-      // dv; v . dUb summed over this thread's columns of its two rows (grp, grp + 8), then over the
-      // 4 lanes of a row (xor 1, 2), one shared atomic per row and lane quad.
-      float vd[2] = {0.f, 0.f};
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
-          if (j < L) dv0[j * HVV + c0 + n] = sm.beta[j] * acc[nt][e];
-          vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
-        }
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 1);
-        vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 2);
-        const int j = 16 * rs + mma::grp() + 8 * h2;
-        if (mma::tig() == 0 && j < L) atomicAdd(&sm.dbeta[j], vd[h2]);
-      }
+      // dv, and v . dUb into dbeta's shared row sums.
+      kda_mma::kda_store_dv_add_dbeta(dv0, HVV, c0, rs, n0, L, sm.beta, vv, acc, sm.dbeta);
     }
   }
   __syncthreads();

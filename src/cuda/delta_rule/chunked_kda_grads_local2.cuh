@@ -79,14 +79,7 @@ __device__ __forceinline__ void kda_gate2_async(const float* G_in, const ChunkIn
 }
 __device__ __forceinline__ void kda_gate2_to_log2(float* out) {
   mma::cp_async_wait<0>();
-#pragma unroll
-  for (int i = 0; i < kKdaGateChunks; ++i) {
-    const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i;
-    float4* p = reinterpret_cast<float4*>(out + kda_swz_at(q / 16, 4 * (q % 16)));
-    float4 v = *p;
-    v.x *= kKdaLog2e, v.y *= kKdaLog2e, v.z *= kKdaLog2e, v.w *= kKdaLog2e;
-    *p = v;
-  }
+  kda_gate_slice_to_log2(out);
 }
 template <typename T>
 __device__ __forceinline__ bool kda_key_rows8(const View& x, const ChunkInfo& ci, int64_t head) {
@@ -418,22 +411,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
         }
       }
     }
-    float vd[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
-        if (j < L) dv0[j * HVV + cv + n] = sm.beta[j] * acc[nt][e];
-        vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
-      }
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 1);
-      vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 2);
-      const int j = 16 * rs + mma::grp() + 8 * h2;
-      if (mma::tig() == 0 && j < L) atomicAdd(&sm.dbeta[j], vd[h2]);
-    }
+    kda_mma::kda_store_dv_add_dbeta(dv0, HVV, cv, rs, n0, L, sm.beta, vv, acc, sm.dbeta);
   }
   __syncthreads();
   // dbeta = the first kernel's WY part + ours.

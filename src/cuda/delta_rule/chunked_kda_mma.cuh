@@ -512,4 +512,30 @@ __device__ __forceinline__ void rows_times_rows_global(const XE* x, int64_t xs, 
   }
 }
 
+// The B2 epilogue of dUb for a warp's 16 x 32 tile (rows 16 rs + [0, 16) of the chunk, columns
+// col + n0 + [0, 32) of V; accumulator layout): dv = beta_j dUb_j for rows j < L into dv's rows (HVV
+// elements apart, dv0 at row 0), and v . dUb summed over this thread's columns of its two rows (grp,
+// grp + 8), then over the 4 lanes of a row (xor 1, 2): one shared atomic per row and lane quad into
+// dbeta. vv holds v at the accumulator's elements, 0 past L. (kda_grads_kernel and both local kernels.)
+__device__ __forceinline__ void kda_store_dv_add_dbeta(float* dv0, int64_t HVV, int64_t col, int rs, int n0, int L,
+                                                       const float* beta, const float (&vv)[4][4],
+                                                       const float (&acc)[4][4], float* dbeta) {
+  float vd[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = 16 * rs + mma::acc_row(e), n = n0 + 8 * nt + mma::acc_col(e);
+      if (j < L) dv0[j * HVV + col + n] = beta[j] * acc[nt][e];
+      vd[e >> 1] += vv[nt][e] * acc[nt][e];  // vv is 0 past L
+    }
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 1);
+    vd[h2] += __shfl_xor_sync(0xffffffffu, vd[h2], 2);
+    const int j = 16 * rs + mma::grp() + 8 * h2;
+    if (mma::tig() == 0 && j < L) atomicAdd(&dbeta[j], vd[h2]);
+  }
+}
+
 }  // namespace flashgrad::cuda_detail::delta_rule::kda_mma

@@ -2,7 +2,7 @@
 # (gpu-check runs tools/gpu-extra/*.sh as jobs, not what is in lib/). Gives:
 #   OUT ($OUT/extra made), left / cap (a time budget of JOB_BUDGET_S seconds, default 138: the jobs'
 #   150 s cap less a margin), the summary array and the steps the jobs repeat:
-#   job_tests, job_compare (tools/gpu-extra/lib/variant_compare.py), job_ncu, job_summary.
+#   job_tests, job_compare (tools/gpu-extra/lib/variant_compare.py), job_ncu, job_sanitize, job_summary.
 OUT=${OUT:-out}
 mkdir -p "$OUT/extra"
 job_t0=$(date +%s)
@@ -78,6 +78,25 @@ job_ncu() {
     gzip -f "$rep.csv"
   fi
   rm -f "$rep.ncu-rep"  # the text (and csv) come back
+}
+
+# job_sanitize LOG CAP RACE_FILTER MEM_FILTER [NAME=value ...]: compute-sanitizer racecheck on the GPU
+# tests matching RACE_FILTER and memcheck on MEM_FILTER (small cases: racecheck is slow), with those
+# variables set, into $OUT/extra/LOG_{racecheck,memcheck}.log; one summary line per tool.
+job_sanitize() {
+  local log=$1 want=$2 race=$3 mem=$4; shift 4
+  local san bin tool filt rc l
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  bin=$(find build-gpu -name flashgrad_gpu_tests -type f 2>/dev/null | head -1)
+  if [ -z "$san" ] || [ -z "$bin" ]; then summary+=("sanitizer: skipped (no compute-sanitizer or no test binary)"); return 1; fi
+  for tool in racecheck memcheck; do
+    filt=$race; [ $tool = memcheck ] && filt=$mem
+    env "$@" timeout -k 3 "$(cap "$want")" "$san" --tool $tool --error-exitcode 1 "$bin" --gtest_filter="$filt" \
+      > "$OUT/extra/${log}_$tool.log" 2>&1
+    rc=$?
+    l="$tool (${*:-defaults}, $filt) rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/extra/${log}_$tool.log" | tr '\n' ' ')"
+    echo "$l"; summary+=("$l")
+  done
 }
 
 # job_summary NAME: the summary lines, last.
