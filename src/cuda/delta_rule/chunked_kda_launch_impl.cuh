@@ -72,6 +72,13 @@ inline bool kda_prepare_old_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   return v && std::strcmp(v, "old") == 0;
 }
+// FLASHGRAD_CHUNKED_KDA_PREPARE=v2 (read at every launch; session 13, opt-in): the compact kernel
+// with G scaled by log2 e in shared memory and its decays by ex2.approx.ftz (stage1_exp,
+// chunked_kda_prepare_compact.cuh).
+inline bool kda_prepare_v2_requested() {
+  const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
+  return v && std::strcmp(v, "v2") == 0;
+}
 
 template <typename T>
 void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
@@ -79,10 +86,13 @@ void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
   if (a.num_chunks == 0 || a.HV == 0) return;
   const bool legacy = kda_legacy_requested();
   if (!legacy && !kda_prepare_old_requested()) {
+    const bool v2 = kda_prepare_v2_requested();
     if (a.K == 64)
-      launch_kda_kernel<KdaPrepareCompactSmem<T, 64>>(kda_prepare_compact_kernel<T, 64>, kda_chunk_grid(a), a, s);
+      launch_kda_kernel<KdaPrepareCompactSmem<T, 64>>(
+          v2 ? kda_prepare_compact_kernel<T, 64, true> : kda_prepare_compact_kernel<T, 64>, kda_chunk_grid(a), a, s);
     else
-      launch_kda_kernel<KdaPrepareCompactSmem<T, 128>>(kda_prepare_compact_kernel<T, 128>, kda_chunk_grid(a), a, s);
+      launch_kda_kernel<KdaPrepareCompactSmem<T, 128>>(
+          v2 ? kda_prepare_compact_kernel<T, 128, true> : kda_prepare_compact_kernel<T, 128>, kda_chunk_grid(a), a, s);
     return;
   }
   if (a.K == 64)

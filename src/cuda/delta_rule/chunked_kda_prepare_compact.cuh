@@ -80,6 +80,29 @@ struct KdaPrepareCompactSmem {
   }
 };
 
+// Stage 1's exps of gate differences. kExp2 = false (the default kernel): G in shared memory is the
+// natural-log cumulative gate and decay_exp (__expf: FMUL by log2 e, then ex2.approx.f32, whose
+// denormal-result handling costs an FSETP and two predicated FMULs in SASS: 5 instructions). kExp2
+// (FLASHGRAD_CHUNKED_KDA_PREPARE=v2): G in shared memory is stored scaled by log2 e once (the
+// intermediate G keeps natural units), so e^(G_a - G_b) = 2^(G'_a - G'_b) is one ex2.approx.ftz
+// (2 instructions with the subtraction). Flushing results below 2^-126 to zero only drops terms
+// below 1e-38 of the products' unit-size ones; the argument is <= 0 (both factors <= 1) as before.
+template <bool kExp2>
+__device__ __forceinline__ float stage1_exp(float x) {
+  if constexpr (!kExp2) {
+    return decay_exp(x);
+  } else {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+  }
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
 // One level of kda_decayed_in_half_lanes' reduce-scatter: of the 2 HS values v[0 .. 2 HS), a lane
 // keeps the half selected by its lane bit HS / 2 (upper when set) plus its partner's copy of that
 // half (shuffle across HS / 2 lanes), in v[0 .. HS). Compile-time indices (registers, no stack).
@@ -110,7 +133,7 @@ __device__ __forceinline__ void reduce_scatter_level(float (&v)[64], int lane) {
 // upper half of the remaining values and add their partner's), after which lane l holds the
 // totals of v[2 l] and v[2 l + 1].
 // kraw / qraw(r, d) return the raw pair (x(r, d), x(r, d + 1)) for even d. No barrier.
-template <int KMAX, typename QP, typename KP>
+template <int KMAX, bool kExp2 = false, typename QP, typename KP>
 __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, const float* qrs, const float* mrs,
                                                           const float* krs, const float* G, int ldg, float* out,
                                                           int ldo) {
@@ -137,7 +160,7 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, 
         auto pick = [ch](const float2& x) { return ch == 0 ? x.x : x.y; };
         float f[8];
 #pragma unroll
-        for (int t = 1; t < 8; ++t) f[t] = decay_exp(pick(gg[t]) - pick(gg[t - 1]));
+        for (int t = 1; t < 8; ++t) f[t] = stage1_exp<kExp2>(pick(gg[t]) - pick(gg[t - 1]));
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
           float e = 1.f;
@@ -181,7 +204,7 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, 
 // rows 0 - 7 and q rows 8 - 15), its fragments from pairs: a lane's two A rows are k and q of the
 // same row i, so they share their exps; G as float2, q / k as 32-bit words (kpair / qpair and the
 // row factors as in kda_decayed_offdiag_registers). No barrier.
-template <typename T, int KMAX, typename QP, typename KP>
+template <typename T, int KMAX, bool kExp2 = false, typename QP, typename KP>
 __device__ __forceinline__ void kda_decayed_quadrant_pairs(QP&& qpair, KP&& kpair, const float* qrs, const float* mrs,
                                                            const float* krs, const float* G, int ldg, float* out,
                                                            int ldo) {
@@ -196,10 +219,10 @@ __device__ __forceinline__ void kda_decayed_quadrant_pairs(QP&& qpair, KP&& kpai
     for (int h = 0; h < 2; ++h) {  // columns d, d + 1: A registers 2h (k row i), 2h + 1 (q row i); B register h
       const int d = kk + t2 + 8 * h;
       const float2 gi = g2(i, d), gm = g2(m, d), gj = g2(j, d), ki = kpair(i, d), qi = qpair(i, d), kj = kpair(j, d);
-      const float e0 = decay_exp(gi.x - gm.x), e1 = decay_exp(gi.y - gm.y);
+      const float e0 = stage1_exp<kExp2>(gi.x - gm.x), e1 = stage1_exp<kExp2>(gi.y - gm.y);
       mma::split_pair<T>(ki.x * e0, ki.y * e1, ah[2 * h], al[2 * h]);
       mma::split_pair<T>(qi.x * e0, qi.y * e1, ah[2 * h + 1], al[2 * h + 1]);
-      mma::split_pair<T>(kj.x * decay_exp(gm.x - gj.x), kj.y * decay_exp(gm.y - gj.y), bh[h], bl[h]);
+      mma::split_pair<T>(kj.x * stage1_exp<kExp2>(gm.x - gj.x), kj.y * stage1_exp<kExp2>(gm.y - gj.y), bh[h], bl[h]);
     }
     mma::mma16816<T>(acc, ah, bh);
     mma::mma16816<T>(acc, al, bh);
@@ -225,7 +248,7 @@ __device__ __forceinline__ float to_f32(__half x) { return to_f<__half>(x); }
 // memory: thread d < KMAX loads its channel's 64 gates into registers (all in flight at once;
 // consecutive threads read consecutive channels of a row, so each row's loads coalesce), sums them
 // in row order (the same fp32 sums) and writes G and G_out. No barrier.
-template <typename T, int KMAX>
+template <typename T, int KMAX, bool kExp2 = false>
 __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, const ChunkInfo& ci, int64_t hv,
                                                               float* G, int ldg, float* G_out, int64_t row0,
                                                               int64_t HV) {
@@ -257,14 +280,14 @@ __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, con
 #pragma unroll
     for (int r = 0; r < kChunkSize; ++r, o += so) {
       acc += x[r];
-      G[r * ldg + d] = acc;
+      G[r * ldg + d] = kExp2 ? acc * kLog2e : acc;  // (stage1_exp)
       *o = acc;
     }
   } else {
 #pragma unroll
     for (int r = 0; r < kChunkSize; ++r, o += so) {
       acc += x[r];
-      G[r * ldg + d] = acc;
+      G[r * ldg + d] = kExp2 ? acc * kLog2e : acc;  // (stage1_exp)
       if (r < L) *o = acc;
     }
   }
@@ -285,7 +308,7 @@ __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, con
 // kernel's mrs = beta krs: M comes out as diag(beta) M). G [64][ldg] fp32 in shared memory
 // with an even ldg (float2 loads; rows past L hold G_{L-1}). Writes only these tiles of `out` (M
 // at out[i][j], P^T at out[j][i]); no barrier.
-template <typename T, int KMAX, typename QP, typename KP>
+template <typename T, int KMAX, bool kExp2 = false, typename QP, typename KP>
 __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& kpair, const float* qrs,
                                                               const float* mrs, const float* krs, const float* G,
                                                               int ldg, float* out, int ldo) {
@@ -303,8 +326,8 @@ __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& k
       const int d = kk + t2 + 8 * h;
       const float2 ga = g2(ra, d), gb = g2(rb, d);
       gr[h] = g2(r0, d);
-      const float ea0 = decay_exp(ga.x - gr[h].x), ea1 = decay_exp(ga.y - gr[h].y);
-      const float eb0 = decay_exp(gb.x - gr[h].x), eb1 = decay_exp(gb.y - gr[h].y);
+      const float ea0 = stage1_exp<kExp2>(ga.x - gr[h].x), ea1 = stage1_exp<kExp2>(ga.y - gr[h].y);
+      const float eb0 = stage1_exp<kExp2>(gb.x - gr[h].x), eb1 = stage1_exp<kExp2>(gb.y - gr[h].y);
       const float2 ka = kpair(ra, d), kb = kpair(rb, d), qa = qpair(ra, d), qb = qpair(rb, d);
       mma::split_pair<T>(ka.x * ea0, ka.y * ea1, kh[2 * h], kl[2 * h]);
       mma::split_pair<T>(kb.x * eb0, kb.y * eb1, kh[2 * h + 1], kl[2 * h + 1]);
@@ -320,7 +343,8 @@ __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& k
       for (int h = 0; h < 2; ++h) {  // B register h: rows (channels) d, d + 1
         const int d = kk + t2 + 8 * h;
         const float2 gj = g2(j, d), kj = kpair(j, d);
-        mma::split_pair<T>(kj.x * decay_exp(gr[h].x - gj.x), kj.y * decay_exp(gr[h].y - gj.y), bh[h], bl[h]);
+        mma::split_pair<T>(kj.x * stage1_exp<kExp2>(gr[h].x - gj.x), kj.y * stage1_exp<kExp2>(gr[h].y - gj.y),
+                           bh[h], bl[h]);
       }
       mma::mma16816<T>(accm[t], kh, bh);
       mma::mma16816<T>(accp[t], qh, bh);
@@ -382,7 +406,9 @@ __device__ __forceinline__ void lower_times_split_balanced(const T* Lh, const T*
   }
 }
 
-template <typename T, int KMAX>
+// kExp2: FLASHGRAD_CHUNKED_KDA_PREPARE=v2 (stage1_exp: G in shared memory scaled by log2 e, the
+// decays by ex2.approx.ftz); false: the default.
+template <typename T, int KMAX, bool kExp2 = false>
 __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(ChunkedArgs a) {
   using S = KdaPrepareCompactSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
@@ -399,7 +425,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   key_tile_async<T, KMAX, kChunkThreads>(a.q, ci, head, key_rows_vectorizable(a.q), sm.q, LDK);
   mma::cp_async_commit();
   if (tid < C) sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
-  kda_cumulative_gate_registers<T, KMAX>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
+  kda_cumulative_gate_registers<T, KMAX, kExp2>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
   mma::cp_async_wait<0>();
   __syncthreads();
   {
@@ -429,9 +455,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   // (mrs: M = diag(beta) K K^T decayed, rows past L zero) as the inverse needs them.
   auto qraw = [&](int r, int d) { return raw_pair(&sm.q[r * LDK + d]); };
   auto kraw = [&](int r, int d) { return raw_pair(&sm.k[r * LDK + d]); };
-  kda_decayed_in_half_lanes<KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
-  kda_decayed_quadrant_pairs<T, KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
-  kda_decayed_offdiag_registers<T, KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  kda_decayed_in_half_lanes<KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  kda_decayed_quadrant_pairs<T, KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  kda_decayed_offdiag_registers<T, KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   __syncthreads();
   // The first 64 columns of v into registers (u's first piece), in flight during the inverse.
   // A piece's elements of thread tid: columns 2 (tid % 32) and + 1 (vv[2 m], vv[2 m + 1]) of rows
@@ -495,7 +521,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
     for (int r = tid / kPairs; r < C; r += kRowStep) {
       const float2 gv = *reinterpret_cast<const float2*>(&sm.G[r * LDG + d]), kv = raw_pair(&sm.k[r * LDK + d]);
       const float mr = mrs[r];
-      mma::split_pair<T>(mr * decay_exp(gv.x) * kv.x, mr * decay_exp(gv.y) * kv.y,
+      mma::split_pair<T>(mr * stage1_exp<kExp2>(gv.x) * kv.x, mr * stage1_exp<kExp2>(gv.y) * kv.y,
                          *reinterpret_cast<uint32_t*>(&sm.wb[r * LDK + d]),
                          *reinterpret_cast<uint32_t*>(&sm.wb_lo[r * LDK + d]));
     }

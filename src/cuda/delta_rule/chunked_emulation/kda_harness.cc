@@ -219,10 +219,13 @@ int run(const Case& c) {
   a.dout = vw(bdo, {B, T, HV, V}), a.dht = vw(bdht, {N, HV, K, V}), a.dh0 = vw(bdh0, {N, HV, K, V});
   a.dh = bdh.f(), a.dv_new = bdvn.f(), a.dq_acc = bdq.f(), a.dk_acc = bdk.f(), a.dv = bdv.f(), a.dbeta = bdb.f();
   a.dg = bdg.f();
-  // Stage 1: the compact kernel (the default); FLASHGRAD_CHUNKED_KDA_PREPARE=old: the wide one.
+  // Stage 1: the compact kernel (the default); FLASHGRAD_CHUNKED_KDA_PREPARE=old: the wide one;
+  // =v2: the compact kernel with G scaled by log2 e and exp2 decays (session 13).
   const char* prep = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   if (prep && std::strcmp(prep, "old") == 0)
     launch(NC, HV, 1, [&] { dr::kda_prepare_kernel<TT, KM>(a); });
+  else if (prep && std::strcmp(prep, "v2") == 0)
+    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, true>(a); });
   else
     launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM>(a); });
   // Stage 2 as the library picks it (chunked_kda_launch_impl.cuh): the transposed kernel, operand
