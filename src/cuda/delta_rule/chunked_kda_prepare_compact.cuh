@@ -23,6 +23,7 @@
 
 #include "chunked_kda_decay.cuh"
 #include "chunked_kda_mma.cuh"
+#include "chunked_kda_prepare_v2.cuh"  // stage1_exp, kda_decayed_in_half_pairs16 (=v2)
 #include "chunked_unit_lower_inverse.cuh"  // invert_unit_lower64_blocked
 #include "chunked_tiles.cuh"    // key_tile_async, tile_row_rstd
 
@@ -80,29 +81,6 @@ struct KdaPrepareCompactSmem {
   }
 };
 
-// Stage 1's exps of gate differences. kExp2 = false (the default kernel): G in shared memory is the
-// natural-log cumulative gate and decay_exp (__expf: FMUL by log2 e, then ex2.approx.f32, whose
-// denormal-result handling costs an FSETP and two predicated FMULs in SASS: 5 instructions). kExp2
-// (FLASHGRAD_CHUNKED_KDA_PREPARE=v2): G in shared memory is stored scaled by log2 e once (the
-// intermediate G keeps natural units), so e^(G_a - G_b) = 2^(G'_a - G'_b) is one ex2.approx.ftz
-// (2 instructions with the subtraction). Flushing results below 2^-126 to zero only drops terms
-// below 1e-38 of the products' unit-size ones; the argument is <= 0 (both factors <= 1) as before.
-template <bool kExp2>
-__device__ __forceinline__ float stage1_exp(float x) {
-  if constexpr (!kExp2) {
-    return decay_exp(x);
-  } else {
-#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
-  }
-}
-constexpr float kLog2e = 1.4426950408889634f;
-
 // One level of kda_decayed_in_half_lanes' reduce-scatter: of the 2 HS values v[0 .. 2 HS), a lane
 // keeps the half selected by its lane bit HS / 2 (upper when set) plus its partner's copy of that
 // half (shuffle across HS / 2 lanes), in v[0 .. HS). Compile-time indices (registers, no stack).
@@ -133,7 +111,7 @@ __device__ __forceinline__ void reduce_scatter_level(float (&v)[64], int lane) {
 // upper half of the remaining values and add their partner's), after which lane l holds the
 // totals of v[2 l] and v[2 l + 1].
 // kraw / qraw(r, d) return the raw pair (x(r, d), x(r, d + 1)) for even d. No barrier.
-template <int KMAX, bool kExp2 = false, typename QP, typename KP>
+template <int KMAX, typename QP, typename KP>
 __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, const float* qrs, const float* mrs,
                                                           const float* krs, const float* G, int ldg, float* out,
                                                           int ldo) {
@@ -160,7 +138,7 @@ __device__ __forceinline__ void kda_decayed_in_half_lanes(QP&& qraw, KP&& kraw, 
         auto pick = [ch](const float2& x) { return ch == 0 ? x.x : x.y; };
         float f[8];
 #pragma unroll
-        for (int t = 1; t < 8; ++t) f[t] = stage1_exp<kExp2>(pick(gg[t]) - pick(gg[t - 1]));
+        for (int t = 1; t < 8; ++t) f[t] = decay_exp(pick(gg[t]) - pick(gg[t - 1]));
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
           float e = 1.f;
@@ -455,7 +433,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   // (mrs: M = diag(beta) K K^T decayed, rows past L zero) as the inverse needs them.
   auto qraw = [&](int r, int d) { return raw_pair(&sm.q[r * LDK + d]); };
   auto kraw = [&](int r, int d) { return raw_pair(&sm.k[r * LDK + d]); };
-  kda_decayed_in_half_lanes<KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  if constexpr (kExp2)
+    kda_decayed_in_half_pairs16<KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  else
+    kda_decayed_in_half_lanes<KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   kda_decayed_quadrant_pairs<T, KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   kda_decayed_offdiag_registers<T, KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   __syncthreads();
