@@ -207,7 +207,9 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
       } else {
         launch_chunk_state<T>(a, stream);
         // The experiment of states_from_vnew_wanted (chunked_stages.h): the states rebuilt from v_new.
-        if (states_from_vnew_wanted()) launch_chunk_state_from_vnew<T>(a, stream);
+        // Its segment pass's workspace is u's region: dead after stage 2, dh's only from B1 on.
+        if (states_from_vnew_wanted())
+          launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
         launch_chunk_state_backward<T>(a, stream);
       }
       launch_chunk_grads<T>(a, stream);

@@ -331,9 +331,11 @@ template <typename T>
 void launch_chunk_state_chains(const ChunkedArgs& a, cudaStream_t stream);
 
 // The chunk-entry states h (or h16) and, with ht, the final state rebuilt from v_new, k, G and h0
-// (grid: sequences x HV x V/16; chunked_state_from_vnew.cuh). Needs stage 1's G and stage 2's v_new.
+// (grid: sequences x segments x HV x V/16; chunked_state_from_vnew.cuh). Needs stage 1's G and stage
+// 2's v_new; `ws` (ws_floats floats) is the segmented pass's workspace (fp32; may alias any buffer
+// dead during the call).
 template <typename T>
-void launch_chunk_state_from_vnew(const ChunkedArgs& a, cudaStream_t stream);
+void launch_chunk_state_from_vnew(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t stream);
 
 // Backward stage B2 (grid: chunks x HV): per-chunk dq, dk, dv, dbeta, dg on CUDA cores in fp32
 // (a correctness-first version, not tensor cores). Needs A (stage 1), h and v_new (stage 2), dh and

@@ -43,12 +43,14 @@ struct FromVnewSmem {
   static constexpr int64_t kStageBytes = kKBytes + kVBytes + kGBytes;
   static_assert(kKBytes % 16 == 0 && kVBytes % 16 == 0, "16-byte aligned tiles");
   unsigned char* raw;
-  float* colscale;  // [C] exp(G_{L-1} - G_j) rstd_kj, 0 for j >= L
-  int* len;         // [STAGES] the chunk length of each stage
-  static constexpr int64_t bytes() { return STAGES * kStageBytes + sizeof(float) * C + 16 * ((STAGES + 3) / 4); }
+  float* colscale;   // [C] exp(G_{L-1} - G_j) rstd_kj, 0 for j >= L
+  float* colscale2;  // [C] the pipelined kernel's second buffer (the next chunk's colscale)
+  int* len;          // [STAGES] the chunk length of each stage
+  static constexpr int64_t bytes() { return STAGES * kStageBytes + 2 * sizeof(float) * C + 16 * ((STAGES + 3) / 4); }
   __device__ explicit FromVnewSmem(unsigned char* r) : raw(r) {
     colscale = reinterpret_cast<float*>(raw + STAGES * kStageBytes);
-    len = reinterpret_cast<int*>(colscale + C);
+    colscale2 = colscale + C;
+    len = reinterpret_cast<int*>(colscale2 + C);
   }
   // Stage s: k(s) [C][LDK] k's raw rows; v(s) [C][LDV] v_new's rows, the slice's columns; G(s) [C] the
   // cumulative gate (zeros past L).
@@ -180,6 +182,207 @@ __global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_kernel
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         ht[off4(a.ht, n, hv, kc0 + 8 * nk + 2 * tig + (e & 1), col0 + grp + 8 * (e >> 1))] = hT[nk][e];
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// ---------------------------------------------------------------------------------------------
+// Session 13: the same recurrence, pipelined and split into segments (FLASHGRAD_CHUNKED_FROM_VNEW_KERNEL
+// unset; `=1` keeps the kernel above).
+//
+// Why (run 12.4's ncu of the kernel above, B1 T32768): 560 instructions per warp and chunk at one warp
+// per scheduler; 22% of the stalls on h_c's store waiting for the previous chunk's 8-deep mma
+// accumulation into h^T, 38% between the chunk's two barriers (the copies' issue, then colscale).
+// Here, per chunk:
+//  - the increment (v_new^T colscale) k goes into fresh registers, hi and lo products in two
+//    accumulators (4 dependent mmas each instead of 8 into h^T), and h^T = exp(G_{L-1}) h^T + inc
+//    comes after the next chunk's colscale and this chunk's h_c store: nothing waits on the products
+//    until the chunk's last instructions;
+//  - one barrier: colscale is computed one chunk ahead (chunk c + 1's rows have landed when chunk c
+//    starts: STAGES >= 3) into one of two buffers, and the next copies are issued after the barrier;
+//  - a sequence's chunks can be split into `segments` (launcher: where the blocks would not fill the
+//    SMs, i.e. few long sequences). h_{c+1} = d_c h_c + inc_c is linear, so with
+//      S_p = the state segment p's recurrence reaches from zero, D_p = prod of its chunks' d_c,
+//    the state entering segment p is H_p = D_{p-1} H_{p-1} + S_{p-1}, H_0 = h0. Pass 1 (kStore
+//    false; segments 0 .. P-2) runs each segment from zero and writes S_p and log D_p; pass 2 (kStore)
+//    forms H_p from them (p terms) and runs the segment again, storing every h_c (and the last
+//    segment the final state). One segment: pass 2 alone, from h0.
+// Workspace of pass 1 (fp32): S [N, P, HV, K, V], then log D [N, P, HV]; the launcher puts it in u's
+// region, which is dead between stage 2 and B1 (chunked_path.cu) and large enough by its choice of P.
+// ---------------------------------------------------------------------------------------------
+
+// Segment p of a sequence with chunks [first, first + count): chunks [first + count p / P,
+// first + count (p + 1) / P) (empty where count < P).
+__device__ __forceinline__ void segment_chunks(int64_t first, int64_t count, int p, int P, int64_t& c0,
+                                               int64_t& c1) {
+  c0 = first + count * p / P;
+  c1 = first + count * (p + 1) / P;
+}
+
+template <typename T, int KMAX, int STAGES, bool kStore>
+__global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_seg_kernel(ChunkedArgs a, int P,
+                                                                                     float* seg) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using S = FromVnewSmem<T, KMAX, STAGES>;
+  constexpr int C = kChunkSize, THREADS = kFromVnewThreads, LDK = S::LDK, LDV = S::LDV, KW = KMAX / 4, NK = KW / 8,
+                NB = NK / 2;
+  static_assert(NK % 2 == 0, "whole 16-channel B fragments per warp");
+  static_assert(STAGES >= 3, "chunk c + 1's rows in shared memory while chunk c is in use, one more in flight");
+  S sm(smem_raw);
+  // Chunk c's colscale in buffer (c - c_begin) & 1 (a select, not an indexed array: that went to the stack).
+  auto cs_buf = [&](int i) { return (i & 1) ? sm.colscale2 : sm.colscale; };
+  const int p = static_cast<int>(blockIdx.x % P);
+  const int64_t n = blockIdx.x / P, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * S::BV;
+  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
+  const int kc0 = KW * wp;  // the warp's first key channel
+  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);  // as the kernel above
+  const int va_r = (lane & 7) + 8 * (lane >> 4), va_c = 8 * ((lane >> 3) & 1);
+  // The warp's element e of tile nk: key channel kc0 + 8 nk + 2 tig + (e & 1), value column
+  // col0 + grp + 8 (e >> 1).
+  auto kch = [&](int nk, int e) { return kc0 + 8 * nk + 2 * tig + (e & 1); };
+  auto vcol = [&](int e) { return col0 + grp + 8 * (e >> 1); };
+  // Pass 1's workspace (unused with one segment, where `seg` may be null).
+  const int64_t KV = a.K * a.V;
+  auto seg_sum_at = [&](int q, int nk, int e) {  // S_q's element of this lane
+    return seg + ((n * P + q) * a.HV + hv) * KV + kch(nk, e) * a.V + vcol(e);
+  };
+  auto seg_logd_at = [&](int q) { return seg + a.num_seqs * P * a.HV * KV + (n * P + q) * a.HV + hv; };
+
+  if constexpr (!kStore) {
+    if (p == P - 1) return;  // the last segment's end state is pass 2's (no one reads S_{P-1})
+  }
+  // The state entering the segment: zero in pass 1; H_p in pass 2.
+  float hT[NK][4];
+#pragma unroll
+  for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      hT[nk][e] = (kStore && a.h0.p) ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, kch(nk, e), vcol(e))] : 0.f;
+  if constexpr (kStore) {
+    for (int q = 0; q < p; ++q) {
+      const float d = expf(*seg_logd_at(q));
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) hT[nk][e] = d * hT[nk][e] + *seg_sum_at(q, nk, e);
+    }
+  }
+
+  const T* v_new = static_cast<const T*>(a.v_new);
+  const bool k_vec = key_rows_vectorizable(a.k);
+  int64_t c_begin, c_end;
+  segment_chunks(a.seq_first_chunk[n], a.seq_first_chunk[n + 1] - a.seq_first_chunk[n], p, P, c_begin, c_end);
+  auto prefetch = [&](int64_t c, int s) {  // chunk c into stage s, one cp.async group (as the kernel above)
+    const ChunkInfo ci = a.chunks[c];
+    const int64_t row0 = chunk_row0(ci, a.T);
+    view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    intermediate_stepped_async<T, S::BV, THREADS>(v_new, row0, a.HV, hv, a.V, col0, ci.len, sm.v(s), LDV);
+    if (tid < C) {
+      if (a.G)
+        mma::cp_async4(sm.G(s) + tid, a.G + (row0 + (tid < ci.len ? tid : 0)) * a.HV + hv, tid < ci.len);
+      else
+        sm.G(s)[tid] = 0.f;
+    }
+    if (tid == 0) sm.len[s] = ci.len;
+    mma::cp_async_commit();
+  };
+  // colscale_j = exp(G_{L-1} - G_j) rstd_kj (0 for j >= L) of the chunk in stage s, into cs.
+  auto colscale = [&](int s, float* cs) {
+    constexpr int kLanes = THREADS / C;
+    const int L = sm.len[s];
+    const float* G = sm.G(s);
+    const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
+    if (tid % kLanes == 0) {
+      const int j = tid / kLanes;
+      cs[j] = j < L ? expf(G[L - 1] - G[j]) * rstd : 0.f;
+    }
+  };
+
+  // Chunks c_begin .. c_begin + STAGES - 2 in flight (empty groups where the segment has fewer, so
+  // that every wait counts the same groups), then chunk c_begin's colscale.
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (c_begin + i < c_end)
+      prefetch(c_begin + i, i);
+    else
+      mma::cp_async_commit();
+  }
+  if (c_begin < c_end) {
+    mma::cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    colscale(0, cs_buf(0));
+  }
+  float log_d = 0.f;  // pass 1: log D_p, the sum of the chunks' G_{L-1}
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int i = static_cast<int>(c - c_begin), s = i % STAGES, s1 = (i + 1) % STAGES;
+    // Groups committed: chunks up to c + STAGES - 2; all but the last STAGES - 3 done = chunk c + 1
+    // has landed (this thread's copies; the barrier makes everyone's visible). The barrier also
+    // publishes chunk c's colscale and says every warp is done with chunk c - 1 (its stage and
+    // colscale buffer are free).
+    mma::cp_async_wait<STAGES - 3>();
+    __syncthreads();
+    if (c + STAGES - 1 < c_end)
+      prefetch(c + STAGES - 1, (i + STAGES - 1) % STAGES);
+    else
+      mma::cp_async_commit();
+
+    // inc = (v_new^T colscale) k over the chunk's 4 row blocks, hi and lo in separate accumulators.
+    const float* cs = cs_buf(i);
+    float inc_hi[NK][4], inc_lo[NK][4];
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) inc_hi[nk][e] = inc_lo[nk][e] = 0.f;
+#pragma unroll
+    for (int js = 0; js < C / 16; ++js) {
+      uint32_t raw4[4];
+      mma::ldmatrix_x4<true>(raw4, sm.v(s) + (16 * js + va_r) * LDV + va_c);
+      float c0[4], c1[4];
+      mma::unpack_floats<T>(raw4[0], c0[0], c0[1]);
+      mma::unpack_floats<T>(raw4[1], c0[2], c0[3]);
+      mma::unpack_floats<T>(raw4[2], c1[0], c1[1]);
+      mma::unpack_floats<T>(raw4[3], c1[2], c1[3]);
+      const float2 f0 = *reinterpret_cast<const float2*>(&cs[16 * js + 2 * tig]);
+      const float2 f1 = *reinterpret_cast<const float2*>(&cs[16 * js + 8 + 2 * tig]);
+      const float s0[2] = {f0.x, f0.y}, s1v[2] = {f1.x, f1.y};
+      uint32_t ah[4], al[4];
+      mma::acc_to_a_split<T>(c0, c1, s0, s1v, ah, al);
+      uint32_t b[NB][4];
+#pragma unroll
+      for (int q = 0; q < NB; ++q)
+        mma::ldmatrix_x4<true>(b[q], sm.k(s) + (16 * js + tb_r) * LDK + kc0 + 16 * q + tb_c);
+      mma::mma_tiles<T, NB>(inc_hi, ah, b);
+      mma::mma_tiles<T, NB>(inc_lo, al, b);
+    }
+    // Chunk c + 1's colscale (its rows are in stage s1), beside the products.
+    if (c + 1 < c_end) colscale(s1, cs_buf(i + 1));
+    if constexpr (kStore) store_state_tiles<T, NK>(a, c, hv, col0, 0, kc0, grp, tig, hT);  // h_c
+    const float g_last = sm.G(s)[sm.len[s] - 1];
+    log_d += g_last;
+    const float decay = expf(g_last);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) hT[nk][e] = decay * hT[nk][e] + (inc_hi[nk][e] + inc_lo[nk][e]);
+  }
+  mma::cp_async_wait<0>();  // (only empty groups can remain; no copy outlives the block)
+
+  if constexpr (!kStore) {
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) *seg_sum_at(p, nk, e) = hT[nk][e];
+    if (blockIdx.z == 0 && tid == 0) *seg_logd_at(p) = log_d;
+  } else if (a.ht.p && p == P - 1) {
+    float* ht = static_cast<float*>(a.ht.p);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, kch(nk, e), vcol(e))] = hT[nk][e];
   }
 }
 

@@ -218,14 +218,32 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   // The states rebuilt from v_new (chunked_state_from_vnew.cuh), every case, into their own buffer
   // (poisoned), compared with the reference below; with FLASHGRAD_CHUNKED_STATES_FROM_VNEW=1 the
   // backward then reads them, as the path's does (the final state stays the forward's).
-  Buf hfv(dt_h, std::max<int64_t>(NC,1)*HV*K*V);
+  Buf hfv(dt_h, std::max<int64_t>(NC,1)*HV*K*V), hfvt(DType::f32, N*HV*K*V);
   {
     void* const h16_kept = a.h16; float* const h_kept = a.h; const dr::View ht_kept = a.ht;
     if (half & 1) a.h16 = hfv.p(); else a.h = (float*)hfv.p();
-    a.ht = dr::View{};
-    launch(N, HV, V / 16, [&] {  // 4 chunks in flight on even seeds, 2 on odd ones (both the launcher's)
-      seed % 2 == 0 ? dr::chunk_state_from_vnew_kernel<TT, KM, 4>(a) : dr::chunk_state_from_vnew_kernel<TT, KM, 2>(a);
-    }, dr::kFromVnewThreads);
+    a.ht = vw(hfvt, {N, HV, K, V});  // the final state too (the pipelined kernel's last segment)
+    const char* fv_env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_KERNEL");
+    if (fv_env && std::string(fv_env) == "1") {  // the session-12 kernel
+      launch(N, HV, V / 16, [&] {  // 4 chunks in flight on even seeds, 2 on odd ones (both the launcher's)
+        seed % 2 == 0 ? dr::chunk_state_from_vnew_kernel<TT, KM, 4>(a) : dr::chunk_state_from_vnew_kernel<TT, KM, 2>(a);
+      }, dr::kFromVnewThreads);
+    } else {
+      // The pipelined kernel (3 stages on even seeds, 4 on odd ones) with 1, 2 or 3 segments per
+      // sequence by seed (pass 1 then pass 2, as the launcher; its workspace in its own buffer).
+      const int P = 1 + static_cast<int>(seed % 3);
+      Buf fvws(DType::f32, N * P * HV * (K * V + 1));
+      float* ws = static_cast<float*>(fvws.p());
+      if (P > 1)
+        launch(N * P, HV, V / 16, [&] {
+          seed % 2 == 0 ? dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, false>(a, P, ws)
+                        : dr::chunk_state_from_vnew_seg_kernel<TT, KM, 4, false>(a, P, ws);
+        }, dr::kFromVnewThreads);
+      launch(N * P, HV, V / 16, [&] {
+        seed % 2 == 0 ? dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, true>(a, P, P > 1 ? ws : nullptr)
+                      : dr::chunk_state_from_vnew_seg_kernel<TT, KM, 4, true>(a, P, P > 1 ? ws : nullptr);
+      }, dr::kFromVnewThreads);
+    }
     if (!dr::states_from_vnew_wanted()) { a.h16 = h16_kept; a.h = h_kept; }
     a.ht = ht_kept;
   }
@@ -324,7 +342,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   else
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 0>(a); }, 256);
   std::vector<double> rdq(rows*H*K, 0.0), rdk(rows*H*K, 0.0);
-  Pairs pG, pA, pw, pu, pvn, ph, pht, po, ph16, pfv; double h0mis = 0;
+  Pairs pG, pA, pw, pu, pvn, ph, pht, po, ph16, pfv, pfvt; double h0mis = 0;
   Pairs pdh, pdvn, pdh0, pdq, pdk, pdv, pdb, pdg;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = plan.seq_b[n], t0 = plan.seq_t0[n], len = plan.seq_len[n], c0 = plan.seq_first_chunk[n], row0 = b*T + t0;
@@ -370,7 +388,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
         if (cc == 0) h0mis = std::max(h0mis, std::isnan(gv) ? 1e300 : std::fabs(gv - want)); else ph.add(gv, want);
         if (half & 1) ph16.add(hh16.at(((c0+cc)*HV+j)*K*V+e), want);
         pfv.add(hfv.at(((c0+cc)*HV+j)*K*V+e), want); }
-      for (int64_t e = 0; e < K*V; ++e) pht.add(bht.at((n*HV+j)*K*V+e), f.h[f.num_chunks*K*V+e]);
+      for (int64_t e = 0; e < K*V; ++e) {
+        pht.add(bht.at((n*HV+j)*K*V+e), f.h[f.num_chunks*K*V+e]);
+        pfvt.add(hfvt.at((n*HV+j)*K*V+e), f.h[f.num_chunks*K*V+e]);
+      }
     }
   }
   std::printf("%-34s G %.2e A %.2e w %.2e u %.2e h %.2e (h0 mismatch %g) v_new %.2e ht %.2e o %.2e\n", name.c_str(),
@@ -383,9 +404,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   }
   if (direct_qk) { pdq = Pairs{}; pdk = Pairs{}; }  // final gradients, compared with the CPU's below
   std::printf("%-34s backward B1: dh %.2e dv_new %.2e dh0 %.2e  B2: dq %.2e dk %.2e dv %.2e dbeta %.2e dg %.2e"
-              "  [16-bit mode %d%s, h16 %.2e, h from v_new %.2e%s]\n", "",
+              "  [16-bit mode %d%s, h16 %.2e, h from v_new %.2e (final %.2e)%s]\n", "",
               pdh.rel(), pdvn.rel(), pdh0.rel(), pdq.rel(), pdk.rel(), pdv.rel(), pdb.rel(), pdg.rel(), half,
-              direct ? (direct_qk ? " direct dq dk dv dbeta dg" : " direct dv dbeta dg") : "", ph16.rel(), pfv.rel(),
+              direct ? (direct_qk ? " direct dq dk dv dbeta dg" : " direct dv dbeta dg") : "", ph16.rel(), pfv.rel(), pfvt.rel(),
               dr::states_from_vnew_wanted() ? ", read by B1 / B2" : "");
   CpuResult R;
   Pairs eo, eht, edq, edk, edv, edb, edg, edh0;
@@ -407,7 +428,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     if (p.n && !(p.rel() <= b)) { std::printf("  FAIL %s: %.3e > %g\n", what, p.rel(), b); ++fails; } };
   if (gate) bar("G", pG, 1e-5);
   bar("A", pA, 5e-3); bar("w", pw, 5e-3); bar("u", pu, 5e-3); bar("h", ph, 5e-3); bar("v_new", pvn, 5e-3);
-  bar("h (16-bit)", ph16, 5e-3); bar("h from v_new", pfv, 5e-3);
+  bar("h (16-bit)", ph16, 5e-3); bar("h from v_new", pfv, 5e-3); bar("final state from v_new", pfvt, 5e-3);
   bar("final h", pht, 5e-3); bar("o", po, 5e-3);
   bar("dh", pdh, 8e-3); bar("dv_new", pdvn, 8e-3); bar("dh0", pdh0, 8e-3);
   bar("dq", pdq, 8e-3); bar("dk", pdk, 8e-3); bar("dv", pdv, 8e-3); bar("dbeta", pdb, 2e-2); if (gate) bar("dg", pdg, 2e-2);
