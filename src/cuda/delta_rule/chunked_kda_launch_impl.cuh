@@ -72,12 +72,23 @@ inline bool kda_prepare_old_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   return v && std::strcmp(v, "old") == 0;
 }
-// FLASHGRAD_CHUNKED_KDA_PREPARE=v2 (read at every launch; session 13, opt-in): the compact kernel
-// with G scaled by log2 e in shared memory and its decays by ex2.approx.ftz (stage1_exp,
-// chunked_kda_prepare_compact.cuh).
-inline bool kda_prepare_v2_requested() {
+// FLASHGRAD_CHUNKED_KDA_PREPARE=v2 / =v3 (read at every launch; session 13, opt-in): the compact
+// kernel's variants kVar = 2 / 3 (chunked_kda_prepare_compact.cuh: G scaled by log2 e and the
+// decays by ex2.approx.ftz, the in-half pairs two units per pass; v3 also unrolls the off-diagonal
+// tiles' channel loop and loads two v pieces ahead). 0: the default.
+inline int kda_prepare_variant_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
-  return v && std::strcmp(v, "v2") == 0;
+  if (v && std::strcmp(v, "v2") == 0) return 2;
+  if (v && std::strcmp(v, "v3") == 0) return 3;
+  return 0;
+}
+template <typename T, int K>
+void launch_kda_prepare_compact(const ChunkedArgs& a, cudaStream_t s) {
+  const int var = kda_prepare_variant_requested();
+  launch_kda_kernel<KdaPrepareCompactSmem<T, K>>(var == 3   ? kda_prepare_compact_kernel<T, K, 3>
+                                                 : var == 2 ? kda_prepare_compact_kernel<T, K, 2>
+                                                            : kda_prepare_compact_kernel<T, K>,
+                                                 kda_chunk_grid(a), a, s);
 }
 
 template <typename T>
@@ -86,13 +97,10 @@ void launch_kda_prepare(const ChunkedArgs& a, cudaStream_t s) {
   if (a.num_chunks == 0 || a.HV == 0) return;
   const bool legacy = kda_legacy_requested();
   if (!legacy && !kda_prepare_old_requested()) {
-    const bool v2 = kda_prepare_v2_requested();
     if (a.K == 64)
-      launch_kda_kernel<KdaPrepareCompactSmem<T, 64>>(
-          v2 ? kda_prepare_compact_kernel<T, 64, true> : kda_prepare_compact_kernel<T, 64>, kda_chunk_grid(a), a, s);
+      launch_kda_prepare_compact<T, 64>(a, s);
     else
-      launch_kda_kernel<KdaPrepareCompactSmem<T, 128>>(
-          v2 ? kda_prepare_compact_kernel<T, 128, true> : kda_prepare_compact_kernel<T, 128>, kda_chunk_grid(a), a, s);
+      launch_kda_prepare_compact<T, 128>(a, s);
     return;
   }
   if (a.K == 64)

@@ -286,7 +286,7 @@ __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, con
 // kernel's mrs = beta krs: M comes out as diag(beta) M). G [64][ldg] fp32 in shared memory
 // with an even ldg (float2 loads; rows past L hold G_{L-1}). Writes only these tiles of `out` (M
 // at out[i][j], P^T at out[j][i]); no barrier.
-template <typename T, int KMAX, bool kExp2 = false, typename QP, typename KP>
+template <typename T, int KMAX, bool kExp2 = false, int kUnroll = 1, typename QP, typename KP>
 __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& kpair, const float* qrs,
                                                               const float* mrs, const float* krs, const float* G,
                                                               int ldg, float* out, int ldo) {
@@ -295,7 +295,7 @@ __device__ __forceinline__ void kda_decayed_offdiag_registers(QP&& qpair, KP&& k
   const int r0 = 16 * I, ra = r0 + g, rb = ra + 8;  // this lane's A rows
   auto g2 = [&](int r, int d) { return *reinterpret_cast<const float2*>(&G[r * ldg + d]); };
   float accm[4][4] = {}, accp[4][4] = {};
-#pragma unroll 1
+#pragma unroll kUnroll
   for (int kk = 0; kk < KMAX; kk += 16) {
     uint32_t kh[4], kl[4], qh[4], ql[4];
     float2 gr[2];
@@ -384,10 +384,16 @@ __device__ __forceinline__ void lower_times_split_balanced(const T* Lh, const T*
   }
 }
 
-// kExp2: FLASHGRAD_CHUNKED_KDA_PREPARE=v2 (stage1_exp: G in shared memory scaled by log2 e, the
-// decays by ex2.approx.ftz); false: the default.
-template <typename T, int KMAX, bool kExp2 = false>
+// kVar: 0 the default; 2 FLASHGRAD_CHUNKED_KDA_PREPARE=v2 (kExp2: stage1_exp, G in shared memory
+// scaled by log2 e, the decays by ex2.approx.ftz; the in-half pairs by kda_decayed_in_half_pairs16);
+// 3 =v3: v2, the off-diagonal tiles' channel loop unrolled by 2 (the next step's loads and exps can
+// overlap the current step's mmas), and both of the first two v pieces loaded before the inverse
+// (kPrefetchV: the second piece's global loads were issued only during the first piece's product,
+// too short to cover them).
+template <typename T, int KMAX, int kVar = 0>
 __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(ChunkedArgs a) {
+  constexpr bool kExp2 = kVar >= 2, kPrefetchV = kVar >= 3;
+  constexpr int kOffdiagUnroll = kVar >= 3 ? 2 : 1;
   using S = KdaPrepareCompactSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -438,7 +444,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   else
     kda_decayed_in_half_lanes<KMAX>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   kda_decayed_quadrant_pairs<T, KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
-  kda_decayed_offdiag_registers<T, KMAX, kExp2>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
+  kda_decayed_offdiag_registers<T, KMAX, kExp2, kOffdiagUnroll>(qraw, kraw, qrs, mrs, krs, sm.G, LDG, sm.M, LDM);
   __syncthreads();
   // The first 64 columns of v into registers (u's first piece), in flight during the inverse.
   // A piece's elements of thread tid: columns 2 (tid % 32) and + 1 (vv[2 m], vv[2 m + 1]) of rows
@@ -446,17 +452,18 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   constexpr int kVPairs = C * 32 / kChunkThreads;
   const int64_t v_elem0 = off4(a.v, ci.b, ci.t0, hv, 0) + (tid / 32) * a.v.s1 + 2 * (tid % 32), v_step = 4 * a.v.s1;
   float vv[2 * kVPairs];
-  auto fetch_v = [&](int c0) {
+  float vn[kPrefetchV ? 2 * kVPairs : 1];  // (kPrefetchV) the next piece
+  auto fetch_v = [&](auto& dst, int c0) {  // dst: vv or vn
     auto rows = [&](auto* p) {  // p: this thread's first element of the piece's row tid / 32
       if (L == C) {  // whole chunk: no row predicates
 #pragma unroll
-        for (int m = 0; m < kVPairs; ++m, p += v_step) vv[2 * m] = to_f32(p[0]), vv[2 * m + 1] = to_f32(p[1]);
+        for (int m = 0; m < kVPairs; ++m, p += v_step) dst[2 * m] = to_f32(p[0]), dst[2 * m + 1] = to_f32(p[1]);
       } else {
 #pragma unroll
         for (int m = 0; m < kVPairs; ++m, p += v_step) {
           const bool ok = tid / 32 + 4 * m < L;
-          vv[2 * m] = ok ? to_f32(p[0]) : 0.f;
-          vv[2 * m + 1] = ok ? to_f32(p[1]) : 0.f;
+          dst[2 * m] = ok ? to_f32(p[0]) : 0.f;
+          dst[2 * m + 1] = ok ? to_f32(p[1]) : 0.f;
         }
       }
     };
@@ -465,7 +472,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
     else
       rows(static_cast<const T*>(a.v.p) + v_elem0 + c0);
   };
-  fetch_v(0);
+  fetch_v(vv, 0);
+  if constexpr (kPrefetchV)
+    if (64 < a.V) fetch_v(vn, 64);
   invert_unit_lower64_blocked<LDM>(sm.M, sm.A, sm.tmp);  // ends with a barrier
 
   // Intermediates' chunk rows: row i at + i * HV * (C, K, V) (addresses formed once).
@@ -547,7 +556,13 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
                          *reinterpret_cast<uint32_t*>(&sm.ub_lo[r * LDU + col]));
     }
     __syncthreads();
-    if (c0 + 64 < a.V) fetch_v(c0 + 64);
+    if constexpr (kPrefetchV) {  // vv = the next piece (loaded a piece earlier); vn = the one after
+#pragma unroll
+      for (int i = 0; i < 2 * kVPairs; ++i) vv[i] = vn[i];
+      if (c0 + 128 < a.V) fetch_v(vn, c0 + 128);
+    } else if (c0 + 64 < a.V) {
+      fetch_v(vv, c0 + 64);
+    }
     float acc[2][4][4] = {};
     lower_times_split_balanced<T, 4>(sm.a_hi, sm.a_lo, LDA, sm.ub, sm.ub_lo, LDU, acc);
     for_each_out(acc, 4, a.HV * a.V, [&](int64_t o, float x0, float x1) {
