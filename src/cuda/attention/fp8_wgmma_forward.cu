@@ -36,12 +36,12 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
 }
 
 template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false,
-          bool kEarlyTest = false, bool kExpTurn = false>
+          bool kEarlyTest = false, bool kExpTurn = false, bool kIntMax = false>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
   auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax,
-                                                                   kEarlyTest, kExpTurn>;
+                                                                   kEarlyTest, kExpTurn, kIntMax>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
@@ -96,6 +96,10 @@ constexpr bool kEarlyTestByDefault = true;
 // Session 12 (opt-in): kEarlyS with the two warpgroups' exponentials in turns (the kernel's kExpTurn),
 // hd 64 / 128 without ping-pong.
 constexpr bool kExpTurnByDefault = false;
+// Session 13 (opt-in until an H200 run has tested and timed it): the full tiles' row max from the
+// scores' bit patterns with 3-input integer maxima (the kernel's kIntMax, same numerics), in the
+// default schedules (hd 64 / 128 kEarlyS with kEarlyTest, hd 256 kSerialPvPipe).
+constexpr bool kIntMaxByDefault = false;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
@@ -138,6 +142,9 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   // FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX=1 (session 12): kSpecMax in the default schedules (below).
   const bool spec_max = !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX", kSpecMaxByDefault);
+  // FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX=1 (session 13): kIntMax in the default schedules (below; kSpecMax,
+  // which replaces the same row max, wins where both are set).
+  const bool int_max = !pingpong && !spec_max && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX", kIntMaxByDefault);
   if constexpr (D <= 128)
     if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault<D>)) {
       if (spec_max)
@@ -149,8 +156,10 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
             mq, mk, mvt, f, axes, mblocks, tiles, stream);
       // FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST=1 (session 12): kEarlyTest.
       if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST", kEarlyTestByDefault))
-        return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, true>(mq, mk, mvt, f, axes,
-                                                                                          mblocks, tiles, stream);
+        return int_max ? launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, true, false, true>(
+                             mq, mk, mvt, f, axes, mblocks, tiles, stream)
+                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, true>(
+                             mq, mk, mvt, f, axes, mblocks, tiles, stream);
       return pingpong ? launch_kernel<D, true, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
     }
@@ -159,10 +168,12 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
       if (schedule == kOverlap)
         return launch_kernel<D, false, cuda_attn::fp8w::kOverlapPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
       if (schedule == kSerial)
-        return spec_max ? launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe, false, true, true>(
-                              mq, mk, mvt, f, axes, mblocks, tiles, stream)
-                        : launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe>(mq, mk, mvt, f, axes, mblocks,
-                                                                                 tiles, stream);
+        return spec_max  ? launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe, false, true, true>(
+                               mq, mk, mvt, f, axes, mblocks, tiles, stream)
+               : int_max ? launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe, false, true, false, false, false,
+                                         true>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
+                         : launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe>(mq, mk, mvt, f, axes, mblocks,
+                                                                                  tiles, stream);
     }
   if (schedule == kSerial)
     pingpong ? launch_kernel<D, true, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream)

@@ -217,7 +217,44 @@ struct Fp8wExpTurn {
   }
 };
 
-template <int kMode, int BN, bool kPolyExp = false, bool kLean = false, typename Turn = Fp8wNoTurn>
+// kIntMax (session 13; full tiles of the short path): the max over the quad of row r's scores in the
+// block (r = 0: row g, r = 1: row g + 8; unscaled) from the scores' bit patterns read as int32, with
+// 3-input integer maxima (sm90::max3_bits: VIMNMX3): 16 instructions per thread and row where the
+// float tree takes 31 FMNMX (sm_90 has no 3-input FMNMX). For floats >= +0 the int32 order of the
+// bits is the float order, and every negative float (and -0) reads as a negative int32. So if the
+// largest int m is >= 0, the row has a score >= +0 and m is the bits of its largest score. If m < 0,
+// every score of the row's block is negative (or -0) and m is the bits of the most negative one, not
+// the max; that does not matter while the running max row_max is >= 0: the caller's new max
+// fmaxf(max mul, row_max) is row_max for every block max < 0 (mul > 0 on the short path), and
+// (most negative score) mul < 0 <= row_max gives it too. Only where a row of the warp has m < 0 and
+// row_max < 0 (its first block: -inf; or no score >= 0 so far) is the exact max needed: returns false
+// for the whole warp then (one vote: the caller's quad_max shuffles need every lane), and the caller
+// takes the float tree. NaN scores (from NaN inputs only) may be taken as the max here where FMNMX
+// drops them; the row's exponentials are NaN either way.
+template <int BN>
+__device__ __forceinline__ bool fp8w_block_max_bits(const float (&s)[BN / 2], int r, float row_max, float& mx) {
+  static_assert(BN == 128, "kIntMax: 128-key blocks (32 scores per thread and row)");
+  // Score v (0..31) of row r: s[4 (v / 2) + 2 r + v % 2] (key 8 (v / 2) + 2 t + v % 2).
+  auto at = [&](int v) { return s[4 * (v / 2) + 2 * r + v % 2]; };
+  int l1[10];  // scores 3i .. 3i + 2
+#pragma unroll
+  for (int i = 0; i < 10; ++i) l1[i] = sm90::max3_bits(at(3 * i), at(3 * i + 1), at(3 * i + 2));
+  int l2[4];  // l1 in threes, the last with scores 30, 31
+#pragma unroll
+  for (int i = 0; i < 3; ++i) l2[i] = imax(imax(l1[3 * i], l1[3 * i + 1]), l1[3 * i + 2]);
+  l2[3] = sm90::max3_bits(l1[9], at(30), at(31));
+  int m = imax(imax(l2[0], l2[1]), imax(l2[2], l2[3]));
+  // Over the quad (the row's 4 threads), through float shuffles of the bits.
+  m = imax(m, __float_as_int(__shfl_xor_sync(0xffffffffu, __int_as_float(m), 1)));
+  m = imax(m, __float_as_int(__shfl_xor_sync(0xffffffffu, __int_as_float(m), 2)));
+  // m < 0 and row_max < 0 (or -0: the float tree then, which is always right): both sign bits.
+  if (__any_sync(0xffffffffu, (m & __float_as_int(row_max)) < 0)) return false;
+  mx = __int_as_float(m);
+  return true;
+}
+
+template <int kMode, int BN, bool kPolyExp = false, bool kLean = false, typename Turn = Fp8wNoTurn,
+          bool kIntMax = false>
 __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                    float (&rescale)[2], const AttentionKernelParams& p,
                                                    float qk_scale, const MaskView& mask, int row0, int n0, int t,
@@ -256,25 +293,36 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
   const float zero = turn.acquire();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    // This thread's max of row r's scores.
+    auto thread_max = [&] {
+      float mx;
+      if constexpr (kLean) {
+        // 4 interleaved partial chains (two consumer warps per scheduler cannot hide one long chain),
+        // each starting at its first pair.
+        float part[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * r], s[4 * k + 2 * r + 1]);
+#pragma unroll
+        for (int nt = 4; nt < BN / 8; ++nt)
+          part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+        mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+      } else {
+        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+          part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+        mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+      }
+      return mx;
+    };
     float mx;
-    if constexpr (kLean) {
-      // 4 interleaved partial chains (two consumer warps per scheduler cannot hide one long chain),
-      // each starting at its first pair.
-      float part[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * r], s[4 * k + 2 * r + 1]);
-#pragma unroll
-      for (int nt = 4; nt < BN / 8; ++nt)
-        part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-      mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+    if constexpr (kIntMax && !kGeneral) {
+      // The block's row max (unscaled) from the bit patterns; the float tree where those cannot stand for it.
+      if (!fp8w_block_max_bits<BN>(s, r, row_max[r], mx)) mx = quad_max(thread_max());
+      mx = fmaxf(mx * mul, row_max[r]);
     } else {
-      float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-        part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-      mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+      mx = fmaxf(quad_max(thread_max()) * mul, row_max[r]);
     }
-    mx = fmaxf(quad_max(mx) * mul, row_max[r]);
     // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
     const float base = mx == -INFINITY ? 0.f : mx;
     rescale[r] = fast_exp2(row_max[r] - base);
@@ -523,8 +571,13 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // samples, and a block takes ~2230 cycles, about the two warps' non-MUFU work plus both MUFU streams
 // one after the other: the warpgroups run in step. With the exponentials in turns, one warpgroup's
 // max, fold, pack and loop top run beside the other's exponentials.
+// kIntMax (session 13; kLean, 128-key blocks, without kPolyExp / kSpecMax / kExpTurn): full tiles of
+// the short path take their row max from the scores' bit patterns with 3-input integer maxima
+// (fp8w_block_max_bits: 16 instead of 31 instructions per thread and row), the float tree only where
+// a row's block has no score >= 0 while its running max is below 0. Same numerics (the max is the
+// same number; see fp8w_block_max_bits).
 template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true,
-          bool kSpecMax = false, bool kEarlyTest = false, bool kExpTurn = false>
+          bool kSpecMax = false, bool kEarlyTest = false, bool kExpTurn = false, bool kIntMax = false>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -537,6 +590,8 @@ __global__ void __launch_bounds__(384, 1)
   static_assert(!kEarly || (Cfg::kSub == 1 && Cfg::kPvChunks == 1), "kEarlyS: D = 64 / 128 (one P V chunk per block)");
   static_assert(!(kExpTurn || kEarlyTest) || (kEarly && !kPingpong && kLean && !kPolyExp),
                 "kExpTurn, kEarlyTest: the kEarlyS schedule without ping-pong");
+  static_assert(!kIntMax || (kLean && !kPolyExp && !kSpecMax && !kExpTurn && Cfg::kBlockN == 128),
+                "kIntMax: the lean stream's softmax over 128-key blocks");
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
   constexpr int NC = Cfg::kPvChunk, CH = Cfg::kPvChunks;
@@ -791,8 +846,8 @@ __global__ void __launch_bounds__(384, 1)
       exp_turn.release(exp_turn.acquire());  // an empty turn: the calls must pair up
     }
     if (kLean ? tile_cls == full_short_cls : tile_cls == kTileFull && short_path_ok)
-      fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
-                                                         n0, t4);
+      fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean, Fp8wNoTurn, kIntMax>(s, row_max, row_sum, rescale, p, qk_scale,
+                                                                             w.mask, row0, n0, t4);
     else if (p.softcap_method == kSoftcapOff)
       fp8w_softmax_block<kFp8wMasked, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
                                                            n0, t4);

@@ -173,6 +173,41 @@ __device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
   return done != 0;
 }
 
+// The largest of three floats' bit patterns read as signed 32-bit integers (the FP8 forward's kIntMax
+// row max): two max.s32, which ptxas fuses into one 3-input VIMNMX3 (sm_90's integer ALU has no
+// 3-input float max). The floats enter as "f" operands and are moved to .b32 registers inside the
+// asm: with __float_as_int outside it, ptxas wrote the block's exponentials into fresh registers
+// instead of over the scores and spilled 172 bytes of O (session 13).
+__device__ __forceinline__ int max3_bits(float a, float b, float c) {
+  int d;
+  asm("{\n"
+      ".reg .b32 x, y, z;\n"
+      "mov.b32 x, %1;\n"
+      "mov.b32 y, %2;\n"
+      "mov.b32 z, %3;\n"
+      "max.s32 x, x, y;\n"
+      "max.s32 %0, x, z;\n"
+      "}\n"
+      : "=r"(d)
+      : "f"(a), "f"(b), "f"(c));
+  return d;
+}
+
+// The same with a first operand that already is such a bit pattern (an int).
+__device__ __forceinline__ int max3_bits(int a, float b, float c) {
+  int d;
+  asm("{\n"
+      ".reg .b32 y, z;\n"
+      "mov.b32 y, %2;\n"
+      "mov.b32 z, %3;\n"
+      "max.s32 y, y, z;\n"
+      "max.s32 %0, %1, y;\n"
+      "}\n"
+      : "=r"(d)
+      : "r"(a), "f"(b), "f"(c));
+  return d;
+}
+
 // One box of a 3-D tensor map into shared memory; completion is counted on `bar` in bytes.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2) {

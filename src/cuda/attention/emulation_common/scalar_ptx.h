@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -34,3 +35,13 @@ inline uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
          uint32_t{host::float_to_e4m3(x2)} << 16 | uint32_t{host::float_to_e4m3(x3)} << 24;
 }
 }  // namespace flashgrad::cuda_attn_emulated::fp8
+
+namespace flashgrad::cuda_attn_emulated::sm90 {
+// fp8_wgmma_primitives.cuh's max3_bits: the largest bit pattern, read as int32, of three floats.
+inline int max3_bits(float a, float b, float c) {
+  const int x = static_cast<int>(host::float_to_bits(a)), y = static_cast<int>(host::float_to_bits(b)),
+            z = static_cast<int>(host::float_to_bits(c));
+  return std::max(std::max(x, y), z);
+}
+inline int max3_bits(int a, float b, float c) { return std::max(a, max3_bits(b, c, c)); }
+}  // namespace flashgrad::cuda_attn_emulated::sm90

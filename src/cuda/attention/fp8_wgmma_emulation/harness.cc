@@ -89,7 +89,7 @@ std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h,
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
 // bhsd (padded cases): q, k, v stored [B, H, S, D].
 template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false,
-          bool kEarlyTest = false, bool kExpTurn = false>
+          bool kEarlyTest = false, bool kExpTurn = false, bool kIntMax = false>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -141,7 +141,7 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
   launch(tiles, 1, 384, [&] {
     fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax, kEarlyTest,
-                                             kExpTurn>(mq, mk, mvt, f, axes, mblocks);
+                                             kExpTurn, kIntMax>(mq, mk, mvt, f, axes, mblocks);
   });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
@@ -154,7 +154,7 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
 // schedule's P V chunks pipelined (kSerialPvPipe), bit 8 the staggered start (Fp8wMapAxes::stagger,
 // a launch option: set through g_stagger), bit 9 kEarlyS (D = 64 / 128; with bit 0 ping-pong), bit 10
 // kSpecMax (session 12; with bit 9, or with bit 7 at D = 256), bit 11 kEarlyTest (with bit 9), bit 12
-// kExpTurn (with bit 9);
+// kExpTurn (with bit 9), bit 13 kIntMax (session 13; with bits 9 and 11, or with bit 7 at D = 256);
 // bit 2: inputs stored [B, H, S, D].
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
@@ -163,6 +163,15 @@ bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false, false>(c, r, bhsd);
   if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
   if (variant & 64) return run_emulated<D, false, fp8w::kOverlapPvPipe>(c, r, bhsd);
+  if (variant & 8192) {
+    if constexpr (D <= 128)
+      if ((variant & 2048) && (variant & 512))
+        return run_emulated<D, false, fp8w::kEarlyS, false, true, false, true, false, true>(c, r, bhsd);
+    if (variant & 128)
+      return run_emulated<D, false, fp8w::kSerialPvPipe, false, true, false, false, false, true>(c, r, bhsd);
+    std::printf("    kIntMax needs bits 9 and 11 (D <= 128) or bit 7\n");
+    return false;
+  }
   if constexpr (D <= 128)
     if ((variant & 4096) && (variant & 512))
       return run_emulated<D, false, fp8w::kEarlyS, false, true, false, false, true>(c, r, bhsd);
@@ -192,8 +201,31 @@ bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   }
 }
 
-void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
+// Score signs (kIntMax's cases): 1 = every score negative (q >= 0, k <= 0, as quantized: codes, values
+// and dequantized values alike), so every full block's row max takes the float tree (no score >= 0
+// while the running max is < 0); 2 = the first 128 keys of each sequence positive, the rest negative,
+// so the blocks after the first have no score >= 0 while the running max is > 0, where the integer
+// max stands (it is then the bits of the block's most negative score). 0: as drawn.
+void set_score_signs(Fp8Case& c, int signs) {
+  if (signs == 0) return;
+  auto set = [](uint8_t& code, float& value, float& deq, bool negative) {
+    code = static_cast<uint8_t>((code & 0x7f) | (negative ? 0x80 : 0));
+    value = negative ? -std::fabs(value) : std::fabs(value);
+    deq = negative ? -std::fabs(deq) : std::fabs(deq);
+  };
+  for (size_t e = 0; e < c.q8.size(); ++e) set(c.q8[e], c.q8f[e], c.qf[e], false);
+  const int per_token = c.cfg.hk * c.cfg.d;  // k: [tokens, Hk, D]
+  for (int s = 0; s < c.n; ++s)
+    for (int64_t j = 0; j < c.k_len(s); ++j)
+      for (int e = 0; e < per_token; ++e) {
+        const int64_t i = c.k_tok(s, j) * per_token + e;
+        set(c.k8[i], c.k8f[i], c.kf[i], signs == 1 || j >= 128);
+      }
+}
+
+void check_case(Fp8Config cfg, int variant, std::mt19937& rng, int signs = 0) {
   Fp8Case c = fp8_test::make_case(cfg, rng);
+  set_score_signs(c, signs);
   const Fp8Outputs ref = fp8_test::reference32(c);
   const Fp8Outputs emu = fp8_test::recipe(c);
   Fp8Outputs got;
@@ -208,6 +240,9 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng) {
   if (variant & 1024) std::printf("    (exponentials before the row max: kSpecMax)\n");
   if (variant & 2048) std::printf("    (data waits tested a round ahead: kEarlyTest)\n");
   if (variant & 4096) std::printf("    (exponentials in turns: kExpTurn)\n");
+  if (variant & 8192) std::printf("    (row max from the scores' bits: kIntMax)\n");
+  if (signs == 1) std::printf("    (every score negative)\n");
+  if (signs == 2) std::printf("    (scores positive in each sequence's first 128 keys, negative after)\n");
   std::fflush(stdout);
   const bool ran = cfg.d == 64    ? run_variant<64>(variant, c, got)
                    : cfg.d == 128 ? run_variant<128>(variant, c, got)
@@ -228,19 +263,22 @@ int main(int argc, char** argv) {
     Fp8Config cfg;
     int variant;  // bit 0 ping-pong, bit 1 serial, bit 3 one-level, bit 4 polynomial exp2, bit 5 session-4
                   // stream, bit 6 / 7 P V chunks pipelined (overlapped / serial), bit 2 [B, H, S, D] inputs
+    int signs = 0;  // set_score_signs
   };
   std::vector<Entry> cases;
   // "quick": the variant-0 runs of these cases.
   const CasePicker picker{argc > 1 ? argv[1] : "",
                           {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"}};
-  auto add = [&](std::string name, Fp8Config c, int variant = 0) {
+  auto add = [&](std::string name, Fp8Config c, int variant = 0, int signs = 0) {
     c.name = std::move(name);
-    // "spec": the kSpecMax runs (bit 10) only; "early_test": the kEarlyTest runs (bit 11) only.
+    // "spec": the kSpecMax runs (bit 10) only; "early_test": the kEarlyTest runs (bit 11) only;
+    // "exp_turn": the kExpTurn runs (bit 12); "int_max": the kIntMax runs (bit 13).
     if (picker.only == "spec"         ? (variant & 1024) != 0
         : picker.only == "early_test" ? (variant & 2048) != 0
         : picker.only == "exp_turn"   ? (variant & 4096) != 0
+        : picker.only == "int_max"    ? (variant & 8192) != 0
                                       : picker.picks(c.name) && (picker.only != "quick" || variant == 0))
-      cases.push_back({c, variant});
+      cases.push_back({c, variant, signs});
   };
   for (int d : {64, 128, 256})
     for (MaskKind m : {MaskKind::none, MaskKind::causal})
@@ -419,8 +457,39 @@ int main(int argc, char** argv) {
     add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 4096 + 512);
     add("varlen causal d128 gqa 4/2 with empty sequences", vc, 4096 + 512 + 256);
     add("varlen window 20,3 d128", varlen_window_20_3(128), 4096 + 512);
+    // Session 13, kIntMax (bit 13) in the default schedules: kEarlyS + kEarlyTest with the stagger at
+    // hd 64 / 128, kSerialPvPipe at hd 256: full-block runs (none, causal), long rows, varlen GQA with
+    // empty sequences, a window (masked blocks keep the float max), and the
+    // score signs that take the float tree (1) and the integer max of negative blocks (2).
+    for (int d : {64, 128, 256}) {
+      c.d = d;
+      c.input_std = 1.f;
+      const int v = 8192 + 256 + (d == 256 ? 128 : 2048 + 512);
+      c.mask = MaskKind::none;
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, v);
+      c.mask = MaskKind::causal;
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, v);
+      // With every score of a row of one sign, the rows are flat (a score's spread over the keys is
+      // ~0.8 std^2 against ~2.4 std^2 for N(0, std^2) inputs at hd 128) and the recipe's own error
+      // comes near the 0.03 RMS bar; std 1.5 keeps them peaked enough. (In the positive-then-negative
+      // case the negative blocks sit far below the first block's max and carry little weight, but a
+      // wrong max for them would still show: their exponentials would saturate the e4m3 range.)
+      c.input_std = 1.5f;
+      c.mask = MaskKind::none;
+      add("none d" + std::to_string(d) + " Sq=256 Sk=700 std 1.5 (full-block runs)", c, v, 1);
+      c.mask = MaskKind::causal;
+      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 std 1.5 (full-block runs)", c, v, 2);
+    }
+    c.d = 128;
+    c.mask = MaskKind::none;
+    add("none d128 Sq=256 Sk=700 std 1.5 (full-block runs)", c, 8192 + 2048 + 512, 2);
+    c.input_std = 1.f;
+    add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 8192 + 2048 + 512);
+    add("none d256 Sq=128 Sk=3000 (long full rows)", one_sequence(256, MaskKind::none, 128, 3000), 8192 + 128);
+    add("varlen causal d128 gqa 4/2 with empty sequences", vc, 8192 + 2048 + 512 + 256);
+    add("varlen window 20,3 d128", varlen_window_20_3(128), 8192 + 2048 + 512);
   }
-  for (auto& e : cases) check_case(e.cfg, e.variant, rng);
+  for (auto& e : cases) check_case(e.cfg, e.variant, rng, e.signs);
   return finish();
 }
 
