@@ -324,7 +324,8 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
       mx = fmaxf(quad_max(thread_max()) * mul, row_max[r]);
     }
     // A row with nothing allowed yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-    const float base = mx == -INFINITY ? 0.f : mx;
+    // (kIntMax, full tiles: every score is allowed and finite, so mx is finite: no test.)
+    const float base = kIntMax && !kGeneral ? mx : mx == -INFINITY ? 0.f : mx;
     rescale[r] = fast_exp2(row_max[r] - base);
     row_max[r] = mx;
     // P8 = e4m3(448 p~): no multiply per element. (+ zero only with a turn: x + 0.f is not folded.)
