@@ -101,7 +101,7 @@ job_sanitize() {
 
 # job_summary NAME: the summary lines, last.
 job_summary() {
-  echo "== $1 summary (commit $(git rev-parse --short HEAD 2>/dev/null), $(( $(date +%s) - job_t0 )) s)"
+  echo "== $1 summary (commit ${FLASHGRAD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}, $(( $(date +%s) - job_t0 )) s)"
   local s
   for s in "${summary[@]}"; do echo "  $s"; done
 }
