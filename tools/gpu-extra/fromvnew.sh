@@ -7,12 +7,14 @@
 # Session 12's kernel (FLASHGRAD_CHUNKED_FROM_VNEW_KERNEL=1): 0.52 ms at B8 T4096, 0.79 ms at B1 T32768.
 # Session 13's (the default of the switch): one barrier per chunk, increments in fresh registers, and
 # each sequence split into segments where the blocks would not fill the SMs
-# (FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces n; FLASHGRAD_CHUNKED_FROM_VNEW_STAGES=4 forces 4 stages).
+# (FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces n); run 13.1: ~0.56 ms per pass, copy-bound (k's rows
+# copied per 16 value columns). Now WV x 16 value columns per block (FLASHGRAD_CHUNKED_FROM_VNEW_WV=1 / 2
+# / 4; default 4 where V % 64 == 0).
 # Runs on the H200 from the repo root after tools/gpu-check's build (cap from gpu-check):
-#   1. the chunked GDN GPU tests with the states from v_new: the launcher's segments (many in the
-#      tests' small shapes), then one segment forced;
-#   2. B1 T32768 H16 K=V=128 bf16: session 12's kernel vs session 13's, then 1 / 2 / 4 / 8 segments,
-#      then 3 vs 4 stages; B8 T4096: 12's vs 13's (one process each; per-kernel times, gradients);
+#   1. the chunked GDN GPU tests with the states from v_new: the launcher's choices (64 columns, many
+#      segments in the tests' small shapes), then 16 columns and one segment forced;
+#   2. B8 T4096 H16 K=V=128 bf16: WV 1 / 2 / 4; B1 T32768: session 12's kernel vs session 13's, then
+#      1 / 2 / 4 / 8 segments (one process each; per-kernel times, gradients);
 #   3. compute-sanitizer racecheck / memcheck of small GDN cases with it (3 segments forced).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,19 +25,18 @@ SEG=FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS
 ST=FLASHGRAD_CHUNKED_FROM_VNEW_STAGES
 F='DeltaRuleChunked*:DeltaRuleGpu.Chunked*:-*Kda*:*KDA*'
 
-echo "== fromvnew 1/3: chunked GDN GPU tests with $V=1 (launcher's segments, then 1 forced)"
+WV=FLASHGRAD_CHUNKED_FROM_VNEW_WV
+echo "== fromvnew 1/3: chunked GDN GPU tests with $V=1 (launcher's choices, then WV=1 and one segment)"
 job_tests fromvnew_tests 30 "$F" $V=1
-job_tests fromvnew_tests_p1 30 "$F" $V=1 $SEG=1
+job_tests fromvnew_tests_w1 30 "$F" $V=1 $WV=1 $SEG=1
 
 echo "== fromvnew 2/3: timing (one process each)"
 export $V=1
+job_compare fromvnew_b8 35 --kind gdn --shape 8,4096,16,128 --env $WV --variants w1=1,w2=2,w4=4 \
+  --focus 'chunk_state' --reps 2,3,1 --note "(run 13.1: w1 0.576 ms; stage 2 recomputation 0.38)"
 job_compare fromvnew_t32k 40 --kind gdn --shape 1,32768,16,128 --env $KN --variants s12=1,s13=- \
-  --focus 'chunk_state' --reps 2,3,1 --note "(run 12.2: s12 0.790 ms; stage 2 1.05)"
+  --focus 'chunk_state' --reps 2,3,1 --note "(run 13.1: s12 0.784 ms; s13 w1 2 x 0.56)"
 job_compare fromvnew_t32k_seg 40 --kind gdn --shape 1,32768,16,128 --env $SEG --variants p1=1,p2=2,p4=4,p8=8 \
-  --focus 'chunk_state' --reps 1,3,1
-job_compare fromvnew_b8 30 --kind gdn --shape 8,4096,16,128 --env $KN --variants s12=1,s13=- \
-  --focus 'chunk_state' --reps 2,3,1 --note "(run 12.2: s12 0.522 ms; stage 2 recomputation 0.38)"
-job_compare fromvnew_t32k_st 30 --kind gdn --shape 1,32768,16,128 --env $ST --variants three=-,four=4 \
   --focus 'chunk_state' --reps 1,3,1
 unset $V
 

@@ -18,8 +18,7 @@ void launch_state_from_vnew_fixed(const ChunkedArgs& a, cudaStream_t s) {
 // The session-12 kernel's chunks in flight per block: 4 where the blocks fit the SMs about twice or
 // less (few long chains: each block's loop over its chunks is the time, and it waits on its copies),
 // else 2 (more blocks resident per SM: 41 against 83 KiB at K = 128). FLASHGRAD_CHUNKED_FROM_VNEW_STAGES
-// =2 / 4 forces one (read per call, to time both in one process); for the pipelined kernel, 4 forces
-// 4 and anything else gives 3.
+// =2 / 4 forces one (read per call, to time both in one process).
 inline int from_vnew_stages(const ChunkedArgs& a) {
   if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_STAGES")) {
     if (std::string(env) == "2") return 2;
@@ -28,37 +27,60 @@ inline int from_vnew_stages(const ChunkedArgs& a) {
   return a.num_seqs * a.HV * (a.V / 16) <= 2 * sm_count() ? 4 : 2;
 }
 
-// The pipelined, segmented kernel (session 13; chunk_state_from_vnew_seg_kernel). Segments P: where
-// one block per (sequence, value head, 16 columns) leaves room on the SMs (few long sequences), each
-// sequence's chunks are split so that the blocks of pass 2 about fill them once (occupancy query),
-// bounded by the workspace (`ws_floats` floats: S and log D of P segments per chain, pass 1) and by
-// the chunks per sequence. FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces n (tests of the segmented
-// path at small sizes, timing).
-template <typename T, int KMAX, int STAGES>
+// The pipelined, segmented kernel (session 13; chunk_state_from_vnew_seg_kernel), 3 stages, WV x 16
+// value columns per block (4 warps each). Run 13.1 (16 columns per block): ~0.55 ms per pass at B8
+// T4096 and at B1 T32768 in 8 segments whatever the occupancy: bound by the copies, k's rows being
+// read once per 16 columns (8 times per chain at V = 128). WV = 4 reads them once per 64.
+// Segments P: where the blocks leave room on the SMs (few long sequences), each sequence's chunks are
+// split so that pass 2's blocks about fill them once (occupancy query), bounded by the workspace
+// (`ws_floats` floats: S and log D of P segments per chain, pass 1) and by the chunks per sequence.
+// FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces n, FLASHGRAD_CHUNKED_FROM_VNEW_WV=1 / 2 / 4 the width
+// (read per call: tests of the segmented path at small sizes, timing).
+template <typename T, int KMAX, int WV>
 void launch_state_from_vnew_seg(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
-  using S = FromVnewSmem<T, KMAX, STAGES>;
+  constexpr int STAGES = 3, THREADS = kFromVnewThreads * WV;
+  using S = FromVnewSmem<T, KMAX, STAGES, 16 * WV>;
   constexpr int64_t bytes = S::bytes();
-  auto* pass1 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, false>;
-  auto* pass2 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, true>;
+  auto* pass1 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, false>;
+  auto* pass2 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, true>;
   set_smem(pass1, bytes);
   set_smem(pass2, bytes);
   const int64_t chains = a.num_seqs * a.HV * (a.V / S::BV);
   int per_sm = 0;
-  FLASHGRAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pass2, kFromVnewThreads,
-                                                                     static_cast<size_t>(bytes)));
+  FLASHGRAD_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pass2, THREADS, static_cast<size_t>(bytes)));
   int64_t P = std::max<int64_t>(1, static_cast<int64_t>(std::max(per_sm, 1)) * sm_count() / chains);
   if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS")) P = std::max(1, std::atoi(env));
   const int64_t chunks_per_seq = (a.num_chunks + a.num_seqs - 1) / a.num_seqs;
   P = std::min<int64_t>({P, std::max<int64_t>(chunks_per_seq, 1), ws_floats / (a.num_seqs * a.HV * (a.K * a.V + 1))});
   P = std::max<int64_t>(P, 1);
-  const auto blocks_x = static_cast<unsigned>(a.num_seqs * P);
-  const dim3 grid(blocks_x, static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
+  const dim3 grid(static_cast<unsigned>(a.num_seqs * P), static_cast<unsigned>(a.HV),
+                  static_cast<unsigned>(a.V / S::BV));
   if (P > 1) {
-    pass1<<<grid, kFromVnewThreads, bytes, s>>>(a, static_cast<int>(P), ws);
+    pass1<<<grid, THREADS, bytes, s>>>(a, static_cast<int>(P), ws);
     FLASHGRAD_CUDA_CHECK_LAUNCH();
   }
-  pass2<<<grid, kFromVnewThreads, bytes, s>>>(a, static_cast<int>(P), P > 1 ? ws : nullptr);
+  pass2<<<grid, THREADS, bytes, s>>>(a, static_cast<int>(P), P > 1 ? ws : nullptr);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+// 64 value columns per block where V allows (every V the chunked stages take is a multiple of 64).
+inline int from_vnew_width(const ChunkedArgs& a) {
+  int wv = a.V % 64 == 0 ? 4 : (a.V % 32 == 0 ? 2 : 1);
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WV")) {
+    const int want = std::atoi(env);
+    if ((want == 1 || want == 2 || want == 4) && a.V % (16 * want) == 0) wv = want;
+  }
+  return wv;
+}
+
+template <typename T, int KMAX>
+void launch_state_from_vnew_seg_width(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
+  switch (from_vnew_width(a)) {
+    case 4: launch_state_from_vnew_seg<T, KMAX, 4>(a, ws, ws_floats, s); break;
+    case 2: launch_state_from_vnew_seg<T, KMAX, 2>(a, ws, ws_floats, s); break;
+    default: launch_state_from_vnew_seg<T, KMAX, 1>(a, ws, ws_floats, s); break;
+  }
 }
 
 template <typename T>
@@ -74,14 +96,8 @@ void launch_chunk_state_from_vnew(const ChunkedArgs& a, float* ws, int64_t ws_fl
       a.K == 64 ? launch_state_from_vnew_fixed<T, 64, 2>(a, s) : launch_state_from_vnew_fixed<T, 128, 2>(a, s);
     return;
   }
-  // 3 chunks in shared memory (the one in use, the next one, one in flight); 4 by
-  // FLASHGRAD_CHUNKED_FROM_VNEW_STAGES=4.
-  if (from_vnew_stages(a) == 4)
-    a.K == 64 ? launch_state_from_vnew_seg<T, 64, 4>(a, ws, ws_floats, s)
-              : launch_state_from_vnew_seg<T, 128, 4>(a, ws, ws_floats, s);
-  else
-    a.K == 64 ? launch_state_from_vnew_seg<T, 64, 3>(a, ws, ws_floats, s)
-              : launch_state_from_vnew_seg<T, 128, 3>(a, ws, ws_floats, s);
+  a.K == 64 ? launch_state_from_vnew_seg_width<T, 64>(a, ws, ws_floats, s)
+            : launch_state_from_vnew_seg_width<T, 128>(a, ws, ws_floats, s);
 }
 
 template void launch_chunk_state_from_vnew<__nv_bfloat16>(const ChunkedArgs&, float*, int64_t, cudaStream_t);

@@ -34,9 +34,9 @@ constexpr int kFromVnewThreads = 128;
 // STAGES chunks in flight (cp.async, STAGES - 1 ahead of the one in use): the loop's products are
 // few and independent of the state, so what a chunk waits on is its copies' memory latency (run
 // 12.1: ~2.1 us per chunk with one chunk ahead at B1 T32768, against ~0.5 us of instructions).
-template <typename T, int KMAX, int STAGES>
+template <typename T, int KMAX, int STAGES, int BV_ = 16>
 struct FromVnewSmem {
-  static constexpr int C = kChunkSize, BV = 16;
+  static constexpr int C = kChunkSize, BV = BV_;  // value columns per block
   // +8 elements per row: the 8 rows an ldmatrix reads start in different banks (48- and 272-byte rows).
   static constexpr int LDK = KMAX + 8, LDV = BV + 8;
   static constexpr int64_t kKBytes = sizeof(T) * C * LDK, kVBytes = sizeof(T) * C * LDV, kGBytes = sizeof(float) * C;
@@ -222,13 +222,13 @@ __device__ __forceinline__ void segment_chunks(int64_t first, int64_t count, int
   c1 = first + count * (p + 1) / P;
 }
 
-template <typename T, int KMAX, int STAGES, bool kStore>
-__global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_seg_kernel(ChunkedArgs a, int P,
-                                                                                     float* seg) {
+template <typename T, int KMAX, int STAGES, int WV, bool kStore>
+__global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_seg_kernel(ChunkedArgs a, int P,
+                                                                                          float* seg) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  using S = FromVnewSmem<T, KMAX, STAGES>;
-  constexpr int C = kChunkSize, THREADS = kFromVnewThreads, LDK = S::LDK, LDV = S::LDV, KW = KMAX / 4, NK = KW / 8,
-                NB = NK / 2;
+  using S = FromVnewSmem<T, KMAX, STAGES, 16 * WV>;
+  constexpr int C = kChunkSize, THREADS = kFromVnewThreads * WV, LDK = S::LDK, LDV = S::LDV, KW = KMAX / 4,
+                NK = KW / 8, NB = NK / 2;
   static_assert(NK % 2 == 0, "whole 16-channel B fragments per warp");
   static_assert(STAGES >= 3, "chunk c + 1's rows in shared memory while chunk c is in use, one more in flight");
   S sm(smem_raw);
@@ -236,15 +236,17 @@ __global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_seg_ke
   auto cs_buf = [&](int i) { return (i & 1) ? sm.colscale2 : sm.colscale; };
   const int p = static_cast<int>(blockIdx.x % P);
   const int64_t n = blockIdx.x / P, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  // The block's value columns [col0, col0 + 16 WV); warp wp: key channel quarter wk = wp % 4, value
+  // columns vc0 + [0, 16) of the block's (vc0 = 16 (wp / 4)).
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * S::BV;
   const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
-  const int kc0 = KW * wp;  // the warp's first key channel
+  const int kc0 = KW * (wp % 4), vc0 = 16 * (wp / 4);  // the warp's first key channel and value column
   const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);  // as the kernel above
-  const int va_r = (lane & 7) + 8 * (lane >> 4), va_c = 8 * ((lane >> 3) & 1);
+  const int va_r = (lane & 7) + 8 * (lane >> 4), va_c = vc0 + 8 * ((lane >> 3) & 1);
   // The warp's element e of tile nk: key channel kc0 + 8 nk + 2 tig + (e & 1), value column
-  // col0 + grp + 8 (e >> 1).
+  // col0 + vc0 + grp + 8 (e >> 1).
   auto kch = [&](int nk, int e) { return kc0 + 8 * nk + 2 * tig + (e & 1); };
-  auto vcol = [&](int e) { return col0 + grp + 8 * (e >> 1); };
+  auto vcol = [&](int e) { return col0 + vc0 + grp + 8 * (e >> 1); };
   // Pass 1's workspace (unused with one segment, where `seg` may be null).
   const int64_t KV = a.K * a.V;
   auto seg_sum_at = [&](int q, int nk, int e) {  // S_q's element of this lane
@@ -360,7 +362,7 @@ __global__ void __launch_bounds__(kFromVnewThreads) chunk_state_from_vnew_seg_ke
     }
     // Chunk c + 1's colscale (its rows are in stage s1), beside the products.
     if (c + 1 < c_end) colscale(s1, cs_buf(i + 1));
-    if constexpr (kStore) store_state_tiles<T, NK>(a, c, hv, col0, 0, kc0, grp, tig, hT);  // h_c
+    if constexpr (kStore) store_state_tiles<T, NK>(a, c, hv, col0, vc0, kc0, grp, tig, hT);  // h_c
     const float g_last = sm.G(s)[sm.len[s] - 1];
     log_d += g_last;
     const float decay = expf(g_last);

@@ -229,20 +229,26 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
         seed % 2 == 0 ? dr::chunk_state_from_vnew_kernel<TT, KM, 4>(a) : dr::chunk_state_from_vnew_kernel<TT, KM, 2>(a);
       }, dr::kFromVnewThreads);
     } else {
-      // The pipelined kernel (3 stages on even seeds, 4 on odd ones) with 1, 2 or 3 segments per
-      // sequence by seed (pass 1 then pass 2, as the launcher; its workspace in its own buffer).
+      // The pipelined kernel (3 stages) with 1, 2 or 3 segments per sequence by seed (pass 1 then pass
+      // 2, as the launcher; its workspace in its own buffer), 64 value columns per block where V
+      // allows on even seeds, 16 on odd ones.
       const int P = 1 + static_cast<int>(seed % 3);
       Buf fvws(DType::f32, N * P * HV * (K * V + 1));
       float* ws = static_cast<float*>(fvws.p());
-      if (P > 1)
-        launch(N * P, HV, V / 16, [&] {
-          seed % 2 == 0 ? dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, false>(a, P, ws)
-                        : dr::chunk_state_from_vnew_seg_kernel<TT, KM, 4, false>(a, P, ws);
-        }, dr::kFromVnewThreads);
-      launch(N * P, HV, V / 16, [&] {
-        seed % 2 == 0 ? dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, true>(a, P, P > 1 ? ws : nullptr)
-                      : dr::chunk_state_from_vnew_seg_kernel<TT, KM, 4, true>(a, P, P > 1 ? ws : nullptr);
-      }, dr::kFromVnewThreads);
+      const bool wide = seed % 2 == 0 && V % 64 == 0;
+      auto pass = [&](auto store) {
+        constexpr bool kStore = decltype(store)::value;
+        if (wide)
+          launch(N * P, HV, V / 64, [&] {
+            dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, 4, kStore>(a, P, P > 1 ? ws : nullptr);
+          }, 4 * dr::kFromVnewThreads);
+        else
+          launch(N * P, HV, V / 16, [&] {
+            dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, 1, kStore>(a, P, P > 1 ? ws : nullptr);
+          }, dr::kFromVnewThreads);
+      };
+      if (P > 1) pass(std::false_type{});
+      pass(std::true_type{});
     }
     if (!dr::states_from_vnew_wanted()) { a.h16 = h16_kept; a.h = h_kept; }
     a.ht = ht_kept;
