@@ -72,20 +72,23 @@ inline bool kda_prepare_old_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   return v && std::strcmp(v, "old") == 0;
 }
-// FLASHGRAD_CHUNKED_KDA_PREPARE=v2 / =v3 (read at every launch; session 13, opt-in): the compact
-// kernel's variants kVar = 2 / 3 (chunked_kda_prepare_compact.cuh: G scaled by log2 e and the
-// decays by ex2.approx.ftz, the in-half pairs two units per pass; v3 also unrolls the off-diagonal
-// tiles' channel loop and loads two v pieces ahead). 0: the default.
+// FLASHGRAD_CHUNKED_KDA_PREPARE=v2 / =v3 / =v4 (read at every launch; session 13, opt-in): the
+// compact kernel's variants kVar = 2 / 3 / 4 (chunked_kda_prepare_compact.cuh: G scaled by log2 e
+// and the decays by ex2.approx.ftz, the in-half pairs two units per pass; v3 also unrolls the
+// off-diagonal tiles' channel loop and loads two v pieces ahead; v4 also keeps beta's and v's loads
+// unconverted until their use). 0: the default.
 inline int kda_prepare_variant_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   if (v && std::strcmp(v, "v2") == 0) return 2;
   if (v && std::strcmp(v, "v3") == 0) return 3;
+  if (v && std::strcmp(v, "v4") == 0) return 4;
   return 0;
 }
 template <typename T, int K>
 void launch_kda_prepare_compact(const ChunkedArgs& a, cudaStream_t s) {
   const int var = kda_prepare_variant_requested();
-  launch_kda_kernel<KdaPrepareCompactSmem<T, K>>(var == 3   ? kda_prepare_compact_kernel<T, K, 3>
+  launch_kda_kernel<KdaPrepareCompactSmem<T, K>>(var == 4   ? kda_prepare_compact_kernel<T, K, 4>
+                                                 : var == 3 ? kda_prepare_compact_kernel<T, K, 3>
                                                  : var == 2 ? kda_prepare_compact_kernel<T, K, 2>
                                                             : kda_prepare_compact_kernel<T, K>,
                                                  kda_chunk_grid(a), a, s);

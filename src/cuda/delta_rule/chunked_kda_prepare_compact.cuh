@@ -389,10 +389,12 @@ __device__ __forceinline__ void lower_times_split_balanced(const T* Lh, const T*
 // 3 =v3: v2, the off-diagonal tiles' channel loop unrolled by 2 (the next step's loads and exps can
 // overlap the current step's mmas), and both of the first two v pieces loaded before the inverse
 // (kPrefetchV: the second piece's global loads were issued only during the first piece's product,
-// too short to cover them).
+// too short to cover them); 4 =v4: v3 with beta's and v's global loads kept as raw bits until
+// their use (kRawLoads: their conversions had made the warps wait for the loads before the gate's
+// loads were issued and before the inverse; ncu, run 13.1).
 template <typename T, int KMAX, int kVar = 0>
 __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(ChunkedArgs a) {
-  constexpr bool kExp2 = kVar >= 2, kPrefetchV = kVar >= 3;
+  constexpr bool kExp2 = kVar >= 2, kPrefetchV = kVar >= 3, kRawLoads = kVar >= 4;
   constexpr int kOffdiagUnroll = kVar >= 3 ? 2 : 1;
   using S = KdaPrepareCompactSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
@@ -408,8 +410,17 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   key_tile_async<T, KMAX, kChunkThreads>(a.k, ci, head, key_rows_vectorizable(a.k), sm.k, LDK);
   key_tile_async<T, KMAX, kChunkThreads>(a.q, ci, head, key_rows_vectorizable(a.q), sm.q, LDK);
   mma::cp_async_commit();
-  if (tid < C) sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
-  kda_cumulative_gate_registers<T, KMAX, kExp2>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
+  if constexpr (kRawLoads) {
+    // (v4) beta's load without a branch (rows past L read row L - 1 and store 0; every chunk has
+    // L >= 1) and its bits converted after the gate's loads are issued (load_raw).
+    const int rb = tid % C < L ? tid % C : L - 1;
+    const uint32_t beta_raw = load_raw<T>(a.beta, off3(a.beta, ci.b, ci.t0 + rb, hv));
+    kda_cumulative_gate_registers<T, KMAX, kExp2>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
+    if (tid < C) sm.beta[tid] = tid < L ? raw_to_f32<T>(a.beta.f32, beta_raw) : 0.f;
+  } else {
+    if (tid < C) sm.beta[tid] = tid < L ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
+    kda_cumulative_gate_registers<T, KMAX, kExp2>(a.g, ci, hv, sm.G, LDG, a.G, row0, a.HV);
+  }
   mma::cp_async_wait<0>();
   __syncthreads();
   {
@@ -451,24 +462,40 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   // tid / 32 + 4 m (pointer bumped by four rows per m, as the gate's rows).
   constexpr int kVPairs = C * 32 / kChunkThreads;
   const int64_t v_elem0 = off4(a.v, ci.b, ci.t0, hv, 0) + (tid / 32) * a.v.s1 + 2 * (tid % 32), v_step = 4 * a.v.s1;
-  float vv[2 * kVPairs];
-  float vn[kPrefetchV ? 2 * kVPairs : 1];  // (kPrefetchV) the next piece
+  // (kRawLoads, v4: the elements' bits, converted at their use, vval; else their values)
+  using VReg = std::conditional_t<kRawLoads, uint32_t, float>;
+  VReg vv[2 * kVPairs];
+  VReg vn[kPrefetchV ? 2 * kVPairs : 1];  // (kPrefetchV) the next piece
+  auto vval = [&](VReg x) -> float {
+    if constexpr (kRawLoads)
+      return raw_to_f32<T>(a.v.f32, x);
+    else
+      return x;
+  };
   auto fetch_v = [&](auto& dst, int c0) {  // dst: vv or vn
     auto rows = [&](auto* p) {  // p: this thread's first element of the piece's row tid / 32
+      auto get = [](auto x) -> VReg {
+        if constexpr (kRawLoads)
+          return raw_bits(x);
+        else
+          return to_f32(x);
+      };
       if (L == C) {  // whole chunk: no row predicates
 #pragma unroll
-        for (int m = 0; m < kVPairs; ++m, p += v_step) dst[2 * m] = to_f32(p[0]), dst[2 * m + 1] = to_f32(p[1]);
+        for (int m = 0; m < kVPairs; ++m, p += v_step) dst[2 * m] = get(p[0]), dst[2 * m + 1] = get(p[1]);
       } else {
 #pragma unroll
         for (int m = 0; m < kVPairs; ++m, p += v_step) {
           const bool ok = tid / 32 + 4 * m < L;
-          dst[2 * m] = ok ? to_f32(p[0]) : 0.f;
-          dst[2 * m + 1] = ok ? to_f32(p[1]) : 0.f;
+          dst[2 * m] = ok ? get(p[0]) : VReg(0);
+          dst[2 * m + 1] = ok ? get(p[1]) : VReg(0);
         }
       }
     };
     if (a.v.f32)
       rows(static_cast<const float*>(a.v.p) + v_elem0 + c0);
+    else if constexpr (kRawLoads)
+      rows(static_cast<const uint16_t*>(a.v.p) + v_elem0 + c0);
     else
       rows(static_cast<const T*>(a.v.p) + v_elem0 + c0);
   };
@@ -534,6 +561,13 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
         for (int nt = 0; nt < nth; ++nt) put2(ro + 8 * nt, acc[b][nt][2 * hr], acc[b][nt][2 * hr + 1]);
       }
   };
+  // (kRawLoads, v4) beta of this thread's rows of the u pieces (tid / 32 + 4 m), read once here,
+  // under w's product, instead of per piece right before their use.
+  float brs[kRawLoads ? kVPairs : 1];
+  if constexpr (kRawLoads) {
+#pragma unroll
+    for (int m = 0; m < kVPairs; ++m) brs[m] = sm.beta[tid / 32 + 4 * m];
+  }
   // w = A wb (pairs as one 32-bit word: w's rows have an even length K).
   {
     constexpr int NTH = KMAX / 16;
@@ -551,8 +585,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
 #pragma unroll
     for (int m = 0; m < kVPairs; ++m) {  // pairs as 32-bit words
       const int r = tid / 32 + 4 * m, col = 2 * (tid % 32);
-      const float br = sm.beta[r];
-      mma::split_pair<T>(br * vv[2 * m], br * vv[2 * m + 1], *reinterpret_cast<uint32_t*>(&sm.ub[r * LDU + col]),
+      const float br = kRawLoads ? brs[kRawLoads ? m : 0] : sm.beta[r];
+      mma::split_pair<T>(br * vval(vv[2 * m]), br * vval(vv[2 * m + 1]),
+                         *reinterpret_cast<uint32_t*>(&sm.ub[r * LDU + col]),
                          *reinterpret_cast<uint32_t*>(&sm.ub_lo[r * LDU + col]));
     }
     __syncthreads();

@@ -220,7 +220,7 @@ int run(const Case& c) {
   a.dh = bdh.f(), a.dv_new = bdvn.f(), a.dq_acc = bdq.f(), a.dk_acc = bdk.f(), a.dv = bdv.f(), a.dbeta = bdb.f();
   a.dg = bdg.f();
   // Stage 1: the compact kernel (the default); FLASHGRAD_CHUNKED_KDA_PREPARE=old: the wide one;
-  // =v2 / =v3: the compact kernel's session-13 variants (kVar 2 / 3).
+  // =v2 / =v3 / =v4: the compact kernel's session-13 variants (kVar 2 / 3 / 4).
   const char* prep = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   if (prep && std::strcmp(prep, "old") == 0)
     launch(NC, HV, 1, [&] { dr::kda_prepare_kernel<TT, KM>(a); });
@@ -228,6 +228,8 @@ int run(const Case& c) {
     launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 2>(a); });
   else if (prep && std::strcmp(prep, "v3") == 0)
     launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 3>(a); });
+  else if (prep && std::strcmp(prep, "v4") == 0)
+    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 4>(a); });
   else
     launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM>(a); });
   // Stage 2 as the library picks it (chunked_kda_launch_impl.cuh): the transposed kernel, operand
