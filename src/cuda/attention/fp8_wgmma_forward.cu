@@ -96,9 +96,11 @@ constexpr bool kEarlyTestByDefault = true;
 // Session 12 (opt-in): kEarlyS with the two warpgroups' exponentials in turns (the kernel's kExpTurn),
 // hd 64 / 128 without ping-pong.
 constexpr bool kExpTurnByDefault = false;
-// Session 13 (opt-in until an H200 run has tested and timed it): the full tiles' row max from the
-// scores' bit patterns with 3-input integer maxima (the kernel's kIntMax, same numerics), in the
-// default schedules (hd 64 / 128 kEarlyS with kEarlyTest, hd 256 kSerialPvPipe).
+// Session 13 (opt-in): the full tiles' row max from the scores' bit patterns with 3-input integer
+// maxima (the kernel's kIntMax, same numerics), in the default schedules (hd 64 / 128 kEarlyS with
+// kEarlyTest, hd 256 kSerialPvPipe). H200 run 13.1, first version (a vote and a branch per row):
+// AttentionFp8Gpu.* passed, output bitwise the default's, hd 128 797 / 646 against 867 / 686 TFLOP/s
+// (none / causal), hd 64 -9..-13 %, hd 256 unchanged -> not the default; since then one vote per block.
 constexpr bool kIntMaxByDefault = false;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.

@@ -218,21 +218,19 @@ struct Fp8wExpTurn {
 };
 
 // kIntMax (session 13; full tiles of the short path): the max over the quad of row r's scores in the
-// block (r = 0: row g, r = 1: row g + 8; unscaled) from the scores' bit patterns read as int32, with
+// block (r = 0: row g, r = 1: row g + 8; unscaled), from the scores' bit patterns read as int32, with
 // 3-input integer maxima (sm90::max3_bits: VIMNMX3): 16 instructions per thread and row where the
 // float tree takes 31 FMNMX (sm_90 has no 3-input FMNMX). For floats >= +0 the int32 order of the
 // bits is the float order, and every negative float (and -0) reads as a negative int32. So if the
-// largest int m is >= 0, the row has a score >= +0 and m is the bits of its largest score. If m < 0,
+// largest int m is >= 0, the row has a score >= +0 and m is the bits of its largest score; if m < 0,
 // every score of the row's block is negative (or -0) and m is the bits of the most negative one, not
-// the max; that does not matter while the running max row_max is >= 0: the caller's new max
-// fmaxf(max mul, row_max) is row_max for every block max < 0 (mul > 0 on the short path), and
-// (most negative score) mul < 0 <= row_max gives it too. Only where a row of the warp has m < 0 and
-// row_max < 0 (its first block: -inf; or no score >= 0 so far) is the exact max needed: returns false
-// for the whole warp then (one vote: the caller's quad_max shuffles need every lane), and the caller
-// takes the float tree. NaN scores (from NaN inputs only) may be taken as the max here where FMNMX
-// drops them; the row's exponentials are NaN either way.
+// the max. Precondition (the caller's): the row's running max row_max >= 0. Then the new max
+// fmaxf(max mul, row_max) is the same either way: for a block max < 0 it is row_max (mul > 0 on the
+// short path), and (most negative score) mul < 0 <= row_max gives row_max too. NaN scores (from NaN
+// inputs only) may be taken as the max here where FMNMX drops them; the row's exponentials are NaN
+// either way.
 template <int BN>
-__device__ __forceinline__ bool fp8w_block_max_bits(const float (&s)[BN / 2], int r, float row_max, float& mx) {
+__device__ __forceinline__ float fp8w_block_max_bits(const float (&s)[BN / 2], int r) {
   static_assert(BN == 128, "kIntMax: 128-key blocks (32 scores per thread and row)");
   // Score v (0..31) of row r: s[4 (v / 2) + 2 r + v % 2] (key 8 (v / 2) + 2 t + v % 2).
   auto at = [&](int v) { return s[4 * (v / 2) + 2 * r + v % 2]; };
@@ -247,10 +245,13 @@ __device__ __forceinline__ bool fp8w_block_max_bits(const float (&s)[BN / 2], in
   // Over the quad (the row's 4 threads), through float shuffles of the bits.
   m = imax(m, __float_as_int(__shfl_xor_sync(0xffffffffu, __int_as_float(m), 1)));
   m = imax(m, __float_as_int(__shfl_xor_sync(0xffffffffu, __int_as_float(m), 2)));
-  // m < 0 and row_max < 0 (or -0: the float tree then, which is always right): both sign bits.
-  if (__any_sync(0xffffffffu, (m & __float_as_int(row_max)) < 0)) return false;
-  mx = __int_as_float(m);
-  return true;
+  return __int_as_float(m);
+}
+
+// Whether every running max of the warp's rows is >= +0 (fp8w_block_max_bits's precondition): one
+// vote on the sign bits (-0 counts as negative: the float tree then, which is always right).
+__device__ __forceinline__ bool fp8w_int_max_ok(const float (&row_max)[2]) {
+  return __all_sync(0xffffffffu, (__float_as_int(row_max[0]) | __float_as_int(row_max[1])) >= 0);
 }
 
 template <int kMode, int BN, bool kPolyExp = false, bool kLean = false, typename Turn = Fp8wNoTurn,
@@ -317,9 +318,8 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     };
     float mx;
     if constexpr (kIntMax && !kGeneral) {
-      // The block's row max (unscaled) from the bit patterns; the float tree where those cannot stand for it.
-      if (!fp8w_block_max_bits<BN>(s, r, row_max[r], mx)) mx = quad_max(thread_max());
-      mx = fmaxf(mx * mul, row_max[r]);
+      // The caller has checked row_max >= 0 for the whole warp (fp8w_int_max_ok).
+      mx = fmaxf(fp8w_block_max_bits<BN>(s, r) * mul, row_max[r]);
     } else {
       mx = fmaxf(quad_max(thread_max()) * mul, row_max[r]);
     }
@@ -574,9 +574,10 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // max, fold, pack and loop top run beside the other's exponentials.
 // kIntMax (session 13; kLean, 128-key blocks, without kPolyExp / kSpecMax / kExpTurn): full tiles of
 // the short path take their row max from the scores' bit patterns with 3-input integer maxima
-// (fp8w_block_max_bits: 16 instead of 31 instructions per thread and row), the float tree only where
-// a row's block has no score >= 0 while its running max is below 0. Same numerics (the max is the
-// same number; see fp8w_block_max_bits).
+// (fp8w_block_max_bits: 16 instead of 31 instructions per thread and row) where every running max of
+// the warp is >= 0 (one vote per block, before the softmax: fp8w_int_max_ok), the float tree
+// otherwise (the first block, and rows whose scores were all negative so far). Same numerics (the
+// new max is the same number; see fp8w_block_max_bits).
 template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true,
           bool kSpecMax = false, bool kEarlyTest = false, bool kExpTurn = false, bool kIntMax = false>
 __global__ void __launch_bounds__(384, 1)
@@ -846,9 +847,17 @@ __global__ void __launch_bounds__(384, 1)
       }
       exp_turn.release(exp_turn.acquire());  // an empty turn: the calls must pair up
     }
+    if constexpr (kIntMax) {
+      // Every running max of the warp >= 0 (after the first block, for scores of both signs).
+      if (tile_cls == full_short_cls && fp8w_int_max_ok(row_max)) {
+        fp8w_softmax_block<kFp8wFull, BN, false, true, Fp8wNoTurn, true>(s, row_max, row_sum, rescale, p, qk_scale,
+                                                                         w.mask, row0, n0, t4);
+        return;
+      }
+    }
     if (kLean ? tile_cls == full_short_cls : tile_cls == kTileFull && short_path_ok)
-      fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean, Fp8wNoTurn, kIntMax>(s, row_max, row_sum, rescale, p, qk_scale,
-                                                                             w.mask, row0, n0, t4);
+      fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
+                                                         n0, t4);
     else if (p.softcap_method == kSoftcapOff)
       fp8w_softmax_block<kFp8wMasked, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
                                                            n0, t4);
