@@ -47,7 +47,17 @@ struct DeltaRuleForwardOutputs {
   // r costs KDA's dg its accuracy bar, so it is refused). The recurrent backward
   // reads them instead of re-running the forward; pass the same tensor to delta_rule_backward.
   TensorView saved_r;
+  // optional: beta_t r_t [B, T, HV, V] in v's dtype (dense, contiguous), what the chunked algorithm
+  // calls v_new. Taken only where delta_rule_keeps_v_new(p) says so (the CUDA chunked path, GDN or
+  // the plain delta rule, 16-bit inputs); refused elsewhere. Pass the same tensor to
+  // delta_rule_backward: it then rebuilds the chunk states from it (chunk-parallel) instead of
+  // re-running the forward's serial state pass. Costs one tensor the size of v held from the forward
+  // to the backward (the backward then allocates none of its own).
+  TensorView saved_v_new;
 };
+
+// Whether delta_rule_forward / delta_rule_backward take saved_v_new for these params (validates them).
+bool delta_rule_keeps_v_new(const DeltaRuleParams& p);
 
 void delta_rule_forward(const DeltaRuleParams& p, const DeltaRuleForwardOutputs& out,
                         Workspace workspace = {});
@@ -56,6 +66,7 @@ struct DeltaRuleBackwardInputs {
   TensorView dout;     // [B, T, HV, V], q's dtype
   TensorView dht;      // optional, float32 [N, HV, K, V]: gradient of final_state
   TensorView saved_r;  // optional: what delta_rule_forward saved
+  TensorView saved_v_new;  // optional: what delta_rule_forward kept (see DeltaRuleForwardOutputs)
 };
 
 struct DeltaRuleGrads {
@@ -68,6 +79,8 @@ struct DeltaRuleGrads {
 void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleBackwardInputs& in,
                          const DeltaRuleGrads& grads, Workspace workspace = {});
 
-std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, Pass pass);
+// `with_saved_v_new`: the call will pass saved_v_new (delta_rule_keeps_v_new(p) must hold); the
+// chunked path then needs no scratch for v_new.
+std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, Pass pass, bool with_saved_v_new = false);
 
 }  // namespace flashgrad

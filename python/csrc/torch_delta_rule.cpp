@@ -43,9 +43,10 @@ DeltaRuleParams make_params(const DeltaRuleTensors& t, const std::optional<doubl
   return p;
 }
 
-at::Tensor workspace_for(const DeltaRuleParams& p, Pass pass, const at::Tensor& q, Workspace& ws) {
+at::Tensor workspace_for(const DeltaRuleParams& p, Pass pass, const at::Tensor& q, Workspace& ws,
+                         bool with_saved_v_new = false) {
   if (!q.is_cuda()) return {};
-  const std::size_t bytes = delta_rule_workspace_bytes(p, pass);
+  const std::size_t bytes = delta_rule_workspace_bytes(p, pass, with_saved_v_new);
   if (bytes == 0) return {};
   at::Tensor buffer = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
   ws = {buffer.data_ptr(), bytes};
@@ -68,12 +69,12 @@ std::vector<int64_t> state_shape(const at::Tensor& q, const at::Tensor& v,
   return {n, v.size(2), q.size(3), v.size(3)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> delta_rule_forward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_rule_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& g,
     const at::Tensor& beta, std::optional<double> scale,
     const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& cu_seqlens,
     bool use_qk_l2norm_in_kernel, c10::string_view algorithm, bool output_final_state,
-    bool save_r) {
+    bool save_r, bool keep_v_new) {
   return translate_errors([&] {
     c10::OptionalDeviceGuard guard(q.device());
     const DeltaRuleTensors t{last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v),
@@ -87,13 +88,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> delta_rule_forward(
                                  ? at::empty(state_shape(q, v, cu_seqlens), state_options)
                                  : at::empty({0}, state_options);
     at::Tensor saved_r = save_r ? at::empty(v.sizes(), state_options) : at::empty({0}, state_options);
+    // v_new kept for the backward (the caller asked: flashgrad.delta_rule decides where the core takes
+    // it; the core refuses it elsewhere, naming saved_v_new).
+    at::Tensor saved_v_new = keep_v_new ? at::empty(v.sizes(), v.options()) : at::empty({0}, v.options());
     outs.o = view(o);
     if (output_final_state) outs.final_state = view(final_state);
     if (save_r) outs.saved_r = view(saved_r);
+    if (keep_v_new) outs.saved_v_new = view(saved_v_new);
     Workspace ws;
-    const at::Tensor scratch = workspace_for(p, Pass::forward, t.q, ws);
+    const at::Tensor scratch = workspace_for(p, Pass::forward, t.q, ws, keep_v_new && delta_rule_keeps_v_new(p));
     flashgrad::delta_rule_forward(p, outs, ws);
-    return std::make_tuple(o, final_state, saved_r);
+    return std::make_tuple(o, final_state, saved_r, saved_v_new);
   });
 }
 
@@ -104,7 +109,7 @@ delta_rule_backward(const at::Tensor& dout, const std::optional<at::Tensor>& dht
                     const at::Tensor& beta, std::optional<double> scale,
                     const std::optional<at::Tensor>& initial_state,
                     const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm_in_kernel,
-                    c10::string_view algorithm) {
+                    c10::string_view algorithm, const std::optional<at::Tensor>& saved_v_new) {
   return translate_errors([&] {
     c10::OptionalDeviceGuard guard(q.device());
     const DeltaRuleTensors t{last_dim_contiguous(q), last_dim_contiguous(k), last_dim_contiguous(v),
@@ -120,6 +125,10 @@ delta_rule_backward(const at::Tensor& dout, const std::optional<at::Tensor>& dht
     in.dout = view(dout_c);
     in.dht = view(dht_c);
     in.saved_r = view(r_c);
+    // An empty saved_v_new (or none) means "not kept": the backward recomputes it.
+    std::optional<at::Tensor> vn = saved_v_new;
+    if (vn.has_value() && vn->numel() == 0) vn.reset();
+    in.saved_v_new = view(vn);
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), v.options());
@@ -135,7 +144,8 @@ delta_rule_backward(const at::Tensor& dout, const std::optional<at::Tensor>& dht
     grads.dbeta = view(dbeta);
     if (initial_state.has_value()) grads.dh0 = view(dh0);
     Workspace ws;
-    const at::Tensor scratch = workspace_for(p, Pass::backward, t.q, ws);
+    const at::Tensor scratch =
+        workspace_for(p, Pass::backward, t.q, ws, vn.has_value() && delta_rule_keeps_v_new(p));
     flashgrad::delta_rule_backward(p, in, grads, ws);
     return std::make_tuple(dq, dk, dv, dg, dbeta, dh0);
   });

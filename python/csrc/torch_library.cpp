@@ -30,15 +30,18 @@ TORCH_LIBRARY(flashgrad, m) {
       "bool deterministic, Tensor? descale_q=None, Tensor? descale_k=None, Tensor? descale_v=None) "
       "-> (Tensor dq, Tensor dk, Tensor dv)");
   // o [B, T, HV, V]; final_state [N, HV, K, V] (shape [0] unless output_final_state);
-  // saved_r [B, T, HV, V] prediction errors for the recurrent backward (shape [0] unless save_r).
+  // saved_r [B, T, HV, V] prediction errors for the recurrent backward (shape [0] unless save_r);
+  // saved_v_new [B, T, HV, V] in v's dtype, the chunked path's v_new for its backward (shape [0]
+  // unless keep_v_new; where the core keeps none, keep_v_new=True raises).
   m.def(
       "delta_rule_forward(Tensor q, Tensor k, Tensor v, Tensor? g, Tensor beta, float? scale, "
       "Tensor? initial_state, Tensor? cu_seqlens, bool use_qk_l2norm_in_kernel, str algorithm, "
-      "bool output_final_state, bool save_r) -> (Tensor o, Tensor final_state, Tensor saved_r)");
+      "bool output_final_state, bool save_r, bool keep_v_new=False) -> (Tensor o, Tensor final_state, "
+      "Tensor saved_r, Tensor saved_v_new)");
   // dg has g's shape (shape [0] without g); dh0 initial_state's (shape [0] without it).
   m.def(
       "delta_rule_backward(Tensor dout, Tensor? dht, Tensor? saved_r, Tensor q, Tensor k, Tensor v, "
       "Tensor? g, Tensor beta, float? scale, Tensor? initial_state, Tensor? cu_seqlens, "
-      "bool use_qk_l2norm_in_kernel, str algorithm) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, "
-      "Tensor dbeta, Tensor dh0)");
+      "bool use_qk_l2norm_in_kernel, str algorithm, Tensor? saved_v_new=None) -> (Tensor dq, Tensor dk, "
+      "Tensor dv, Tensor dg, Tensor dbeta, Tensor dh0)");
 }

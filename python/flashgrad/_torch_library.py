@@ -70,7 +70,7 @@ def _num_states(q, cu_seqlens):
 
 @torch.library.register_fake("flashgrad::delta_rule_forward")
 def _delta_rule_forward_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens,
-                             use_qk_l2norm_in_kernel, algorithm, output_final_state, save_r):
+                             use_qk_l2norm_in_kernel, algorithm, output_final_state, save_r, keep_v_new=False):
     o = q.new_empty(v.shape)
     sdt = _state_dtype(q)
     if output_final_state and q.dim() == 4 and v.dim() == 4:
@@ -78,12 +78,13 @@ def _delta_rule_forward_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens,
     else:
         final_state = q.new_empty((0,), dtype=sdt)
     saved_r = q.new_empty(v.shape if save_r else (0,), dtype=sdt)
-    return o, final_state, saved_r
+    saved_v_new = v.new_empty(v.shape if keep_v_new else (0,))
+    return o, final_state, saved_r, saved_v_new
 
 
 @torch.library.register_fake("flashgrad::delta_rule_backward")
 def _delta_rule_backward_fake(dout, dht, saved_r, q, k, v, g, beta, scale, initial_state, cu_seqlens,
-                              use_qk_l2norm_in_kernel, algorithm):
+                              use_qk_l2norm_in_kernel, algorithm, saved_v_new=None):
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
@@ -127,15 +128,18 @@ torch.library.register_autograd("flashgrad::attention_forward", _attention_backw
 
 def _delta_rule_setup_context(ctx, inputs, output):
     (q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, algorithm,
-     output_final_state, save_r) = inputs
-    _, _, saved_r = output
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, saved_r if save_r else None)
+     output_final_state, save_r, *rest) = inputs
+    keep_v_new = bool(rest[0]) if rest else False
+    _, _, saved_r, saved_v_new = output
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, saved_r if save_r else None,
+                          saved_v_new if keep_v_new else None)
     ctx.options = (scale, use_qk_l2norm_in_kernel, algorithm)
+    ctx.num_inputs = len(inputs)  # keep_v_new may come as its default (absent)
     ctx.set_materialize_grads(False)
 
 
-def _delta_rule_backward(ctx, do, dht, _dr):
-    q, k, v, g, beta, initial_state, cu_seqlens, saved_r = ctx.saved_tensors
+def _delta_rule_backward(ctx, do, dht, _dr, _dvn):
+    q, k, v, g, beta, initial_state, cu_seqlens, saved_r, saved_v_new = ctx.saved_tensors
     scale, use_qk_l2norm_in_kernel, algorithm = ctx.options
     if do is None:  # only the final state reached the loss
         do = q.new_zeros(v.shape)
@@ -143,9 +147,9 @@ def _delta_rule_backward(ctx, do, dht, _dr):
         dht = None
     dq, dk, dv, dg, dbeta, dh0 = ops.delta_rule_backward(
         do, dht, saved_r, q, k, v, g, beta, scale, initial_state, cu_seqlens,
-        use_qk_l2norm_in_kernel, algorithm)
-    return (dq, dk, dv, dg if g is not None else None, dbeta, None,
-            dh0 if initial_state is not None else None, None, None, None, None, None)
+        use_qk_l2norm_in_kernel, algorithm, saved_v_new)
+    grads = (dq, dk, dv, dg if g is not None else None, dbeta, None, dh0 if initial_state is not None else None)
+    return grads + (None,) * (ctx.num_inputs - len(grads))
 
 
 torch.library.register_autograd("flashgrad::delta_rule_forward", _delta_rule_backward,

@@ -23,6 +23,8 @@ accepted; ones flashgrad does not implement (``return_intermediate_states``, ``c
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -79,6 +81,22 @@ def _kda_gate(op, g, A_log, dt_bias, lower_bound, q):
     return -a * F.softplus(x)
 
 
+def _keeps_v_new(algorithm, q, k, v, g):
+    """Whether the forward keeps v_new (beta_t r_t, v's dtype and shape) for the backward, which then
+    rebuilds the chunk states from it instead of re-running the forward's serial state pass: the
+    CUDA chunked path for GDN and the plain delta rule (the core's delta_rule_keeps_v_new; this mirrors
+    its rule: 16-bit inputs, K in {64, 128}, V a multiple of 64 up to 256). Costs one tensor the size
+    of v held until the backward. FLASHGRAD_KEEP_V_NEW=0 / 1 (read per call) turns it off / on; off
+    by default until the H200 has run it."""
+    env = os.environ.get("FLASHGRAD_KEEP_V_NEW")
+    if env is None or env == "0":
+        return False
+    return (algorithm == "chunked" and q.is_cuda and q.dim() == 4 and v.dim() == 4
+            and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
+            and (g is None or g.dim() == 3) and q.shape[-1] in (64, 128)
+            and v.shape[-1] % 64 == 0 and 0 < v.shape[-1] <= 256)
+
+
 def _delta_rule(op, algorithm, q, k, v, g, beta, scale, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, cu_seqlens, state_v_first=False):
     for arg, t in (("q", q), ("k", k), ("v", v)):
@@ -100,10 +118,11 @@ def _delta_rule(op, algorithm, q, k, v, g, beta, scale, initial_state, output_fi
             initial_state = initial_state.to(_compute_dtype(q))
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state))
-    o, final_state, _ = ops.delta_rule_forward(
+    save_r = algorithm == "recurrent" and needs_grad
+    o, final_state, _, _ = ops.delta_rule_forward(
         q, k, v, g, beta, None if scale is None else float(scale), initial_state, cu_seqlens,
-        bool(use_qk_l2norm_in_kernel), algorithm, bool(output_final_state),
-        algorithm == "recurrent" and needs_grad)
+        bool(use_qk_l2norm_in_kernel), algorithm, bool(output_final_state), save_r,
+        needs_grad and _keeps_v_new(algorithm, q, k, v, g))
     if not output_final_state:
         return o, None
     if state_v_first:

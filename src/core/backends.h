@@ -34,7 +34,8 @@ void cuda_copy_to_host(void* dst, const void* src, std::size_t bytes, int device
                            const DeltaRuleBackwardInputs& in, const DeltaRuleGrads& grads,         \
                            Workspace ws);                                                          \
   std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRuleProblem& pr,     \
-                                         Pass pass);                                               \
+                                         Pass pass, bool with_saved_v_new);                        \
+  bool delta_rule_keeps_v_new(const DeltaRuleParams& p, const DeltaRuleProblem& pr);               \
   }
 
 FLASHGRAD_DECLARE_BACKEND(reference)

@@ -33,8 +33,9 @@ void delta_rule_backward(const DeltaRuleParams&, const DeltaRuleProblem&,
                          const DeltaRuleBackwardInputs&, const DeltaRuleGrads&, Workspace) {
   no_cuda("delta_rule_backward");
 }
-std::size_t delta_rule_workspace_bytes(const DeltaRuleParams&, const DeltaRuleProblem&, Pass) {
+std::size_t delta_rule_workspace_bytes(const DeltaRuleParams&, const DeltaRuleProblem&, Pass, bool) {
   no_cuda("delta_rule_workspace_bytes");
 }
+bool delta_rule_keeps_v_new(const DeltaRuleParams&, const DeltaRuleProblem&) { no_cuda("delta_rule_keeps_v_new"); }
 }  // namespace cuda
 }  // namespace flashgrad

@@ -171,9 +171,23 @@ void check_outputs_disjoint(const Checker& c, const std::vector<std::pair<const 
 }
 }  // namespace
 
+// saved_v_new (forward output or backward input): only where the backend keeps it (the CUDA chunked
+// path: delta_rule_keeps_v_new), the shape and dtype of v, dense row-major (the kernels index it as
+// [rows, HV, V]).
+static void check_saved_v_new(const Checker& c, const DeltaRuleParams& p, const DeltaRuleProblem& pr, const TensorView& t,
+                       bool keeps_v_new) {
+  if (!t.present()) return;
+  c.require(keeps_v_new, "saved_v_new",
+            "is taken only by the CUDA chunked algorithm for GDN or the plain delta rule with bf16 / fp16 "
+            "inputs (delta_rule_keeps_v_new() says false for these params): leave it absent");
+  check_output(c, p, t, "saved_v_new", v_shape(pr), "the shape of v");
+  c.same_dtype(t, "saved_v_new", p.v, "v");
+  c.require(t.is_contiguous(), "saved_v_new", "must be contiguous (dense [B, T, HV, V])");
+}
+
 void validate_delta_rule_forward_outputs(const char* op, const DeltaRuleParams& p,
                                          const DeltaRuleProblem& pr,
-                                         const DeltaRuleForwardOutputs& out) {
+                                         const DeltaRuleForwardOutputs& out, bool keeps_v_new) {
   const Checker c{op};
   check_output(c, p, out.o, "o", v_shape(pr), "the shape of v");
   c.same_dtype(out.o, "o", p.q, "q");
@@ -188,13 +202,17 @@ void validate_delta_rule_forward_outputs(const char* op, const DeltaRuleParams& 
     // dk and the reverse sum of dg directly.
     check_state_dtype(c, out.saved_r, "saved_r", p.q);
   }
-  check_outputs_disjoint(c, {{&out.o, "o"}, {&out.final_state, "final_state"}, {&out.saved_r, "saved_r"}});
+  check_saved_v_new(c, p, pr, out.saved_v_new, keeps_v_new);
+  c.require(!(out.saved_v_new.present() && out.saved_r.present()), "saved_v_new",
+            "and saved_r: ask for one (saved_r sends the call to the recurrent algorithm, which keeps no v_new)");
+  check_outputs_disjoint(c, {{&out.o, "o"}, {&out.final_state, "final_state"}, {&out.saved_r, "saved_r"},
+                             {&out.saved_v_new, "saved_v_new"}});
 }
 
 void validate_delta_rule_backward_args(const char* op, const DeltaRuleParams& p,
                                        const DeltaRuleProblem& pr,
                                        const DeltaRuleBackwardInputs& in,
-                                       const DeltaRuleGrads& grads) {
+                                       const DeltaRuleGrads& grads, bool keeps_v_new) {
   const Checker c{op};
   // Inputs of the backward.
   c.tensor(in.dout, "dout", {4});
@@ -212,6 +230,16 @@ void validate_delta_rule_backward_args(const char* op, const DeltaRuleParams& p,
     check_state_dtype(c, in.saved_r, "saved_r", p.q);
     c.same_device(in.saved_r, "saved_r", p.q, "q");
     c.shape(in.saved_r, "saved_r", v_shape(pr), "the shape of v");
+  }
+  if (in.saved_v_new.present()) {
+    c.require(keeps_v_new, "saved_v_new",
+              "is taken only by the CUDA chunked algorithm for GDN or the plain delta rule with bf16 / fp16 "
+              "inputs (delta_rule_keeps_v_new() says false for these params): leave it absent");
+    c.tensor(in.saved_v_new, "saved_v_new", {4});
+    c.same_dtype(in.saved_v_new, "saved_v_new", p.v, "v");
+    c.same_device(in.saved_v_new, "saved_v_new", p.q, "q");
+    c.shape(in.saved_v_new, "saved_v_new", v_shape(pr), "the shape of v");
+    c.require(in.saved_v_new.is_contiguous(), "saved_v_new", "must be contiguous (dense [B, T, HV, V])");
   }
 
   // Gradients: shapes and dtypes of what they differentiate.
@@ -243,6 +271,7 @@ void validate_delta_rule_backward_args(const char* op, const DeltaRuleParams& p,
     c.no_overlap(*o.first, o.second, in.dout, "dout");
     c.no_overlap(*o.first, o.second, in.dht, "dht");
     c.no_overlap(*o.first, o.second, in.saved_r, "saved_r");
+    c.no_overlap(*o.first, o.second, in.saved_v_new, "saved_v_new");
   }
 }
 

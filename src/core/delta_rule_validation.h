@@ -10,10 +10,10 @@ namespace flashgrad {
 DeltaRuleProblem validate_delta_rule_inputs(const char* op, const DeltaRuleParams& p);
 void validate_delta_rule_forward_outputs(const char* op, const DeltaRuleParams& p,
                                          const DeltaRuleProblem& pr,
-                                         const DeltaRuleForwardOutputs& out);
+                                         const DeltaRuleForwardOutputs& out, bool keeps_v_new);
 void validate_delta_rule_backward_args(const char* op, const DeltaRuleParams& p,
                                        const DeltaRuleProblem& pr,
                                        const DeltaRuleBackwardInputs& in,
-                                       const DeltaRuleGrads& grads);
+                                       const DeltaRuleGrads& grads, bool keeps_v_new);
 
 }  // namespace flashgrad

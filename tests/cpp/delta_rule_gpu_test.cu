@@ -53,6 +53,7 @@ struct Case {
   float gate_div = 1.0f;  // g = logsigmoid(x) / gate_div
   int64_t pad = 0;        // strided q, k, v, dout, o, r, dq, dk, dv: rows padded by this many elements
   flashgrad::DeltaRuleAlgorithm algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
+  bool keep_v_new = false;  // pass saved_v_new (chunked algorithm, GDN / plain): forward writes it, backward reads it
   uint64_t seed = 1;
 
   int64_t N() const { return seq_lens.empty() ? B : static_cast<int64_t>(seq_lens.size()); }
@@ -525,6 +526,13 @@ void run_case(const Case& c) {
   out.o = o.view();
   out.final_state = ht.view();
   if (r.ptr) out.saved_r = r.view();
+  DevTensor vn;  // dense: saved_v_new must be contiguous
+  if (c.keep_v_new) {
+    ASSERT_TRUE(flashgrad::delta_rule_keeps_v_new(p)) << c.name << ": these params keep no v_new";
+    vn = DevTensor(c.dtype, {c.B, Tt, c.HV, c.V});
+    vn.poison();
+    out.saved_v_new = vn.view();
+  }
   ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out));
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -538,6 +546,7 @@ void run_case(const Case& c) {
   in.dout = dout.view();
   in.dht = dht.view();
   if (r.ptr) in.saved_r = r.view();
+  if (vn.ptr) in.saved_v_new = vn.view();
   flashgrad::DeltaRuleGrads gr;
   gr.dq = dq.view();
   gr.dk = dk.view();
@@ -773,6 +782,62 @@ TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
   }
 }
 
+// The forward keeps v_new (saved_v_new) and the backward rebuilds the chunk states from it
+// (chunked_state_from_vnew.cuh, in segments where the chains are few) instead of re-running stage 2:
+// the same bars, every length of the issue, GVA, K != V, the plain rule, no initial state, varlen.
+void run_kept_v_new(Case c) {
+  c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+  c.saved_r = DType::i32;
+  c.keep_v_new = true;
+  run_case(c);
+}
+TEST(DeltaRuleGpu, ChunkedKeptVNewLengths) {
+  REQUIRE_GPU();
+  for (int64_t T : kTs) {
+    Case c;
+    c.name = "kept v_new gdn bf16 GVA T=" + std::to_string(T);
+    c.B = 2, c.T = T, c.H = 2, c.HV = 4, c.K = 128, c.V = 128;
+    c.gate_div = T == 500 ? 0.1f : (T == 1500 ? 10.f : 1.f);
+    c.seed = 1600 + T;
+    run_kept_v_new(c);
+  }
+}
+// (small cases: the GPU check's compute-sanitizer runs this one)
+TEST(DeltaRuleGpu, ChunkedKeptVNewMatches) {
+  REQUIRE_GPU();
+  auto kept = run_kept_v_new;
+  {
+    Case c;
+    c.name = "kept v_new delta f16 K64 V128 no norm";
+    c.dtype = DType::f16;
+    c.gate = GateKind::none;
+    c.B = 2, c.T = 130, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
+    c.l2norm = false;
+    c.seed = 1611;
+    kept(c);
+  }
+  {
+    Case c;
+    c.name = "kept v_new gdn f16 K128 V64 strong decay no h0";
+    c.dtype = DType::f16;
+    c.B = 1, c.T = 300, c.H = 1, c.HV = 2, c.K = 128, c.V = 64;
+    c.gate_div = 0.1f;
+    c.h0 = false;
+    c.seed = 1612;
+    kept(c);
+  }
+  for (GateKind gk : {GateKind::scalar, GateKind::none}) {
+    Case c;
+    c.name = std::string("kept v_new varlen ") + (gk == GateKind::scalar ? "gdn" : "delta");
+    c.gate = gk;
+    c.B = 1, c.H = 2, c.HV = 4, c.K = 64, c.V = 64;
+    c.seq_lens = {1, 63, 136, 0, 511, 75, 714};
+    c.gate_div = 0.1f;
+    c.seed = 1620 + static_cast<int>(gk);
+    kept(c);
+  }
+}
+
 // Enough (sequence, value head) chains that the backward's B1 runs one block per chain, so dv_new
 // goes into w's region (dv_new_in_w_allowed: the default since run 9.1; the test unsets
 // FLASHGRAD_CHUNKED_DVNEW_IN_W, which can turn it off): K = V = 64 (4 warps), K = V = 128 with >=
@@ -863,10 +928,14 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
   fill(q, 1, 0); fill(k, 2, 0); fill(v, 3, 0); fill(g, 4, 1); fill(beta, 5, 2); fill(h0, 6, 0);
   fill(dout, 7, 0); fill(dht, 8, 0);
   CUDA_OK(cudaMemcpy(cu.ptr, cu_h.data(), 8 * cu_h.size(), cudaMemcpyHostToDevice));
-  // Both algorithms: recurrent with a saved r, chunked (tensor-core stages) without one.
-  for (const bool chunked : {false, true}) {
-  SCOPED_TRACE(chunked ? "algorithm chunked" : "algorithm recurrent");
+  // Both algorithms: recurrent with a saved r, chunked (tensor-core stages) without one, and chunked
+  // with the forward's v_new kept (saved_v_new: bf16 in r's memory, which that mode does not use).
+  for (const int mode : {0, 1, 2}) {
+  const bool chunked = mode >= 1, kept = mode == 2;
+  SCOPED_TRACE(kept ? "algorithm chunked, v_new kept" : (chunked ? "algorithm chunked" : "algorithm recurrent"));
   for (DevTensor* t : {&o, &r, &ht, &dq, &dk, &dv, &dg, &dbeta, &dh0}) t->poison();
+  TensorView vn = r.view();  // [1, total, HV, V] dense
+  vn.dtype = DType::bf16;
 
   flashgrad::DeltaRuleParams p;
   p.q = q.view(); p.k = k.view(); p.v = v.view(); p.g = g.view(); p.beta = beta.view();
@@ -874,9 +943,11 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
   p.algorithm = chunked ? flashgrad::DeltaRuleAlgorithm::chunked : flashgrad::DeltaRuleAlgorithm::recurrent;
   flashgrad::DeltaRuleForwardOutputs out;
   out.o = o.view(); out.final_state = ht.view(); out.saved_r = chunked ? TensorView() : r.view();
+  if (kept) out.saved_v_new = vn;
   ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out));
   flashgrad::DeltaRuleBackwardInputs in;
   in.dout = dout.view(); in.dht = dht.view(); in.saved_r = chunked ? TensorView() : r.view();
+  if (kept) in.saved_v_new = vn;
   flashgrad::DeltaRuleGrads gr;
   gr.dq = dq.view(); gr.dk = dk.view(); gr.dv = dv.view(); gr.dg = g.ptr ? dg.view() : TensorView();
   gr.dbeta = dbeta.view(); gr.dh0 = dh0.view();
@@ -886,7 +957,8 @@ TEST(DeltaRuleGpu, PastTwoToThe31Elements) {
   for (int64_t n : {int64_t(0), N - 1}) {
     const int64_t bos = cu_h[n], len = lens[n];
     Case c;
-    c.name = std::string(chunked ? "chunked" : "recurrent") + " 2^31 seq " + std::to_string(n);
+    c.name = std::string(kept ? "chunked kept v_new" : (chunked ? "chunked" : "recurrent")) + " 2^31 seq " +
+             std::to_string(n);
     c.B = 1, c.H = H, c.HV = HV, c.K = K, c.V = V, c.seq_lens = {len};
     HostData d;
     d.q = download_range(q, bos * H * K, len * H * K);

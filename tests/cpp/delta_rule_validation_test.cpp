@@ -236,6 +236,28 @@ TEST(DeltaRuleValidation, SavedRSixteenBitRefusedForSixteenBitInputs) {
   expect_rejected("saved_r", [](Call& call) { call.in.saved_r = call.make(DType::bf16, {2, 5, 2, 3}); },
                   Which::backward, c);
 }
+// saved_v_new: only where the backend keeps v_new (the CUDA chunked path); the CPU backend keeps none,
+// so it refuses the tensor (naming it) in both passes and in the workspace query, whatever its shape.
+TEST(DeltaRuleValidation, SavedVNewRefusedWhereNotKept) {
+  DeltaCase c = base_case();
+  c.dtype = DType::bf16;
+  {
+    Call call(c);
+    EXPECT_FALSE(delta_rule_keeps_v_new(call.p));
+    try {
+      (void)delta_rule_workspace_bytes(call.p, Pass::backward, true);
+      ADD_FAILURE() << "delta_rule_workspace_bytes(with_saved_v_new = true) on the CPU did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "with_saved_v_new") << e.what();
+    }
+  }
+  expect_rejected("saved_v_new", [](Call& call) {
+    call.out.saved_r = TensorView();
+    call.out.saved_v_new = call.make(DType::bf16, {2, 5, 2, 3});
+  }, Which::forward, c);
+  expect_rejected("saved_v_new", [](Call& call) { call.in.saved_v_new = call.make(DType::bf16, {2, 5, 2, 3}); },
+                  Which::backward, c);
+}
 TEST(DeltaRuleValidation, OutputMissing) {
   expect_rejected("o", [](Call& c) { c.out.o = TensorView(); }, Which::forward);
   expect_rejected("dv", [](Call& c) { c.grads.dv = TensorView(); }, Which::backward);

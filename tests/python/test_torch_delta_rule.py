@@ -224,7 +224,7 @@ def test_opcheck_delta_rule_forward_varlen(rng):
 @pytest.mark.parametrize("algorithm", ["chunked", "recurrent"])
 def test_opcheck_delta_rule_backward(rng, algorithm):
     x = {n: t.detach() for n, t in make_inputs(rng, "kda").items()}
-    o, final, saved_r = torch.ops.flashgrad.delta_rule_forward(*_forward_args(x, algorithm, save_r=True))
+    o, final, saved_r, _ = torch.ops.flashgrad.delta_rule_forward(*_forward_args(x, algorithm, save_r=True))
     do = torch.randn(o.shape, generator=rng, dtype=F64)
     dht = torch.randn(final.shape, generator=rng, dtype=F64)
     args = (do, dht, saved_r if algorithm == "recurrent" else None, x["q"], x["k"], x["v"], x["g"], x["beta"],
@@ -257,6 +257,56 @@ def test_gpu_matches_cpu_reference(rng, gate, algorithm):
             o, final = call(fn, xs, output_final_state=True)
         except NotImplementedError as e:
             pytest.xfail(f"CUDA backend: {e}")
+        loss = (o.float() * do.to(device)).sum() + (final * dht.to(device)).sum()
+        grads = torch.autograd.grad(loss, list(xs.values()))
+        return [o, final, *grads]
+
+    gpu = run(x, "cuda")
+    ref = run({n: t.double() for n, t in x.items()}, "cpu")
+    names = ["o", "final_state"] + ["d" + n for n in x]
+    limits = {"o": 0.005, "final_state": 0.005, "dg": 0.02, "dbeta": 0.02}
+    for name, got, want in zip(names, gpu, ref):
+        err = _rel_rms(got.detach().cpu(), want.detach())
+        assert err <= limits.get(name, 0.008), f"{name}: relative RMS error {err:.2e}"
+
+
+# ---- kept v_new (FLASHGRAD_KEEP_V_NEW; the CUDA chunked path only) --------------------------------
+
+
+def test_keep_v_new_refused_on_cpu(rng, monkeypatch):
+    """The CPU backend keeps no v_new: the wrapper does not ask for it, and the op asked directly
+    raises ValueError naming saved_v_new."""
+    monkeypatch.setenv("FLASHGRAD_KEEP_V_NEW", "1")
+    x = {n: t.to(torch.bfloat16) if n in ("q", "k", "v", "beta") else t
+         for n, t in make_inputs(rng, "gdn", k=64, v=64, dtype=torch.float32).items()}
+    from flashgrad.delta_rule import _keeps_v_new
+    assert not _keeps_v_new("chunked", x["q"], x["k"], x["v"], x["g"])
+    with pytest.raises(ValueError, match="saved_v_new"):
+        torch.ops.flashgrad.delta_rule_forward(*_forward_args(x, "chunked"), True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["gdn", "plain"])
+@pytest.mark.parametrize("kv", [(64, 64), (128, 128)])
+def test_gpu_keep_v_new_matches_cpu_reference(rng, monkeypatch, gate, kv):
+    """With FLASHGRAD_KEEP_V_NEW=1 the chunked forward keeps v_new (the op returns it, v's shape and
+    dtype) and the backward rebuilds the states from it: same bars against the CPU reference."""
+    monkeypatch.setenv("FLASHGRAD_KEEP_V_NEW", "1")
+    k, v = kv
+    fn = FUNCTIONS[gate][0]
+    x = {n: t.detach() for n, t in make_inputs(rng, gate, b=2, t=700, h=2, hv=4, k=k, v=v,
+                                                 dtype=torch.float32).items()}
+    x["k"] = F.normalize(x["k"], dim=-1)
+    do = torch.randn(x["v"].shape, generator=rng)
+    dht = torch.randn(x["initial_state"].shape, generator=rng)
+    xg = {n: t.cuda().to(torch.bfloat16 if n in ("q", "k", "v") else t.dtype) for n, t in x.items()}
+    _, _, _, vn = torch.ops.flashgrad.delta_rule_forward(*_forward_args(xg, "chunked"), True)
+    assert vn.shape == xg["v"].shape and vn.dtype == torch.bfloat16
+
+    def run(inputs, device):
+        xs = {n: t.to(device).to(torch.bfloat16 if n in ("q", "k", "v") and device == "cuda" else t.dtype)
+              .requires_grad_() for n, t in inputs.items()}
+        o, final = call(fn, xs, output_final_state=True)
         loss = (o.float() * do.to(device)).sum() + (final * dht.to(device)).sum()
         grads = torch.autograd.grad(loss, list(xs.values()))
         return [o, final, *grads]

@@ -22,12 +22,13 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Refuses what the stages do not take (see chunked_stages_support), naming the argument.
-inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs& a) {
+// Refuses what the stages do not take (see chunked_stages_support), naming the argument. `u_optional`:
+// stage 1 may leave u out (a backward reading a kept v_new runs no stage 2).
+inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs& a, bool u_optional = false) {
   const std::string why = chunked_stages_support(dtype, a.K, a.V, false);
   if (!why.empty()) throw_unsupported(stage, "q", why);
   // Intermediates every stage pair shares (A is optional: only the tests read it).
-  if (!a.w || !a.u || !a.v_new || (!a.h && !a.h16) || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
+  if (!a.w || (!a.u && !u_optional) || (!a.v_new && !u_optional) || (!a.h && !a.h16) || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
     throw_invalid_argument(stage, "scratch", "w, u, v_new, h, the chunk plan and (with a gate) G must be allocated");
   if (a.h && a.h16) throw_invalid_argument(stage, "scratch", "h is either fp32 (h) or 16-bit (h16), not both");
   if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)
@@ -215,7 +216,7 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
 
 template <typename T>
 void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
-  check_chunked_args("chunked delta rule (prepare)", dtype_of<T>(), a);
+  check_chunked_args("chunked delta rule (prepare)", dtype_of<T>(), a, true);
   if (a.num_chunks == 0 || a.HV == 0) return;
   if (a.K == 64)
     launch_prepare_fixed<T, 64>(a, s);

@@ -42,10 +42,13 @@ struct ChunkedScratch {
   bool gva = false;         // H < HV: dq, dk still summed over each group in fp32 accumulators
   bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed)
   bool chains = false;      // 16-bit mode: stage 2 beside B1 in one launch (state_chains_wanted), dh in its own buffer
+  bool kept = false;        // v_new lives in the caller's saved_v_new: no scratch for it
 
   // `backward`: the scratch of a backward call (the 16-bit mode applies there only: the forward's
-  // stage 3 reads fp32 h).
-  ChunkedScratch(const DeltaRuleProblem& pr, DType dtype, bool backward = false) {
+  // stage 3 reads fp32 h). `kept_v_new`: v_new is the caller's saved_v_new (the forward writes it, the
+  // backward reads it: no stage 2 there, so no chains launch either).
+  ChunkedScratch(const DeltaRuleProblem& pr, DType dtype, bool backward = false, bool kept_v_new = false)
+      : kept(kept_v_new) {
     plan = make_chunk_plan(pr.batch, pr.seq_len, pr.cu_seqlens);
     rows = pr.batch * pr.seq_len;
     num_chunks = static_cast<int64_t>(plan.chunks.size());
@@ -63,7 +66,8 @@ struct ChunkedScratch {
       FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
       FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
       dvn_in_w = dv_new_in_w_allowed(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
-      chains = !dvn_in_w && state_chains_wanted(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
+      chains = !kept_v_new && !dvn_in_w &&
+               state_chains_wanted(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
     }
   }
   // Bytes of one h / dh element.
@@ -71,7 +75,7 @@ struct ChunkedScratch {
   std::size_t forward_bytes() const {
     return align_up(sizeof(ChunkInfo) * plan.chunks.size()) + align_up(8 * plan.seq_first_chunk.size()) +
            align_up(4 * n.G) + align_up(4 * n.A) + align_up(elem * n.w) + align_up(u_bytes()) +
-           align_up(elem * n.v_new) + align_up(state_elem() * n.h);
+           (kept ? 0 : align_up(elem * n.v_new)) + align_up(state_elem() * n.h);
   }
   // u's region: in the 16-bit mode also dh's, after stage 2.
   std::size_t u_bytes() const { return half ? std::max<std::size_t>(4 * n.u, elem * n.h) : 4 * n.u; }
@@ -116,7 +120,7 @@ ChunkedArgs forward_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   a.A = buf.take<float>(4 * cs.n.A);
   a.w = buf.take<char>(cs.elem * cs.n.w);
   a.u = buf.take<float>(cs.u_bytes());
-  a.v_new = buf.take<char>(cs.elem * cs.n.v_new);
+  a.v_new = cs.kept ? nullptr : buf.take<char>(cs.elem * cs.n.v_new);  // (kept: the caller's, set after)
   if (cs.half)
     a.h16 = buf.take<char>(cs.elem * cs.n.h);
   else
@@ -145,21 +149,25 @@ bool chunked_path_takes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, bo
   return chunked_stages_support(p.q.dtype, pr.key_dim, pr.value_dim, false).empty();
 }
 
-std::size_t chunked_forward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype) {
-  return ChunkedScratch(pr, dtype).forward_bytes();
+std::size_t chunked_forward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype, bool kept_v_new) {
+  return ChunkedScratch(pr, dtype, false, kept_v_new).forward_bytes();
 }
 
-std::size_t chunked_backward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype) {
-  return ChunkedScratch(pr, dtype, true).backward_bytes(pr);
+std::size_t chunked_backward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype, bool kept_v_new) {
+  return ChunkedScratch(pr, dtype, true, kept_v_new).backward_bytes(pr);
 }
 
 void chunked_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleForwardOutputs& out,
                      Workspace ws, cudaStream_t stream) {
-  const ChunkedScratch cs(pr, p.q.dtype);
+  const ChunkedScratch cs(pr, p.q.dtype, false, out.saved_v_new.present());
   ScratchBuffer buf(ws, cs.forward_bytes(), stream);
   ChunkedArgs a = forward_args(p, pr, cs, buf, stream);
   a.o = view_of(out.o);
   a.ht = view_of(out.final_state);
+  if (out.saved_v_new.present()) {  // v_new into the caller's tensor (dense [rows, HV, V], validated)
+    a.v_new = out.saved_v_new.data;
+    a.keep_v_new = true;
+  }
   if (!cs.kda) a.A = nullptr;  // GDN: only the backward (B2) and the stage tests read A; KDA's output reads it
   by_half_dtype(p.q.dtype, [&](auto tag) {
     if (cs.kda)
@@ -171,9 +179,13 @@ void chunked_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const
 
 void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleBackwardInputs& in,
                       const DeltaRuleGrads& grads, Workspace ws, cudaStream_t stream) {
-  const ChunkedScratch cs(pr, p.q.dtype, true);
+  // With the forward's v_new kept (in.saved_v_new), the states come from it (launch_chunk_state_from_vnew:
+  // chunk-parallel products, a decayed sum over the chunks) instead of stage 2's serial recomputation.
+  const bool kept = in.saved_v_new.present();
+  const ChunkedScratch cs(pr, p.q.dtype, true, kept);
   ScratchBuffer buf(ws, cs.backward_bytes(pr), stream);
   ChunkedArgs a = forward_args(p, pr, cs, buf, stream);
+  if (kept) a.v_new = in.saved_v_new.data;
   const int64_t rows = cs.rows;
   const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
                 per_head = rows * pr.value_heads;
@@ -201,8 +213,19 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
     }
     by_half_dtype(p.q.dtype, [&](auto tag) {
       using T = decltype(tag);
-      launch_chunk_prepare<T>(a, stream);  // stages 1-2 again (o and the final state not needed)
-      if (cs.chains) {
+      if (kept) {
+        ChunkedArgs a1 = a;  // stage 1 without u (its reader, stage 2, does not run)
+        a1.u = nullptr;
+        launch_chunk_prepare<T>(a1, stream);
+      } else {
+        launch_chunk_prepare<T>(a, stream);  // stages 1-2 again (o and the final state not needed)
+      }
+      if (kept) {
+        // u's region is dead (stage 2, its reader, does not run): the states' segment workspace,
+        // then dh's (B1 writes it after).
+        launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
+        launch_chunk_state_backward<T>(a, stream);
+      } else if (cs.chains) {
         launch_chunk_state_chains<T>(a, stream);  // B0, then stage 2 and B1 side by side in one launch
       } else {
         launch_chunk_state<T>(a, stream);
@@ -239,7 +262,14 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
   by_half_dtype(p.q.dtype, [&](auto tag) {
     using T = decltype(tag);
     // Stages 1-2 again (o and the final state are not needed: a.o, a.ht stay null).
-    if (cs.kda) {
+    if (kept) {  // (fp32 mode, FLASHGRAD_CHUNKED_STATE16=0: u is dead without stage 2)
+      ChunkedArgs a1 = a;  // stage 1 without u
+      a1.u = nullptr;
+      launch_chunk_prepare<T>(a1, stream);
+      launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
+      launch_chunk_state_backward<T>(a, stream);
+      launch_chunk_grads<T>(a, stream);
+    } else if (cs.kda) {
       launch_kda_prepare<T>(a, stream);
       launch_kda_state<T>(a, stream);
       launch_kda_state_backward<T>(a, stream);

@@ -23,8 +23,9 @@ namespace flashgrad::cuda_detail::delta_rule {
 // which only the recurrent forward writes).
 bool chunked_path_takes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, bool wants_saved_r);
 
-std::size_t chunked_forward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype);
-std::size_t chunked_backward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype);
+// Scratch bytes of a call; `kept_v_new`: the caller passes saved_v_new (no scratch for v_new).
+std::size_t chunked_forward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype, bool kept_v_new);
+std::size_t chunked_backward_scratch_bytes(const DeltaRuleProblem& pr, DType dtype, bool kept_v_new);
 
 void chunked_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const DeltaRuleForwardOutputs& out,
                      Workspace ws, cudaStream_t stream);

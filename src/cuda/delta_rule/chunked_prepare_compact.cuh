@@ -599,8 +599,9 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
                 mma::pack_floats<T>(acc[i][nt][2 * half], acc[i][nt][2 * half + 1]);
         }
     }
-    split_warp_tiles<T, LDM>(sm.A, sm.beta, p, f);
-    for (int c0 = 0; c0 < a.V; c0 += 64) {
+    // u (not wanted, a.u null, by a backward that reads a kept v_new: stage 2, u's reader, does not run).
+    if (a.u) split_warp_tiles<T, LDM>(sm.A, sm.beta, p, f);
+    for (int c0 = 0; a.u && c0 < a.V; c0 += 64) {
       float acc[2][4][4] = {};
       warp_tiles_times_cols<T>(acc, f, p, sm.v, ldv, c0 + 32 * h);
 #pragma unroll

@@ -117,6 +117,9 @@ struct ChunkedArgs {
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
   bool l2norm = false;
+  // Forward: the fused state + output kernel stores v_new too (into v_new: the caller's saved_v_new);
+  // the unfused stage 2 always does.
+  bool keep_v_new = false;
 };
 
 // Backward stages B1 and B2: "new" = B1 transposed (chunked_state_backward_transposed.cuh) and B2
@@ -352,8 +355,8 @@ void launch_chunk_dv_finish(const ChunkedArgs& a, View dv, int64_t batch, cudaSt
 template <typename T>
 void launch_chunk_qk_finish(const ChunkedArgs& a, View dq, View dk, int64_t batch, cudaStream_t stream);
 
-// Stage 2 with stage 3 fused in (writes o and the final state; h and v_new are left unwritten,
-// which only the forward may do) when it suits the problem (chunked_launch_impl.cuh,
+// Stage 2 with stage 3 fused in (writes o and the final state; h is left unwritten, and v_new unless
+// a.keep_v_new, which only the forward may do) when it suits the problem (chunked_launch_impl.cuh,
 // fused_output_wanted); returns false, launching nothing, otherwise.
 template <typename T>
 bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t stream);

@@ -98,8 +98,8 @@ struct StateSmem {
 };
 
 // kOutput: stage 3 fused in (chunked_stages.h, launch_chunk_state_with_output; the forward only):
-// h and v_new are not stored (nothing after the forward reads them: the backward recomputes
-// stage 2 unfused), o and the final state are. Per chunk also
+// h is not stored, nor v_new unless the caller keeps it for the backward (a.keep_v_new; without it the
+// backward recomputes stage 2 unfused); o and the final state are. Per chunk also
 //   o^T = (h^T q^T) * (scale exp(G_i) rstd_qi per column i) + v_new^T (scale P)^T,
 // with P = Lower(q k^T exp(G_i - G_j)) formed once per chunk by the block (warp wp: rows
 // [16 (wp % 4), +16), column tiles of half wp / 4) into shared memory as hi + lo. h^T (hi + lo) is
@@ -307,7 +307,7 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
         const int j = 8 * j8 + tcol(e);
         p[j8][e] = us[j * LDU + vcol(e)] - p[j8][e];
       }
-    if (!kOutput && kc0 == 0)  // v_new (T) for rows j < L
+    if ((!kOutput || a.keep_v_new) && kc0 == 0)  // v_new (T) for rows j < L (the fused kernel: when kept)
       store_acc_rows(v_new + (row0 * a.HV + hv) * a.V + col0 + vcol(0), a.HV * a.V, L, tig, p);
 
     if constexpr (kOutput) {

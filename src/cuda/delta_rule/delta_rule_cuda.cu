@@ -166,7 +166,8 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   check_supported(op, p, pr);
   const DeviceGuard device(p.q.device_index);
   auto stream = static_cast<cudaStream_t>(p.exec.stream);
-  // The chunked backward recomputes what it needs from the inputs (a saved r is not used).
+  // The chunked backward recomputes what it needs from the inputs (a saved r is not used; a kept
+  // v_new is).
   if (dr::chunked_path_takes(p, pr, false)) {
     dr::chunked_backward(p, pr, in, grads, ws, stream);
     return;
@@ -220,13 +221,21 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   });
 }
 
-std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, Pass pass) {
+// The chunked path for GDN and the plain delta rule keeps v_new (chunked_path.h); KDA's stages do not
+// take it yet, nor does the recurrent path (it saves r instead).
+bool delta_rule_keeps_v_new(const DeltaRuleParams& p, const DeltaRuleProblem& pr) {
+  check_supported("delta_rule_keeps_v_new", p, pr);
+  return pr.gate != GateKind::per_channel && dr::chunked_path_takes(p, pr, false);
+}
+
+std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, Pass pass,
+                                       bool with_saved_v_new) {
   check_supported("delta_rule_workspace_bytes", p, pr);
   // The forward's answer assumes no saved_r is asked for (with one, the recurrent forward runs
   // and needs less).
   if (dr::chunked_path_takes(p, pr, false))
-    return pass == Pass::forward ? dr::chunked_forward_scratch_bytes(pr, p.q.dtype)
-                                 : dr::chunked_backward_scratch_bytes(pr, p.q.dtype);
+    return pass == Pass::forward ? dr::chunked_forward_scratch_bytes(pr, p.q.dtype, with_saved_v_new)
+                                 : dr::chunked_backward_scratch_bytes(pr, p.q.dtype, with_saved_v_new);
   if (pass == Pass::forward) return cu_bytes(pr);
   // Upper bound: includes the r buffer needed when the backward gets no saved_r.
   return backward_sizes(p, pr).bytes(pr, true);

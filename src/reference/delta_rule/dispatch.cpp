@@ -84,9 +84,12 @@ void delta_rule_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr,
     backward_in<float>(p, pr, in, grads, ws);
 }
 
-std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, Pass pass) {
+std::size_t delta_rule_workspace_bytes(const DeltaRuleParams& p, const DeltaRuleProblem& pr, Pass pass, bool) {
   const int64_t reals = workspace_reals(p, pr, pass);
   return static_cast<std::size_t>(reals) * (compute_in_double(p) ? sizeof(double) : sizeof(float)) + kAlign;
 }
+
+// The CPU reference recomputes everything its backward needs: it keeps no v_new.
+bool delta_rule_keeps_v_new(const DeltaRuleParams&, const DeltaRuleProblem&) { return false; }
 
 }  // namespace flashgrad::reference
