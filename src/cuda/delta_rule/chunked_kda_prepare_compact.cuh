@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   };
   auto fetch_v = [&](auto& dst, int c0) {  // dst: vv or vn
     auto rows = [&](auto* p) {  // p: this thread's first element of the piece's row tid / 32
-      auto get = [](auto x) -> VReg {
+      auto get = [&](auto x) -> VReg {
         if constexpr (kRawLoads)
           return raw_bits(x);
         else
