@@ -96,12 +96,15 @@ constexpr bool kEarlyTestByDefault = true;
 // Session 12 (opt-in): kEarlyS with the two warpgroups' exponentials in turns (the kernel's kExpTurn),
 // hd 64 / 128 without ping-pong.
 constexpr bool kExpTurnByDefault = false;
-// Session 13 (opt-in): the full tiles' row max from the scores' bit patterns with 3-input integer
-// maxima (the kernel's kIntMax, same numerics), in the default schedules (hd 64 / 128 kEarlyS with
-// kEarlyTest, hd 256 kSerialPvPipe). H200 run 13.1, first version (a vote and a branch per row):
-// AttentionFp8Gpu.* passed, output bitwise the default's, hd 128 797 / 646 against 867 / 686 TFLOP/s
-// (none / causal), hd 64 -9..-13 %, hd 256 unchanged -> not the default; since then one vote per block.
-constexpr bool kIntMaxByDefault = false;
+// Session 13: the full tiles' row max from the scores' bit patterns with 3-input integer maxima (the
+// kernel's kIntMax, same numerics), in the default schedules (hd 64 / 128 kEarlyS with kEarlyTest,
+// hd 256 kSerialPvPipe). H200 run 13.1, first version (a vote and a branch per row): hd 128 797 / 646
+// against 867 / 686 TFLOP/s (none / causal), hd 64 -9..-13 %. Run 13.2, one vote per block (commit
+// 2bf4947; same process, B2 H16 S8192, none / causal): hd 128 892 / 702 against 860 / 685 (default
+// timed twice: 860 / 848), hd 64 557 / 432 against 542 / 424, hd 256 1093 / 910 against 1078 / 893;
+// output bitwise the default's, AttentionFp8Gpu.* passed with it -> the default from run 13.3 on
+// (lead's OK); FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX=0 keeps the float row max.
+constexpr bool kIntMaxByDefault = true;
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
@@ -144,8 +147,8 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
     return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   // FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX=1 (session 12): kSpecMax in the default schedules (below).
   const bool spec_max = !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX", kSpecMaxByDefault);
-  // FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX=1 (session 13): kIntMax in the default schedules (below; kSpecMax,
-  // which replaces the same row max, wins where both are set).
+  // FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX (session 13; default on): kIntMax in the default schedules (below;
+  // kSpecMax, which replaces the same row max, wins where both are set).
   const bool int_max = !pingpong && !spec_max && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX", kIntMaxByDefault);
   if constexpr (D <= 128)
     if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault<D>)) {
