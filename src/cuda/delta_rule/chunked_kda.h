@@ -17,8 +17,9 @@
 // the reference row r = 16 I, exp(G_id - G_jd) = exp(G_id - G_rd) exp(G_rd - G_jd), both factors
 // <= 1 (j < r <= i and g <= 0), as one tensor-core product of pre-scaled tiles. A strong decay
 // underflows to 0 and never overflows. (The default stage-1 kernel since session 7,
-// chunked_kda_prepare_compact.cuh, forms the same products in half the shared memory; the
-// session-6 one, chunked_kda_prepare.cuh, stays selectable: FLASHGRAD_CHUNKED_KDA_PREPARE=old.)
+// chunked_kda_prepare_compact.cuh, forms the same products in half the shared memory, in its
+// session-13 form since run 13.3, the session-7 form selectable by FLASHGRAD_CHUNKED_KDA_PREPARE=s7;
+// the session-6 one, chunked_kda_prepare.cuh, stays selectable: FLASHGRAD_CHUNKED_KDA_PREPARE=old.)
 // Everything else (w, u, w h, kd^T v_new, (q o exp(G)) h, P v_new, and the backward's B1
 // products) runs on tensor cores (mma.sync, hi + lo operand splits as the GDN stages).
 //

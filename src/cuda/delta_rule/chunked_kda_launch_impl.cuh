@@ -72,25 +72,22 @@ inline bool kda_prepare_old_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   return v && std::strcmp(v, "old") == 0;
 }
-// FLASHGRAD_CHUNKED_KDA_PREPARE=v2 / =v3 / =v4 (read at every launch; session 13, opt-in): the
-// compact kernel's variants kVar = 2 / 3 / 4 (chunked_kda_prepare_compact.cuh: G scaled by log2 e
-// and the decays by ex2.approx.ftz, the in-half pairs two units per pass; v3 also unrolls the
-// off-diagonal tiles' channel loop and loads two v pieces ahead; v4 also keeps beta's and v's loads
-// unconverted until their use). 0: the default.
+// The compact stage 1's variant (chunked_kda_prepare_compact.cuh, kVar; read at every launch):
+// unset, the session-13 kernel (kVar = 4, the default since run 13.3: G scaled by log2 e and the
+// decays by ex2.approx.ftz, the in-half pairs two units per pass, the off-diagonal channel loop
+// unrolled by 2, v two pieces ahead, beta's and v's loads converted at their use);
+// FLASHGRAD_CHUNKED_KDA_PREPARE=s7, the session-7 compact kernel (kVar = 0) it replaced, so that one
+// GPU process can time and compare both (=old: the session-6 kernel, kda_prepare_old_requested).
 inline int kda_prepare_variant_requested() {
   const char* v = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
-  if (v && std::strcmp(v, "v2") == 0) return 2;
-  if (v && std::strcmp(v, "v3") == 0) return 3;
-  if (v && std::strcmp(v, "v4") == 0) return 4;
-  return 0;
+  if (v && std::strcmp(v, "s7") == 0) return 0;
+  return 4;
 }
 template <typename T, int K>
 void launch_kda_prepare_compact(const ChunkedArgs& a, cudaStream_t s) {
   const int var = kda_prepare_variant_requested();
-  launch_kda_kernel<KdaPrepareCompactSmem<T, K>>(var == 4   ? kda_prepare_compact_kernel<T, K, 4>
-                                                 : var == 3 ? kda_prepare_compact_kernel<T, K, 3>
-                                                 : var == 2 ? kda_prepare_compact_kernel<T, K, 2>
-                                                            : kda_prepare_compact_kernel<T, K>,
+  launch_kda_kernel<KdaPrepareCompactSmem<T, K>>(var == 0 ? kda_prepare_compact_kernel<T, K, 0>
+                                                          : kda_prepare_compact_kernel<T, K, 4>,
                                                  kda_chunk_grid(a), a, s);
 }
 

@@ -1,4 +1,5 @@
-// KDA chunked stage 1 ("prepare"), compact variant (session 7, the default): the outputs of
+// KDA chunked stage 1 ("prepare"), compact variant (session 7; its session-13 form kVar = 4 the
+// default since run 13.3, kVar = 0 the session-7 form, =s7): the outputs of
 // kda_prepare_kernel (chunked_kda_prepare.cuh: G, A with P^T packed into its upper triangle, w, u)
 // in 107 KiB of shared memory at K = 128 instead of 203 KiB, so that two blocks (8 warps) share an
 // SM. (ncu of the wide kernel, session 6: 4 warps per SM, issue active 15%, most cycles waiting on
@@ -17,8 +18,8 @@
 //   4. A (and P) to the intermediate; A's 16-bit hi / lo copies over q; w's operand
 //      beta e^G o k over M / A / tmp; w = A (beta e^G o k) and u = A (beta v), balanced over the
 //      warps (lower_times_split_balanced), the beta v pieces over G.
-// FLASHGRAD_CHUNKED_KDA_PREPARE=old selects the wide kernel (chunked_kda_launch_impl.cuh) for the
-// same-process comparison.
+// FLASHGRAD_CHUNKED_KDA_PREPARE=old selects the wide kernel, =s7 this kernel's session-7 form
+// (chunked_kda_launch_impl.cuh), for the same-process comparison.
 #pragma once
 
 #include "chunked_kda_decay.cuh"
@@ -384,14 +385,16 @@ __device__ __forceinline__ void lower_times_split_balanced(const T* Lh, const T*
   }
 }
 
-// kVar: 0 the default; 2 FLASHGRAD_CHUNKED_KDA_PREPARE=v2 (kExp2: stage1_exp, G in shared memory
-// scaled by log2 e, the decays by ex2.approx.ftz; the in-half pairs by kda_decayed_in_half_pairs16);
-// 3 =v3: v2, the off-diagonal tiles' channel loop unrolled by 2 (the next step's loads and exps can
-// overlap the current step's mmas), and both of the first two v pieces loaded before the inverse
-// (kPrefetchV: the second piece's global loads were issued only during the first piece's product,
-// too short to cover them); 4 =v4: v3 with beta's and v's global loads kept as raw bits until
-// their use (kRawLoads: their conversions had made the warps wait for the loads before the gate's
-// loads were issued and before the inverse; ncu, run 13.1).
+// kVar: 0 the session-7 kernel (FLASHGRAD_CHUNKED_KDA_PREPARE=s7); 2 (session 13's v2; kExp2:
+// stage1_exp, G in shared memory scaled by log2 e, the decays by ex2.approx.ftz; the in-half pairs
+// by kda_decayed_in_half_pairs16); 3: v2, the off-diagonal tiles' channel loop unrolled by 2 (the
+// next step's loads and exps can overlap the current step's mmas), and both of the first two v
+// pieces loaded before the inverse (kPrefetchV: the second piece's global loads were issued only
+// during the first piece's product, too short to cover them); 4 (the default since run 13.3): v3
+// with beta's and v's global loads kept as raw bits until their use (kRawLoads: their conversions
+// had made the warps wait for the loads before the gate's loads were issued and before the
+// inverse; ncu, run 13.1). Run 13.2 (B4 T4096 H16 K = V = 128 bf16): 0.569 / 0.534 / 0.532 /
+// 0.50 ms per call for kVar 0 / 2 / 3 / 4.
 template <typename T, int KMAX, int kVar = 0>
 __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(ChunkedArgs a) {
   constexpr bool kExp2 = kVar >= 2, kPrefetchV = kVar >= 3, kRawLoads = kVar >= 4;

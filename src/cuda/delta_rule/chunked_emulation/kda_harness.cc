@@ -219,19 +219,15 @@ int run(const Case& c) {
   a.dout = vw(bdo, {B, T, HV, V}), a.dht = vw(bdht, {N, HV, K, V}), a.dh0 = vw(bdh0, {N, HV, K, V});
   a.dh = bdh.f(), a.dv_new = bdvn.f(), a.dq_acc = bdq.f(), a.dk_acc = bdk.f(), a.dv = bdv.f(), a.dbeta = bdb.f();
   a.dg = bdg.f();
-  // Stage 1: the compact kernel (the default); FLASHGRAD_CHUNKED_KDA_PREPARE=old: the wide one;
-  // =v2 / =v3 / =v4: the compact kernel's session-13 variants (kVar 2 / 3 / 4).
+  // Stage 1 as the library picks it (chunked_kda_launch_impl.cuh): the compact kernel's session-13
+  // form (kVar = 4); FLASHGRAD_CHUNKED_KDA_PREPARE=s7: its session-7 form; =old: the wide one.
   const char* prep = std::getenv("FLASHGRAD_CHUNKED_KDA_PREPARE");
   if (prep && std::strcmp(prep, "old") == 0)
     launch(NC, HV, 1, [&] { dr::kda_prepare_kernel<TT, KM>(a); });
-  else if (prep && std::strcmp(prep, "v2") == 0)
-    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 2>(a); });
-  else if (prep && std::strcmp(prep, "v3") == 0)
-    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 3>(a); });
-  else if (prep && std::strcmp(prep, "v4") == 0)
-    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 4>(a); });
+  else if (prep && std::strcmp(prep, "s7") == 0)
+    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 0>(a); });
   else
-    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM>(a); });
+    launch(NC, HV, 1, [&] { dr::kda_prepare_compact_kernel<TT, KM, 4>(a); });
   // Stage 2 as the library picks it (chunked_kda_launch_impl.cuh): the transposed kernel, operand
   // splits by FLASHGRAD_KDA_STATE_SPLIT_DEFAULT at compile time; FLASHGRAD_CHUNKED_KDA_STATE=split:
   // all hi + lo.
