@@ -33,4 +33,35 @@ __device__ __forceinline__ void store_state_tiles(const ChunkedArgs& a, int64_t 
   }
 }
 
+// store_state_tiles for the 16-bit states through a warp-private shared tile (session 13; the states
+// from v_new, chunked_state_from_vnew.cuh): run 13.3's ncu put that kernel at 65% of L2 throughput
+// with its 2-byte scattered stores (each warp store instruction writes four 16-byte pieces of four
+// rows, half sectors). Here the warp writes its 8 NK channels x 16 columns (channels kc0 + [0, 8 NK))
+// into `stage` ([8 NK][16] T, row = channel - kc0) as 2-byte shared stores, then stores 16-byte pieces:
+// piece p = lane + 32 i is row p / 2, columns 8 (p % 2) + [0, 8), so each row's 32 bytes (a whole
+// sector of h_c's row) go out together. fp32 states (a.h) take store_state_tiles.
+template <typename T, int NK>
+__device__ __forceinline__ void store_state_tiles_staged(const ChunkedArgs& a, int64_t c, int64_t hv, int64_t col0,
+                                                         int vc0, int kc0, int lane, const float (&hT)[NK][4],
+                                                         T* stage) {
+  static_assert(NK % 2 == 0, "whole 16-byte pieces per lane");
+  const int grp = lane >> 2, tig = lane & 3;
+  if (!a.h16) {
+    store_state_tiles<T, NK>(a, c, hv, col0, vc0, kc0, grp, tig, hT);
+    return;
+  }
+  __syncwarp();  // the previous chunk's reads of `stage` are done
+#pragma unroll
+  for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) stage[(8 * nk + 2 * tig + (e & 1)) * 16 + grp + 8 * (e >> 1)] = from_f<T>(hT[nk][e]);
+  __syncwarp();
+  T* const hc = static_cast<T*>(a.h16) + (c * a.HV + hv) * a.K * a.V + kc0 * a.V + col0 + vc0;
+#pragma unroll
+  for (int i = 0; i < NK / 2; ++i) {
+    const int p = lane + 32 * i, r = p >> 1, half = p & 1;
+    *reinterpret_cast<uint4*>(hc + r * a.V + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * 16 + 8 * half);
+  }
+}
+
 }  // namespace flashgrad::cuda_detail::delta_rule

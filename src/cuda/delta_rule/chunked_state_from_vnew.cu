@@ -40,7 +40,8 @@ template <typename T, int KMAX, int WV>
 void launch_state_from_vnew_seg(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
   constexpr int STAGES = 3, THREADS = kFromVnewThreads * WV;
   using S = FromVnewSmem<T, KMAX, STAGES, 16 * WV>;
-  constexpr int64_t bytes = S::bytes();
+  // + the warps' h_c staging tiles (store_state_tiles_staged)
+  constexpr int64_t bytes = S::bytes() + static_cast<int64_t>(sizeof(T)) * kFromVnewStageElems * 4 * WV;
   auto* pass1 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, false>;
   auto* pass2 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, true>;
   set_smem(pass1, bytes);

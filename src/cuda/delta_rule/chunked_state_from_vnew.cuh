@@ -30,6 +30,8 @@
 namespace flashgrad::cuda_detail::delta_rule {
 
 constexpr int kFromVnewThreads = 128;
+// Elements of one warp's h_c staging tile in the pipelined kernel ([32 channels][16 columns] at most).
+constexpr int kFromVnewStageElems = 32 * 16;
 
 // STAGES chunks in flight (cp.async, STAGES - 1 ahead of the one in use): the loop's products are
 // few and independent of the state, so what a chunk waits on is its copies' memory latency (run
@@ -232,6 +234,8 @@ __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_s
   static_assert(NK % 2 == 0, "whole 16-channel B fragments per warp");
   static_assert(STAGES >= 3, "chunk c + 1's rows in shared memory while chunk c is in use, one more in flight");
   S sm(smem_raw);
+  // The warp's staging tile for h_c's 16-byte stores (store_state_tiles_staged), after the stages.
+  T* const stage = reinterpret_cast<T*>(smem_raw + S::bytes()) + (threadIdx.x / 32) * kFromVnewStageElems;
   // Chunk c's colscale in buffer (c - c_begin) & 1 (a select, not an indexed array: that went to the stack).
   auto cs_buf = [&](int i) { return (i & 1) ? sm.colscale2 : sm.colscale; };
   const int p = static_cast<int>(blockIdx.x % P);
@@ -362,7 +366,7 @@ __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_s
     }
     // Chunk c + 1's colscale (its rows are in stage s1), beside the products.
     if (c + 1 < c_end) colscale(s1, cs_buf(i + 1));
-    if constexpr (kStore) store_state_tiles<T, NK>(a, c, hv, col0, vc0, kc0, grp, tig, hT);  // h_c
+    if constexpr (kStore) store_state_tiles_staged<T, NK>(a, c, hv, col0, vc0, kc0, lane, hT, stage);  // h_c
     const float g_last = sm.G(s)[sm.len[s] - 1];
     log_d += g_last;
     const float decay = expf(g_last);
