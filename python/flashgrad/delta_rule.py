@@ -81,32 +81,21 @@ def _kda_gate(op, g, A_log, dt_bias, lower_bound, q):
     return -a * F.softplus(x)
 
 
-def _keeps_v_new(algorithm, q, k, v, g, cu_seqlens=None):
+def _keeps_v_new(algorithm, q, k, v, g):
     """Whether the forward keeps v_new (beta_t r_t, v's dtype and shape) for the backward, which then
     rebuilds the chunk states from it instead of re-running the forward's serial state pass. Taken by
     the CUDA chunked path for GDN and the plain delta rule (the core's delta_rule_keeps_v_new; this
     mirrors its rule: 16-bit inputs, K in {64, 128}, V a multiple of 64 up to 256). Costs one tensor the
-    size of v held until the backward (the backward then allocates none of its own).
-    By default only where it pays: few (sequence, value head) chains, where the forward's unfused state
-    pass writes v_new anyway (chunked_launch_impl.cuh, fused_output_wanted: fused when V % 128 == 0
-    and 4 N HV V/128 >= 3 SMs; mirrored here). Run 13.2 (H200, B1 T32768 H16 K=V=128): backward 4.58
-    -> 4.39 ms, forward unchanged; at B8 T4096 (fused forward) the forward's extra v_new stores cost
-    0.05 ms for 0.06 ms of backward. FLASHGRAD_KEEP_V_NEW=1 keeps it wherever taken, =0 never (read
-    per call)."""
-    env = os.environ.get("FLASHGRAD_KEEP_V_NEW")
-    if env == "0":
+    size of v held until the backward (the backward then allocates none of its own). Kept by default
+    where taken (H200, run 13.5, forward + backward in deltabench's configuration: B8 T4096 H16
+    K=V=128 3.82 -> 3.72 ms, B1 T32768 equal time and 1801 -> 1545 MiB peak; with the in-kernel L2 norm
+    the T32768 backward 4.67 -> 4.34 ms). FLASHGRAD_KEEP_V_NEW=0 turns it off (read per call)."""
+    if os.environ.get("FLASHGRAD_KEEP_V_NEW") == "0":
         return False
-    taken = (algorithm == "chunked" and q.is_cuda and q.dim() == 4 and v.dim() == 4
-             and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
-             and (g is None or g.dim() == 3) and q.shape[-1] in (64, 128)
-             and v.shape[-1] % 64 == 0 and 0 < v.shape[-1] <= 256)
-    if not taken or env == "1":
-        return taken
-    n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
-    hv, vdim = v.shape[2], v.shape[3]
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    fused_forward = vdim % 128 == 0 and 4 * n * hv * (vdim // 128) >= 3 * sms
-    return not fused_forward
+    return (algorithm == "chunked" and q.is_cuda and q.dim() == 4 and v.dim() == 4
+            and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and v.dtype == q.dtype
+            and (g is None or g.dim() == 3) and q.shape[-1] in (64, 128)
+            and v.shape[-1] % 64 == 0 and 0 < v.shape[-1] <= 256)
 
 
 def _delta_rule(op, algorithm, q, k, v, g, beta, scale, initial_state, output_final_state,
@@ -134,7 +123,7 @@ def _delta_rule(op, algorithm, q, k, v, g, beta, scale, initial_state, output_fi
     o, final_state, _, _ = ops.delta_rule_forward(
         q, k, v, g, beta, None if scale is None else float(scale), initial_state, cu_seqlens,
         bool(use_qk_l2norm_in_kernel), algorithm, bool(output_final_state), save_r,
-        needs_grad and _keeps_v_new(algorithm, q, k, v, g, cu_seqlens))
+        needs_grad and _keeps_v_new(algorithm, q, k, v, g))
     if not output_final_state:
         return o, None
     if state_v_first:

@@ -322,23 +322,22 @@ def test_gpu_keep_v_new_matches_cpu_reference(rng, monkeypatch, gate, kv):
 
 @pytest.mark.gpu
 def test_gpu_keep_v_new_default_rule(monkeypatch):
-    """Unset FLASHGRAD_KEEP_V_NEW: kept where the forward's state pass runs unfused (few chains), not
-    where the fused state + output kernel runs (many chains); =1 / =0 force it on / off."""
+    """Unset FLASHGRAD_KEEP_V_NEW: kept wherever the chunked path takes it (few or many chains, GDN or
+    the plain rule, 16-bit), never for the recurrent algorithm or KDA; =0 turns it off."""
     from flashgrad.delta_rule import _keeps_v_new
     monkeypatch.delenv("FLASHGRAD_KEEP_V_NEW", raising=False)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def tensors(b, hv, kdim=128, vdim=128):
+    def tensors(b, hv, kdim=128, vdim=128, kda=False):
         q = torch.empty(b, 1, hv, kdim, device="cuda", dtype=torch.bfloat16)
         v = torch.empty(b, 1, hv, vdim, device="cuda", dtype=torch.bfloat16)
-        g = torch.empty(b, 1, hv, device="cuda")
+        g = torch.empty((b, 1, hv, kdim) if kda else (b, 1, hv), device="cuda")
         return q, q, v, g
 
-    few, many = tensors(1, 16), tensors(sms, 16)
-    assert _keeps_v_new("chunked", *few)
-    assert not _keeps_v_new("chunked", *many)
-    assert not _keeps_v_new("recurrent", *few)
-    monkeypatch.setenv("FLASHGRAD_KEEP_V_NEW", "1")
-    assert _keeps_v_new("chunked", *many)
+    assert _keeps_v_new("chunked", *tensors(1, 16))
+    assert _keeps_v_new("chunked", *tensors(sms, 16))
+    assert _keeps_v_new("chunked", *tensors(2, 4, 64, 64)[:3], None)
+    assert not _keeps_v_new("recurrent", *tensors(1, 16))
+    assert not _keeps_v_new("chunked", *tensors(1, 16, kda=True))
     monkeypatch.setenv("FLASHGRAD_KEEP_V_NEW", "0")
-    assert not _keeps_v_new("chunked", *few)
+    assert not _keeps_v_new("chunked", *tensors(1, 16))
