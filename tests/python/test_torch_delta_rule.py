@@ -239,14 +239,9 @@ def _rel_rms(x, ref):
     return ((x.double() - ref.double()).pow(2).mean().sqrt() / ref.double().pow(2).mean().sqrt()).item()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("algorithm", ["chunked", "recurrent"])
-@pytest.mark.parametrize("gate", FUNCTIONS)
-def test_gpu_matches_cpu_reference(rng, gate, algorithm):
-    fn = FUNCTIONS[gate][algorithm == "recurrent"]
-    x = {n: t.detach() for n, t in make_inputs(rng, gate, b=2, t=150, h=2, hv=4, k=64, v=32,
-                                                 dtype=torch.float32).items()}
-    x["k"] = F.normalize(x["k"], dim=-1)
+def _assert_gpu_matches_cpu(rng, fn, x):
+    """fn on CUDA (q, k, v in bf16) against fn on the CPU in float64, same inputs: o, final state and
+    every input's gradient within the design doc's relative RMS bars."""
     do = torch.randn(x["v"].shape, generator=rng)
     dht = torch.randn(x["initial_state"].shape, generator=rng)
 
@@ -268,6 +263,17 @@ def test_gpu_matches_cpu_reference(rng, gate, algorithm):
     for name, got, want in zip(names, gpu, ref):
         err = _rel_rms(got.detach().cpu(), want.detach())
         assert err <= limits.get(name, 0.008), f"{name}: relative RMS error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ["chunked", "recurrent"])
+@pytest.mark.parametrize("gate", FUNCTIONS)
+def test_gpu_matches_cpu_reference(rng, gate, algorithm):
+    fn = FUNCTIONS[gate][algorithm == "recurrent"]
+    x = {n: t.detach() for n, t in make_inputs(rng, gate, b=2, t=150, h=2, hv=4, k=64, v=32,
+                                                 dtype=torch.float32).items()}
+    x["k"] = F.normalize(x["k"], dim=-1)
+    _assert_gpu_matches_cpu(rng, fn, x)
 
 
 # ---- kept v_new (FLASHGRAD_KEEP_V_NEW; the CUDA chunked path only) --------------------------------
@@ -293,31 +299,13 @@ def test_gpu_keep_v_new_matches_cpu_reference(rng, monkeypatch, gate, kv):
     dtype) and the backward rebuilds the states from it: same bars against the CPU reference."""
     monkeypatch.setenv("FLASHGRAD_KEEP_V_NEW", "1")
     k, v = kv
-    fn = FUNCTIONS[gate][0]
     x = {n: t.detach() for n, t in make_inputs(rng, gate, b=2, t=700, h=2, hv=4, k=k, v=v,
                                                  dtype=torch.float32).items()}
     x["k"] = F.normalize(x["k"], dim=-1)
-    do = torch.randn(x["v"].shape, generator=rng)
-    dht = torch.randn(x["initial_state"].shape, generator=rng)
     xg = {n: t.cuda().to(torch.bfloat16 if n in ("q", "k", "v") else t.dtype) for n, t in x.items()}
     _, _, _, vn = torch.ops.flashgrad.delta_rule_forward(*_forward_args(xg, "chunked"), True)
     assert vn.shape == xg["v"].shape and vn.dtype == torch.bfloat16
-
-    def run(inputs, device):
-        xs = {n: t.to(device).to(torch.bfloat16 if n in ("q", "k", "v") and device == "cuda" else t.dtype)
-              .requires_grad_() for n, t in inputs.items()}
-        o, final = call(fn, xs, output_final_state=True)
-        loss = (o.float() * do.to(device)).sum() + (final * dht.to(device)).sum()
-        grads = torch.autograd.grad(loss, list(xs.values()))
-        return [o, final, *grads]
-
-    gpu = run(x, "cuda")
-    ref = run({n: t.double() for n, t in x.items()}, "cpu")
-    names = ["o", "final_state"] + ["d" + n for n in x]
-    limits = {"o": 0.005, "final_state": 0.005, "dg": 0.02, "dbeta": 0.02}
-    for name, got, want in zip(names, gpu, ref):
-        err = _rel_rms(got.detach().cpu(), want.detach())
-        assert err <= limits.get(name, 0.008), f"{name}: relative RMS error {err:.2e}"
+    _assert_gpu_matches_cpu(rng, FUNCTIONS[gate][0], x)
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@
 # read the states it wrote; the chains launch is off with it). Checks its states through the whole
 # backward and times the kernel, which a forward-kept v_new would let the backward run instead of
 # stage 2 (docs/perf/delta_rule.md, "Session 12 (lead)" and "Session 13 (lead)").
-# Session 12's kernel (FLASHGRAD_CHUNKED_FROM_VNEW_KERNEL=1): 0.52 ms at B8 T4096, 0.79 ms at B1 T32768.
+# Session 12's kernel (retired in session 13): 0.52 ms at B8 T4096, 0.79 ms at B1 T32768.
 # Session 13's (the default of the switch): one barrier per chunk, increments in fresh registers, and
 # each sequence split into segments where the blocks would not fill the SMs
 # (FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces n); run 13.1: ~0.56 ms per pass, copy-bound (k's rows
@@ -13,16 +13,14 @@
 # Runs on the H200 from the repo root after tools/gpu-check's build (cap from gpu-check):
 #   1. the chunked GDN GPU tests with the states from v_new: the launcher's choices (64 columns, many
 #      segments in the tests' small shapes), then 16 columns and one segment forced;
-#   2. B8 T4096 H16 K=V=128 bf16: WV 1 / 2 / 4; B1 T32768: session 12's kernel vs session 13's, then
-#      1 / 2 / 4 / 8 segments (one process each; per-kernel times, gradients);
+#   2. B8 T4096 H16 K=V=128 bf16: WV 1 / 2 / 4; B1 T32768: 1 / 2 / 4 / 8 segments (one process each;
+#      per-kernel times, gradients);
 #   3. compute-sanitizer racecheck / memcheck of small GDN cases with it (3 segments forced).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu-extra/lib/job_lib.sh
 V=FLASHGRAD_CHUNKED_STATES_FROM_VNEW
-KN=FLASHGRAD_CHUNKED_FROM_VNEW_KERNEL
 SEG=FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS
-ST=FLASHGRAD_CHUNKED_FROM_VNEW_STAGES
 F='DeltaRuleChunked*:DeltaRuleGpu.Chunked*:-*Kda*:*KDA*'
 
 WV=FLASHGRAD_CHUNKED_FROM_VNEW_WV
@@ -34,8 +32,6 @@ echo "== fromvnew 2/3: timing (one process each)"
 export $V=1
 job_compare fromvnew_b8 35 --kind gdn --shape 8,4096,16,128 --env $WV --variants w1=1,w2=2,w4=4 \
   --focus 'chunk_state' --reps 2,3,1 --note "(run 13.1: w1 0.576 ms; stage 2 recomputation 0.38)"
-job_compare fromvnew_t32k 40 --kind gdn --shape 1,32768,16,128 --env $KN --variants s12=1,s13=- \
-  --focus 'chunk_state' --reps 2,3,1 --note "(run 13.1: s12 0.784 ms; s13 w1 2 x 0.56)"
 job_compare fromvnew_t32k_seg 40 --kind gdn --shape 1,32768,16,128 --env $SEG --variants p1=1,p2=2,p4=4,p8=8 \
   --focus 'chunk_state' --reps 1,3,1
 unset $V

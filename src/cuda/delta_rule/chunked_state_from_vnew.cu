@@ -1,34 +1,11 @@
-// Host launchers of chunk_state_from_vnew_kernel and chunk_state_from_vnew_seg_kernel
-// (chunked_state_from_vnew.cuh; declared in chunked_stages.h), bf16 and fp16, K = 64 and 128.
+// Host launcher of chunk_state_from_vnew_seg_kernel (chunked_state_from_vnew.cuh; declared in
+// chunked_stages.h), bf16 and fp16, K = 64 and 128.
 #include "chunked_launch_impl.cuh"
 #include "chunked_state_from_vnew.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-template <typename T, int KMAX, int STAGES>
-void launch_state_from_vnew_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  using S = FromVnewSmem<T, KMAX, STAGES>;
-  constexpr int64_t bytes = S::bytes();
-  set_smem(chunk_state_from_vnew_kernel<T, KMAX, STAGES>, bytes);
-  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
-  chunk_state_from_vnew_kernel<T, KMAX, STAGES><<<grid, kFromVnewThreads, bytes, s>>>(a);
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
-}
-
-// The session-12 kernel's chunks in flight per block: 4 where the blocks fit the SMs about twice or
-// less (few long chains: each block's loop over its chunks is the time, and it waits on its copies),
-// else 2 (more blocks resident per SM: 41 against 83 KiB at K = 128). FLASHGRAD_CHUNKED_FROM_VNEW_STAGES
-// =2 / 4 forces one (read per call, to time both in one process).
-inline int from_vnew_stages(const ChunkedArgs& a) {
-  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_STAGES")) {
-    if (std::string(env) == "2") return 2;
-    if (std::string(env) == "4") return 4;
-  }
-  return a.num_seqs * a.HV * (a.V / 16) <= 2 * sm_count() ? 4 : 2;
-}
-
-// The pipelined, segmented kernel (session 13; chunk_state_from_vnew_seg_kernel), 3 stages, WV x 16
-// value columns per block (4 warps each). Run 13.1 (16 columns per block): ~0.55 ms per pass at B8
+// 3 stages, WV x 16 value columns per block (4 warps each). Run 13.1 (16 columns per block): ~0.55 ms per pass at B8
 // T4096 and at B1 T32768 in 8 segments whatever the occupancy: bound by the copies, k's rows being
 // read once per 16 columns (8 times per chain at V = 128). WV = 4 reads them once per 64.
 // Segments P: where the blocks leave room on the SMs (few long sequences), each sequence's chunks are
@@ -89,14 +66,6 @@ void launch_chunk_state_from_vnew(const ChunkedArgs& a, float* ws, int64_t ws_fl
   check_chunked_args("chunked delta rule (states from v_new)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
-  const char* kernel = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_KERNEL");
-  if (kernel && std::string(kernel) == "1") {  // the session-12 kernel
-    if (from_vnew_stages(a) == 4)
-      a.K == 64 ? launch_state_from_vnew_fixed<T, 64, 4>(a, s) : launch_state_from_vnew_fixed<T, 128, 4>(a, s);
-    else
-      a.K == 64 ? launch_state_from_vnew_fixed<T, 64, 2>(a, s) : launch_state_from_vnew_fixed<T, 128, 2>(a, s);
-    return;
-  }
   a.K == 64 ? launch_state_from_vnew_seg_width<T, 64>(a, ws, ws_floats, s)
             : launch_state_from_vnew_seg_width<T, 128>(a, ws, ws_floats, s);
 }

@@ -222,16 +222,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   {
     void* const h16_kept = a.h16; float* const h_kept = a.h; const dr::View ht_kept = a.ht;
     if (half & 1) a.h16 = hfv.p(); else a.h = (float*)hfv.p();
-    a.ht = vw(hfvt, {N, HV, K, V});  // the final state too (the pipelined kernel's last segment)
-    const char* fv_env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_KERNEL");
-    if (fv_env && std::string(fv_env) == "1") {  // the session-12 kernel
-      launch(N, HV, V / 16, [&] {  // 4 chunks in flight on even seeds, 2 on odd ones (both the launcher's)
-        seed % 2 == 0 ? dr::chunk_state_from_vnew_kernel<TT, KM, 4>(a) : dr::chunk_state_from_vnew_kernel<TT, KM, 2>(a);
-      }, dr::kFromVnewThreads);
-    } else {
-      // The pipelined kernel (3 stages) with 1, 2 or 3 segments per sequence by seed (pass 1 then pass
-      // 2, as the launcher; its workspace in its own buffer), 64 value columns per block where V
-      // allows on even seeds, 16 on odd ones.
+    a.ht = vw(hfvt, {N, HV, K, V});  // the final state too (the last segment's)
+    {
+      // 1, 2 or 3 segments per sequence by seed (pass 1 then pass 2, as the launcher; its workspace in
+      // its own buffer), 64 value columns per block where V allows on even seeds, 16 on odd ones.
       const int P = 1 + static_cast<int>(seed % 3);
       Buf fvws(DType::f32, N * P * HV * (K * V + 1));
       float* ws = static_cast<float*>(fvws.p());
