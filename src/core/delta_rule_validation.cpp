@@ -173,14 +173,20 @@ void check_outputs_disjoint(const Checker& c, const std::vector<std::pair<const 
 
 // saved_v_new (forward output or backward input): only where the backend keeps it (the CUDA chunked
 // path: delta_rule_keeps_v_new), the shape and dtype of v, dense row-major (the kernels index it as
-// [rows, HV, V]).
+// [rows, HV, V]). As the forward's output it also must not overlap the inputs (check_output).
 static void check_saved_v_new(const Checker& c, const DeltaRuleParams& p, const DeltaRuleProblem& pr, const TensorView& t,
-                       bool keeps_v_new) {
+                              bool keeps_v_new, bool is_output) {
   if (!t.present()) return;
   c.require(keeps_v_new, "saved_v_new",
             "is taken only by the CUDA chunked algorithm for GDN or the plain delta rule with bf16 / fp16 "
             "inputs (delta_rule_keeps_v_new() says false for these params): leave it absent");
-  check_output(c, p, t, "saved_v_new", v_shape(pr), "the shape of v");
+  if (is_output) {
+    check_output(c, p, t, "saved_v_new", v_shape(pr), "the shape of v");
+  } else {
+    c.tensor(t, "saved_v_new", {4});
+    c.same_device(t, "saved_v_new", p.q, "q");
+    c.shape(t, "saved_v_new", v_shape(pr), "the shape of v");
+  }
   c.same_dtype(t, "saved_v_new", p.v, "v");
   c.require(t.is_contiguous(), "saved_v_new", "must be contiguous (dense [B, T, HV, V])");
 }
@@ -202,7 +208,7 @@ void validate_delta_rule_forward_outputs(const char* op, const DeltaRuleParams& 
     // dk and the reverse sum of dg directly.
     check_state_dtype(c, out.saved_r, "saved_r", p.q);
   }
-  check_saved_v_new(c, p, pr, out.saved_v_new, keeps_v_new);
+  check_saved_v_new(c, p, pr, out.saved_v_new, keeps_v_new, true);
   c.require(!(out.saved_v_new.present() && out.saved_r.present()), "saved_v_new",
             "and saved_r: ask for one (saved_r sends the call to the recurrent algorithm, which keeps no v_new)");
   check_outputs_disjoint(c, {{&out.o, "o"}, {&out.final_state, "final_state"}, {&out.saved_r, "saved_r"},
@@ -231,16 +237,7 @@ void validate_delta_rule_backward_args(const char* op, const DeltaRuleParams& p,
     c.same_device(in.saved_r, "saved_r", p.q, "q");
     c.shape(in.saved_r, "saved_r", v_shape(pr), "the shape of v");
   }
-  if (in.saved_v_new.present()) {
-    c.require(keeps_v_new, "saved_v_new",
-              "is taken only by the CUDA chunked algorithm for GDN or the plain delta rule with bf16 / fp16 "
-              "inputs (delta_rule_keeps_v_new() says false for these params): leave it absent");
-    c.tensor(in.saved_v_new, "saved_v_new", {4});
-    c.same_dtype(in.saved_v_new, "saved_v_new", p.v, "v");
-    c.same_device(in.saved_v_new, "saved_v_new", p.q, "q");
-    c.shape(in.saved_v_new, "saved_v_new", v_shape(pr), "the shape of v");
-    c.require(in.saved_v_new.is_contiguous(), "saved_v_new", "must be contiguous (dense [B, T, HV, V])");
-  }
+  check_saved_v_new(c, p, pr, in.saved_v_new, keeps_v_new, false);
 
   // Gradients: shapes and dtypes of what they differentiate.
   const std::vector<int64_t> qk_shape = {pr.batch, pr.seq_len, pr.heads, pr.key_dim};

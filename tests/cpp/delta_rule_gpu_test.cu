@@ -701,6 +701,60 @@ TEST(DeltaRuleGpu, StridedViews) {
   }
 }
 
+// The GDN / plain-rule cases of the chunked path, named "<prefix> ...": every length of the issue
+// (GVA, K = V = 128; seeds seed0 + T), and its features (f16 plain rule with K != V and no norm, strong
+// decay without an initial state with g / beta in other dtypes, varlen with an empty sequence;
+// seeds seed0 + 11, + 12, + 20 + gate). ChunkedAlgorithmMatches runs them as they are, the
+// ChunkedKeptVNew* tests with the forward's v_new kept.
+std::vector<Case> chunked_length_cases(const std::string& prefix, uint64_t seed0) {
+  std::vector<Case> cases;
+  for (int64_t T : kTs) {
+    Case c;
+    c.name = prefix + " gdn bf16 GVA T=" + std::to_string(T);
+    c.B = 2, c.T = T, c.H = 2, c.HV = 4, c.K = 128, c.V = 128;
+    c.gate_div = T == 500 ? 0.1f : (T == 1500 ? 10.f : 1.f);
+    c.seed = seed0 + T;
+    cases.push_back(c);
+  }
+  return cases;
+}
+std::vector<Case> chunked_feature_cases(const std::string& prefix, uint64_t seed0) {
+  std::vector<Case> cases;
+  {
+    Case c;
+    c.name = prefix + " delta f16 K64 V128 no norm";
+    c.dtype = DType::f16;
+    c.gate = GateKind::none;
+    c.B = 2, c.T = 130, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
+    c.l2norm = false;
+    c.seed = seed0 + 11;
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.name = prefix + " gdn f16 K128 V64 strong decay no h0";
+    c.dtype = DType::f16;
+    c.B = 1, c.T = 300, c.H = 1, c.HV = 2, c.K = 128, c.V = 64;
+    c.gate_div = 0.1f;
+    c.h0 = false;
+    c.gate_f32 = false, c.beta_f32 = true;
+    c.seed = seed0 + 12;
+    cases.push_back(c);
+  }
+  for (GateKind gk : {GateKind::scalar, GateKind::none}) {
+    Case c;
+    c.name = prefix + " varlen " + (gk == GateKind::scalar ? "gdn" : "delta");
+    c.gate = gk;
+    c.B = 1, c.H = 2, c.HV = 4, c.K = 64, c.V = 64;
+    c.seq_lens = {1, 63, 136, 0, 511, 75, 714};
+    c.cu_int64 = gk == GateKind::none;
+    c.gate_div = 0.1f;
+    c.seed = seed0 + 20 + static_cast<int>(gk);
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 // algorithm = chunked without a saved r runs the tensor-core chunked path (chunked_path.h) for
 // bf16/f16, K 64/128, V a multiple of 64, GDN, KDA and the plain rule; these cases go through it end to
 // end (the public API) with the same bars. With a saved r asked for, the recurrent kernels run.
@@ -711,46 +765,8 @@ TEST(DeltaRuleGpu, ChunkedAlgorithmMatches) {
     c.saved_r = DType::i32;  // no saved r: the chunked path
     run_case(c);
   };
-  for (int64_t T : kTs) {
-    Case c;
-    c.name = "chunked gdn bf16 GVA T=" + std::to_string(T);
-    c.B = 2, c.T = T, c.H = 2, c.HV = 4, c.K = 128, c.V = 128;
-    c.gate_div = T == 500 ? 0.1f : (T == 1500 ? 10.f : 1.f);
-    c.seed = 600 + T;
-    chunked(c);
-  }
-  {
-    Case c;
-    c.name = "chunked delta f16 K64 V128 no norm";
-    c.dtype = DType::f16;
-    c.gate = GateKind::none;
-    c.B = 2, c.T = 130, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
-    c.l2norm = false;
-    c.seed = 611;
-    chunked(c);
-  }
-  {
-    Case c;
-    c.name = "chunked gdn f16 K128 V64 strong decay no h0";
-    c.dtype = DType::f16;
-    c.B = 1, c.T = 300, c.H = 1, c.HV = 2, c.K = 128, c.V = 64;
-    c.gate_div = 0.1f;
-    c.h0 = false;
-    c.gate_f32 = false, c.beta_f32 = true;
-    c.seed = 612;
-    chunked(c);
-  }
-  for (GateKind gk : {GateKind::scalar, GateKind::none}) {
-    Case c;
-    c.name = std::string("chunked varlen ") + (gk == GateKind::scalar ? "gdn" : "delta");
-    c.gate = gk;
-    c.B = 1, c.H = 2, c.HV = 4, c.K = 64, c.V = 64;
-    c.seq_lens = {1, 63, 136, 0, 511, 75, 714};
-    c.cu_int64 = gk == GateKind::none;
-    c.gate_div = 0.1f;
-    c.seed = 620 + static_cast<int>(gk);
-    chunked(c);
-  }
+  for (const Case& c : chunked_length_cases("chunked", 600)) chunked(c);
+  for (const Case& c : chunked_feature_cases("chunked", 600)) chunked(c);
   for (int64_t T : {1, 63, 64, 75, 500}) {  // KDA: the per-channel chunked stages (chunked_kda.h)
     Case c;
     c.name = "chunked kda bf16 GVA T=" + std::to_string(T);
@@ -793,49 +809,12 @@ void run_kept_v_new(Case c) {
 }
 TEST(DeltaRuleGpu, ChunkedKeptVNewLengths) {
   REQUIRE_GPU();
-  for (int64_t T : kTs) {
-    Case c;
-    c.name = "kept v_new gdn bf16 GVA T=" + std::to_string(T);
-    c.B = 2, c.T = T, c.H = 2, c.HV = 4, c.K = 128, c.V = 128;
-    c.gate_div = T == 500 ? 0.1f : (T == 1500 ? 10.f : 1.f);
-    c.seed = 1600 + T;
-    run_kept_v_new(c);
-  }
+  for (const Case& c : chunked_length_cases("kept v_new", 1600)) run_kept_v_new(c);
 }
 // (small cases: the GPU check's compute-sanitizer runs this one)
 TEST(DeltaRuleGpu, ChunkedKeptVNewMatches) {
   REQUIRE_GPU();
-  auto kept = run_kept_v_new;
-  {
-    Case c;
-    c.name = "kept v_new delta f16 K64 V128 no norm";
-    c.dtype = DType::f16;
-    c.gate = GateKind::none;
-    c.B = 2, c.T = 130, c.H = 2, c.HV = 2, c.K = 64, c.V = 128;
-    c.l2norm = false;
-    c.seed = 1611;
-    kept(c);
-  }
-  {
-    Case c;
-    c.name = "kept v_new gdn f16 K128 V64 strong decay no h0";
-    c.dtype = DType::f16;
-    c.B = 1, c.T = 300, c.H = 1, c.HV = 2, c.K = 128, c.V = 64;
-    c.gate_div = 0.1f;
-    c.h0 = false;
-    c.seed = 1612;
-    kept(c);
-  }
-  for (GateKind gk : {GateKind::scalar, GateKind::none}) {
-    Case c;
-    c.name = std::string("kept v_new varlen ") + (gk == GateKind::scalar ? "gdn" : "delta");
-    c.gate = gk;
-    c.B = 1, c.H = 2, c.HV = 4, c.K = 64, c.V = 64;
-    c.seq_lens = {1, 63, 136, 0, 511, 75, 714};
-    c.gate_div = 0.1f;
-    c.seed = 1620 + static_cast<int>(gk);
-    kept(c);
-  }
+  for (const Case& c : chunked_feature_cases("kept v_new", 1600)) run_kept_v_new(c);
 }
 
 // Enough (sequence, value head) chains that the backward's B1 runs one block per chain, so dv_new

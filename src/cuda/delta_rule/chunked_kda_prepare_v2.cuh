@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "chunked_kda_decay.cuh"  // decay_exp
+#include "chunked_kda_gate_rows.cuh"  // kda_exp2, kKdaLog2e
 #include "recurrent_common.cuh"  // View, to_f
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -25,16 +26,9 @@ __device__ __forceinline__ float stage1_exp(float x) {
   if constexpr (!kExp2) {
     return decay_exp(x);
   } else {
-#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
+    return kda_exp2(x);  // (chunked_kda_gate_rows.cuh)
   }
 }
-constexpr float kLog2e = 1.4426950408889634f;
 
 // An input element's bits, unconverted (float: its 32 bits; 16-bit T: its bits zero-extended), and
 // their value (raw_to_f32), so that a global load's result can wait in a register until its use:

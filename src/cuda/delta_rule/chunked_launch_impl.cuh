@@ -28,7 +28,7 @@ inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs
   const std::string why = chunked_stages_support(dtype, a.K, a.V, false);
   if (!why.empty()) throw_unsupported(stage, "q", why);
   // Intermediates every stage pair shares (A is optional: only the tests read it).
-  if (!a.w || (!a.u && !u_optional) || (!a.v_new && !u_optional) || (!a.h && !a.h16) || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
+  if (!a.w || (!a.u && !u_optional) || !a.v_new || (!a.h && !a.h16) || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
     throw_invalid_argument(stage, "scratch", "w, u, v_new, h, the chunk plan and (with a gate) G must be allocated");
   if (a.h && a.h16) throw_invalid_argument(stage, "scratch", "h is either fp32 (h) or 16-bit (h16), not both");
   if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)

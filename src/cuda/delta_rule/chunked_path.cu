@@ -136,6 +136,18 @@ void by_half_dtype(DType dt, F&& f) {
     f(__half{});
 }
 
+// The backward's stages up to B1 when it reads the forward's kept v_new: stage 1 without u (its
+// reader, stage 2, does not run), the states rebuilt from v_new with u's dead region as their segment
+// workspace, then B1 (which in the 16-bit mode writes dh over u's region).
+template <typename T>
+void kept_v_new_stages(const ChunkedArgs& a, const ChunkedScratch& cs, cudaStream_t stream) {
+  ChunkedArgs a1 = a;
+  a1.u = nullptr;
+  launch_chunk_prepare<T>(a1, stream);
+  launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
+  launch_chunk_state_backward<T>(a, stream);
+}
+
 Gate gate_code(GateKind g) {
   return g == GateKind::scalar ? Gate::scalar : (g == GateKind::per_channel ? Gate::per_channel : Gate::none);
 }
@@ -214,26 +226,19 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
     by_half_dtype(p.q.dtype, [&](auto tag) {
       using T = decltype(tag);
       if (kept) {
-        ChunkedArgs a1 = a;  // stage 1 without u (its reader, stage 2, does not run)
-        a1.u = nullptr;
-        launch_chunk_prepare<T>(a1, stream);
+        kept_v_new_stages<T>(a, cs, stream);
       } else {
         launch_chunk_prepare<T>(a, stream);  // stages 1-2 again (o and the final state not needed)
-      }
-      if (kept) {
-        // u's region is dead (stage 2, its reader, does not run): the states' segment workspace,
-        // then dh's (B1 writes it after).
-        launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
-        launch_chunk_state_backward<T>(a, stream);
-      } else if (cs.chains) {
-        launch_chunk_state_chains<T>(a, stream);  // B0, then stage 2 and B1 side by side in one launch
-      } else {
-        launch_chunk_state<T>(a, stream);
-        // The experiment of states_from_vnew_wanted (chunked_stages.h): the states rebuilt from v_new.
-        // Its segment pass's workspace is u's region: dead after stage 2, dh's only from B1 on.
-        if (states_from_vnew_wanted())
-          launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
-        launch_chunk_state_backward<T>(a, stream);
+        if (cs.chains) {
+          launch_chunk_state_chains<T>(a, stream);  // B0, then stage 2 and B1 side by side in one launch
+        } else {
+          launch_chunk_state<T>(a, stream);
+          // The experiment of states_from_vnew_wanted (chunked_stages.h): the states rebuilt from v_new.
+          // Its segment pass's workspace is u's region: dead after stage 2, dh's only from B1 on.
+          if (states_from_vnew_wanted())
+            launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
+          launch_chunk_state_backward<T>(a, stream);
+        }
       }
       launch_chunk_grads<T>(a, stream);
       if (cs.gva) launch_chunk_qk_finish<T>(a, view_of(grads.dq), view_of(grads.dk), pr.batch, stream);
@@ -262,12 +267,8 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
   by_half_dtype(p.q.dtype, [&](auto tag) {
     using T = decltype(tag);
     // Stages 1-2 again (o and the final state are not needed: a.o, a.ht stay null).
-    if (kept) {  // (fp32 mode, FLASHGRAD_CHUNKED_STATE16=0: u is dead without stage 2)
-      ChunkedArgs a1 = a;  // stage 1 without u
-      a1.u = nullptr;
-      launch_chunk_prepare<T>(a1, stream);
-      launch_chunk_state_from_vnew<T>(a, a.u, static_cast<int64_t>(cs.u_bytes() / 4), stream);
-      launch_chunk_state_backward<T>(a, stream);
+    if (kept) {  // (fp32 mode, FLASHGRAD_CHUNKED_STATE16=0)
+      kept_v_new_stages<T>(a, cs, stream);
       launch_chunk_grads<T>(a, stream);
     } else if (cs.kda) {
       launch_kda_prepare<T>(a, stream);
