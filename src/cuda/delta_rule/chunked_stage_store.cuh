@@ -1,5 +1,6 @@
 // Stores of the chunk-entry states h_c by the warps that hold h^T in mma accumulators: stage 2
-// (chunked_state.cuh) and the states rebuilt from v_new (chunked_state_from_vnew.cuh).
+// (chunked_state.cuh) and the states rebuilt from v_new (chunked_state_from_vnew.cuh); and the fused
+// forward's kept v_new (chunked_state.cuh), through the same kind of warp-private shared tile.
 #pragma once
 
 #include "chunked_stages.h"
@@ -61,6 +62,36 @@ __device__ __forceinline__ void store_state_tiles_staged(const ChunkedArgs& a, i
   for (int i = 0; i < NK / 2; ++i) {
     const int p = lane + 32 * i, r = p >> 1, half = p & 1;
     *reinterpret_cast<uint4*>(hc + r * a.V + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * 16 + 8 * half);
+  }
+}
+
+// One chunk's v_new^T as a warp holds it (accumulator p[j8][e]: chunk row 8 j8 + 2 tig + (e & 1),
+// value column grp + 8 (e >> 1) of the warp's 16) to rows [0, len) of `at` (row r at at + r pitch,
+// 16 T per row), through the warp-private shared tile `stage` (row r at stage + r ld, 16 T; 16-byte
+// aligned rows). store_acc_rows writes each element alone (2-byte stores, four 16-byte half sectors
+// per instruction); here 2-byte shared stores, then 16-byte global ones: per instruction 16 rows'
+// whole 32-byte pieces (session 14; the fused forward's kept v_new cost it +0.04 ms at B8 T4096, run
+// 13.6). Piece q = lane + 32 i (i < 4): sub = q % 8, g = q / 8; row 8 (g / 2) + 2 (sub / 2) + g % 2,
+// half sub % 2 (columns 8 half + [0, 8)): the 8 lanes of a quarter warp read rows r, r + 2, r + 4,
+// r + 6, which with ld = 264 (132 words, 4 banks per row) cover 32 distinct banks. The writes: each
+// instruction's 4 rows (2 tig apart: 8 banks) x 16 bytes are conflict-free too.
+// `at` must be 16-byte aligned (the caller checks; store_acc_rows otherwise).
+template <typename T>
+__device__ __forceinline__ void store_acc_rows_staged(T* at, int64_t pitch, int len, int lane, const float (&p)[8][4],
+                                                      T* stage, int ld) {
+  const int grp = lane >> 2, tig = lane & 3;
+  __syncwarp();  // every lane is done reading what `stage` held (the caller's operand there)
+#pragma unroll
+  for (int j8 = 0; j8 < 8; ++j8)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) stage[(8 * j8 + 2 * tig + (e & 1)) * ld + grp + 8 * (e >> 1)] = from_f<T>(p[j8][e]);
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int q = lane + 32 * i, sub = q & 7, g = q >> 3;
+    const int r = 8 * (g >> 1) + 2 * (sub >> 1) + (g & 1), half = sub & 1;
+    if (r < len)
+      *reinterpret_cast<uint4*>(at + r * pitch + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * ld + 8 * half);
   }
 }
 

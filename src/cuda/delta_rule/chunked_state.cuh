@@ -160,6 +160,9 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
 
   const T* w = static_cast<const T*>(a.w);
   T* v_new = static_cast<T*>(a.v_new);
+  // The kept v_new's 16-byte stores need its base 16-byte aligned (columns col0 + vc0 are multiples
+  // of 16, rows V % 128 == 0 elements apart); a caller's tensor at an odd offset takes 2-byte stores.
+  const bool vn_aligned = (reinterpret_cast<uintptr_t>(v_new) & 15) == 0;
   const bool k_vec = key_rows_vectorizable(a.k), q_vec = kOutput && key_rows_vectorizable(a.q);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
@@ -307,8 +310,21 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
         const int j = 8 * j8 + tcol(e);
         p[j8][e] = us[j * LDU + vcol(e)] - p[j8][e];
       }
-    if ((!kOutput || a.keep_v_new) && kc0 == 0)  // v_new (T) for rows j < L (the fused kernel: when kept)
-      store_acc_rows(v_new + (row0 * a.HV + hv) * a.V + col0 + vcol(0), a.HV * a.V, L, tig, p);
+    // v_new (T) for rows j < L (the fused kernel: when kept). The fused kernel stages it in this
+    // warp's columns of u(s) (read only by this warp, just above, and not again until the next
+    // chunk's barrier (A) orders the prefetch that refills stage s): 64 rows x 32 bytes in the first
+    // half of each row's 64-byte slice (LDU = 132 floats: 16-byte aligned rows).
+    T* const vn_at = v_new + (row0 * a.HV + hv) * a.V + col0 + vcol(0);
+    if constexpr (kOutput) {
+      if (a.keep_v_new) {
+        if (vn_aligned)
+          store_acc_rows_staged(vn_at - grp, a.HV * a.V, L, lane, p, reinterpret_cast<T*>(sm.u(s) + vc0), 2 * LDU);
+        else
+          store_acc_rows(vn_at, a.HV * a.V, L, tig, p);
+      }
+    } else if (kc0 == 0) {
+      store_acc_rows(vn_at, a.HV * a.V, L, tig, p);
+    }
 
     if constexpr (kOutput) {
       // o^T = parked part + v_new^T (scale P)^T, by quarters; P^T's blocks (j block js, i block oh)
