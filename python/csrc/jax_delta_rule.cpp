@@ -1,6 +1,12 @@
 // JAX FFI op functions for the gated delta rule family.
 // Buffers (by name): q, k, v, g, beta, initial_state, cu_seqlens; forward outputs o, final_state,
-// saved_r; backward inputs also dout, dht, saved_r and outputs dq, dk, dv, dg, dbeta, dh0.
+// saved_r, saved_v_new; backward inputs also dout, dht, saved_r, saved_v_new and outputs dq, dk, dv,
+// dg, dbeta, dh0.
+// saved_v_new ([B, T, HV, V], v's dtype) is a request, not a demand: JAX declares its buffers when it
+// traces, before it knows which backend runs the call (a jit under jax.default_device(cpu) on a GPU
+// machine), so both ops use the buffer only where the core keeps v_new for these params
+// (delta_rule_keeps_v_new: the CUDA chunked path for GDN and the plain rule); elsewhere the forward
+// leaves it unwritten and the backward ignores it, the same decision on both sides.
 // Attributes: scale (float32, NaN = default), use_qk_l2norm_in_kernel (bool), algorithm (str:
 // recurrent | chunked).
 #include <string>
@@ -43,7 +49,9 @@ void delta_rule_forward_op(const Call& c) {
   out.o = c.out["o"];
   out.final_state = c.out["final_state"];
   out.saved_r = c.out["saved_r"];
-  const Workspace ws = c.scratch ? c.workspace(delta_rule_workspace_bytes(p, Pass::forward)) : Workspace{};
+  const bool kept = c.out["saved_v_new"].present() && delta_rule_keeps_v_new(p);
+  if (kept) out.saved_v_new = c.out["saved_v_new"];
+  const Workspace ws = c.scratch ? c.workspace(delta_rule_workspace_bytes(p, Pass::forward, kept)) : Workspace{};
   delta_rule_forward(p, out, ws);
 }
 
@@ -53,6 +61,8 @@ void delta_rule_backward_op(const Call& c) {
   in.dout = c.in["dout"];
   in.dht = c.in["dht"];
   in.saved_r = c.in["saved_r"];
+  const bool kept = c.in["saved_v_new"].present() && delta_rule_keeps_v_new(p);
+  if (kept) in.saved_v_new = c.in["saved_v_new"];
   DeltaRuleGrads grads;
   grads.dq = c.out["dq"];
   grads.dk = c.out["dk"];
@@ -60,7 +70,7 @@ void delta_rule_backward_op(const Call& c) {
   grads.dg = c.out["dg"];
   grads.dbeta = c.out["dbeta"];
   grads.dh0 = c.out["dh0"];
-  const Workspace ws = c.scratch ? c.workspace(delta_rule_workspace_bytes(p, Pass::backward)) : Workspace{};
+  const Workspace ws = c.scratch ? c.workspace(delta_rule_workspace_bytes(p, Pass::backward, kept)) : Workspace{};
   delta_rule_backward(p, in, grads, ws);
 }
 
