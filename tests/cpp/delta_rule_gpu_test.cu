@@ -817,6 +817,26 @@ TEST(DeltaRuleGpu, ChunkedKeptVNewMatches) {
   for (const Case& c : chunked_feature_cases("kept v_new", 1600)) run_kept_v_new(c);
 }
 
+// The fused state + output forward (the default at many chains, B8 T4096 H16 and up, which these
+// small cases do not reach) stores the kept v_new from its own single-fragment products, through a
+// shared tile as 16-byte stores (store_acc_rows_staged, session 14): forced on here
+// (FLASHGRAD_CHUNKED_FUSED_OUTPUT=1, read per call) for the kept cases whose V it takes (V % 128 == 0).
+// (small cases: the GPU check's compute-sanitizer runs this one)
+TEST(DeltaRuleGpu, ChunkedKeptVNewFusedForward) {
+  REQUIRE_GPU();
+  struct ForceFused {  // unset again however the test ends (the suite's later tests run in this process)
+    ForceFused() { setenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT", "1", 1); }
+    ~ForceFused() { unsetenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT"); }
+  } force_fused;
+  std::vector<Case> cases;
+  for (const Case& c : chunked_length_cases("kept v_new, fused forward", 2600))
+    if (c.T == 1 || c.T == 75 || c.T == 500) cases.push_back(c);
+  for (const Case& c : chunked_feature_cases("kept v_new, fused forward", 2600))
+    if (c.V % 128 == 0) cases.push_back(c);
+  ASSERT_EQ(cases.size(), 4u);
+  for (const Case& c : cases) run_kept_v_new(c);
+}
+
 // Enough (sequence, value head) chains that the backward's B1 runs one block per chain, so dv_new
 // goes into w's region (dv_new_in_w_allowed: the default since run 9.1; the test unsets
 // FLASHGRAD_CHUNKED_DVNEW_IN_W, which can turn it off): K = V = 64 (4 warps), K = V = 128 with >=
