@@ -13,14 +13,14 @@ namespace flashgrad::cuda_detail::delta_rule {
 // (`ws_floats` floats: S and log D of P segments per chain, pass 1) and by the chunks per sequence.
 // FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces n, FLASHGRAD_CHUNKED_FROM_VNEW_WV=1 / 2 / 4 the width
 // (read per call: tests of the segmented path at small sizes, timing).
-template <typename T, int KMAX, int WV>
+template <typename T, int KMAX, int WV, bool kSingle = false>
 void launch_state_from_vnew_seg(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
   constexpr int STAGES = 3, THREADS = kFromVnewThreads * WV;
   using S = FromVnewSmem<T, KMAX, STAGES, 16 * WV>;
   // + the warps' h_c staging tiles (store_state_tiles_staged)
   constexpr int64_t bytes = S::bytes() + static_cast<int64_t>(sizeof(T)) * kFromVnewStageElems * 4 * WV;
-  auto* pass1 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, false>;
-  auto* pass2 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, true>;
+  auto* pass1 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, false, kSingle>;
+  auto* pass2 = chunk_state_from_vnew_seg_kernel<T, KMAX, STAGES, WV, true, kSingle>;
   set_smem(pass1, bytes);
   set_smem(pass2, bytes);
   const int64_t chains = a.num_seqs * a.HV * (a.V / S::BV);
@@ -52,10 +52,22 @@ inline int from_vnew_width(const ChunkedArgs& a) {
   return wv;
 }
 
+// FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single (read per call; an experiment, session 14): the
+// single-fragment products (the kernel's kSingle) at the default width.
+inline bool from_vnew_single_products() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS");
+  return env && std::string(env) == "single";
+}
+
 template <typename T, int KMAX>
 void launch_state_from_vnew_seg_width(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
   switch (from_vnew_width(a)) {
-    case 4: launch_state_from_vnew_seg<T, KMAX, 4>(a, ws, ws_floats, s); break;
+    case 4:
+      if (from_vnew_single_products())
+        launch_state_from_vnew_seg<T, KMAX, 4, true>(a, ws, ws_floats, s);
+      else
+        launch_state_from_vnew_seg<T, KMAX, 4>(a, ws, ws_floats, s);
+      break;
     case 2: launch_state_from_vnew_seg<T, KMAX, 2>(a, ws, ws_floats, s); break;
     default: launch_state_from_vnew_seg<T, KMAX, 1>(a, ws, ws_floats, s); break;
   }

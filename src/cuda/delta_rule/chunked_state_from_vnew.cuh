@@ -86,7 +86,11 @@ __device__ __forceinline__ void segment_chunks(int64_t first, int64_t count, int
   c1 = first + count * (p + 1) / P;
 }
 
-template <typename T, int KMAX, int STAGES, int WV, bool kStore>
+// kSingle (opt-in, session 14: FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single, chunked_state_from_vnew.cu):
+// the scaled v_new^T enters the products as one T fragment (round to nearest), not hi + lo: half the
+// mmas and no lo split, as the fused forward's kSingle products (chunked_state.cuh). h^T stays in fp32
+// accumulators, so the rounding (2^-9 relative per term in bf16) does not compound over chunks.
+template <typename T, int KMAX, int STAGES, int WV, bool kStore, bool kSingle = false>
 __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_seg_kernel(ChunkedArgs a, int P,
                                                                                           float* seg) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -204,7 +208,8 @@ __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_s
     else
       mma::cp_async_commit();
 
-    // inc = (v_new^T colscale) k over the chunk's 4 row blocks, hi and lo in separate accumulators.
+    // inc = (v_new^T colscale) k over the chunk's 4 row blocks, hi and lo in separate accumulators
+    // (inc_lo stays zero with kSingle).
     const float* cs = cs_buf(i);
     float inc_hi[NK][4], inc_lo[NK][4];
 #pragma unroll
@@ -224,13 +229,13 @@ __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_s
       const float2 f1 = *reinterpret_cast<const float2*>(&cs[16 * js + 8 + 2 * tig]);
       const float s0[2] = {f0.x, f0.y}, s1v[2] = {f1.x, f1.y};
       uint32_t ah[4], al[4];
-      mma::acc_to_a_split<T>(c0, c1, s0, s1v, ah, al);
+      mma::acc_to_a<T, !kSingle>(c0, c1, s0, s1v, ah, al);
       uint32_t b[NB][4];
 #pragma unroll
       for (int q = 0; q < NB; ++q)
         mma::ldmatrix_x4<true>(b[q], sm.k(s) + (16 * js + tb_r) * LDK + kc0 + 16 * q + tb_c);
       mma::mma_tiles<T, NB>(inc_hi, ah, b);
-      mma::mma_tiles<T, NB>(inc_lo, al, b);
+      if constexpr (!kSingle) mma::mma_tiles<T, NB>(inc_lo, al, b);
     }
     // Chunk c + 1's colscale (its rows are in stage s1), beside the products.
     if (c + 1 < c_end) colscale(s1, cs_buf(i + 1));

@@ -242,9 +242,17 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       Buf fvws(DType::f32, N * P * HV * (K * V + 1));
       float* ws = static_cast<float*>(fvws.p());
       const bool wide = seed % 2 == 0 && V % 64 == 0;
+      // FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single: the single-fragment products at the wide width,
+      // as the launcher (its opt-in experiment).
+      const char* fv_env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS");
+      const bool fv_single = fv_env && std::string(fv_env) == "single";
       auto pass = [&](auto store) {
         constexpr bool kStore = decltype(store)::value;
-        if (wide)
+        if (wide && fv_single)
+          launch(N * P, HV, V / 64, [&] {
+            dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, 4, kStore, true>(a, P, P > 1 ? ws : nullptr);
+          }, 4 * dr::kFromVnewThreads);
+        else if (wide)
           launch(N * P, HV, V / 64, [&] {
             dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, 4, kStore>(a, P, P > 1 ? ws : nullptr);
           }, 4 * dr::kFromVnewThreads);
