@@ -1,5 +1,5 @@
-"""The states rebuilt from v_new with single-fragment products (FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single,
-session 14) against hi + lo and against not keeping v_new, in bench/delta_rule_vs_fla.py's own
+"""The states rebuilt from v_new with single-fragment products (session 14; the default since run 14.3,
+FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=split gives hi + lo; in run 14.3 "single" selected them) against hi + lo and against not keeping v_new, in bench/delta_rule_vs_fla.py's own
 configuration (its inputs and timing, as keepab.py), in one process, the settings interleaved over
 rounds. Prints ROW lines: setting, fwd / bwd ms (median of rounds), peak MiB."""
 import os
@@ -11,7 +11,7 @@ import delta_rule_vs_fla as bench  # noqa: E402
 
 CASES = [("gdn", 1, 32768, 16, 128), ("gdn", 8, 4096, 16, 128)]
 SETTINGS = [("off", {"FLASHGRAD_KEEP_V_NEW": "0"}),
-            ("kept hi+lo", {"FLASHGRAD_KEEP_V_NEW": "1", "FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS": None}),
+            ("kept hi+lo", {"FLASHGRAD_KEEP_V_NEW": "1", "FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS": "split"}),
             ("kept single", {"FLASHGRAD_KEEP_V_NEW": "1", "FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS": "single"})]
 for kind, B, T, H, K in CASES:
     inputs = bench.make_inputs(kind, B, T, H, K)

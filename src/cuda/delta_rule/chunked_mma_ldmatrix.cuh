@@ -21,6 +21,23 @@
 
 namespace flashgrad::cuda_detail::delta_rule::mma {
 
+// stmatrix .x4 .trans (sm_90): the inverse of ldmatrix_x4<true>. Lane l passes the address of stored
+// row (l % 8) of tile (l / 8) (16 contiguous bytes, 16-byte aligned); register m of lane l holds tile
+// m's fragment row l / 4, columns 2 (l % 4), 2 (l % 4) + 1 (low half first), which go to stored rows
+// 2 (l % 4) and 2 (l % 4) + 1 at position l / 4. So an mma accumulator tile (C layout: lane holds
+// row grp, columns 2 tig + {0, 1}) packed in pairs lands transposed: its columns become stored rows.
+__device__ __forceinline__ void stmatrix_x4_trans(const uint32_t (&r)[4], void* row_addr) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  emulated_stmatrix_x4_trans(r, row_addr);
+#else
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(row_addr));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               :
+               : "r"(s), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
 // Four 8 x 8 tiles of 16-bit elements: lane l passes the address of row (l % 8) of tile (l / 8)
 // (16 contiguous bytes, 16-byte aligned). Without .trans, register m of lane l holds tile m's
 // row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (low half first); with .trans, tile m's rows

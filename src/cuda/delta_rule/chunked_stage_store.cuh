@@ -3,6 +3,7 @@
 // forward's kept v_new (chunked_state.cuh), through the same kind of warp-private shared tile.
 #pragma once
 
+#include "chunked_mma_ldmatrix.cuh"  // pack_floats, stmatrix_x4_trans
 #include "chunked_stages.h"
 #include "recurrent_common.cuh"
 
@@ -34,11 +35,33 @@ __device__ __forceinline__ void store_state_tiles(const ChunkedArgs& a, int64_t 
   }
 }
 
+// A warp's NT mma accumulator tiles acc[t] (16 x 8: element e at tile row grp + 8 (e >> 1), column
+// 2 tig + (e & 1)), rounded to T and written transposed into `stage`: tile t's column b goes to stage
+// row 8 t + b, its rows to positions [0, 16) (stage + r ld: 16 T per row, 16-byte aligned rows). Per
+// pair of tiles one stmatrix .x4 .trans (matrices m = 2 (t % 2) + h: tile 2 i + m / 2, rows 8 h + [0, 8);
+// lane l gives stored row 8 (2 i + m / 2) + l % 8 at position 8 h for m = l / 8) from one packed
+// conversion per two elements: 3 instructions per pair of elements fewer than 2-byte shared stores
+// (run 14.3's ncu: the fused forward's staged v_new cost it ~190 instructions per warp and chunk).
+template <typename T, int NT>
+__device__ __forceinline__ void stage_acc_tiles_transposed(const float (&acc)[NT][4], T* stage, int ld, int lane) {
+  static_assert(NT % 2 == 0, "tiles in pairs (one stmatrix .x4 per pair)");
+  const int m = lane >> 3;
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) {
+    uint32_t r[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      r[q] = mma::pack_floats<T>(acc[2 * i + (q >> 1)][2 * (q & 1)], acc[2 * i + (q >> 1)][2 * (q & 1) + 1]);
+    mma::stmatrix_x4_trans(r, stage + (8 * (2 * i + (m >> 1)) + (lane & 7)) * ld + 8 * (m & 1));
+  }
+}
+
 // store_state_tiles for the 16-bit states through a warp-private shared tile (session 13; the states
 // from v_new, chunked_state_from_vnew.cuh): run 13.3's ncu put that kernel at 65% of L2 throughput
 // with its 2-byte scattered stores (each warp store instruction writes four 16-byte pieces of four
 // rows, half sectors). Here the warp writes its 8 NK channels x 16 columns (channels kc0 + [0, 8 NK))
-// into `stage` ([8 NK][16] T, row = channel - kc0) as 2-byte shared stores, then stores 16-byte pieces:
+// into `stage` ([8 NK][16] T, row = channel - kc0) by stmatrix (stage_acc_tiles_transposed; 2-byte
+// shared stores until session 14), then stores 16-byte pieces:
 // piece p = lane + 32 i is row p / 2, columns 8 (p % 2) + [0, 8), so each row's 32 bytes (a whole
 // sector of h_c's row) go out together. fp32 states (a.h) take store_state_tiles.
 template <typename T, int NK>
@@ -46,16 +69,13 @@ __device__ __forceinline__ void store_state_tiles_staged(const ChunkedArgs& a, i
                                                          int vc0, int kc0, int lane, const float (&hT)[NK][4],
                                                          T* stage) {
   static_assert(NK % 2 == 0, "whole 16-byte pieces per lane");
-  const int grp = lane >> 2, tig = lane & 3;
   if (!a.h16) {
+    const int grp = lane >> 2, tig = lane & 3;
     store_state_tiles<T, NK>(a, c, hv, col0, vc0, kc0, grp, tig, hT);
     return;
   }
   __syncwarp();  // the previous chunk's reads of `stage` are done
-#pragma unroll
-  for (int nk = 0; nk < NK; ++nk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) stage[(8 * nk + 2 * tig + (e & 1)) * 16 + grp + 8 * (e >> 1)] = from_f<T>(hT[nk][e]);
+  stage_acc_tiles_transposed<T, NK>(hT, stage, 16, lane);  // (session 14: was 2-byte shared stores)
   __syncwarp();
   T* const hc = static_cast<T*>(a.h16) + (c * a.HV + hv) * a.K * a.V + kc0 * a.V + col0 + vc0;
 #pragma unroll
@@ -69,22 +89,19 @@ __device__ __forceinline__ void store_state_tiles_staged(const ChunkedArgs& a, i
 // value column grp + 8 (e >> 1) of the warp's 16) to rows [0, len) of `at` (row r at at + r pitch,
 // 16 T per row), through the warp-private shared tile `stage` (row r at stage + r ld, 16 T; 16-byte
 // aligned rows). store_acc_rows writes each element alone (2-byte stores, four 16-byte half sectors
-// per instruction); here 2-byte shared stores, then 16-byte global ones: per instruction 16 rows'
-// whole 32-byte pieces (session 14; the fused forward's kept v_new cost it +0.04 ms at B8 T4096, run
-// 13.6). Piece q = lane + 32 i (i < 4): sub = q % 8, g = q / 8; row 8 (g / 2) + 2 (sub / 2) + g % 2,
+// per instruction); here stmatrix into shared memory (stage_acc_tiles_transposed: the accumulators'
+// columns are v_new's rows), then 16-byte global stores: per instruction 16 rows' whole 32-byte
+// pieces (session 14; the fused forward's kept v_new cost it +0.04 ms at B8 T4096, run 13.6).
+// Piece q = lane + 32 i (i < 4): sub = q % 8, g = q / 8; row 8 (g / 2) + 2 (sub / 2) + g % 2,
 // half sub % 2 (columns 8 half + [0, 8)): the 8 lanes of a quarter warp read rows r, r + 2, r + 4,
-// r + 6, which with ld = 264 (132 words, 4 banks per row) cover 32 distinct banks. The writes: each
-// instruction's 4 rows (2 tig apart: 8 banks) x 16 bytes are conflict-free too.
+// r + 6, which with ld = 264 (132 words, 4 banks per row) cover 32 distinct banks; each stmatrix
+// matrix's 8 rows x 16 bytes (4 banks apart) are conflict-free too.
 // `at` must be 16-byte aligned (the caller checks; store_acc_rows otherwise).
 template <typename T>
 __device__ __forceinline__ void store_acc_rows_staged(T* at, int64_t pitch, int len, int lane, const float (&p)[8][4],
                                                       T* stage, int ld) {
-  const int grp = lane >> 2, tig = lane & 3;
   __syncwarp();  // every lane is done reading what `stage` held (the caller's operand there)
-#pragma unroll
-  for (int j8 = 0; j8 < 8; ++j8)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) stage[(8 * j8 + 2 * tig + (e & 1)) * ld + grp + 8 * (e >> 1)] = from_f<T>(p[j8][e]);
+  stage_acc_tiles_transposed<T, 8>(p, stage, ld, lane);
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

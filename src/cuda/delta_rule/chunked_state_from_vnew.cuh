@@ -86,7 +86,8 @@ __device__ __forceinline__ void segment_chunks(int64_t first, int64_t count, int
   c1 = first + count * (p + 1) / P;
 }
 
-// kSingle (opt-in, session 14: FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single, chunked_state_from_vnew.cu):
+// kSingle (session 14, the default at 64 columns per block since run 14.3; FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=split
+// runs hi + lo, chunked_state_from_vnew.cu):
 // the scaled v_new^T enters the products as one T fragment (round to nearest), not hi + lo: half the
 // mmas and no lo split, as the fused forward's kSingle products (chunked_state.cuh). h^T stays in fp32
 // accumulators, so the rounding (2^-9 relative per term in bf16) does not compound over chunks.

@@ -133,6 +133,26 @@ inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool tr
   }
   __syncwarp();
 }
+// stmatrix .x4 .trans (chunked_mma_ldmatrix.cuh), from the PTX ISA's description: lane l supplies
+// the address of stored row l % 8 of tile l / 8; register m of lane l holds tile m's fragment row
+// l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (low half first), stored transposed: at stored rows
+// 2 (l % 4) and 2 (l % 4) + 1, position l / 4.
+inline void emulated_stmatrix_x4_trans(const uint32_t (&r)[4], void* row_addr) {
+  const int w = emu_warp(), l = emu_tid.x % 32;
+  if ((reinterpret_cast<uintptr_t>(row_addr) & 15) != 0) {
+    std::fprintf(stderr, "stmatrix: row address not 16-byte aligned\n");
+    std::abort();
+  }
+  g_warp_ptr[w][l] = row_addr;
+  __syncwarp();
+  for (int m = 0; m < 4; ++m)
+    for (int hi = 0; hi < 2; ++hi) {
+      const uint16_t x = static_cast<uint16_t>(hi ? r[m] >> 16 : r[m] & 0xffffu);
+      void* row = const_cast<void*>(g_warp_ptr[w][8 * m + 2 * (l % 4) + hi]);
+      std::memcpy(static_cast<unsigned char*>(row) + 2 * (l / 4), &x, 2);
+    }
+  __syncwarp();
+}
 // cp.async 16 bytes (with zero fill when !full), modelled as a synchronous copy: the emulation
 // cannot see a missing wait_group (the block barrier that must follow it is still modelled).
 inline void emulated_cp_async16(void* dst, const void* src, bool full) {

@@ -242,10 +242,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       Buf fvws(DType::f32, N * P * HV * (K * V + 1));
       float* ws = static_cast<float*>(fvws.p());
       const bool wide = seed % 2 == 0 && V % 64 == 0;
-      // FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single: the single-fragment products at the wide width,
-      // as the launcher (its opt-in experiment).
+      // The single-fragment products at the wide width, as the launcher's default;
+      // FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=split: hi + lo (the 16-column kernels always are).
       const char* fv_env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS");
-      const bool fv_single = fv_env && std::string(fv_env) == "single";
+      const bool fv_single = !(fv_env && std::string(fv_env) == "split");
       auto pass = [&](auto store) {
         constexpr bool kStore = decltype(store)::value;
         if (wide && fv_single)
