@@ -87,9 +87,10 @@ def _keeps_v_new(algorithm, q, k, v, g):
     the CUDA chunked path for GDN and the plain delta rule (the core's delta_rule_keeps_v_new; this
     mirrors its rule: 16-bit inputs, K in {64, 128}, V a multiple of 64 up to 256). Costs one tensor the
     size of v held until the backward (the backward then allocates none of its own). Kept by default
-    where taken (H200, run 13.5, forward + backward in deltabench's configuration: B8 T4096 H16
-    K=V=128 3.82 -> 3.72 ms, B1 T32768 equal time and 1801 -> 1545 MiB peak; with the in-kernel L2 norm
-    the T32768 backward 4.67 -> 4.34 ms). FLASHGRAD_KEEP_V_NEW=0 turns it off (read per call)."""
+    where taken (H200, run 14.4, forward + backward in deltabench's configuration: B8 T4096 H16
+    K=V=128 3.83 -> 3.67 ms, B1 T32768 backward 4.04 -> 3.99 ms and 1801 -> 1545 MiB peak; with the
+    in-kernel L2 norm (run 13.5) the T32768 backward 4.67 -> 4.34 ms). FLASHGRAD_KEEP_V_NEW=0 turns it
+    off (read per call)."""
     if os.environ.get("FLASHGRAD_KEEP_V_NEW") == "0":
         return False
     return (algorithm == "chunked" and q.is_cuda and q.dim() == 4 and v.dim() == 4

@@ -203,8 +203,8 @@ def _num_states(q, cu_seqlens):
 def _asks_v_new(opts, q, k, v, g):
     """Whether the forward asks to keep v_new (beta_t r_t, v's dtype and shape) for the backward, which
     then rebuilds the chunk states from it instead of re-running the forward's serial state pass (as
-    flashgrad.delta_rule's _keeps_v_new for PyTorch: H200, run 13.5, B8 T4096 H16 K=V=128 forward +
-    backward 3.82 -> 3.72 ms, B1 T32768 peak 1801 -> 1545 MiB). The rule mirrors the core's
+    flashgrad.delta_rule's _keeps_v_new for PyTorch: H200, run 14.4, B8 T4096 H16 K=V=128 forward +
+    backward 3.83 -> 3.67 ms, B1 T32768 peak 1801 -> 1545 MiB). The rule mirrors the core's
     delta_rule_keeps_v_new (chunked, GDN or the plain rule, 16-bit inputs, K in {64, 128}, V a
     multiple of 64 up to 256) where JAX's default backend is a GPU; the FFI ops use the buffer only
     where the core keeps it (jax_delta_rule.cpp), so a CPU call traced on a GPU machine stays correct.
