@@ -112,14 +112,19 @@ inline void emulated_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const u
 // (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), or with .trans (rows 2 (l % 4), 2 (l % 4) + 1,
 // column l / 4); the lower index in the low half. Addresses are exchanged through the warp buffer.
 inline const void* g_warp_ptr[16][32];
-inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
-  const int w = emu_warp(), l = emu_tid.x % 32;
+// ldmatrix / stmatrix: the calling lane's row address (16-byte aligned, else the emulation stops,
+// naming the instruction) into the warp's exchange slots, visible to the whole warp on return.
+inline void emu_publish_row_address(const void* row_addr, const char* instruction) {
   if ((reinterpret_cast<uintptr_t>(row_addr) & 15) != 0) {
-    std::fprintf(stderr, "ldmatrix: row address not 16-byte aligned\n");
+    std::fprintf(stderr, "%s: row address not 16-byte aligned\n", instruction);
     std::abort();
   }
-  g_warp_ptr[w][l] = row_addr;
+  g_warp_ptr[emu_warp()][emu_tid.x % 32] = row_addr;
   __syncwarp();
+}
+inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
+  const int w = emu_warp(), l = emu_tid.x % 32;
+  emu_publish_row_address(row_addr, "ldmatrix");
   auto elem = [&](int tile, int row, int col) {
     uint16_t x;
     std::memcpy(&x, static_cast<const unsigned char*>(g_warp_ptr[w][8 * tile + row]) + 2 * col, 2);
@@ -139,12 +144,7 @@ inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool tr
 // 2 (l % 4) and 2 (l % 4) + 1, position l / 4.
 inline void emulated_stmatrix_x4_trans(const uint32_t (&r)[4], void* row_addr) {
   const int w = emu_warp(), l = emu_tid.x % 32;
-  if ((reinterpret_cast<uintptr_t>(row_addr) & 15) != 0) {
-    std::fprintf(stderr, "stmatrix: row address not 16-byte aligned\n");
-    std::abort();
-  }
-  g_warp_ptr[w][l] = row_addr;
-  __syncwarp();
+  emu_publish_row_address(row_addr, "stmatrix");
   for (int m = 0; m < 4; ++m)
     for (int hi = 0; hi < 2; ++hi) {
       const uint16_t x = static_cast<uint16_t>(hi ? r[m] >> 16 : r[m] & 0xffffu);
