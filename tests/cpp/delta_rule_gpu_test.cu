@@ -837,6 +837,44 @@ TEST(DeltaRuleGpu, ChunkedKeptVNewFusedForward) {
   for (const Case& c : cases) run_kept_v_new(c);
 }
 
+// The rebuild's shapes that the launcher's own choices do not all reach at these sizes (its P and R
+// follow the SM count): the wide kernel (chunked_state_from_vnew_wide.cuh, session 15) with 3
+// segments of 3 sub-segments, with 4 warps per block and 2 segments, and the chain kernel of sessions
+// 13-14 (FLASHGRAD_CHUNKED_FROM_VNEW=chain, 3 segments), on a long GVA case (24 chunks per sequence,
+// pass 1 summing several chunks per sub-segment) and the varlen cases (empty and one-chunk sequences:
+// empty sub-segments). The settings are read per call and unset again however the test ends.
+TEST(DeltaRuleGpu, ChunkedKeptVNewRebuildShapes) {
+  REQUIRE_GPU();
+  struct Env {
+    std::vector<std::string> names;
+    void set(const char* name, const char* value) { setenv(name, value, 1); names.emplace_back(name); }
+    ~Env() { for (const auto& n : names) unsetenv(n.c_str()); }
+  };
+  std::vector<Case> cases;
+  for (const Case& c : chunked_length_cases("kept v_new, rebuild shapes", 3600))
+    if (c.T == 1500) cases.push_back(c);
+  for (const Case& c : chunked_feature_cases("kept v_new, rebuild shapes", 3600))
+    if (!c.seq_lens.empty()) cases.push_back(c);
+  ASSERT_EQ(cases.size(), 3u);
+  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+      {{"FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS", "3"}, {"FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS", "3"}},
+      {{"FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS", "2"}, {"FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_WARPS", "4"}},
+      {{"FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS", "3"}, {"FLASHGRAD_CHUNKED_FROM_VNEW", "chain"}}};
+  for (const auto& setting : settings) {
+    Env env;
+    std::string label;
+    for (const auto& [name, value] : setting) {
+      env.set(name, value);
+      label += std::string(" ") + name + "=" + value;
+    }
+    SCOPED_TRACE(label);
+    for (Case c : cases) {
+      c.name += label;
+      run_kept_v_new(c);
+    }
+  }
+}
+
 // Enough (sequence, value head) chains that the backward's B1 runs one block per chain, so dv_new
 // goes into w's region (dv_new_in_w_allowed: the default since run 9.1; the test unsets
 // FLASHGRAD_CHUNKED_DVNEW_IN_W, which can turn it off): K = V = 64 (4 warps), K = V = 128 with >=

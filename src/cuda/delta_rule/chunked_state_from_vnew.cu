@@ -2,6 +2,7 @@
 // chunked_stages.h), bf16 and fp16, K = 64 and 128.
 #include "chunked_launch_impl.cuh"
 #include "chunked_state_from_vnew.cuh"
+#include "chunked_state_from_vnew_wide.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -76,13 +77,80 @@ void launch_state_from_vnew_seg_width(const ChunkedArgs& a, float* ws, int64_t w
   }
 }
 
+// The wide kernel (chunked_state_from_vnew_wide.cuh, session 15): WARPS x 16 value columns per block,
+// each warp all K key channels. Segments P: as the chain's, pass 2's blocks about filling the SMs once
+// (occupancy query), bounded by the chunks per sequence and the workspace. Pass 1 (P > 1) cuts each
+// segment but the last in R sub-segments so that its blocks fill the SMs once too: R at most 32, at
+// least two chunks per sub-segment on average, within the workspace (S and log D of P R
+// sub-segments per chain). FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces P,
+// FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS=n forces R (tests, timing; the bounds still apply).
+template <typename T, int KMAX, int WARPS>
+void launch_state_from_vnew_wide(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
+  constexpr int STAGES = 3, THREADS = 32 * WARPS, BV = 16 * WARPS;
+  using W = FromVnewWideSmem<T, KMAX, STAGES, WARPS>;
+  const auto pass1 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS, false>;
+  const auto pass2 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS, true>;
+  constexpr int64_t bytes1 = W::bytes(false), bytes2 = W::bytes(true);
+  set_smem(pass1, bytes1);
+  set_smem(pass2, bytes2);
+  const int64_t slices = a.num_seqs * a.HV * (a.V / BV), sms = sm_count();
+  const int64_t chunks_per_seq = std::max<int64_t>((a.num_chunks + a.num_seqs - 1) / a.num_seqs, 1);
+  const int64_t per_segment_floats = a.num_seqs * a.HV * (a.K * a.V + 1);
+  auto fill = [&](auto kernel, int64_t bytes) {  // blocks that fit on the SMs at once
+    int per_sm = 0;
+    FLASHGRAD_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, static_cast<size_t>(bytes)));
+    return static_cast<int64_t>(std::max(per_sm, 1)) * sms;
+  };
+  int64_t P = std::max<int64_t>(1, fill(pass2, bytes2) / slices);
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS")) P = std::max(1, std::atoi(env));
+  P = std::max<int64_t>(1, std::min<int64_t>({P, chunks_per_seq, ws_floats / per_segment_floats}));
+  int64_t R = 1;
+  if (P > 1) {
+    const int64_t per_r = slices * (P - 1);
+    R = std::min<int64_t>(32, (fill(pass1, bytes1) + per_r - 1) / per_r);
+    if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS")) R = std::max(1, std::atoi(env));
+    R = std::max<int64_t>(1, std::min<int64_t>({R, std::max<int64_t>(chunks_per_seq / (2 * P), 1),
+                                                ws_floats / (per_segment_floats * P)}));
+    const dim3 grid1(static_cast<unsigned>(a.num_seqs * P * R), static_cast<unsigned>(a.HV),
+                     static_cast<unsigned>(a.V / BV));
+    pass1<<<grid1, THREADS, bytes1, s>>>(a, static_cast<int>(P), static_cast<int>(R), ws);
+    FLASHGRAD_CUDA_CHECK_LAUNCH();
+  }
+  const dim3 grid2(static_cast<unsigned>(a.num_seqs * P), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
+  pass2<<<grid2, THREADS, bytes2, s>>>(a, static_cast<int>(P), static_cast<int>(R), P > 1 ? ws : nullptr);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
+// The wide kernel unless FLASHGRAD_CHUNKED_FROM_VNEW=chain (read per call: the chain kernel of
+// sessions 13-14). Its width: 8 warps (128 value columns) where V % 128 == 0, else 4;
+// FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_WARPS=4 forces 4 (timing).
+inline bool from_vnew_wide() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW");
+  return !(env && std::string(env) == "chain");
+}
+inline int from_vnew_wide_warps(const ChunkedArgs& a) {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_WARPS");
+  return a.V % 128 == 0 && !(env && std::string(env) == "4") ? 8 : 4;
+}
+
+template <typename T, int KMAX>
+void launch_state_from_vnew_any(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
+  if (!from_vnew_wide())
+    launch_state_from_vnew_seg_width<T, KMAX>(a, ws, ws_floats, s);
+  else if (from_vnew_wide_warps(a) == 8)
+    launch_state_from_vnew_wide<T, KMAX, 8>(a, ws, ws_floats, s);
+  else
+    launch_state_from_vnew_wide<T, KMAX, 4>(a, ws, ws_floats, s);
+}
+
 template <typename T>
 void launch_chunk_state_from_vnew(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
   check_chunked_args("chunked delta rule (states from v_new)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
-  a.K == 64 ? launch_state_from_vnew_seg_width<T, 64>(a, ws, ws_floats, s)
-            : launch_state_from_vnew_seg_width<T, 128>(a, ws, ws_floats, s);
+  a.K == 64 ? launch_state_from_vnew_any<T, 64>(a, ws, ws_floats, s)
+            : launch_state_from_vnew_any<T, 128>(a, ws, ws_floats, s);
 }
 
 template void launch_chunk_state_from_vnew<__nv_bfloat16>(const ChunkedArgs&, float*, int64_t, cudaStream_t);

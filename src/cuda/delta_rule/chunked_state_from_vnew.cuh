@@ -1,3 +1,7 @@
+// (Since session 15 the launcher runs chunked_state_from_vnew_wide.cuh, the same recurrence with wide
+// warp tiles; this "chain" kernel runs with FLASHGRAD_CHUNKED_FROM_VNEW=chain, and the wide kernel
+// uses its shared-memory stages and segment cut.)
+//
 // The chunk-entry states h_c rebuilt from v_new (sessions 12-13): what the backward runs instead of
 // stage 2's serial recomputation when the forward kept v_new (saved_v_new, chunked_path.cu), and, with
 // FLASHGRAD_CHUNKED_STATES_FROM_VNEW=1 (chunked_stages.h), after it as a check.

@@ -28,6 +28,7 @@
 #include "cuda/delta_rule/chunked_state_backward_transposed.cuh"
 #include "cuda/delta_rule/chunked_state_chains.cuh"
 #include "cuda/delta_rule/chunked_state_from_vnew.cuh"
+#include "cuda/delta_rule/chunked_state_from_vnew_wide.cuh"
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "cuda/delta_rule/chunked_grads_mma.cuh"
 #include "cuda/delta_rule/chunked_grads_split.cuh"
@@ -261,8 +262,35 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
             dr::chunk_state_from_vnew_seg_kernel<TT, KM, 3, 1, kStore>(a, P, P > 1 ? ws : nullptr);
           }, dr::kFromVnewThreads);
       };
-      if (P > 1) pass(std::false_type{});
-      pass(std::true_type{});
+      // The launcher's default: the wide kernel (chunked_state_from_vnew_wide.cuh), 8 warps where
+      // V % 128 == 0 (on seeds not divisible by 4; else 4 warps, as FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_WARPS=4),
+      // its pass 1 in R = 1, 2 or 3 sub-segments per segment by seed. FLASHGRAD_CHUNKED_FROM_VNEW=chain:
+      // the chain kernel above.
+      const char* fvk_env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW");
+      const bool fv_wide = !(fvk_env && std::string(fvk_env) == "chain");
+      const int R = 1 + static_cast<int>((seed / 3) % 3);
+      Buf fvws_wide(DType::f32, N * P * R * HV * (K * V + 1));
+      float* const wws = static_cast<float*>(fvws_wide.p());
+      auto wide_pass = [&](auto store, auto warps) {
+        constexpr bool kStore = decltype(store)::value;
+        constexpr int W = decltype(warps)::value;
+        launch(N * P * (kStore ? 1 : R), HV, V / (16 * W), [&] {
+          dr::chunk_state_from_vnew_wide_kernel<TT, KM, 3, W, kStore>(a, P, R, P > 1 ? wws : nullptr);
+        }, 32 * W);
+      };
+      if (fv_wide) {
+        std::printf("  states from v_new (wide): %d segment(s), %d sub-segment(s) each in pass 1\n", P, R);
+        if (V % 128 == 0 && seed % 4 != 0) {
+          if (P > 1) wide_pass(std::false_type{}, std::integral_constant<int, 8>{});
+          wide_pass(std::true_type{}, std::integral_constant<int, 8>{});
+        } else {
+          if (P > 1) wide_pass(std::false_type{}, std::integral_constant<int, 4>{});
+          wide_pass(std::true_type{}, std::integral_constant<int, 4>{});
+        }
+      } else {
+        if (P > 1) pass(std::false_type{});
+        pass(std::true_type{});
+      }
     }
     if (!dr::states_from_vnew_wanted()) { a.h16 = h16_kept; a.h = h_kept; }
     a.ht = ht_kept;

@@ -1,0 +1,229 @@
+// The chunk-entry states rebuilt from v_new with wide warp tiles (session 15): both passes of
+// chunk_state_from_vnew_seg_kernel (chunked_state_from_vnew.cuh; the "chain" kernel) with each warp
+// holding 16 value columns x all K key channels of h^T instead of 16 x K / 4, and pass 1 without a
+// chunk-to-chunk recurrence.
+//
+// Why: the chain kernel spends ~550 instructions per warp and chunk on 16 mmas (16 warps per 64 value
+// columns; run 13.3's ncu: 42% issue, the copies, the column scales, the staged stores and the loop
+// around a small product), and runs ~0.28 ms per pass at B1 T32768 H16 K=V=128 and 0.31 ms at B8
+// T4096 whatever the occupancy. Here a warp issues 64 mmas per chunk (K = 128) around about the same
+// per-chunk overhead, and k's rows are copied once per 128 value columns (8 warps) where V allows.
+//
+// The recurrence (chunked_state_from_vnew.cuh): h_{c+1} = exp(G_{c,L-1}) h_c + (v_new_c^T colscale_c) k_c,
+// colscale_cj = exp(G_{c,L-1} - G_cj) rstd_cj (0 past the chunk's length L).
+//
+// Pass 1 (kStore = false): the state S each sub-segment of chunks [c0, c1) reaches from zero, and
+// log D = sum_c G_{c,L-1}. From zero the recurrence unrolls to
+//   S = sum_c exp(suffix_c) (v_new_c^T colscale_c) k_c,   suffix_c = sum_{c < c' < c1} G_{c',L-1} (<= 0),
+// one product over all the sub-segment's rows with the row scale exp(suffix_c + G_{c,L-1} - G_cj) rstd_cj
+// (<= rstd: the log decays are <= 0), so the warps walk the chunks last to first with suffix a running
+// sum and nothing carried from chunk to chunk but the accumulators.
+// Sub-segments: pass 2's P segments (segment_chunks with P parts) are each cut in R sub-segments
+// (segment_chunks with P R parts: part p R starts where segment p does, count p R / (P R) = count p / P),
+// so that pass 1 has enough blocks to fill the SMs. Workspace (fp32): S [N, P R, HV, K, V], then log D
+// [N, P R, HV] (the chain kernel's pass 1 writes the same with R = 1). The last segment's sub-segments
+// are never read (its end state is pass 2's), so their blocks return at once.
+//
+// Pass 2 (kStore): segment p starts from H_p, folded from the sub-segment sums before it
+// (H = exp(log D_q) H + S_q, q < p R, from h0), and walks its chunks first to last: store h_c (16-bit
+// through the warp's staging tile, store_state_tiles_staged; fp32 directly), h *= exp(G_{c,L-1}),
+// h += (v_new_c^T colscale_c) k_c; the last segment writes the final state.
+//
+// Blocks of WARPS warps over 16 WARPS value columns of one (sequence, (sub-)segment, value head): warp
+// wp holds h^T (or S^T) for value columns col0 + 16 wp + [0, 16) and every key channel in mma
+// accumulators (tile nk: channels 8 nk + [0, 8)). Per chunk, from shared memory (cp.async, STAGES
+// chunks: the one in use, the next, STAGES - 2 in flight; FromVnewSmem's layout): k's raw rows
+// [64 x K], v_new's rows [64 x 16 WARPS] (T) and G's rows. The products: A = v_new^T scaled per chunk
+// row j (one 16-bit fragment, as the chain kernel's default kSingle), B = k (ldmatrix.trans). The
+// row scales one chunk ahead in two buffers, so one barrier per chunk.
+#pragma once
+
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
+#include "chunked_rows.cuh"
+#include "chunked_stage_store.cuh"
+#include "chunked_state_from_vnew.cuh"
+#include "chunked_tiles.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// Shared memory: the chain kernel's stages (FromVnewSmem) at 16 WARPS value columns, then (pass 2
+// with 16-bit states) each warp's staging tile of h_c ([K][16] T).
+template <typename T, int KMAX, int STAGES, int WARPS>
+struct FromVnewWideSmem {
+  using Stages = FromVnewSmem<T, KMAX, STAGES, 16 * WARPS>;
+  static constexpr int64_t kStageTileElems = KMAX * 16;
+  static constexpr int64_t bytes(bool store) {
+    return Stages::bytes() + (store ? static_cast<int64_t>(sizeof(T)) * kStageTileElems * WARPS : 0);
+  }
+};
+
+// Pass 1: grid (N P R, HV, V / (16 WARPS)), blockIdx.x = n P R + q (sub-segment q). Pass 2: grid
+// (N P, HV, V / (16 WARPS)), blockIdx.x = n P + p. seg: the workspace above (null with P = 1).
+template <typename T, int KMAX, int STAGES, int WARPS, bool kStore>
+__global__ void __launch_bounds__(32 * WARPS)
+    chunk_state_from_vnew_wide_kernel(ChunkedArgs a, int P, int R, float* seg) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using S = typename FromVnewWideSmem<T, KMAX, STAGES, WARPS>::Stages;
+  constexpr int C = kChunkSize, THREADS = 32 * WARPS, LDK = S::LDK, LDV = S::LDV, NK = KMAX / 8, NB = NK / 2;
+  static_assert(STAGES >= 3, "chunk i + 1's rows in shared memory while chunk i is in use, one more in flight");
+  static_assert(NB % 2 == 0, "B fragments in two halves of the key channels");
+  const int64_t PR = static_cast<int64_t>(P) * R;
+  const int parts = kStore ? P : static_cast<int>(PR);  // (sub-)segments per sequence in this pass
+  const int part = static_cast<int>(blockIdx.x % parts);
+  if (!kStore && part >= (P - 1) * R) return;  // the last segment's: nobody reads them
+  S sm(smem_raw);
+  auto rs_buf = [&](int i) { return (i & 1) ? sm.colscale2 : sm.colscale; };
+  const int64_t n = blockIdx.x / parts, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * S::BV;
+  const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
+  const int vc0 = 16 * wp;  // the warp's first value column in the block's
+  // ldmatrix lane addresses as the chain kernel's (B: .trans 16 x 16 blocks of k; A: .trans loads of
+  // v_new's rows, A[m][kk] = v_new[16 js + kk][vc0 + m]).
+  const int tb_r = 8 * ((lane >> 3) & 1) + (lane & 7), tb_c = 8 * (lane >> 4);
+  const int va_r = (lane & 7) + 8 * (lane >> 4), va_c = vc0 + 8 * ((lane >> 3) & 1);
+  // The warp's element e of tile nk: key channel 8 nk + 2 tig + (e & 1), value column
+  // col0 + vc0 + grp + 8 (e >> 1).
+  auto kch = [&](int nk, int e) { return 8 * nk + 2 * tig + (e & 1); };
+  auto vcol = [&](int e) { return col0 + vc0 + grp + 8 * (e >> 1); };
+  const int64_t KV = a.K * a.V;
+  auto seg_sum = [&](int q) { return seg + ((n * PR + q) * a.HV + hv) * KV; };        // S_q
+  auto seg_logd = [&](int q) { return seg + a.num_seqs * PR * a.HV * KV + (n * PR + q) * a.HV + hv; };
+
+  // The state entering the part: zero in pass 1; H_p in pass 2.
+  float h[NK][4];
+#pragma unroll
+  for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      h[nk][e] = (kStore && a.h0.p) ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, kch(nk, e), vcol(e))] : 0.f;
+  if constexpr (kStore) {
+    for (int q = 0; q < part * R; ++q) {
+      const float d = expf(*seg_logd(q));
+      const float* sq = seg_sum(q);
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h[nk][e] = d * h[nk][e] + sq[kch(nk, e) * a.V + vcol(e)];
+    }
+  }
+
+  const T* v_new = static_cast<const T*>(a.v_new);
+  const bool k_vec = key_rows_vectorizable(a.k);
+  int64_t c_begin, c_end;
+  segment_chunks(a.seq_first_chunk[n], a.seq_first_chunk[n + 1] - a.seq_first_chunk[n], part, parts, c_begin, c_end);
+  const int count = static_cast<int>(c_end - c_begin);
+  // Iteration i's chunk: first to last in pass 2, last to first in pass 1.
+  auto chunk_of = [&](int i) { return kStore ? c_begin + i : c_end - 1 - i; };
+  auto prefetch = [&](int i, int s) {
+    const ChunkInfo ci = a.chunks[chunk_of(i)];
+    const int64_t row0 = chunk_row0(ci, a.T);
+    view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    intermediate_stepped_async<T, S::BV, THREADS>(v_new, row0, a.HV, hv, a.V, col0, ci.len, sm.v(s), LDV);
+    if (tid < C) {
+      if (a.G)
+        mma::cp_async4(sm.G(s) + tid, a.G + (row0 + (tid < ci.len ? tid : 0)) * a.HV + hv, tid < ci.len);
+      else
+        sm.G(s)[tid] = 0.f;
+    }
+    if (tid == 0) sm.len[s] = ci.len;
+    mma::cp_async_commit();
+  };
+  // rs_j = exp(suffix + G_{L-1} - G_j) rstd_kj (0 for j >= L) of the chunk in stage s, into rs
+  // (suffix: 0 in pass 2; pass 1: the sum of G_{L-1} over the sub-segment's later chunks).
+  auto rowscale = [&](int s, float suffix, float* rs) {
+    constexpr int kLanes = THREADS / C;
+    const int L = sm.len[s];
+    const float* G = sm.G(s);
+    const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
+    if (tid % kLanes == 0) {
+      const int j = tid / kLanes;
+      rs[j] = j < L ? expf(suffix + G[L - 1] - G[j]) * rstd : 0.f;
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < count)
+      prefetch(i, i);
+    else
+      mma::cp_async_commit();
+  }
+  if (count > 0) {
+    mma::cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    rowscale(0, 0.f, rs_buf(0));
+  }
+  // Pass 2: the warp's staging tile for h_c's 16-bit stores, after the stages.
+  T* const stage = reinterpret_cast<T*>(smem_raw + S::bytes()) +
+                   static_cast<int64_t>(wp) * FromVnewWideSmem<T, KMAX, STAGES, WARPS>::kStageTileElems;
+  float suffix = 0.f;  // pass 1: the sum of G_{L-1} over the chunks done so far (the later ones)
+  for (int i = 0; i < count; ++i) {
+    const int s = i % STAGES, s1 = (i + 1) % STAGES;
+    // Groups committed: iterations up to i + STAGES - 2; all but the last STAGES - 3 done = chunk
+    // i + 1 has landed. The barrier publishes chunk i's row scales and says every warp is done with
+    // chunk i - 1 (its stage and row-scale buffer are free).
+    mma::cp_async_wait<STAGES - 3>();
+    __syncthreads();
+    if (i + STAGES - 1 < count)
+      prefetch(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+    else
+      mma::cp_async_commit();
+
+    const float g_last = sm.G(s)[sm.len[s] - 1];
+    if constexpr (kStore) {
+      store_state_tiles_staged<T, NK>(a, chunk_of(i), hv, col0, vc0, 0, lane, h, stage);  // h_c
+      const float decay = expf(g_last);
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h[nk][e] *= decay;
+    }
+    const float* rs = rs_buf(i);
+#pragma unroll
+    for (int js = 0; js < C / 16; ++js) {
+      uint32_t raw4[4];
+      mma::ldmatrix_x4<true>(raw4, sm.v(s) + (16 * js + va_r) * LDV + va_c);
+      float c0[4], c1[4];
+      mma::unpack_floats<T>(raw4[0], c0[0], c0[1]);
+      mma::unpack_floats<T>(raw4[1], c0[2], c0[3]);
+      mma::unpack_floats<T>(raw4[2], c1[0], c1[1]);
+      mma::unpack_floats<T>(raw4[3], c1[2], c1[3]);
+      const float2 f0 = *reinterpret_cast<const float2*>(&rs[16 * js + 2 * tig]);
+      const float2 f1 = *reinterpret_cast<const float2*>(&rs[16 * js + 8 + 2 * tig]);
+      const float s0[2] = {f0.x, f0.y}, s1v[2] = {f1.x, f1.y};
+      uint32_t ah[4], unused[4];
+      mma::acc_to_a<T, false>(c0, c1, s0, s1v, ah, unused);
+      // B in two halves of the key channels (NB / 2 ldmatrix each): fewer live registers.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t b[NB / 2][4];
+#pragma unroll
+        for (int qb = 0; qb < NB / 2; ++qb)
+          mma::ldmatrix_x4<true>(b[qb], sm.k(s) + (16 * js + tb_r) * LDK + 16 * (half * NB / 2 + qb) + tb_c);
+        mma::mma_tiles<T, NB / 2>(h, ah, b, half * NB);
+      }
+    }
+    if constexpr (!kStore) suffix += g_last;
+    // Chunk i + 1's row scales (its rows are in stage s1), after this chunk's products were issued.
+    if (i + 1 < count) rowscale(s1, suffix, rs_buf(i + 1));
+  }
+  mma::cp_async_wait<0>();  // (only empty groups can remain; no copy outlives the block)
+
+  if constexpr (!kStore) {
+    float* const sum = seg_sum(part);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[kch(nk, e) * a.V + vcol(e)] = h[nk][e];
+    if (blockIdx.z == 0 && tid == 0) *seg_logd(part) = suffix;
+  } else if (a.ht.p && part == P - 1) {
+    float* ht = static_cast<float*>(a.ht.p);
+#pragma unroll
+    for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, kch(nk, e), vcol(e))] = h[nk][e];
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
