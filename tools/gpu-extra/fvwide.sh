@@ -7,7 +7,7 @@
 #      kept tests, with the new ChunkedKeptVNewRebuildShapes, run in gpu-check's suite);
 #   2. per-kernel times and gradients, chain vs wide, at B1 T32768 and B8 T4096; 8 vs 4 warps;
 #   3. fvwide.py: off / kept chain / kept wide in deltabench's configuration, one process;
-#   4. compute-sanitizer of a small kept case with 3 segments x 2 sub-segments.
+#   4. compute-sanitizer of a small kept case with 3 segments x 2 sub-segments;
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu-extra/lib/job_lib.sh
@@ -28,4 +28,6 @@ grep "^ROW" "$OUT/extra/fvwide_ab.log"
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/fvwide_ab.log")
 job_sanitize fvwide 25 'DeltaRuleGpu.ChunkedKeptVNewMatches' 'DeltaRuleGpu.ChunkedKeptVNewMatches' \
   ${FV}_SEGMENTS=3 ${FV}_SUBSEGMENTS=2
+# 5. if time is left: ncu of the wide pass 2 at B8 T4096 (one segment: pass 2 alone).
+JOB_NCU_SKIP=1 job_ncu fvwide_ncu_b8 45 'chunk_state_from_vnew_wide_kernel' 0 - -- --kind gdn --B 8 --T 4096 --H 16 --K 128
 job_summary fvwide
