@@ -77,20 +77,21 @@ void launch_state_from_vnew_seg_width(const ChunkedArgs& a, float* ws, int64_t w
   }
 }
 
-// The wide kernel (chunked_state_from_vnew_wide.cuh, session 15): WARPS x 16 value columns per block,
-// each warp all K key channels. Segments P: as the chain's, pass 2's blocks about filling the SMs once
-// (occupancy query), bounded by the chunks per sequence and the workspace. Pass 1 (P > 1) cuts each
-// segment but the last in R sub-segments so that its blocks fill the SMs once too: R at most 32, at
-// least two chunks per sub-segment on average, within the workspace (S and log D of P R
-// sub-segments per chain). FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n forces P,
-// FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS=n forces R (tests, timing; the bounds still apply).
-template <typename T, int KMAX, int WARPS>
+// The wide kernels (chunked_state_from_vnew_wide.cuh, session 15): WARPS x 16 value columns per block,
+// each warp all K key channels; pass 2 with STAGES chunks in shared memory, pass 1 with 3. Segments P:
+// as the chain's, pass 2's blocks about filling the SMs once (occupancy query), bounded by the chunks
+// per sequence and the workspace. Pass 1 (P > 1) cuts each segment but the last in R sub-segments:
+// the R of fewest chunk steps per SM, waves x (chunks per sub-segment + 2) (the 2: a block's pipeline
+// fill), R <= 32, within the workspace (S and log D of P R sub-segments per chain). (Run 15.1 took the
+// R that filled the SMs once rounded up: 1.27 waves at B1 T32768.) FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n
+// forces P, FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS=n forces R (tests, timing; the bounds still apply).
+template <typename T, int KMAX, int WARPS, int STAGES>
 void launch_state_from_vnew_wide(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
-  constexpr int STAGES = 3, THREADS = 32 * WARPS, BV = 16 * WARPS;
-  using W = FromVnewWideSmem<T, KMAX, STAGES, WARPS>;
-  const auto pass1 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS, false>;
-  const auto pass2 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS, true>;
-  constexpr int64_t bytes1 = W::bytes(false), bytes2 = W::bytes(true);
+  constexpr int THREADS = 32 * WARPS, BV = 16 * WARPS;
+  const auto pass1 = chunk_from_vnew_sums_kernel<T, KMAX, 3, WARPS>;
+  const auto pass2 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS>;
+  constexpr int64_t bytes1 = FromVnewWideSmem<T, KMAX, 3, WARPS>::bytes(false),
+                    bytes2 = FromVnewWideSmem<T, KMAX, STAGES, WARPS>::bytes(true);
   set_smem(pass1, bytes1);
   set_smem(pass2, bytes2);
   const int64_t slices = a.num_seqs * a.HV * (a.V / BV), sms = sm_count();
@@ -107,11 +108,15 @@ void launch_state_from_vnew_wide(const ChunkedArgs& a, float* ws, int64_t ws_flo
   P = std::max<int64_t>(1, std::min<int64_t>({P, chunks_per_seq, ws_floats / per_segment_floats}));
   int64_t R = 1;
   if (P > 1) {
-    const int64_t per_r = slices * (P - 1);
-    R = std::min<int64_t>(32, (fill(pass1, bytes1) + per_r - 1) / per_r);
-    if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS")) R = std::max(1, std::atoi(env));
-    R = std::max<int64_t>(1, std::min<int64_t>({R, std::max<int64_t>(chunks_per_seq / (2 * P), 1),
-                                                ws_floats / (per_segment_floats * P)}));
+    const int64_t per_r = slices * (P - 1), fill1 = fill(pass1, bytes1);
+    const int64_t r_max = std::max<int64_t>(1, std::min<int64_t>(32, ws_floats / (per_segment_floats * P)));
+    int64_t best = -1;
+    for (int64_t r = 1; r <= r_max; ++r) {
+      const int64_t steps = (per_r * r + fill1 - 1) / fill1 * ((chunks_per_seq + P * r - 1) / (P * r) + 2);
+      if (best < 0 || steps < best) best = steps, R = r;
+    }
+    if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS"))
+      R = std::min<int64_t>(r_max, std::max(1, std::atoi(env)));
     const dim3 grid1(static_cast<unsigned>(a.num_seqs * P * R), static_cast<unsigned>(a.HV),
                      static_cast<unsigned>(a.V / BV));
     pass1<<<grid1, THREADS, bytes1, s>>>(a, static_cast<int>(P), static_cast<int>(R), ws);
@@ -133,15 +138,26 @@ inline int from_vnew_wide_warps(const ChunkedArgs& a) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_WARPS");
   return a.V % 128 == 0 && !(env && std::string(env) == "4") ? 8 : 4;
 }
+// Pass 2's stages at 8 warps: 3 unless FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_STAGES=4 / 5 (read per call;
+// timing in run 15.2). One block of 8 warps per SM either way (178 registers; 138 KiB of shared memory
+// at 3 stages, 206 at 5), so more stages cost no occupancy: run 15.1's ncu of pass 2 at B8 T4096
+// read 12.5% occupancy, 22% issue, DRAM at 53%: latency-bound, each chunk's copies issued one
+// iteration ahead. (4 warps stay at 3 stages: two blocks per SM there.)
+inline int from_vnew_wide_stages() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_STAGES");
+  const int want = env ? std::atoi(env) : 3;
+  return want == 4 || want == 5 ? want : 3;
+}
 
 template <typename T, int KMAX>
 void launch_state_from_vnew_any(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
-  if (!from_vnew_wide())
-    launch_state_from_vnew_seg_width<T, KMAX>(a, ws, ws_floats, s);
-  else if (from_vnew_wide_warps(a) == 8)
-    launch_state_from_vnew_wide<T, KMAX, 8>(a, ws, ws_floats, s);
-  else
-    launch_state_from_vnew_wide<T, KMAX, 4>(a, ws, ws_floats, s);
+  if (!from_vnew_wide()) return launch_state_from_vnew_seg_width<T, KMAX>(a, ws, ws_floats, s);
+  if (from_vnew_wide_warps(a) == 4) return launch_state_from_vnew_wide<T, KMAX, 4, 3>(a, ws, ws_floats, s);
+  switch (from_vnew_wide_stages()) {
+    case 5: return launch_state_from_vnew_wide<T, KMAX, 8, 5>(a, ws, ws_floats, s);
+    case 4: return launch_state_from_vnew_wide<T, KMAX, 8, 4>(a, ws, ws_floats, s);
+    default: return launch_state_from_vnew_wide<T, KMAX, 8, 3>(a, ws, ws_floats, s);
+  }
 }
 
 template <typename T>

@@ -48,7 +48,8 @@
 namespace flashgrad::cuda_detail::delta_rule {
 
 // Shared memory: the chain kernel's stages (FromVnewSmem) at 16 WARPS value columns, then (pass 2
-// with 16-bit states) each warp's staging tile of h_c ([K][16] T).
+// with 16-bit states) each warp's staging tile of h_c ([K][16] T). STAGES: 3 (one chunk in flight
+// while one is in use and the next has landed) or more in pass 2 (FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_STAGES).
 template <typename T, int KMAX, int STAGES, int WARPS>
 struct FromVnewWideSmem {
   using Stages = FromVnewSmem<T, KMAX, STAGES, 16 * WARPS>;
@@ -59,10 +60,11 @@ struct FromVnewWideSmem {
 };
 
 // Pass 1: grid (N P R, HV, V / (16 WARPS)), blockIdx.x = n P R + q (sub-segment q). Pass 2: grid
-// (N P, HV, V / (16 WARPS)), blockIdx.x = n P + p. seg: the workspace above (null with P = 1).
+// (N P, HV, V / (16 WARPS)), blockIdx.x = n P + p. seg: the workspace above (null with P = 1). The
+// two passes are the kernels chunk_from_vnew_sums_kernel and chunk_state_from_vnew_wide_kernel below
+// (two names, so that profiles tell them apart).
 template <typename T, int KMAX, int STAGES, int WARPS, bool kStore>
-__global__ void __launch_bounds__(32 * WARPS)
-    chunk_state_from_vnew_wide_kernel(ChunkedArgs a, int P, int R, float* seg) {
+__device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P, int R, float* seg) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using S = typename FromVnewWideSmem<T, KMAX, STAGES, WARPS>::Stages;
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, LDK = S::LDK, LDV = S::LDV, NK = KMAX / 8, NB = NK / 2;
@@ -115,8 +117,9 @@ __global__ void __launch_bounds__(32 * WARPS)
   const int count = static_cast<int>(c_end - c_begin);
   // Iteration i's chunk: first to last in pass 2, last to first in pass 1.
   auto chunk_of = [&](int i) { return kStore ? c_begin + i : c_end - 1 - i; };
-  auto prefetch = [&](int i, int s) {
-    const ChunkInfo ci = a.chunks[chunk_of(i)];
+  // Chunk i's rows into stage s; `ci` = a.chunks[chunk_of(i)], read one iteration earlier (below), so
+  // that the copies' addresses do not wait on a global load after the barrier.
+  auto prefetch = [&](const ChunkInfo& ci, int s) {
     const int64_t row0 = chunk_row0(ci, a.T);
     view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
     intermediate_stepped_async<T, S::BV, THREADS>(v_new, row0, a.HV, hv, a.V, col0, ci.len, sm.v(s), LDV);
@@ -145,10 +148,13 @@ __global__ void __launch_bounds__(32 * WARPS)
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
     if (i < count)
-      prefetch(i, i);
+      prefetch(a.chunks[chunk_of(i)], i);
     else
       mma::cp_async_commit();
   }
+  // The chunk the loop's first prefetch copies (iteration i copies chunk i + STAGES - 1).
+  ChunkInfo next_ci{};
+  if (STAGES - 1 < count) next_ci = a.chunks[chunk_of(STAGES - 1)];
   if (count > 0) {
     mma::cp_async_wait<STAGES - 2>();
     __syncthreads();
@@ -166,9 +172,10 @@ __global__ void __launch_bounds__(32 * WARPS)
     mma::cp_async_wait<STAGES - 3>();
     __syncthreads();
     if (i + STAGES - 1 < count)
-      prefetch(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+      prefetch(next_ci, (i + STAGES - 1) % STAGES);
     else
       mma::cp_async_commit();
+    if (i + STAGES < count) next_ci = a.chunks[chunk_of(i + STAGES)];  // used next iteration
 
     const float g_last = sm.G(s)[sm.len[s] - 1];
     if constexpr (kStore) {
@@ -224,6 +231,17 @@ __global__ void __launch_bounds__(32 * WARPS)
 #pragma unroll
       for (int e = 0; e < 4; ++e) ht[off4(a.ht, n, hv, kch(nk, e), vcol(e))] = h[nk][e];
   }
+}
+
+// Pass 1: the sub-segment sums.
+template <typename T, int KMAX, int STAGES, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) chunk_from_vnew_sums_kernel(ChunkedArgs a, int P, int R, float* seg) {
+  state_from_vnew_wide<T, KMAX, STAGES, WARPS, false>(a, P, R, seg);
+}
+// Pass 2: the states h_c (and the final state).
+template <typename T, int KMAX, int STAGES, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) chunk_state_from_vnew_wide_kernel(ChunkedArgs a, int P, int R, float* seg) {
+  state_from_vnew_wide<T, KMAX, STAGES, WARPS, true>(a, P, R, seg);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

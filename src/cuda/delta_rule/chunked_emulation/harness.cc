@@ -274,9 +274,20 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       auto wide_pass = [&](auto store, auto warps) {
         constexpr bool kStore = decltype(store)::value;
         constexpr int W = decltype(warps)::value;
-        launch(N * P * (kStore ? 1 : R), HV, V / (16 * W), [&] {
-          dr::chunk_state_from_vnew_wide_kernel<TT, KM, 3, W, kStore>(a, P, R, P > 1 ? wws : nullptr);
-        }, 32 * W);
+        // Pass 2 with 4 stages on odd seeds (FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_STAGES), else 3.
+        if constexpr (kStore) {
+          if (seed % 2 == 1)
+            launch(N * P, HV, V / (16 * W), [&] {
+              dr::chunk_state_from_vnew_wide_kernel<TT, KM, 4, W>(a, P, R, P > 1 ? wws : nullptr);
+            }, 32 * W);
+          else
+            launch(N * P, HV, V / (16 * W), [&] {
+              dr::chunk_state_from_vnew_wide_kernel<TT, KM, 3, W>(a, P, R, P > 1 ? wws : nullptr);
+            }, 32 * W);
+        } else {
+          launch(N * P * R, HV, V / (16 * W), [&] { dr::chunk_from_vnew_sums_kernel<TT, KM, 3, W>(a, P, R, wws); },
+                 32 * W);
+        }
       };
       if (fv_wide) {
         std::printf("  states from v_new (wide): %d segment(s), %d sub-segment(s) each in pass 1\n", P, R);
