@@ -53,14 +53,16 @@ inline int from_vnew_width(const ChunkedArgs& a) {
   return wv;
 }
 
-// The single-fragment products (the kernel's kSingle) at the default width: the default since run
-// 14.3 (H200, one process: per pass 0.318 -> 0.293 ms at B1 T32768 H16 K=V=128, 0.353 -> 0.329 at B8
-// T4096; kept backward 4.094 -> 4.043 and 2.835 -> 2.808 ms in deltabench's configuration; gradients
-// within 8.4e-4 rel RMS of hi + lo; the kept-path tests and sanitizers pass with it).
-// FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=split (read per call) runs hi + lo.
+// The products' A operand: hi + lo (the scaled v_new kept to ~16 bits), unless
+// FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single (read per call): one 16-bit fragment, half the mmas.
+// Single was the default from run 14.3 (H200: per pass 0.318 -> 0.293 ms at B1 T32768 with the chain
+// kernel; gradients within 8.4e-4 rel RMS of hi + lo) to session 15, when the host emulation's
+// comparison with a float64 rebuild from the same inputs showed what it costs where the states grow:
+// on the plain rule over 8 chunks without decay the rebuilt final state is 4.9e-3 rel RMS off with
+// single products and 7e-6 with hi + lo, the h_c 5.02e-3 off the reference (bar 5e-3) against 4.09e-3.
 inline bool from_vnew_single_products() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS");
-  return !(env && std::string(env) == "split");
+  return env && std::string(env) == "single";
 }
 
 template <typename T, int KMAX>
@@ -78,18 +80,18 @@ void launch_state_from_vnew_seg_width(const ChunkedArgs& a, float* ws, int64_t w
 }
 
 // The wide kernels (chunked_state_from_vnew_wide.cuh, session 15): WARPS x 16 value columns per block,
-// each warp all K key channels; pass 2 with STAGES chunks in shared memory, pass 1 with 3. Segments P:
+// each warp all K key channels; STAGES chunks in shared memory in pass 2, 3 in pass 1. Segments P:
 // as the chain's, pass 2's blocks about filling the SMs once (occupancy query), bounded by the chunks
 // per sequence and the workspace. Pass 1 (P > 1) cuts each segment but the last in R sub-segments:
 // the R of fewest chunk steps per SM, waves x (chunks per sub-segment + 2) (the 2: a block's pipeline
 // fill), R <= 32, within the workspace (S and log D of P R sub-segments per chain). (Run 15.1 took the
 // R that filled the SMs once rounded up: 1.27 waves at B1 T32768.) FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n
 // forces P, FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS=n forces R (tests, timing; the bounds still apply).
-template <typename T, int KMAX, int WARPS, int STAGES>
+template <typename T, int KMAX, int WARPS, int STAGES, bool kSplit>
 void launch_state_from_vnew_wide(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
   constexpr int THREADS = 32 * WARPS, BV = 16 * WARPS;
-  const auto pass1 = chunk_from_vnew_sums_kernel<T, KMAX, 3, WARPS>;
-  const auto pass2 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS>;
+  const auto pass1 = chunk_from_vnew_sums_kernel<T, KMAX, 3, WARPS, kSplit>;
+  const auto pass2 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS, kSplit>;
   constexpr int64_t bytes1 = FromVnewWideSmem<T, KMAX, 3, WARPS>::bytes(false),
                     bytes2 = FromVnewWideSmem<T, KMAX, STAGES, WARPS>::bytes(true);
   set_smem(pass1, bytes1);
@@ -138,26 +140,18 @@ inline int from_vnew_wide_warps(const ChunkedArgs& a) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_WARPS");
   return a.V % 128 == 0 && !(env && std::string(env) == "4") ? 8 : 4;
 }
-// Pass 2's stages at 8 warps: 3 unless FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_STAGES=4 / 5 (read per call;
-// timing in run 15.2). One block of 8 warps per SM either way (178 registers; 138 KiB of shared memory
-// at 3 stages, 206 at 5), so more stages cost no occupancy: run 15.1's ncu of pass 2 at B8 T4096
-// read 12.5% occupancy, 22% issue, DRAM at 53%: latency-bound, each chunk's copies issued one
-// iteration ahead. (4 warps stay at 3 stages: two blocks per SM there.)
-inline int from_vnew_wide_stages() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_STAGES");
-  const int want = env ? std::atoi(env) : 3;
-  return want == 4 || want == 5 ? want : 3;
-}
-
 template <typename T, int KMAX>
 void launch_state_from_vnew_any(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
+  // 3 stages: run 15.2 timed 4 and 5 at 8 warps (one block per SM either way) no faster (pass 2 at B8
+  // T4096 0.207 / 0.209 / 0.218 ms): the copies, issued one iteration ahead, are not what it waits on.
+  // Products: FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS as for the chain (from_vnew_single_products).
   if (!from_vnew_wide()) return launch_state_from_vnew_seg_width<T, KMAX>(a, ws, ws_floats, s);
-  if (from_vnew_wide_warps(a) == 4) return launch_state_from_vnew_wide<T, KMAX, 4, 3>(a, ws, ws_floats, s);
-  switch (from_vnew_wide_stages()) {
-    case 5: return launch_state_from_vnew_wide<T, KMAX, 8, 5>(a, ws, ws_floats, s);
-    case 4: return launch_state_from_vnew_wide<T, KMAX, 8, 4>(a, ws, ws_floats, s);
-    default: return launch_state_from_vnew_wide<T, KMAX, 8, 3>(a, ws, ws_floats, s);
-  }
+  const bool single = from_vnew_single_products();
+  if (from_vnew_wide_warps(a) == 4)
+    return single ? launch_state_from_vnew_wide<T, KMAX, 4, 3, false>(a, ws, ws_floats, s)
+                  : launch_state_from_vnew_wide<T, KMAX, 4, 3, true>(a, ws, ws_floats, s);
+  single ? launch_state_from_vnew_wide<T, KMAX, 8, 3, false>(a, ws, ws_floats, s)
+         : launch_state_from_vnew_wide<T, KMAX, 8, 3, true>(a, ws, ws_floats, s);
 }
 
 template <typename T>

@@ -90,11 +90,12 @@ __device__ __forceinline__ void segment_chunks(int64_t first, int64_t count, int
   c1 = first + count * (p + 1) / P;
 }
 
-// kSingle (session 14, the default at 64 columns per block since run 14.3; FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=split
-// runs hi + lo, chunked_state_from_vnew.cu):
-// the scaled v_new^T enters the products as one T fragment (round to nearest), not hi + lo: half the
-// mmas and no lo split, as the fused forward's kSingle products (chunked_state.cuh). h^T stays in fp32
-// accumulators, so the rounding (2^-9 relative per term in bf16) does not compound over chunks.
+// kSingle (session 14; the default at 64 columns per block from run 14.3 to session 15, since then
+// FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single, hi + lo being the default: chunked_state_from_vnew.cu
+// says why): the scaled v_new^T enters the products as one T fragment (round to nearest), not hi + lo:
+// half the mmas and no lo split, as the fused forward's kSingle products (chunked_state.cuh). h^T stays
+// in fp32 accumulators, but each term's rounding (2^-9 relative in bf16) adds up where the states grow
+// (no decay): 4.9e-3 rel RMS on a final state after 8 chunks in the host emulation, 7e-6 with hi + lo.
 template <typename T, int KMAX, int STAGES, int WV, bool kStore, bool kSingle = false>
 __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_seg_kernel(ChunkedArgs a, int P,
                                                                                           float* seg) {

@@ -34,8 +34,9 @@
 // accumulators (tile nk: channels 8 nk + [0, 8)). Per chunk, from shared memory (cp.async, STAGES
 // chunks: the one in use, the next, STAGES - 2 in flight; FromVnewSmem's layout): k's raw rows
 // [64 x K], v_new's rows [64 x 16 WARPS] (T) and G's rows. The products: A = v_new^T scaled per chunk
-// row j (one 16-bit fragment, as the chain kernel's default kSingle), B = k (ldmatrix.trans). The
-// row scales one chunk ahead in two buffers, so one barrier per chunk.
+// row j, B = k (ldmatrix.trans); A as one 16-bit fragment, or with kSplit as hi + lo (T(x) and
+// T(x - hi): twice the mmas, the scaled v_new kept to ~16 bits instead of rounded to T). The row
+// scales one chunk ahead in two buffers, so one barrier per chunk.
 #pragma once
 
 #include "chunked_mma.cuh"
@@ -48,8 +49,8 @@
 namespace flashgrad::cuda_detail::delta_rule {
 
 // Shared memory: the chain kernel's stages (FromVnewSmem) at 16 WARPS value columns, then (pass 2
-// with 16-bit states) each warp's staging tile of h_c ([K][16] T). STAGES: 3 (one chunk in flight
-// while one is in use and the next has landed) or more in pass 2 (FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_STAGES).
+// with 16-bit states) each warp's staging tile of h_c ([K][16] T). STAGES: the launcher's 3 (one chunk
+// in flight while one is in use and the next has landed; run 15.2 timed 4 and 5 in pass 2: no faster).
 template <typename T, int KMAX, int STAGES, int WARPS>
 struct FromVnewWideSmem {
   using Stages = FromVnewSmem<T, KMAX, STAGES, 16 * WARPS>;
@@ -63,7 +64,7 @@ struct FromVnewWideSmem {
 // (N P, HV, V / (16 WARPS)), blockIdx.x = n P + p. seg: the workspace above (null with P = 1). The
 // two passes are the kernels chunk_from_vnew_sums_kernel and chunk_state_from_vnew_wide_kernel below
 // (two names, so that profiles tell them apart).
-template <typename T, int KMAX, int STAGES, int WARPS, bool kStore>
+template <typename T, int KMAX, int STAGES, int WARPS, bool kStore, bool kSplit>
 __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P, int R, float* seg) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using S = typename FromVnewWideSmem<T, KMAX, STAGES, WARPS>::Stages;
@@ -199,8 +200,8 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
       const float2 f0 = *reinterpret_cast<const float2*>(&rs[16 * js + 2 * tig]);
       const float2 f1 = *reinterpret_cast<const float2*>(&rs[16 * js + 8 + 2 * tig]);
       const float s0[2] = {f0.x, f0.y}, s1v[2] = {f1.x, f1.y};
-      uint32_t ah[4], unused[4];
-      mma::acc_to_a<T, false>(c0, c1, s0, s1v, ah, unused);
+      uint32_t ah[4], al[4];  // (al: kSplit only)
+      mma::acc_to_a<T, kSplit>(c0, c1, s0, s1v, ah, al);
       // B in two halves of the key channels (NB / 2 ldmatrix each): fewer live registers.
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -209,6 +210,7 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
         for (int qb = 0; qb < NB / 2; ++qb)
           mma::ldmatrix_x4<true>(b[qb], sm.k(s) + (16 * js + tb_r) * LDK + 16 * (half * NB / 2 + qb) + tb_c);
         mma::mma_tiles<T, NB / 2>(h, ah, b, half * NB);
+        if constexpr (kSplit) mma::mma_tiles<T, NB / 2>(h, al, b, half * NB);
       }
     }
     if constexpr (!kStore) suffix += g_last;
@@ -234,14 +236,14 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
 }
 
 // Pass 1: the sub-segment sums.
-template <typename T, int KMAX, int STAGES, int WARPS>
+template <typename T, int KMAX, int STAGES, int WARPS, bool kSplit>
 __global__ void __launch_bounds__(32 * WARPS) chunk_from_vnew_sums_kernel(ChunkedArgs a, int P, int R, float* seg) {
-  state_from_vnew_wide<T, KMAX, STAGES, WARPS, false>(a, P, R, seg);
+  state_from_vnew_wide<T, KMAX, STAGES, WARPS, false, kSplit>(a, P, R, seg);
 }
 // Pass 2: the states h_c (and the final state).
-template <typename T, int KMAX, int STAGES, int WARPS>
+template <typename T, int KMAX, int STAGES, int WARPS, bool kSplit>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_from_vnew_wide_kernel(ChunkedArgs a, int P, int R, float* seg) {
-  state_from_vnew_wide<T, KMAX, STAGES, WARPS, true>(a, P, R, seg);
+  state_from_vnew_wide<T, KMAX, STAGES, WARPS, true, kSplit>(a, P, R, seg);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
