@@ -87,11 +87,11 @@ void launch_state_from_vnew_seg_width(const ChunkedArgs& a, float* ws, int64_t w
 // fill), R <= 32, within the workspace (S and log D of P R sub-segments per chain). (Run 15.1 took the
 // R that filled the SMs once rounded up: 1.27 waves at B1 T32768.) FLASHGRAD_CHUNKED_FROM_VNEW_SEGMENTS=n
 // forces P, FLASHGRAD_CHUNKED_FROM_VNEW_SUBSEGMENTS=n forces R (tests, timing; the bounds still apply).
-template <typename T, int KMAX, int WARPS, int STAGES, bool kSplit>
+template <typename T, int KMAX, int WARPS, int STAGES, bool kSplit, bool kIncFirst = false>
 void launch_state_from_vnew_wide(const ChunkedArgs& a, float* ws, int64_t ws_floats, cudaStream_t s) {
   constexpr int THREADS = 32 * WARPS, BV = 16 * WARPS;
   const auto pass1 = chunk_from_vnew_sums_kernel<T, KMAX, 3, WARPS, kSplit>;
-  const auto pass2 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS, kSplit>;
+  const auto pass2 = chunk_state_from_vnew_wide_kernel<T, KMAX, STAGES, WARPS, kSplit, kIncFirst>;
   constexpr int64_t bytes1 = FromVnewWideSmem<T, KMAX, 3, WARPS>::bytes(false),
                     bytes2 = FromVnewWideSmem<T, KMAX, STAGES, WARPS>::bytes(true);
   set_smem(pass1, bytes1);
@@ -150,8 +150,12 @@ void launch_state_from_vnew_any(const ChunkedArgs& a, float* ws, int64_t ws_floa
   if (from_vnew_wide_warps(a) == 4)
     return single ? launch_state_from_vnew_wide<T, KMAX, 4, 3, false>(a, ws, ws_floats, s)
                   : launch_state_from_vnew_wide<T, KMAX, 4, 3, true>(a, ws, ws_floats, s);
-  single ? launch_state_from_vnew_wide<T, KMAX, 8, 3, false>(a, ws, ws_floats, s)
-         : launch_state_from_vnew_wide<T, KMAX, 8, 3, true>(a, ws, ws_floats, s);
+  if (single) return launch_state_from_vnew_wide<T, KMAX, 8, 3, false>(a, ws, ws_floats, s);
+  // Pass 2's products into fresh accumulators (kIncFirst) unless FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC=0
+  // (read per call; 8 warps, hi + lo; the default in run 15.4's tree, timed against =0 there).
+  const char* inc = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC");
+  if (inc && std::string(inc) == "0") return launch_state_from_vnew_wide<T, KMAX, 8, 3, true>(a, ws, ws_floats, s);
+  launch_state_from_vnew_wide<T, KMAX, 8, 3, true, true>(a, ws, ws_floats, s);
 }
 
 template <typename T>

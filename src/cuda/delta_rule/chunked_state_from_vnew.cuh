@@ -90,6 +90,63 @@ __device__ __forceinline__ void segment_chunks(int64_t first, int64_t count, int
   c1 = first + count * (p + 1) / P;
 }
 
+// The pieces both rebuild kernels share (this chain kernel and chunked_state_from_vnew_wide.cuh's).
+//
+// Chunk ci's rows into stage s of `sm` (FromVnewSmem), one cp.async group: k's raw rows (key head
+// `head`), v_new's columns [col0, col0 + BV) of value head hv, G's rows by 4-byte copies (they are HV
+// apart; zeros without a gate) and the chunk length. THREADS threads of the block call it.
+template <typename T, int KMAX, int THREADS, typename Smem>
+__device__ __forceinline__ void from_vnew_prefetch(const ChunkedArgs& a, const ChunkInfo& ci, int64_t head, int64_t hv,
+                                                   int64_t col0, bool k_vec, const Smem& sm, int s) {
+  const int tid = threadIdx.x;
+  const int64_t row0 = chunk_row0(ci, a.T);
+  view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), Smem::LDK);
+  intermediate_stepped_async<T, Smem::BV, THREADS>(static_cast<const T*>(a.v_new), row0, a.HV, hv, a.V, col0, ci.len,
+                                                   sm.v(s), Smem::LDV);
+  if (tid < kChunkSize) {
+    if (a.G)
+      mma::cp_async4(sm.G(s) + tid, a.G + (row0 + (tid < ci.len ? tid : 0)) * a.HV + hv, tid < ci.len);
+    else
+      sm.G(s)[tid] = 0.f;
+  }
+  if (tid == 0) sm.len[s] = ci.len;
+  mma::cp_async_commit();
+}
+
+// The row scales of the chunk in stage s into out[j]: exp(offset + G_{L-1} - G_j) rstd_kj for j < L,
+// 0 past L (offset 0: the chain's colscale; the wide pass 1's suffix sum). THREADS threads call it.
+template <typename T, int KMAX, int THREADS, typename Smem>
+__device__ __forceinline__ void from_vnew_row_scales(const Smem& sm, int s, float offset, bool l2norm, float* out) {
+  constexpr int kLanes = THREADS / kChunkSize;
+  const int tid = threadIdx.x, L = sm.len[s];
+  const float* G = sm.G(s);
+  const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), Smem::LDK, l2norm);
+  if (tid % kLanes == 0) {
+    const int j = tid / kLanes;
+    out[j] = j < L ? expf(offset + G[L - 1] - G[j]) * rstd : 0.f;
+  }
+}
+
+// The A fragment (hi, and with kSplit lo) of row block js of v_new^T scaled per chunk row: A[m][kk] =
+// v[16 js + kk][vc0 + m] scale[16 js + kk] from the stage's v_new tile (ldmatrix .trans; lane l gives
+// the address of row (l % 8) + 8 (l / 16), column vc0 + 8 ((l / 8) % 2) of the 16 x 16 block, va_r and
+// va_c below: tiles (rows 0-7, columns 0-7) -> a0, (0-7, 8-15) -> a1, (8-15, 0-7) -> a2, (8-15, 8-15) -> a3).
+template <typename T, bool kSplit>
+__device__ __forceinline__ void from_vnew_scaled_a(const T* v, int ldv, int va_r, int va_c, const float* scale, int js,
+                                                   int tig, uint32_t (&ah)[4], uint32_t (&al)[4]) {
+  uint32_t raw4[4];
+  mma::ldmatrix_x4<true>(raw4, v + (16 * js + va_r) * ldv + va_c);
+  float c0[4], c1[4];
+  mma::unpack_floats<T>(raw4[0], c0[0], c0[1]);
+  mma::unpack_floats<T>(raw4[1], c0[2], c0[3]);
+  mma::unpack_floats<T>(raw4[2], c1[0], c1[1]);
+  mma::unpack_floats<T>(raw4[3], c1[2], c1[3]);
+  const float2 f0 = *reinterpret_cast<const float2*>(&scale[16 * js + 2 * tig]);
+  const float2 f1 = *reinterpret_cast<const float2*>(&scale[16 * js + 8 + 2 * tig]);
+  const float s0[2] = {f0.x, f0.y}, s1[2] = {f1.x, f1.y};
+  mma::acc_to_a<T, kSplit>(c0, c1, s0, s1, ah, al);
+}
+
 // kSingle (session 14; the default at 64 columns per block from run 14.3 to session 15, since then
 // FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS=single, hi + lo being the default: chunked_state_from_vnew.cu
 // says why): the scaled v_new^T enters the products as one T fragment (round to nearest), not hi + lo:
@@ -154,37 +211,14 @@ __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_s
     }
   }
 
-  const T* v_new = static_cast<const T*>(a.v_new);
   const bool k_vec = key_rows_vectorizable(a.k);
   int64_t c_begin, c_end;
   segment_chunks(a.seq_first_chunk[n], a.seq_first_chunk[n + 1] - a.seq_first_chunk[n], p, P, c_begin, c_end);
-  // Chunk c into stage s, one cp.async group (G's rows by 4-byte copies: they are HV apart; the chunk
-  // length in shared memory).
   auto prefetch = [&](int64_t c, int s) {
-    const ChunkInfo ci = a.chunks[c];
-    const int64_t row0 = chunk_row0(ci, a.T);
-    view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
-    intermediate_stepped_async<T, S::BV, THREADS>(v_new, row0, a.HV, hv, a.V, col0, ci.len, sm.v(s), LDV);
-    if (tid < C) {
-      if (a.G)
-        mma::cp_async4(sm.G(s) + tid, a.G + (row0 + (tid < ci.len ? tid : 0)) * a.HV + hv, tid < ci.len);
-      else
-        sm.G(s)[tid] = 0.f;
-    }
-    if (tid == 0) sm.len[s] = ci.len;
-    mma::cp_async_commit();
+    from_vnew_prefetch<T, KMAX, THREADS>(a, a.chunks[c], head, hv, col0, k_vec, sm, s);
   };
   // colscale_j = exp(G_{L-1} - G_j) rstd_kj (0 for j >= L) of the chunk in stage s, into cs.
-  auto colscale = [&](int s, float* cs) {
-    constexpr int kLanes = THREADS / C;
-    const int L = sm.len[s];
-    const float* G = sm.G(s);
-    const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
-    if (tid % kLanes == 0) {
-      const int j = tid / kLanes;
-      cs[j] = j < L ? expf(G[L - 1] - G[j]) * rstd : 0.f;
-    }
-  };
+  auto colscale = [&](int s, float* cs) { from_vnew_row_scales<T, KMAX, THREADS>(sm, s, 0.f, a.l2norm, cs); };
 
   // Chunks c_begin .. c_begin + STAGES - 2 in flight (empty groups where the segment has fewer, so
   // that every wait counts the same groups), then chunk c_begin's colscale.
@@ -224,18 +258,8 @@ __global__ void __launch_bounds__(kFromVnewThreads * WV) chunk_state_from_vnew_s
       for (int e = 0; e < 4; ++e) inc_hi[nk][e] = inc_lo[nk][e] = 0.f;
 #pragma unroll
     for (int js = 0; js < C / 16; ++js) {
-      uint32_t raw4[4];
-      mma::ldmatrix_x4<true>(raw4, sm.v(s) + (16 * js + va_r) * LDV + va_c);
-      float c0[4], c1[4];
-      mma::unpack_floats<T>(raw4[0], c0[0], c0[1]);
-      mma::unpack_floats<T>(raw4[1], c0[2], c0[3]);
-      mma::unpack_floats<T>(raw4[2], c1[0], c1[1]);
-      mma::unpack_floats<T>(raw4[3], c1[2], c1[3]);
-      const float2 f0 = *reinterpret_cast<const float2*>(&cs[16 * js + 2 * tig]);
-      const float2 f1 = *reinterpret_cast<const float2*>(&cs[16 * js + 8 + 2 * tig]);
-      const float s0[2] = {f0.x, f0.y}, s1v[2] = {f1.x, f1.y};
       uint32_t ah[4], al[4];
-      mma::acc_to_a<T, !kSingle>(c0, c1, s0, s1v, ah, al);
+      from_vnew_scaled_a<T, !kSingle>(sm.v(s), LDV, va_r, va_c, cs, js, tig, ah, al);
       uint32_t b[NB][4];
 #pragma unroll
       for (int q = 0; q < NB; ++q)

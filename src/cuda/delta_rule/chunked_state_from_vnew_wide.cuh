@@ -64,7 +64,12 @@ struct FromVnewWideSmem {
 // (N P, HV, V / (16 WARPS)), blockIdx.x = n P + p. seg: the workspace above (null with P = 1). The
 // two passes are the kernels chunk_from_vnew_sums_kernel and chunk_state_from_vnew_wide_kernel below
 // (two names, so that profiles tell them apart).
-template <typename T, int KMAX, int STAGES, int WARPS, bool kStore, bool kSplit>
+// kIncFirst (pass 2 at 8 warps with hi + lo, the launcher's default; FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC=0
+// turns it off; session 15): each chunk's products go
+// into fresh accumulators first, then h_c is stored and h = exp(G_{L-1}) h + inc, so the store's shared
+// round trip (stmatrix, LDS, then STG waiting on it) runs beside the products instead of ahead of them
+// (64 more registers at K = 128). Without it the store comes first and the products accumulate into h.
+template <typename T, int KMAX, int STAGES, int WARPS, bool kStore, bool kSplit, bool kIncFirst = false>
 __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P, int R, float* seg) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using S = typename FromVnewWideSmem<T, KMAX, STAGES, WARPS>::Stages;
@@ -111,7 +116,6 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
     }
   }
 
-  const T* v_new = static_cast<const T*>(a.v_new);
   const bool k_vec = key_rows_vectorizable(a.k);
   int64_t c_begin, c_end;
   segment_chunks(a.seq_first_chunk[n], a.seq_first_chunk[n + 1] - a.seq_first_chunk[n], part, parts, c_begin, c_end);
@@ -121,29 +125,12 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
   // Chunk i's rows into stage s; `ci` = a.chunks[chunk_of(i)], read one iteration earlier (below), so
   // that the copies' addresses do not wait on a global load after the barrier.
   auto prefetch = [&](const ChunkInfo& ci, int s) {
-    const int64_t row0 = chunk_row0(ci, a.T);
-    view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
-    intermediate_stepped_async<T, S::BV, THREADS>(v_new, row0, a.HV, hv, a.V, col0, ci.len, sm.v(s), LDV);
-    if (tid < C) {
-      if (a.G)
-        mma::cp_async4(sm.G(s) + tid, a.G + (row0 + (tid < ci.len ? tid : 0)) * a.HV + hv, tid < ci.len);
-      else
-        sm.G(s)[tid] = 0.f;
-    }
-    if (tid == 0) sm.len[s] = ci.len;
-    mma::cp_async_commit();
+    from_vnew_prefetch<T, KMAX, THREADS>(a, ci, head, hv, col0, k_vec, sm, s);
   };
   // rs_j = exp(suffix + G_{L-1} - G_j) rstd_kj (0 for j >= L) of the chunk in stage s, into rs
   // (suffix: 0 in pass 2; pass 1: the sum of G_{L-1} over the sub-segment's later chunks).
   auto rowscale = [&](int s, float suffix, float* rs) {
-    constexpr int kLanes = THREADS / C;
-    const int L = sm.len[s];
-    const float* G = sm.G(s);
-    const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
-    if (tid % kLanes == 0) {
-      const int j = tid / kLanes;
-      rs[j] = j < L ? expf(suffix + G[L - 1] - G[j]) * rstd : 0.f;
-    }
+    from_vnew_row_scales<T, KMAX, THREADS>(sm, s, suffix, a.l2norm, rs);
   };
 
 #pragma unroll
@@ -179,7 +166,7 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
     if (i + STAGES < count) next_ci = a.chunks[chunk_of(i + STAGES)];  // used next iteration
 
     const float g_last = sm.G(s)[sm.len[s] - 1];
-    if constexpr (kStore) {
+    if constexpr (kStore && !kIncFirst) {
       store_state_tiles_staged<T, NK>(a, chunk_of(i), hv, col0, vc0, 0, lane, h, stage);  // h_c
       const float decay = expf(g_last);
 #pragma unroll
@@ -187,21 +174,20 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
 #pragma unroll
         for (int e = 0; e < 4; ++e) h[nk][e] *= decay;
     }
+    // The products' accumulators: h itself, or with kIncFirst the chunk's increment.
+    float inc[NK][4];
+    if constexpr (kIncFirst) {
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) inc[nk][e] = 0.f;
+    }
+    float(&acc)[NK][4] = kIncFirst ? inc : h;
     const float* rs = rs_buf(i);
 #pragma unroll
     for (int js = 0; js < C / 16; ++js) {
-      uint32_t raw4[4];
-      mma::ldmatrix_x4<true>(raw4, sm.v(s) + (16 * js + va_r) * LDV + va_c);
-      float c0[4], c1[4];
-      mma::unpack_floats<T>(raw4[0], c0[0], c0[1]);
-      mma::unpack_floats<T>(raw4[1], c0[2], c0[3]);
-      mma::unpack_floats<T>(raw4[2], c1[0], c1[1]);
-      mma::unpack_floats<T>(raw4[3], c1[2], c1[3]);
-      const float2 f0 = *reinterpret_cast<const float2*>(&rs[16 * js + 2 * tig]);
-      const float2 f1 = *reinterpret_cast<const float2*>(&rs[16 * js + 8 + 2 * tig]);
-      const float s0[2] = {f0.x, f0.y}, s1v[2] = {f1.x, f1.y};
       uint32_t ah[4], al[4];  // (al: kSplit only)
-      mma::acc_to_a<T, kSplit>(c0, c1, s0, s1v, ah, al);
+      from_vnew_scaled_a<T, kSplit>(sm.v(s), LDV, va_r, va_c, rs, js, tig, ah, al);
       // B in two halves of the key channels (NB / 2 ldmatrix each): fewer live registers.
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -209,9 +195,17 @@ __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P
 #pragma unroll
         for (int qb = 0; qb < NB / 2; ++qb)
           mma::ldmatrix_x4<true>(b[qb], sm.k(s) + (16 * js + tb_r) * LDK + 16 * (half * NB / 2 + qb) + tb_c);
-        mma::mma_tiles<T, NB / 2>(h, ah, b, half * NB);
-        if constexpr (kSplit) mma::mma_tiles<T, NB / 2>(h, al, b, half * NB);
+        mma::mma_tiles<T, NB / 2>(acc, ah, b, half * NB);
+        if constexpr (kSplit) mma::mma_tiles<T, NB / 2>(acc, al, b, half * NB);
       }
+    }
+    if constexpr (kStore && kIncFirst) {
+      store_state_tiles_staged<T, NK>(a, chunk_of(i), hv, col0, vc0, 0, lane, h, stage);  // h_c
+      const float decay = expf(g_last);
+#pragma unroll
+      for (int nk = 0; nk < NK; ++nk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h[nk][e] = decay * h[nk][e] + inc[nk][e];
     }
     if constexpr (!kStore) suffix += g_last;
     // Chunk i + 1's row scales (its rows are in stage s1), after this chunk's products were issued.
@@ -241,9 +235,9 @@ __global__ void __launch_bounds__(32 * WARPS) chunk_from_vnew_sums_kernel(Chunke
   state_from_vnew_wide<T, KMAX, STAGES, WARPS, false, kSplit>(a, P, R, seg);
 }
 // Pass 2: the states h_c (and the final state).
-template <typename T, int KMAX, int STAGES, int WARPS, bool kSplit>
+template <typename T, int KMAX, int STAGES, int WARPS, bool kSplit, bool kIncFirst = false>
 __global__ void __launch_bounds__(32 * WARPS) chunk_state_from_vnew_wide_kernel(ChunkedArgs a, int P, int R, float* seg) {
-  state_from_vnew_wide<T, KMAX, STAGES, WARPS, true, kSplit>(a, P, R, seg);
+  state_from_vnew_wide<T, KMAX, STAGES, WARPS, true, kSplit, kIncFirst>(a, P, R, seg);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

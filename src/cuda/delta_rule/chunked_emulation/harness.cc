@@ -249,6 +249,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       // one fragment (the chain's 16-column kernels are always hi + lo).
       const char* fv_env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_PRODUCTS");
       const bool fv_single = fv_env && std::string(fv_env) == "single";
+      const char* inc_env = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC");  // =0: pass 2 without kIncFirst
+      const bool inc_off = inc_env && std::string(inc_env) == "0";
       auto pass = [&](auto store) {
         constexpr bool kStore = decltype(store)::value;
         if (wide && fv_single)
@@ -280,6 +282,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
         if constexpr (kStore) {
           launch(N * P, HV, V / (16 * W), [&] {
             if (fv_single) dr::chunk_state_from_vnew_wide_kernel<TT, KM, 3, W, false>(a, P, R, P > 1 ? wws : nullptr);
+            else if (W == 8 && !inc_off)  // kIncFirst, as the launcher's default at 8 warps
+              dr::chunk_state_from_vnew_wide_kernel<TT, KM, 3, W, true, true>(a, P, R, P > 1 ? wws : nullptr);
             else dr::chunk_state_from_vnew_wide_kernel<TT, KM, 3, W, true>(a, P, R, P > 1 ? wws : nullptr);
           }, 32 * W);
         } else {
