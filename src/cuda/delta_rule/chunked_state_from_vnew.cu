@@ -1,12 +1,14 @@
-// Host launcher of chunk_state_from_vnew_seg_kernel (chunked_state_from_vnew.cuh; declared in
-// chunked_stages.h), bf16 and fp16, K = 64 and 128.
+// Host launcher of the states rebuilt from v_new (launch_chunk_state_from_vnew, declared in
+// chunked_stages.h), bf16 and fp16, K = 64 and 128: the wide kernels (chunked_state_from_vnew_wide.cuh,
+// the default since session 15) or the chain kernel (chunk_state_from_vnew_seg_kernel,
+// chunked_state_from_vnew.cuh; FLASHGRAD_CHUNKED_FROM_VNEW=chain).
 #include "chunked_launch_impl.cuh"
 #include "chunked_state_from_vnew.cuh"
 #include "chunked_state_from_vnew_wide.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// 3 stages, WV x 16 value columns per block (4 warps each). Run 13.1 (16 columns per block): ~0.55 ms per pass at B8
+// The chain kernel: 3 stages, WV x 16 value columns per block (4 warps each). Run 13.1 (16 columns per block): ~0.55 ms per pass at B8
 // T4096 and at B1 T32768 in 8 segments whatever the occupancy: bound by the copies, k's rows being
 // read once per 16 columns (8 times per chain at V = 128). WV = 4 reads them once per 64.
 // Segments P: where the blocks leave room on the SMs (few long sequences), each sequence's chunks are
@@ -152,7 +154,7 @@ void launch_state_from_vnew_any(const ChunkedArgs& a, float* ws, int64_t ws_floa
                   : launch_state_from_vnew_wide<T, KMAX, 4, 3, true>(a, ws, ws_floats, s);
   if (single) return launch_state_from_vnew_wide<T, KMAX, 8, 3, false>(a, ws, ws_floats, s);
   // Pass 2's products into fresh accumulators (kIncFirst) unless FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC=0
-  // (read per call; 8 warps, hi + lo; the default in run 15.4's tree, timed against =0 there).
+  // (read per call; 8 warps, hi + lo; run 15.4: 0.225 -> 0.216 ms at B8 T4096, 0.229 -> 0.212 at T32768).
   const char* inc = std::getenv("FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC");
   if (inc && std::string(inc) == "0") return launch_state_from_vnew_wide<T, KMAX, 8, 3, true>(a, ws, ws_floats, s);
   launch_state_from_vnew_wide<T, KMAX, 8, 3, true, true>(a, ws, ws_floats, s);

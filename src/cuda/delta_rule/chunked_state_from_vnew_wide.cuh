@@ -8,6 +8,8 @@
 // around a small product), and runs ~0.28 ms per pass at B1 T32768 H16 K=V=128 and 0.31 ms at B8
 // T4096 whatever the occupancy. Here a warp issues 64 mmas per chunk (K = 128) around about the same
 // per-chunk overhead, and k's rows are copied once per 128 value columns (8 warps) where V allows.
+// Runs 15.1 - 15.4 (docs/perf/delta_rule.md, "Session 15"): 0.216 ms at B8 T4096 (pass 2, hi + lo),
+// 0.141 + 0.212 ms at B1 T32768 (pass 1 + pass 2).
 //
 // The recurrence (chunked_state_from_vnew.cuh): h_{c+1} = exp(G_{c,L-1}) h_c + (v_new_c^T colscale_c) k_c,
 // colscale_cj = exp(G_{c,L-1} - G_cj) rstd_cj (0 past the chunk's length L).
@@ -34,8 +36,9 @@
 // accumulators (tile nk: channels 8 nk + [0, 8)). Per chunk, from shared memory (cp.async, STAGES
 // chunks: the one in use, the next, STAGES - 2 in flight; FromVnewSmem's layout): k's raw rows
 // [64 x K], v_new's rows [64 x 16 WARPS] (T) and G's rows. The products: A = v_new^T scaled per chunk
-// row j, B = k (ldmatrix.trans); A as one 16-bit fragment, or with kSplit as hi + lo (T(x) and
-// T(x - hi): twice the mmas, the scaled v_new kept to ~16 bits instead of rounded to T). The row
+// row j, B = k (ldmatrix.trans); A with kSplit (the launcher's default) as hi + lo, T(x) and T(x - hi):
+// twice the mmas, the scaled v_new kept to ~16 bits instead of rounded to T; else one 16-bit fragment
+// (its rounding adds up where the states grow: chunked_state_from_vnew.cu). The row
 // scales one chunk ahead in two buffers, so one barrier per chunk.
 #pragma once
 
@@ -64,11 +67,12 @@ struct FromVnewWideSmem {
 // (N P, HV, V / (16 WARPS)), blockIdx.x = n P + p. seg: the workspace above (null with P = 1). The
 // two passes are the kernels chunk_from_vnew_sums_kernel and chunk_state_from_vnew_wide_kernel below
 // (two names, so that profiles tell them apart).
-// kIncFirst (pass 2 at 8 warps with hi + lo, the launcher's default; FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC=0
-// turns it off; session 15): each chunk's products go
-// into fresh accumulators first, then h_c is stored and h = exp(G_{L-1}) h + inc, so the store's shared
-// round trip (stmatrix, LDS, then STG waiting on it) runs beside the products instead of ahead of them
-// (64 more registers at K = 128). Without it the store comes first and the products accumulate into h.
+// kIncFirst (pass 2 at 8 warps with hi + lo, the launcher's default since run 15.4;
+// FLASHGRAD_CHUNKED_FROM_VNEW_WIDE_INC=0 turns it off): each chunk's products go into fresh
+// accumulators first, then h_c is stored and h = exp(G_{L-1}) h + inc, so the store's shared round trip
+// (stmatrix, LDS, then STG waiting on it) runs beside the products instead of ahead of them (64 more
+// registers at K = 128; run 15.4: 0.225 -> 0.216 ms at B8). Without it the store comes first and the
+// products accumulate into h.
 template <typename T, int KMAX, int STAGES, int WARPS, bool kStore, bool kSplit, bool kIncFirst = false>
 __device__ __forceinline__ void state_from_vnew_wide(const ChunkedArgs& a, int P, int R, float* seg) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
