@@ -901,6 +901,44 @@ TEST(DeltaRuleGpu, ChunkedDvNewInWRegion) {
   }
 }
 
+// K = V = 128 with H == HV: the shape where the backward's B2 runs split (chunked_grads_split.cuh,
+// its default variant at V == K, writing dq, dk directly: split_grads_applies in
+// chunked_launch_impl.cuh needs H == HV), as the benchmark's rows do; the other K = 128 cases here are
+// GVA (H < HV), which take the fused B2. bf16 and fp16, with and without the kept v_new, varlen with an
+// empty and a one-row sequence. (Added in session 15 after a review found the gap; first run on the
+// GPU in the next GPU check.)
+TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
+  REQUIRE_GPU();
+  std::vector<Case> cases;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Case c;
+    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+    c.saved_r = DType::i32;  // no saved r: the chunked path
+    c.dtype = dt;
+    c.B = 2, c.T = 500, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
+    c.gate_div = dt == DType::bf16 ? 1.f : 0.1f;
+    c.seed = 3700 + static_cast<int>(dt == DType::f16);
+    c.name = std::string("chunked gdn H=HV K=V=128 ") + (dt == DType::bf16 ? "bf16" : "f16") + " T=500";
+    cases.push_back(c);
+  }
+  {
+    Case c;
+    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+    c.saved_r = DType::i32;
+    c.B = 1, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
+    c.seq_lens = {300, 0, 1, 129};
+    c.gate_div = 0.1f;
+    c.seed = 3710;
+    c.name = "chunked gdn H=HV K=V=128 varlen";
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) run_case(c);
+  for (Case c : cases) {
+    c.name = "kept v_new, " + c.name;
+    run_kept_v_new(c);
+  }
+}
+
 // ---- past 2^31 elements ------------------------------------------------------------------------
 // v, o, dout, dv hold B*T*HV*V = 270000 * 64 * 128 > 2^31 elements (fla's fused recurrent kernel
 // crashes at such sizes). Inputs are generated on the device; the first and the last sequence
