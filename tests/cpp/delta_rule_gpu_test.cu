@@ -939,53 +939,6 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
   }
 }
 
-// The split B2 in pieces of chunks on two streams (FLASHGRAD_CHUNKED_B2_PIECES, chunked_b2_pieces.h,
-// session 16; opt-in): B2a's piece p + 1 beside B2b's piece p, each kernel at chunk chunk_begin +
-// blockIdx.x. Pieces of 1, 3 and 5 chunks (uneven last pieces) over the H == HV cases where the split
-// runs: K = V = 128 bf16 T = 500 (16 chunks), varlen with an empty and a one-row sequence (9 chunks),
-// and K = V = 64 fp16 T = 130 (6 chunks), with and without the kept v_new. The setting is read per call
-// and unset again however the test ends.
-TEST(DeltaRuleGpu, ChunkedB2InPieces) {
-  REQUIRE_GPU();
-  struct Env {
-    ~Env() { unsetenv("FLASHGRAD_CHUNKED_B2_PIECES"); }
-  } env;
-  std::vector<Case> cases;
-  {
-    Case c;
-    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
-    c.saved_r = DType::i32;
-    c.B = 2, c.T = 500, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
-    c.seed = 3800;
-    c.name = "chunked gdn B2 pieces K=V=128 bf16 T=500";
-    cases.push_back(c);
-    c.B = 1, c.T = 0, c.seq_lens = {300, 0, 1, 129}, c.gate_div = 0.1f, c.seed = 3801;
-    c.name = "chunked gdn B2 pieces K=V=128 varlen";
-    cases.push_back(c);
-  }
-  {
-    Case c;
-    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
-    c.saved_r = DType::i32;
-    c.dtype = DType::f16;
-    c.B = 2, c.T = 130, c.H = 3, c.HV = 3, c.K = 64, c.V = 64;
-    c.gate_div = 0.1f;
-    c.seed = 3802;
-    c.name = "chunked gdn B2 pieces K=V=64 f16 T=130";
-    cases.push_back(c);
-  }
-  for (const char* piece : {"1", "3", "5"}) {
-    setenv("FLASHGRAD_CHUNKED_B2_PIECES", piece, 1);
-    SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_B2_PIECES=") + piece);
-    for (Case c : cases) {
-      c.name += std::string(", pieces of ") + piece;
-      run_case(c);
-      c.name = "kept v_new, " + c.name;
-      run_kept_v_new(c);
-    }
-  }
-}
-
 // ---- past 2^31 elements ------------------------------------------------------------------------
 // v, o, dout, dv hold B*T*HV*V = 270000 * 64 * 128 > 2^31 elements (fla's fused recurrent kernel
 // crashes at such sizes). Inputs are generated on the device; the first and the last sequence

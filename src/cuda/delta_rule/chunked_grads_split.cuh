@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_state_ke
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
   S sm(smem_raw + item * S::bytes());
-  const int64_t c = a.chunk_begin + blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
+  const int64_t c = blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
   const int L = ci.len, tid = kItems == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x & 255), lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
   // Key role: warp (kst, cgp) owns key rows [16 kst, +16) and chunk rows [n0k, n0k + 8 NTV).
@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
   S sm(smem_raw + item * S::bytes());
-  const int64_t c = a.chunk_begin + blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
+  const int64_t c = blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
   const int L = ci.len, tid = kItems == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x & 255), lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
   // Row role (as the fused kernel): hf = wp / 4, strip rs = wp % 4 (hf = 0) or 3 - wp % 4 (hf = 1), so

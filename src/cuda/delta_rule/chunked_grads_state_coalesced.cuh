@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_coalesced_kernel(Chu
   static_assert(KS * CG == 8 && NTV % 2 == 0, "K = 64 or 128 over 8 warps");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
-  const int64_t c = a.chunk_begin + blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const ChunkInfo ci = a.chunks[c];
   const int L = ci.len, tid = static_cast<int>(threadIdx.x), lane = tid & 31, wp = tid >> 5, grp = lane >> 2,
             tig = lane & 3;

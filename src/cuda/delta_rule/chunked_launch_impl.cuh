@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "chunked_b2_pieces.h"
 #include "chunked_grads.cuh"
 #include "chunked_grads_mma.cuh"
 #include "chunked_grads_split.cuh"
@@ -324,36 +323,16 @@ void launch_grads_mma_half(const ChunkedArgs& a, cudaStream_t s) {
 // heads 2 y, 2 y + 1 in one 16-warp block.
 template <typename T, int KMAX, int kItems>
 void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV / kItems));
   if constexpr (kItems == 1) {
     // The variant FLASHGRAD_CHUNKED_B2_SPLIT picks where V == K (chunked_grads_split_variants.cuh), else v1.
     const SplitVariant variant = a.V == KMAX ? split_variant() : SplitVariant::kV1;
-    void (*kernels[2])(ChunkedArgs) = {nullptr, nullptr};  // B2a, B2b
-    int64_t bytes[2] = {0, 0};
-    int n = 0;
-    for_split_kernels<T, KMAX>(variant, [&](auto kernel, int64_t b) {
-      set_smem(kernel, b);
-      kernels[n] = kernel, bytes[n] = b, ++n;
-    });
-    // Kernel i over chunks [c0, c0 + chunks) on stream st.
-    auto launch = [&](int i, int64_t c0, int64_t chunks, cudaStream_t st) {
-      ChunkedArgs piece = a;
-      piece.chunk_begin = c0;
-      const dim3 g(static_cast<unsigned>(chunks), static_cast<unsigned>(a.HV));
-      kernels[i]<<<g, 256, bytes[i], st>>>(piece);
+    for_split_kernels<T, KMAX>(variant, [&](auto kernel, int64_t bytes) {
+      set_smem(kernel, bytes);
+      kernel<<<grid, 256, bytes, s>>>(a);
       FLASHGRAD_CUDA_CHECK_LAUNCH();
-    };
-    const int64_t piece = b2_piece_chunks();
-    const B2PieceStreams* streams = piece > 0 && piece < a.num_chunks ? b2_piece_streams(s) : nullptr;
-    if (streams) {
-      run_b2_in_pieces(
-          a.num_chunks, piece, s, *streams, [&](int64_t c0, int64_t c, cudaStream_t st) { launch(0, c0, c, st); },
-          [&](int64_t c0, int64_t c, cudaStream_t st) { launch(1, c0, c, st); });
-    } else {
-      launch(0, 0, a.num_chunks, s);
-      launch(1, 0, a.num_chunks, s);
-    }
+    });
   } else {
-    const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV / kItems));
     constexpr int64_t bytes_a = kItems * GradsStateSmem<T, KMAX>::bytes(),
                       bytes_b = kItems * GradsLocalSmem<T, KMAX>::bytes();
     set_smem(chunk_grads_state_kernel<T, KMAX, kItems>, bytes_a);

@@ -114,9 +114,6 @@ struct ChunkedArgs {
   // Split B2 (session 7, chunked_grads_split.cuh): dG's state terms per (row, value head), written by
   // its first kernel and added by the second (fp32 [rows, HV]; needed with a gate only).
   float* dG_state = nullptr;
-  // The split B2 in pieces of chunks (chunked_b2_pieces.h): its kernels handle chunk chunk_begin +
-  // blockIdx.x (0 for every other launch).
-  int64_t chunk_begin = 0;
   int64_t T = 0, H = 0, HV = 0, K = 0, V = 0;
   float scale = 1.0f;
   bool l2norm = false;

@@ -18,7 +18,6 @@
 // through a per-warp buffer between two warp barriers. Blocks run one after another.
 #include "emulator.h"
 
-#include <algorithm>
 #include <memory>
 
 #include "cuda/delta_rule/chunked_prepare_compact.cuh"
@@ -396,17 +395,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
     } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, v6 since session 12, where V == K)
-      // FLASHGRAD_CHUNKED_B2_PIECES=n (the launcher's pieces, chunked_b2_pieces.h): B2a then B2b per piece
-      // of n chunks (one order the two streams allow), each kernel's chunk chunk_begin + blockIdx.x.
-      const char* pieces_env = std::getenv("FLASHGRAD_CHUNKED_B2_PIECES");
-      const int64_t piece = pieces_env ? std::max<int64_t>(0, std::atoll(pieces_env)) : 0;
-      for (int64_t c0 = 0; c0 < NC; c0 += piece > 0 ? piece : NC) {
-        const int64_t nc = piece > 0 ? std::min<int64_t>(piece, NC - c0) : NC;
-        a.chunk_begin = c0;
-        dr::for_split_kernels<TT, KM>(V == K ? dr::split_variant() : dr::SplitVariant::kV1,
-                                      [&](auto kernel, int64_t) { launch(static_cast<unsigned>(nc), HV, 1, [&] { kernel(a); }, 256); });
-      }
-      a.chunk_begin = 0;
+      dr::for_split_kernels<TT, KM>(V == K ? dr::split_variant() : dr::SplitVariant::kV1,
+                                    [&](auto kernel, int64_t) { launch(NC, HV, 1, [&] { kernel(a); }, 256); });
     }
   } else if (half == 3)
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 3>(a); }, 256);
