@@ -939,6 +939,33 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
   }
 }
 
+// Stage 2 on wgmma (chunked_state_wgmma.cuh, session 16; opt-in FLASHGRAD_CHUNKED_STATE_WGMMA=64 or 32
+// value columns per block, read per call): the forward's unfused stage 2 (these sizes do not reach
+// the fused one) and the backward's recomputation of it, over every length (GVA, K = V = 128, T from 1
+// to 4096) and feature case of the chunked path (K != V both ways, no norm, strong decay without an
+// initial state, varlen with an empty sequence), without and with the kept v_new. The setting is
+// unset again however the test ends.
+TEST(DeltaRuleGpu, ChunkedStateWgmma) {
+  REQUIRE_GPU();
+  struct Env {
+    ~Env() { unsetenv("FLASHGRAD_CHUNKED_STATE_WGMMA"); }
+  } env;
+  std::vector<Case> cases = chunked_length_cases("wgmma stage 2", 4800);
+  for (const Case& c : chunked_feature_cases("wgmma stage 2", 4800)) cases.push_back(c);
+  for (const char* cols : {"64", "32"}) {
+    setenv("FLASHGRAD_CHUNKED_STATE_WGMMA", cols, 1);
+    SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_STATE_WGMMA=") + cols);
+    for (Case c : cases) {
+      c.name += std::string(", ") + cols + " columns";
+      c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+      c.saved_r = DType::i32;  // no saved r: the chunked path
+      run_case(c);
+      c.name = "kept v_new, " + c.name;
+      run_kept_v_new(c);
+    }
+  }
+}
+
 // ---- past 2^31 elements ------------------------------------------------------------------------
 // v, o, dout, dv hold B*T*HV*V = 270000 * 64 * 128 > 2^31 elements (fla's fused recurrent kernel
 // crashes at such sizes). Inputs are generated on the device; the first and the last sequence

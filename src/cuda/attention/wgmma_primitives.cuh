@@ -383,6 +383,44 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, 
           : "l"(a_desc), "l"(b_desc), "r"(scale_d));
   }
 }
+// D[64 x N] (=|+=) A[64 x 16] B[16 x N], both from shared memory, A K-major and B MN-major: the
+// delta rule's chunk state (chunked_state_wgmma.cuh), v_new = w h with w [rows][K] and h [K][values]
+// (the values, the N dim, contiguous). N = 32 or 64.
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_kt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  static_assert(N == 32 || N == 64, "32 or 64 value columns");
+  if constexpr (N == 64) {
+    if constexpr (WgmmaName<T>::kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
+          ", %32, %33, p, 1, 1, 0, 1;\n}\n"
+          : FG_ACC32(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
+          ", %32, %33, p, 1, 1, 0, 1;\n}\n"
+          : FG_ACC32(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  } else {
+    if constexpr (WgmmaName<T>::kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " FG_REGS16
+          ", %16, %17, p, 1, 1, 0, 1;\n}\n"
+          : FG_ACC16(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " FG_REGS16
+          ", %16, %17, p, 1, 1, 0, 1;\n}\n"
+          : FG_ACC16(d)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+  }
+}
 #undef FG_REGS16
 #undef FG_ACC16
 

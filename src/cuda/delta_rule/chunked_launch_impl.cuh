@@ -15,6 +15,7 @@
 #include "chunked_stages.h"
 #include "chunked_state.cuh"
 #include "chunked_state_backward.cuh"
+#include "chunked_state_wgmma.cuh"
 #include "chunked_dv_local.cuh"
 #include "chunked_state_backward_transposed.cuh"
 #include "cuda/common/cuda_check.h"
@@ -224,6 +225,42 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
     launch_prepare_fixed<T, 128>(a, s);
 }
 
+// Whether a view can be read by rows of 16-byte pieces (unit inner stride, 16-byte aligned base and
+// strides): the split B2 and the wgmma stage 2 carry no element-by-element fallbacks.
+inline bool rows_vectorizable_host(const View& x) {
+  return (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 && x.s3 == 1 && x.s0 % 8 == 0 && x.s1 % 8 == 0 &&
+         x.s2 % 8 == 0;
+}
+
+// Stage 2 on wgmma (chunked_state_wgmma.cuh; opt-in, session 16): FLASHGRAD_CHUNKED_STATE_WGMMA=32 or 64
+// (value columns per block; read per call so one process can time it beside the mma.sync kernels)
+// where K is 64 or 128, V a multiple of the slice and k readable by 16-byte rows; else 0 (not taken).
+inline int state_wgmma_cols(const ChunkedArgs& a) {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WGMMA");
+  const int bv = env ? std::atoi(env) : 0;
+  if (bv != 32 && bv != 64) return 0;
+  if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !rows_vectorizable_host(a.k)) return 0;
+  return bv;
+}
+template <typename T, int KMAX, int BV>
+void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int64_t bytes = StateWgmmaSmem<T, KMAX, BV>::bytes();
+  set_smem(chunk_state_wgmma_kernel<T, KMAX, BV>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
+  chunk_state_wgmma_kernel<T, KMAX, BV><<<grid, 128, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+template <typename T>
+bool launch_state_wgmma(const ChunkedArgs& a, cudaStream_t s) {
+  const int bv = state_wgmma_cols(a);
+  if (bv == 0) return false;
+  if (a.K == 64)
+    bv == 32 ? launch_state_wgmma_fixed<T, 64, 32>(a, s) : launch_state_wgmma_fixed<T, 64, 64>(a, s);
+  else
+    bv == 32 ? launch_state_wgmma_fixed<T, 128, 32>(a, s) : launch_state_wgmma_fixed<T, 128, 64>(a, s);
+  return true;
+}
+
 // Stage 2 unfused (the forward on few long sequences, and the backward's recomputation), hi + lo
 // products: single-fragment ones (kSingle, FLASHGRAD_CHUNKED_STATE_PRODUCTS=single in session 9) saved
 // nothing in run 9.2 (B8 T4096 0.520 -> 0.513 ms, B1 T32768 1.768 -> 1.861), so they stay the fused
@@ -234,6 +271,7 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (state)", dtype_of<T>(), a);
   // Runs for empty sequences too: their final state is the initial state.
   if (a.num_seqs == 0 || a.HV == 0) return;
+  if (launch_state_wgmma<T>(a, s)) return;
   const StateShape shape = state_shape(a);
   const bool single = state_products_single(shape == StateShape::channel_split);
   switch (shape) {
@@ -354,10 +392,6 @@ void launch_grads_split(const ChunkedArgs& a, cudaStream_t s) {
 // outputs with H == HV (dq_out), V >= K, dG_state with a gate, and every view it reads or writes by
 // rows of 16-byte pieces (unit inner stride, 16-byte aligned base and strides: its kernels carry no
 // element-by-element fallbacks; the fused B2 takes the rest).
-inline bool rows_vectorizable_host(const View& x) {
-  return (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 && x.s3 == 1 && x.s0 % 8 == 0 && x.s1 % 8 == 0 &&
-         x.s2 % 8 == 0;
-}
 inline bool split_grads_applies(const ChunkedArgs& a) {
   if (!(a.h16 && a.dv_out.p && a.dq_out.p && a.dk_out.p && a.V >= a.K && (!a.g.p || a.dG_state))) return false;
   for (const View* x : {&a.q, &a.k, &a.v, &a.dout, &a.dv_out, &a.dq_out, &a.dk_out})
