@@ -5,20 +5,21 @@
 # K = V = 64 (B8 T4096). ChunkedStateWgmma runs in gpu-check's suite.
 #   1. per-kernel times and outputs / gradients against the default (small and nonzero: another
 #      rounding of h and v' for the products);
-#   2. stwg.py: default vs wgmma in deltabench's configuration, one process;
-#   3. compute-sanitizer memcheck / racecheck of the small kept cases with the wgmma stage 2;
-#   4. ncu of the wgmma kernel at B1 T32768.
+#   2. compute-sanitizer racecheck / memcheck of the small kept cases with the wgmma stage 2 (32 columns:
+#      run 16.2's racecheck found the first version's row norms read before the barrier);
+#   3. stwg.py: default vs wgmma in deltabench's configuration, one process;
+#   4. ncu of the wgmma kernel at B1 T32768 (32 columns), if time is left.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu-extra/lib/job_lib.sh
 E=FLASHGRAD_CHUNKED_STATE_WGMMA
-job_compare stwg_t32k 40 --kind gdn --shape 1,32768,16,128 --env $E --variants default=-,wg64=64,wg32=32 \
-  --focus 'chunk_state' --reps 5,3,1 --note "(run 16.1: chunk_state 1.056 ms per call)"
+job_compare stwg_t32k 35 --kind gdn --shape 1,32768,16,128 --env $E --variants default=-,wg64=64,wg32=32 \
+  --focus 'chunk_state' --reps 5,3,1 --note "(run 16.2: default 1.044, wg64 2.292, wg32 1.555 ms)"
 job_compare stwg_k64 30 --kind gdn --shape 8,4096,16,64 --env $E --variants default=-,wg64=64,wg32=32 \
-  --focus 'chunk_state' --reps 5,3,1
-timeout -k 3 "$(cap 60)" python3 tools/gpu-extra/stwg.py > "$OUT/extra/stwg_ab.log" 2>&1
+  --focus 'chunk_state' --reps 5,3,1 --note "(run 16.2: wg32 NaN, the race)"
+job_sanitize stwg 30 'DeltaRuleGpu.ChunkedKeptVNewMatches' 'DeltaRuleGpu.ChunkedKeptVNewMatches' $E=32
+timeout -k 3 "$(cap 45)" python3 tools/gpu-extra/stwg.py > "$OUT/extra/stwg_ab.log" 2>&1
 grep "^ROW" "$OUT/extra/stwg_ab.log"
 while IFS= read -r l; do summary+=("${l#ROW }"); done < <(grep "^ROW" "$OUT/extra/stwg_ab.log")
-job_sanitize stwg 30 'DeltaRuleGpu.ChunkedKeptVNewMatches' 'DeltaRuleGpu.ChunkedKeptVNewMatches' $E=64
-JOB_NCU_SKIP=0 job_ncu stwg_ncu_t32k 40 'chunk_state_wgmma_kernel' 0 $E=64 -- --kind gdn --B 1 --T 32768 --H 16 --K 128
+JOB_NCU_SKIP=0 job_ncu stwg_ncu_t32k 40 'chunk_state_wgmma_kernel' 0 $E=32 -- --kind gdn --B 1 --T 32768 --H 16 --K 128
 job_summary stwg

@@ -242,12 +242,16 @@ inline int state_wgmma_cols(const ChunkedArgs& a) {
   if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !rows_vectorizable_host(a.k)) return 0;
   return bv;
 }
+// Three stages: two chunks' copies in flight while one is in use (a chunk's work is shorter than a
+// DRAM round trip here).
+constexpr int kStateWgmmaStages = 3;
 template <typename T, int KMAX, int BV>
 void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
-  constexpr int64_t bytes = StateWgmmaSmem<T, KMAX, BV>::bytes();
-  set_smem(chunk_state_wgmma_kernel<T, KMAX, BV>, bytes);
+  constexpr int ST = kStateWgmmaStages;
+  constexpr int64_t bytes = StateWgmmaSmem<T, KMAX, BV, ST>::bytes();
+  set_smem(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
-  chunk_state_wgmma_kernel<T, KMAX, BV><<<grid, 128, bytes, s>>>(a);
+  chunk_state_wgmma_kernel<T, KMAX, BV, ST><<<grid, 128, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 template <typename T>

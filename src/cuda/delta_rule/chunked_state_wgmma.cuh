@@ -18,12 +18,15 @@
 // (chunked_stages.h, state_products_single) round them.
 //
 // Shared memory (1024-byte aligned tiles, the 128-byte swizzle of wgmma_primitives.cuh: rows of 64
-// elements, 16-byte chunk c of row r at chunk c ^ (r % 8)): two stages of {w, k: [64 rows][K] as K / 64
-// panels of [64][64]; u: [64][BV + 4] fp32, unswizzled}, Hs [K rows][64] (h as (1)'s B), Vs [64][64] (v'
-// as (2)'s B), colscale [64]. The next chunk's w, k, u are copied (cp.async, rows >= L zero-filled: u = w
-// = 0 there, so v_new = 0) while this chunk computes. Per chunk: barrier (A) after chunk c's copies have
-// landed, h_c is in Hs and colscale is written (and every thread is done with chunk c - 1's stage,
-// which the next copies overwrite); barrier (B) after v' is in Vs.
+// elements, 16-byte chunk c of row r at chunk c ^ (r % 8)): STAGES stages of {w, k: [64 rows][K] as
+// K / 64 panels of [64][64]; u: [64][BV + 4] fp32, unswizzled; G of the rows; the chunk's first row and
+// length}, Hs [K rows][64] (h as (1)'s B), Vs [64][64] (v' as (2)'s B), the row norms of k. Copies run
+// STAGES - 1 chunks ahead (cp.async, rows >= L zero-filled: u = w = 0 there, so v_new = 0). Each thread
+// copies the same 16-byte piece of rows a multiple of 8 apart, so its addresses are set once and a
+// chunk's copies cost a few instructions each; k's row norms come from the pieces a thread copied
+// itself (readable after its own wait), summed over the row's threads by shuffles. Per chunk: barrier
+// (A) after chunk c's copies have landed, h_c is in Hs and the norms are written (and every thread is
+// done with chunk c - 1); barrier (B) after v' is in Vs.
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
@@ -38,17 +41,20 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-template <typename T, int KMAX, int BV>
+template <typename T, int KMAX, int BV, int STAGES>
 struct StateWgmmaSmem {
   static constexpr int C = kChunkSize, KP = KMAX / 64, LDU = BV + 4;
   static constexpr int64_t kPanel = 64 * 128;          // [64 rows][64 elements] of T
   static constexpr int64_t kKeyTile = KP * kPanel;     // w or k: [64 rows][KMAX]
   static constexpr int64_t kUBytes = sizeof(float) * C * LDU;
-  static constexpr int64_t kStageBytes = (2 * kKeyTile + kUBytes + 1023) / 1024 * 1024;
+  // A stage: w, k, u, G of the chunk's rows [64] (fp32), then the chunk's first row and length
+  // (int64 x 2, written by thread 0 with the copies).
+  static constexpr int64_t kOffU = 2 * kKeyTile, kOffG = kOffU + kUBytes, kOffInfo = kOffG + sizeof(float) * C;
+  static constexpr int64_t kStageBytes = (kOffInfo + 16 + 1023) / 1024 * 1024;
   static constexpr int64_t kHsBytes = KMAX * 128, kVsBytes = 64 * 128;
-  static constexpr int64_t kOffHs = 2 * kStageBytes, kOffVs = kOffHs + kHsBytes, kOffScale = kOffVs + kVsBytes;
+  static constexpr int64_t kOffHs = STAGES * kStageBytes, kOffVs = kOffHs + kHsBytes, kOffRstd = kOffVs + kVsBytes;
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
-  static constexpr int64_t bytes() { return 1024 + kOffScale + sizeof(float) * C; }
+  static constexpr int64_t bytes() { return 1024 + kOffRstd + sizeof(float) * C; }
 };
 
 // Byte offset of 16-byte chunk `chunk` (of 8 elements) of row r in a swizzled tile of 128-byte rows.
@@ -56,17 +62,22 @@ __device__ __forceinline__ uint32_t swizzled(int r, int chunk) {
   return static_cast<uint32_t>(r * 128 + (((chunk & 7) ^ (r & 7)) << 4));
 }
 
-template <typename T, int KMAX, int BV>
+// STAGES chunks of copies in the ring: the one in use and STAGES - 1 in flight (one cp.async group per
+// chunk, an empty one past the sequence's end so that "chunk c landed" is always wait<STAGES - 2>).
+template <typename T, int KMAX, int BV, int STAGES>
 __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
-  using S = StateWgmmaSmem<T, KMAX, BV>;
+  using S = StateWgmmaSmem<T, KMAX, BV, STAGES>;
   constexpr int C = kChunkSize, KP = S::KP, LDU = S::LDU, KC = KMAX / 8;  // KC: 16-byte chunks per key row
   static_assert(BV == 32 || BV == 64, "32 or 64 value columns per block");
+  static_assert(STAGES >= 2, "a chunk in use and one in flight at least");
   extern __shared__ __align__(16) unsigned char smem_dyn[];
-  unsigned char* smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_dyn) + 1023) & ~uintptr_t{1023});
+  // Aligned up by an offset from the shared array itself (not through an integer round trip), so that
+  // the compiler keeps every access below in the shared window (LDS / STS, not generic LD / ST).
+  const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
+  unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  float* const colscale = reinterpret_cast<float*>(smem + S::kOffScale);
+  float* const rstd_s = reinterpret_cast<float*>(smem + S::kOffRstd);
 
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV, HV = a.HV, V = a.V, K = a.K;
@@ -87,99 +98,135 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       h[mt][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, ch, col0 + col)] : 0.f;
     }
 
-  // Copies of chunk ci into stage st (one cp.async group); returns G of row tid / 2 (0 past L) and,
-  // in g_last, G of the chunk's last row.
-  auto prefetch = [&](const ChunkInfo& ci, int st, float& g_last) {
+  // The copies' fixed parts. Key rows (w, k): this thread copies 16-byte chunk kc of rows kr + KS i
+  // (i < C KC / 128; KS = 128 / KC, a multiple of 8, so every row it copies has the same swizzle);
+  // u: 16-byte piece uc of rows ur + US i (i < C BV / 512).
+  constexpr int KS = 128 / KC, NK = C / KS, UC = BV / 4, US = 128 / UC, NU = C / US;
+  const int kr = tid / KC, kc = tid % KC, ur = tid / UC, uc = tid % UC;
+  const uint32_t key_at = static_cast<uint32_t>((kc / 8) * S::kPanel) + swizzled(kr, kc);
+  const int64_t w_step = KS * HV * K, k_step = KS * a.k.s1, u_step = US * HV * V;
+  auto prefetch = [&](const ChunkInfo& ci, int st) {
     unsigned char* base = smem + st * S::kStageBytes;
     const int64_t row0 = chunk_row0(ci, a.T);
     const int L = ci.len;
+    const T* wsrc = w + ((row0 + kr) * HV + hv) * K + 8 * kc;
+    const T* ksrc = kv + off3(a.k, ci.b, ci.t0 + kr, head) + 8 * kc;
 #pragma unroll
-    for (int i = 0; i < C * KC / 128; ++i) {
-      const int p = tid + 128 * i, r = p / KC, ck = p % KC;
-      const bool ok = r < L;
-      const int rs = ok ? r : 0;
-      const uint32_t at = static_cast<uint32_t>((ck / 8) * S::kPanel) + swizzled(r, ck);
-      mma::cp_async16(base + at, w + ((row0 + rs) * HV + hv) * K + 8 * ck, ok);
-      mma::cp_async16(base + S::kKeyTile + at, kv + off3(a.k, ci.b, ci.t0 + rs, head) + 8 * ck, ok);
+    for (int i = 0; i < NK; ++i) {
+      const bool ok = kr + KS * i < L;
+      // (rows >= L: zero-filled, their addresses computed but not read)
+      mma::cp_async16(base + key_at + i * KS * 128, wsrc + i * w_step, ok);
+      mma::cp_async16(base + S::kKeyTile + key_at + i * KS * 128, ksrc + i * k_step, ok);
     }
-    float* u_s = reinterpret_cast<float*>(base + 2 * S::kKeyTile);
+    const float* usrc = a.u + ((row0 + ur) * HV + hv) * V + col0 + 4 * uc;
+    float* udst = reinterpret_cast<float*>(base + S::kOffU) + ur * LDU + 4 * uc;
 #pragma unroll
-    for (int i = 0; i < C * BV / 4 / 128; ++i) {
-      const int p = tid + 128 * i, r = p / (BV / 4), ck = p % (BV / 4);
-      const bool ok = r < L;
-      mma::cp_async16(u_s + r * LDU + 4 * ck, a.u + ((row0 + (ok ? r : 0)) * HV + hv) * V + col0 + 4 * ck, ok);
+    for (int i = 0; i < NU; ++i) {
+      const bool ok = ur + US * i < L;
+      mma::cp_async16(udst + i * US * LDU, usrc + i * u_step, ok);
     }
-    mma::cp_async_commit();
-    g_last = a.G ? a.G[(row0 + L - 1) * HV + hv] : 0.f;
-    const int j = tid >> 1;
-    return (a.G && j < L) ? a.G[(row0 + j) * HV + hv] : 0.f;
+    if (tid < C) {
+      const bool ok = a.G && tid < L;
+      mma::cp_async4(reinterpret_cast<float*>(base + S::kOffG) + tid, ok ? a.G + (row0 + tid) * HV + hv : a.u, ok);
+    }
+    if (tid == 0) {
+      int64_t* info = reinterpret_cast<int64_t*>(base + S::kOffInfo);
+      info[0] = row0;
+      info[1] = L;
+    }
   };
 
-  ChunkInfo ci_cur{}, ci_next{};
-  float g_row = 0.f, g_last = 0.f;
-  if (c_begin < c_end) {
-    ci_cur = a.chunks[c_begin];
-    g_row = prefetch(ci_cur, 0, g_last);
-    if (c_begin + 1 < c_end) ci_next = a.chunks[c_begin + 1];
+  // Chunks c_begin .. c_begin + STAGES - 2 in flight before the loop; the plan's entry of the next
+  // chunk to copy is read one chunk ahead (ci_ahead), so no copy waits on it.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (c_begin + s < c_end) prefetch(a.chunks[c_begin + s], s);
+    mma::cp_async_commit();
   }
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    const int st = static_cast<int>((c - c_begin) & 1);
-    const ChunkInfo ci = ci_cur;
-    const int L = ci.len;
-    const int64_t row0 = chunk_row0(ci, a.T);
-    const float G_last = g_last, G_j = g_row;
+  ChunkInfo ci_ahead{};
+  if (c_begin + STAGES - 1 < c_end) ci_ahead = a.chunks[c_begin + STAGES - 1];
+  const uint32_t hs_s = smem_s + S::kOffHs, vs_s = smem_s + S::kOffVs;
+  // This thread's places in Hs (rows 16 wg + g + 8 r + 64 mt, pairs of columns 8 i + 2 t) and its rows
+  // of v_new (16 wg + g + 8 r).
+  const uint32_t hs_at = static_cast<uint32_t>((16 * wg + g) * 128 + 4 * t);
+  const int vrow = 16 * wg + g;
+  const int Vi = static_cast<int>(V), row_step = static_cast<int>(HV * V);  // (K V and HV V fit in int)
+  // Stage st holds chunk c; stage sn is the next to fill (chunk c + STAGES - 1).
+  int st = 0, sn = STAGES - 1;
+  for (int64_t c = c_begin; c < c_end; ++c, st = st + 1 == STAGES ? 0 : st + 1, sn = sn + 1 == STAGES ? 0 : sn + 1) {
     unsigned char* const base = smem + st * S::kStageBytes;
     const uint32_t w_s = smem_s + st * S::kStageBytes, k_s = w_s + S::kKeyTile;
-    const float* const u_s = reinterpret_cast<const float*>(base + 2 * S::kKeyTile);
-    const uint32_t hs_s = smem_s + S::kOffHs, vs_s = smem_s + S::kOffVs;
+    const float* const u_s = reinterpret_cast<const float*>(base + S::kOffU);
+    const float* const G_s = reinterpret_cast<const float*>(base + S::kOffG);
 
     // h_c: to the intermediates (fp32, or T for the backward's 16-bit mode) and, in T, to Hs.
+    // Element offsets from this thread's first (row vrow, columns 2 t): rows 64 mt + 8 r, columns 8 i.
     {
-      const int64_t at = (c * HV + hv) * K * V + col0;
+      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
 #pragma unroll
       for (int mt = 0; mt < KP; ++mt)
 #pragma unroll
         for (int e = 0; e < BV / 2; e += 2) {
-          const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t;
-          const uint32_t pair = mma::pack_floats<T>(h[mt][e], h[mt][e + 1]);
-          *reinterpret_cast<uint32_t*>(smem + S::kOffHs + swizzled(ch, col >> 3) + 2 * (col & 7)) = pair;
-          if (a.h16)
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.h16) + at + ch * V + col) = pair;
-          else
-            *reinterpret_cast<float2*>(a.h + at + ch * V + col) = make_float2(h[mt][e], h[mt][e + 1]);
+          const int rr = 64 * mt + 8 * ((e >> 1) & 1), i = e >> 2;
+          *reinterpret_cast<uint32_t*>(smem + S::kOffHs + hs_at + rr * 128 + (((i ^ g) & 7) << 4)) =
+              mma::pack_floats<T>(h[mt][e], h[mt][e + 1]);
         }
-    }
-    // colscale of row j = tid / 2 (two threads per row, half of k's row each).
-    mma::cp_async_wait<0>();
-    {
-      const int j = tid >> 1, half = tid & 1;
-      float ss = 0.f;
-      if (a.l2norm) {
+      if (a.h16) {
+        T* const hp = static_cast<T*>(a.h16) + at;
 #pragma unroll
-        for (int q = 0; q < KC / 2; ++q) {
-          const int ck = half * (KC / 2) + q;
-          const uint4 x = *reinterpret_cast<const uint4*>(base + S::kKeyTile + (ck / 8) * S::kPanel + swizzled(j, ck));
-          const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+        for (int mt = 0; mt < KP; ++mt)
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            float lo, hi;
-            mma::unpack_floats<T>(xs[m], lo, hi);
-            ss += lo * lo + hi * hi;
-          }
-        }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+          for (int e = 0; e < BV / 2; e += 2)
+            *reinterpret_cast<uint32_t*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
+                mma::pack_floats<T>(h[mt][e], h[mt][e + 1]);
+      } else {
+        float* const hp = a.h + at;
+#pragma unroll
+        for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+          for (int e = 0; e < BV / 2; e += 2)
+            *reinterpret_cast<float2*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
+                make_float2(h[mt][e], h[mt][e + 1]);
       }
-      const float rstd = a.l2norm ? 1.0f / sqrtf(ss + kL2NormEps) : 1.f;
-      if (half == 0) colscale[j] = j < L ? expf(G_last - G_j) * rstd : 0.f;
     }
-    // (A) chunk c's w, k, u, Hs and colscale in place; every thread is done with chunk c - 1.
+    // Chunk c's copies landed (this thread's); the row norms of k from this thread's own chunks of
+    // rows kr + KS i, summed over the KC threads of each row (adjacent lanes).
+    mma::cp_async_wait<STAGES - 2>();
+    {
+      float ss[NK];
+#pragma unroll
+      for (int i = 0; i < NK; ++i) {
+        ss[i] = 0.f;
+        const uint4 x = *reinterpret_cast<const uint4*>(base + S::kKeyTile + key_at + i * KS * 128);
+        const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          float lo, hi;
+          mma::unpack_floats<T>(xs[m], lo, hi);
+          ss[i] += lo * lo + hi * hi;
+        }
+      }
+#pragma unroll
+      for (int off = 1; off < KC; off <<= 1)
+#pragma unroll
+        for (int i = 0; i < NK; ++i) ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], off);
+      if (kc == 0)
+#pragma unroll
+        for (int i = 0; i < NK; ++i) rstd_s[kr + KS * i] = a.l2norm ? rsqrtf(ss[i] + kL2NormEps) : 1.f;
+    }
+    // (A) chunk c's w, k, u, G, Hs and the norms in place; every thread is done with chunk c - 1.
     sm90::fence_proxy_async_shared();
     __syncthreads();
-    if (c + 1 < c_end) {
-      g_row = prefetch(ci_next, st ^ 1, g_last);
-      ci_cur = ci_next;
-      if (c + 2 < c_end) ci_next = a.chunks[c + 2];
+    {
+      const int64_t cn = c + STAGES - 1;
+      if (cn < c_end) {
+        prefetch(ci_ahead, sn);
+        if (cn + 1 < c_end) ci_ahead = a.chunks[cn + 1];
+      }
+      mma::cp_async_commit();
     }
+    const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
+    const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
     // (1) v_new's product w h_c.
     float acc[BV / 2];
@@ -191,30 +238,48 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
+    // Meanwhile: the state update's row scales of this thread's rows, colscale_j = exp(G_{L-1} - G_j)
+    // rstd_kj (j < L; 0 past), and the decay.
+    const float G_last = G_s[L - 1];
+    float cs[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = vrow + 8 * r;
+      cs[r] = row < L ? expf(G_last - G_s[row]) * rstd_s[row] : 0.f;
+    }
+    const float decay = expf(G_last);
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
 
     // v_new = u - w h_c: stored in T for rows < L; v' = v_new colscale into Vs.
-    T* const vn_at = v_new + (row0 * HV + hv) * V + col0;
+    T* const vn_at = v_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
+    float vv[BV / 2];
 #pragma unroll
     for (int e = 0; e < BV / 2; e += 2) {
-      const int row = 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t;
-      const float2 u = *reinterpret_cast<const float2*>(u_s + row * LDU + col);
-      const float v0 = u.x - acc[e], v1 = u.y - acc[e + 1];
-      if (row < L) {
-        T* const dst = vn_at + row * HV * V + col;
-        if (vn_pairs) {
-          *reinterpret_cast<uint32_t*>(dst) = mma::pack_floats<T>(v0, v1);
-        } else {
-          dst[0] = from_f<T>(v0);
-          dst[1] = from_f<T>(v1);
-        }
-      }
-      const float cs = colscale[row];
-      *reinterpret_cast<uint32_t*>(smem + S::kOffVs + swizzled(row, col >> 3) + 2 * (col & 7)) =
-          mma::pack_floats<T>(v0 * cs, v1 * cs);
+      const float2 u = *reinterpret_cast<const float2*>(u_s + (vrow + 8 * ((e >> 1) & 1)) * LDU + 8 * (e >> 2) + 2 * t);
+      vv[e] = u.x - acc[e];
+      vv[e + 1] = u.y - acc[e + 1];
     }
-    const float decay = expf(G_last);
+    if (vn_pairs) {
+#pragma unroll
+      for (int e = 0; e < BV / 2; e += 2) {
+        const int r = (e >> 1) & 1;
+        if (vrow + 8 * r < L)
+          *reinterpret_cast<uint32_t*>(vn_at + 8 * r * row_step + 8 * (e >> 2)) = mma::pack_floats<T>(vv[e], vv[e + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < BV / 2; ++e) {
+        const int r = (e >> 1) & 1;
+        if (vrow + 8 * r < L) vn_at[8 * r * row_step + 8 * (e >> 2) + (e & 1)] = from_f<T>(vv[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < BV / 2; e += 2) {
+      const int r = (e >> 1) & 1, i = e >> 2;
+      *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
+          mma::pack_floats<T>(vv[e] * cs[r], vv[e + 1] * cs[r]);
+    }
 #pragma unroll
     for (int mt = 0; mt < KP; ++mt)
 #pragma unroll
@@ -239,6 +304,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
 #pragma unroll
     for (int mt = 0; mt < KP; ++mt) sm90::pin_registers(h[mt]);
   }
+  mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 
   if (a.ht.p) {
     float* ht = static_cast<float*>(a.ht.p);
