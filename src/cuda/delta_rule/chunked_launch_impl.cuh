@@ -234,12 +234,13 @@ inline bool rows_vectorizable_host(const View& x) {
 
 // Stage 2 on wgmma (chunked_state_wgmma.cuh; opt-in, session 16): FLASHGRAD_CHUNKED_STATE_WGMMA=32 or 64
 // (value columns per block; read per call so one process can time it beside the mma.sync kernels)
-// where K is 64 or 128, V a multiple of the slice and k readable by 16-byte rows; else 0 (not taken).
+// where K is 64 or 128, V a multiple of the slice, k readable by 16-byte rows and stage 1's row scales
+// given (a.colscale); else 0 (not taken).
 inline int state_wgmma_cols(const ChunkedArgs& a) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WGMMA");
   const int bv = env ? std::atoi(env) : 0;
   if (bv != 32 && bv != 64) return 0;
-  if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !rows_vectorizable_host(a.k)) return 0;
+  if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !rows_vectorizable_host(a.k) || !a.colscale) return 0;
   return bv;
 }
 // Three stages: two chunks' copies in flight while one is in use (a chunk's work is shorter than a

@@ -43,6 +43,7 @@ struct ChunkedScratch {
   bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed)
   bool chains = false;      // 16-bit mode: stage 2 beside B1 in one launch (state_chains_wanted), dh in its own buffer
   bool kept = false;        // v_new lives in the caller's saved_v_new: no scratch for it
+  int64_t colscale_elems = 0;  // stage 1's row scales of the state update, [rows, HV] fp32 (not KDA)
 
   // `backward`: the scratch of a backward call (the 16-bit mode applies there only: the forward's
   // stage 3 reads fp32 h). `kept_v_new`: v_new is the caller's saved_v_new (the forward writes it, the
@@ -57,6 +58,7 @@ struct ChunkedScratch {
             : chunked_scratch_sizes(rows, num_chunks, pr.value_heads, pr.key_dim, pr.value_dim,
                                     pr.gate != GateKind::none);
     elem = dtype_size(dtype);
+    colscale_elems = kda ? 0 : rows * pr.value_heads;
     half = backward && !kda && chunked_state16_wanted();
     gva = pr.heads != pr.value_heads;
     // dv_new in w's region where that is race-free (dv_new_in_w_allowed decides, the one place that
@@ -74,7 +76,7 @@ struct ChunkedScratch {
   std::size_t state_elem() const { return half ? elem : 4; }
   std::size_t forward_bytes() const {
     return align_up(sizeof(ChunkInfo) * plan.chunks.size()) + align_up(8 * plan.seq_first_chunk.size()) +
-           align_up(4 * n.G) + align_up(4 * n.A) + align_up(elem * n.w) + align_up(u_bytes()) +
+           align_up(4 * n.G) + align_up(4 * colscale_elems) + align_up(4 * n.A) + align_up(elem * n.w) + align_up(u_bytes()) +
            (kept ? 0 : align_up(elem * n.v_new)) + align_up(state_elem() * n.h);
   }
   // u's region: in the 16-bit mode also dh's, after stage 2.
@@ -117,6 +119,8 @@ ChunkedArgs forward_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   a.num_chunks = cs.num_chunks;
   a.num_seqs = pr.num_seqs;
   a.G = cs.n.G ? buf.take<float>(4 * cs.n.G) : nullptr;
+  a.colscale = cs.colscale_elems ? buf.take<float>(4 * cs.colscale_elems) : nullptr;
+  if (!stage1_colscale_wanted()) a.colscale = nullptr;  // (its space stays taken: the same scratch size)
   a.A = buf.take<float>(4 * cs.n.A);
   a.w = buf.take<char>(cs.elem * cs.n.w);
   a.u = buf.take<float>(cs.u_bytes());

@@ -502,6 +502,8 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
         const int j = tid / kLanes;
         sm.rstd[j] = rstd;
         sm.ws[j] = sm.beta[j] * expf(sm.G[j]) * rstd;  // beta = 0 past L
+        // The state update's row scale for the serial stages (ChunkedArgs::colscale).
+        if (a.colscale && j < L) a.colscale[(row0 + j) * a.HV + hv] = expf(sm.G[L - 1] - sm.G[j]) * rstd;
       }
     }
     __syncthreads();

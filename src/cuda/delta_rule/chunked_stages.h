@@ -84,6 +84,10 @@ struct ChunkedArgs {
   int64_t num_chunks = 0, num_seqs = 0;
   // Intermediates (layouts in the header comment), on the device.
   float* G = nullptr;
+  // [rows, HV] (GDN / plain rule; null for KDA): colscale_j = exp(G_{L-1} - G_j) rstd_kj of row j of its
+  // chunk (L the chunk's length), written by stage 1 beside G; stage 2 and B1 read it instead of
+  // forming k's row norms on their serial chains every chunk (session 16). Null: they form them.
+  float* colscale = nullptr;
   float* A = nullptr;
   void* w = nullptr;
   float* u = nullptr;
@@ -153,6 +157,13 @@ inline bool mma_grads_wanted() {
 // experiment): two value heads per 16-warp block instead of one per 8-warp block. Read per call, so one
 // process can time them all.
 constexpr bool kSplitGradsByDefault = true;
+// Stage 1 writes the state update's row scales for stage 2 and B1 (ChunkedArgs::colscale; session 16,
+// the default); FLASHGRAD_CHUNKED_COLSCALE=0 (read per call) leaves them to those kernels, as before,
+// to compare both in one process.
+inline bool stage1_colscale_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_COLSCALE");
+  return !(env && std::string(env) == "0");
+}
 inline bool split_grads_paired_wanted() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_B2");
   return env && std::string(env) == "split2";

@@ -21,7 +21,9 @@
 // with cp.async, one chunk ahead (two stages), so the serial chain over chunks waits on its mmas,
 // not on loads. Rows past the chunk's length are zero-filled (u = w = 0 there, so v_new = 0).
 // Two barriers per chunk: (A) chunk c's tiles have landed and every warp is done with chunk c - 1's
-// buffers (which the prefetch of c + 1 then overwrites); (C) the per-row scales are written.
+// buffers (which the prefetch of c + 1 then overwrites); (C) the per-row scales are written. Where
+// stage 1 gives the row scales (ChunkedArgs::colscale; the unfused body, session 16) they are loaded a
+// chunk ahead with G and written before (A): no k row norms on the chain and no barrier (C).
 #pragma once
 
 #include "chunked_channel_split.cuh"
@@ -54,7 +56,10 @@ struct StateSmem {
   static constexpr int64_t kPBytes = kOutput ? 2 * sizeof(T) * C * LDP : 0;
   // kOutput: each thread's 32 values of (h^T q^T) * rowscale, parked between the two halves of o.
   static constexpr int64_t kParkBytes = kOutput ? sizeof(float) * 32 * 32 * WARPS : 0;
-  static constexpr int kRowArrays = kOutput ? 5 : 2;
+  // G and colscale per stage (two each: with a.colscale given, the unfused body writes chunk c's before
+  // barrier (A) and has no barrier (C), so chunk c - 1's may still be read then), then with kOutput
+  // rowscale, pscale, rstd_k.
+  static constexpr int kRowArrays = kOutput ? 7 : 4;
   // KSPLIT > 1: each thread's 32 partial sums of h^T w^T, exchanged with its group's other warps.
   static constexpr int64_t kSwapBytes = KSPLIT > 1 ? sizeof(float) * 32 * 32 * WARPS : 0;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
@@ -65,8 +70,8 @@ struct StateSmem {
   unsigned char* raw;
   T* P;             // [C][LDP] scale * P (kOutput), hi part
   T* P_lo;          // [C][LDP] lo part
-  float* G;         // [C] cumulative gate of the chunk (zeros past L)
-  float* colscale;  // [C] exp(G_{L-1} - G_j) rstd_kj, 0 for j >= L
+  float* G;         // [2][C] cumulative gate of the chunk (zeros past L), by stage
+  float* colscale;  // [2][C] exp(G_{L-1} - G_j) rstd_kj, 0 for j >= L, by stage
   float* rowscale;  // [C] scale exp(G_i) rstd_qi (kOutput)
   float* pscale;    // [C] scale rstd_qi (kOutput)
   float* rstd_k;    // [C] (kOutput)
@@ -84,8 +89,8 @@ struct StateSmem {
     park = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kPBytes);
     swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kPBytes + kParkBytes);
     G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes + kParkBytes + kSwapBytes);
-    colscale = G + C;
-    rowscale = colscale + C;
+    colscale = G + 2 * C;
+    rowscale = colscale + 2 * C;
     pscale = rowscale + C;
     rstd_k = pscale + C;
   }
@@ -166,24 +171,29 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
   const bool k_vec = key_rows_vectorizable(a.k), q_vec = kOutput && key_rows_vectorizable(a.q);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
-  // Issues the copies of chunk ci into stage s (one cp.async group) and returns G of row tid (tid < 64).
-  auto prefetch = [&](const ChunkInfo& ci, int s) {
+  // Stage 1's row scales (ChunkedArgs::colscale) where given, for the unfused body: no k row norms and
+  // no barrier (C) per chunk. The fused output forms k's norms anyway (for P).
+  const bool pre = !kOutput && a.colscale != nullptr;
+  // Issues the copies of chunk ci into stage s (one cp.async group) and returns G of row tid (tid < 64);
+  // with `pre`, sets cs to its colscale.
+  auto prefetch = [&](const ChunkInfo& ci, int s, float& cs) {
     const int64_t row0 = chunk_row0(ci, a.T);
     intermediate_stepped_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
     view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
     if constexpr (kOutput) view_rows_stepped_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
     intermediate_stepped_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
     mma::cp_async_commit();
+    cs = (pre && tid < ci.len) ? a.colscale[(row0 + tid) * a.HV + hv] : 0.f;
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
 
   // The chunk plan's entries are read two chunks ahead (ci_next: the one the next prefetch
   // copies), so no chunk waits on that load.
   ChunkInfo ci_cur{}, ci_next{};
-  float g_next = 0.f;
+  float g_next = 0.f, cs_next = 0.f;
   if (c_begin < c_end) {
     ci_cur = a.chunks[c_begin];
-    g_next = prefetch(ci_cur, 0);
+    g_next = prefetch(ci_cur, 0, cs_next);
     if (c_begin + 1 < c_end) ci_next = a.chunks[c_begin + 1];
   }
   for (int64_t c = c_begin; c < c_end; ++c) {
@@ -192,12 +202,18 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
 
-    // (A) chunk c's tiles and G in place; every warp is done with chunk c - 1.
-    if (tid < C) sm.G[tid] = g_next;
+    // (A) chunk c's tiles and G (and with `pre` colscale) in place; every warp is done with chunk
+    // c - 1's tiles (and with c - 2's G and colscale, the other stage's).
+    float* const G_s = sm.G + s * C;
+    float* const cs_s = sm.colscale + s * C;
+    if (tid < C) {
+      G_s[tid] = g_next;
+      if (pre) cs_s[tid] = cs_next;
+    }
     mma::cp_async_wait<0>();
     stage_sync<kBar, THREADS>();
     if (c + 1 < c_end) {
-      g_next = prefetch(ci_next, s ^ 1);
+      g_next = prefetch(ci_next, s ^ 1, cs_next);
       ci_cur = ci_next;
       if (c + 2 < c_end) ci_next = a.chunks[c + 2];
     }
@@ -226,28 +242,28 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
 
     // (C) per-row scales: of the state update, exp(G_{L-1} - G_j) with j <= L - 1 (<= 1 for
     // g <= 0) times k's row rstd; of the output, scale exp(G_i) rstd_qi and scale rstd_qi.
-    const float G_last = sm.G[L - 1];
-    {
+    const float G_last = G_s[L - 1];
+    if (!pre) {
       constexpr int kLanes = THREADS / C;
       const float rstd = tile_row_rstd<T, KMAX, THREADS>(sm.k(s), LDK, a.l2norm);
       float rq = 1.f;
       if constexpr (kOutput) rq = tile_row_rstd<T, KMAX, THREADS>(sm.q(s), LDK, a.l2norm);
       if (tid % kLanes == 0) {
         const int j = tid / kLanes;
-        sm.colscale[j] = j < L ? expf(G_last - sm.G[j]) * rstd : 0.f;
+        cs_s[j] = j < L ? expf(G_last - G_s[j]) * rstd : 0.f;
         if constexpr (kOutput) {
           sm.rstd_k[j] = rstd;
           sm.pscale[j] = a.scale * rq;
-          sm.rowscale[j] = a.scale * rq * expf(sm.G[j]);
+          sm.rowscale[j] = a.scale * rq * expf(G_s[j]);
         }
       }
+      stage_sync<kBar, THREADS>();
     }
-    stage_sync<kBar, THREADS>();
 
     if constexpr (kOutput) {
       // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L (exp bounded
       // by 1), else 0; to shared memory (hi + lo unless kSingle; chunked_scaled_p.cuh).
-      store_scaled_p_item<T, !kSingle>(praw, prb, phalf, sm.pscale, sm.rstd_k, sm.G, L, sm.P, sm.P_lo, LDP);
+      store_scaled_p_item<T, !kSingle>(praw, prb, phalf, sm.pscale, sm.rstd_k, G_s, L, sm.P, sm.P_lo, LDP);
       stage_sync<kBar, THREADS>();
     }
 
@@ -376,8 +392,8 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
       for (int e = 0; e < 4; ++e) hT[nk][e] *= decay;
 #pragma unroll
     for (int js = 0; js < C / 16; ++js) {
-      const float2 s0 = *reinterpret_cast<const float2*>(&sm.colscale[16 * js + 2 * tig]);
-      const float2 s1 = *reinterpret_cast<const float2*>(&sm.colscale[16 * js + 8 + 2 * tig]);
+      const float2 s0 = *reinterpret_cast<const float2*>(&cs_s[16 * js + 2 * tig]);
+      const float2 s1 = *reinterpret_cast<const float2*>(&cs_s[16 * js + 8 + 2 * tig]);
       const float f0[2] = {s0.x, s0.y}, f1[2] = {s1.x, s1.y};
       uint32_t ah[4], al[4];
       mma::acc_to_a_split<T>(p[2 * js], p[2 * js + 1], f0, f1, ah, al);

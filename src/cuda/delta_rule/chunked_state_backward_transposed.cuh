@@ -160,8 +160,13 @@ __device__ __forceinline__ void chunk_state_backward_transposed_body(const Chunk
   const bool d_vec = key_rows_vectorizable(dslice);
   const int64_t c_first = a.seq_first_chunk[n], c_last = a.seq_first_chunk[n + 1] - 1;
 
-  // Issues chunk c's copies into stage s (one cp.async group); returns G of row tid (tid < 64).
-  auto prefetch = [&](const ChunkInfo& ci, int s) {
+  // With kLocal (no P here) and stage 1's row scales given (ChunkedArgs::colscale), colscale comes
+  // from them: no k row norms per chunk on the chain (session 16).
+  constexpr int kLanes = THREADS / C;
+  const bool pre = kLocal && a.colscale != nullptr;
+  // Issues chunk c's copies into stage s (one cp.async group); returns G of row tid (tid < 64) and,
+  // with `pre`, sets cs to the colscale of row tid / kLanes.
+  auto prefetch = [&](const ChunkInfo& ci, int s, float& cs) {
     const int64_t row0 = chunk_row0(ci, a.T);
     intermediate_stepped_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
     view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
@@ -171,6 +176,8 @@ __device__ __forceinline__ void chunk_state_backward_transposed_body(const Chunk
       intermediate_stepped_async<T, BV, THREADS>(static_cast<const T*>(a.dv_new16), row0, a.HV, hv, a.V, col0,
                                                 ci.len, sm.dv_local(s), LDD);
     mma::cp_async_commit();
+    const int jr = tid / kLanes;
+    cs = (pre && jr < ci.len) ? a.colscale[(row0 + jr) * a.HV + hv] : 0.f;
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
 
@@ -178,10 +185,10 @@ __device__ __forceinline__ void chunk_state_backward_transposed_body(const Chunk
   // as stage 2 does, so that neither the prefetch's addresses nor the chunk's length wait on that
   // global load (run 10.1's ncu: ~20% of B1's stall samples at B1 T32768 were these waits).
   ChunkInfo ci_cur{}, ci_next{};
-  float g_next = 0.f;
+  float g_next = 0.f, cs_next = 0.f;
   if (c_last >= c_first) {
     ci_cur = a.chunks[c_last];
-    g_next = prefetch(ci_cur, 0);
+    g_next = prefetch(ci_cur, 0, cs_next);
     if (c_last > c_first) ci_next = a.chunks[c_last - 1];
   }
   for (int64_t c = c_last; c >= c_first; --c) {
@@ -192,10 +199,11 @@ __device__ __forceinline__ void chunk_state_backward_transposed_body(const Chunk
 
     // (A) chunk c's tiles and G in place; every warp is done with chunk c + 1.
     if (tid < C) sm.G[tid] = g_next;
+    const float cs_cur = cs_next;  // (pre) chunk c's colscale of row tid / kLanes
     mma::cp_async_wait<0>();
     stage_sync<kBar, THREADS>();
     if (c > c_first) {
-      g_next = prefetch(ci_next, s ^ 1);
+      g_next = prefetch(ci_next, s ^ 1, cs_next);
       ci_cur = ci_next;
       if (c - 2 >= c_first) ci_next = a.chunks[c - 2];
     }
@@ -208,13 +216,12 @@ __device__ __forceinline__ void chunk_state_backward_transposed_body(const Chunk
     // are bounded by 1).
     const float G_last = sm.G[L - 1];
     {
-      constexpr int kLanes = THREADS / C;
-      const float rk = tile_row_rstd<T, KMAX, THREADS>(ks, LDK, a.l2norm);
+      const float rk = pre ? 1.f : tile_row_rstd<T, KMAX, THREADS>(ks, LDK, a.l2norm);
       const float rq = tile_row_rstd<T, KMAX, THREADS>(qs, LDK, a.l2norm);
       if (tid % kLanes == 0) {
         const int j = tid / kLanes;
         const bool in = j < L;
-        sm.colscale[j] = in ? expf(G_last - sm.G[j]) * rk : 0.f;
+        sm.colscale[j] = in ? (pre ? cs_cur : expf(G_last - sm.G[j]) * rk) : 0.f;
         sm.rowscale[j] = in ? a.scale * rq * expf(sm.G[j]) : 0.f;
         sm.pscale[j] = a.scale * rq;
         sm.rstd_k[j] = rk;

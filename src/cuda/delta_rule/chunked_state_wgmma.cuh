@@ -19,14 +19,15 @@
 //
 // Shared memory (1024-byte aligned tiles, the 128-byte swizzle of wgmma_primitives.cuh: rows of 64
 // elements, 16-byte chunk c of row r at chunk c ^ (r % 8)): STAGES stages of {w, k: [64 rows][K] as
-// K / 64 panels of [64][64]; u: [64][BV + 4] fp32, unswizzled; G of the rows; the chunk's first row and
-// length}, Hs [K rows][64] (h as (1)'s B), Vs [64][64] (v' as (2)'s B), the row norms of k. Copies run
-// STAGES - 1 chunks ahead (cp.async, rows >= L zero-filled: u = w = 0 there, so v_new = 0). Each thread
-// copies the same 16-byte piece of rows a multiple of 8 apart, so its addresses are set once and a
-// chunk's copies cost a few instructions each; k's row norms come from the pieces a thread copied
-// itself (readable after its own wait), summed over the row's threads by shuffles. Per chunk: barrier
-// (A) after chunk c's copies have landed, h_c is in Hs and the norms are written (and every thread is
-// done with chunk c - 1); barrier (B) after v' is in Vs.
+// K / 64 panels of [64][64]; u: [64][BV + 4] fp32, unswizzled; G and colscale of the rows (stage 1's,
+// ChunkedArgs::colscale: the launcher takes this kernel only where it is given); the chunk's first row
+// and length}, Hs [K rows][64] (h as (1)'s B), Vs [64][64] (v' as (2)'s B). Copies run STAGES - 1
+// chunks ahead (cp.async, rows >= L zero-filled: u = w = colscale = 0 there, so v_new = 0 and v' = 0).
+// Each thread copies the same 16-byte piece of rows a multiple of 8 apart, so its addresses are set
+// once and a chunk's copies cost a few instructions each. Per chunk: barrier (A) after chunk c's copies
+// have landed and h_c is in Hs (and every thread is done with chunk c - 1); barrier (B) after v' is in
+// Vs. (Run 16.2's first version formed k's row norms here, 1533 instructions per warp and chunk with
+// the copies' address arithmetic; run 16.3's second, from each thread's own pieces, 1077.)
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
@@ -47,14 +48,15 @@ struct StateWgmmaSmem {
   static constexpr int64_t kPanel = 64 * 128;          // [64 rows][64 elements] of T
   static constexpr int64_t kKeyTile = KP * kPanel;     // w or k: [64 rows][KMAX]
   static constexpr int64_t kUBytes = sizeof(float) * C * LDU;
-  // A stage: w, k, u, G of the chunk's rows [64] (fp32), then the chunk's first row and length
-  // (int64 x 2, written by thread 0 with the copies).
-  static constexpr int64_t kOffU = 2 * kKeyTile, kOffG = kOffU + kUBytes, kOffInfo = kOffG + sizeof(float) * C;
+  // A stage: w, k, u, G and colscale of the chunk's rows [64] (fp32), then the chunk's first row and
+  // length (int64 x 2, written by thread 0 with the copies).
+  static constexpr int64_t kOffU = 2 * kKeyTile, kOffG = kOffU + kUBytes, kOffCs = kOffG + sizeof(float) * C,
+                           kOffInfo = kOffCs + sizeof(float) * C;
   static constexpr int64_t kStageBytes = (kOffInfo + 16 + 1023) / 1024 * 1024;
   static constexpr int64_t kHsBytes = KMAX * 128, kVsBytes = 64 * 128;
-  static constexpr int64_t kOffHs = STAGES * kStageBytes, kOffVs = kOffHs + kHsBytes, kOffRstd = kOffVs + kVsBytes;
+  static constexpr int64_t kOffHs = STAGES * kStageBytes, kOffVs = kOffHs + kHsBytes;
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
-  static constexpr int64_t bytes() { return 1024 + kOffRstd + sizeof(float) * C; }
+  static constexpr int64_t bytes() { return 1024 + kOffVs + kVsBytes; }
 };
 
 // Byte offset of 16-byte chunk `chunk` (of 8 elements) of row r in a swizzled tile of 128-byte rows.
@@ -77,7 +79,6 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
   const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
   unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  float* const rstd_s = reinterpret_cast<float*>(smem + S::kOffRstd);
 
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV, HV = a.HV, V = a.V, K = a.K;
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     if (tid < C) {
       const bool ok = a.G && tid < L;
       mma::cp_async4(reinterpret_cast<float*>(base + S::kOffG) + tid, ok ? a.G + (row0 + tid) * HV + hv : a.u, ok);
+      mma::cp_async4(reinterpret_cast<float*>(base + S::kOffCs) + tid, a.colscale + (row0 + tid) * HV + hv, tid < L);
     }
     if (tid == 0) {
       int64_t* info = reinterpret_cast<int64_t*>(base + S::kOffInfo);
@@ -189,32 +191,8 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
                 make_float2(h[mt][e], h[mt][e + 1]);
       }
     }
-    // Chunk c's copies landed (this thread's); the row norms of k from this thread's own chunks of
-    // rows kr + KS i, summed over the KC threads of each row (adjacent lanes).
-    mma::cp_async_wait<STAGES - 2>();
-    {
-      float ss[NK];
-#pragma unroll
-      for (int i = 0; i < NK; ++i) {
-        ss[i] = 0.f;
-        const uint4 x = *reinterpret_cast<const uint4*>(base + S::kKeyTile + key_at + i * KS * 128);
-        const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          float lo, hi;
-          mma::unpack_floats<T>(xs[m], lo, hi);
-          ss[i] += lo * lo + hi * hi;
-        }
-      }
-#pragma unroll
-      for (int off = 1; off < KC; off <<= 1)
-#pragma unroll
-        for (int i = 0; i < NK; ++i) ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], off);
-      if (kc == 0)
-#pragma unroll
-        for (int i = 0; i < NK; ++i) rstd_s[kr + KS * i] = a.l2norm ? rsqrtf(ss[i] + kL2NormEps) : 1.f;
-    }
-    // (A) chunk c's w, k, u, G, Hs and the norms in place; every thread is done with chunk c - 1.
+    mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
+    // (A) chunk c's w, k, u, G, colscale and Hs in place; every thread is done with chunk c - 1.
     sm90::fence_proxy_async_shared();
     __syncthreads();
     {
@@ -238,16 +216,10 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
-    // Meanwhile: the state update's row scales of this thread's rows, colscale_j = exp(G_{L-1} - G_j)
-    // rstd_kj (j < L; 0 past), and the decay.
-    const float G_last = G_s[L - 1];
-    float cs[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = vrow + 8 * r;
-      cs[r] = row < L ? expf(G_last - G_s[row]) * rstd_s[row] : 0.f;
-    }
-    const float decay = expf(G_last);
+    // Meanwhile: the state update's row scales of this thread's rows (stage 1's, 0 past L) and the decay.
+    const float* const cs_s = reinterpret_cast<const float*>(base + S::kOffCs);
+    const float cs[2] = {cs_s[vrow], cs_s[vrow + 8]};
+    const float decay = expf(G_s[L - 1]);
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
 

@@ -155,7 +155,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   Buf bq(dt, q.size()), bk(dt, k.size()), bv(dt, v.size()), bg(DType::f32, g.size()), bb(dt, be.size()), bh0(DType::f32, h0.size());
   bq.up(q); bk.up(k); bv.up(v); bg.up(g); bb.up(be); bh0.up(h0);
   Buf bo(dt, rows*HV*V), bht(DType::f32, N*HV*K*V), G(DType::f32, rows*HV), A(DType::f32, rows*HV*64), w(dt, rows*HV*K),
-      u(DType::f32, rows*HV*V), vn(dt, rows*HV*V), hh(DType::f32, std::max<int64_t>(NC,1)*HV*K*V);
+      u(DType::f32, rows*HV*V), vn(dt, rows*HV*V), hh(DType::f32, std::max<int64_t>(NC,1)*HV*K*V),
+      CS(DType::f32, rows*HV);
   dr::ChunkedArgs a;
   a.q = vw(bq, {B, T, H, K}); a.k = vw(bk, {B, T, H, K}); a.v = vw(bv, {B, T, HV, V});
   if (gate) a.g = vw(bg, {B, T, HV});
@@ -163,6 +164,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   if (!states) a.h0 = dr::View{}; a.o = vw(bo, {B, T, HV, V}); a.ht = vw(bht, {N, HV, K, V});
   a.chunks = plan.chunks.data(); a.seq_first_chunk = plan.seq_first_chunk.data(); a.num_chunks = NC; a.num_seqs = N;
   a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
+  // Stage 1's row scales for stage 2 and B1, as the path passes them (FLASHGRAD_EMU_NO_COLSCALE=1: not
+  // given, so the kernels form k's norms themselves, as before session 16).
+  const char* nocs_env = std::getenv("FLASHGRAD_EMU_NO_COLSCALE");
+  if (!(nocs_env && std::string(nocs_env) == "1")) a.colscale = (float*)CS.p();
   a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
   // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here.
   launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1,
