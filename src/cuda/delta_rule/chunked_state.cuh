@@ -22,8 +22,8 @@
 // not on loads. Rows past the chunk's length are zero-filled (u = w = 0 there, so v_new = 0).
 // Two barriers per chunk: (A) chunk c's tiles have landed and every warp is done with chunk c - 1's
 // buffers (which the prefetch of c + 1 then overwrites); (C) the per-row scales are written. Where
-// stage 1 gives the row scales (ChunkedArgs::colscale; the unfused body, session 16) they are loaded a
-// chunk ahead with G and written before (A): no k row norms on the chain and no barrier (C).
+// stage 1 gives the row scales (ChunkedArgs::colscale; the channel-split body, session 16) they are
+// loaded a chunk ahead with G and written before (A): no k row norms on the chain and no barrier (C).
 #pragma once
 
 #include "chunked_channel_split.cuh"
@@ -171,9 +171,11 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
   const bool k_vec = key_rows_vectorizable(a.k), q_vec = kOutput && key_rows_vectorizable(a.q);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
-  // Stage 1's row scales (ChunkedArgs::colscale) where given, for the unfused body: no k row norms and
-  // no barrier (C) per chunk. The fused output forms k's norms anyway (for P).
-  const bool pre = !kOutput && a.colscale != nullptr;
+  // Stage 1's row scales (ChunkedArgs::colscale) where given, for the channel-split body (few long
+  // sequences): no k row norms and no barrier (C) per chunk. Run 16.4 timed it there at B1 T32768
+  // 1.086 -> 0.865 ms per call, but 0.155 -> 0.170 ms in the four-warp shape at B8 T4096 K=V=64 (not
+  // understood yet), so the other shapes form the norms as before; the fused output needs them for P.
+  const bool pre = !kOutput && KSPLIT > 1 && a.colscale != nullptr;
   // Issues the copies of chunk ci into stage s (one cp.async group) and returns G of row tid (tid < 64);
   // with `pre`, sets cs to its colscale.
   auto prefetch = [&](const ChunkInfo& ci, int s, float& cs) {
