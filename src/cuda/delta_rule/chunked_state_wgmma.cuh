@@ -27,7 +27,9 @@
 // once and a chunk's copies cost a few instructions each. Per chunk: barrier (A) after chunk c's copies
 // have landed and h_c is in Hs (and every thread is done with chunk c - 1); barrier (B) after v' is in
 // Vs. (Run 16.2's first version formed k's row norms here, 1533 instructions per warp and chunk with
-// the copies' address arithmetic; run 16.3's second, from each thread's own pieces, 1077.)
+// the copies' address arithmetic; run 16.3's second, from each thread's own pieces, 1077; run 16.4's,
+// with stage 1's row scales, 764: 0.795 ms at B1 T32768 H16 K=V=128 with 32 columns, against the
+// channel-split kernel's 0.865. Opt-in until a grid rule and a second run: it is slower at many chains.)
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
