@@ -328,98 +328,72 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[
     wgmma_rs_n64<T>(d, a, b_desc, scale_d);
 }
 
-// D[64 x N] (=|+=) A[64 x 16] B[16 x N], both from shared memory and both MN-major (transposed):
-// the backward's dQ = dS K, where dS sits in shared memory as dS^T [keys][queries] (queries, the M
-// dim, contiguous) and K as [keys][d] (d, the N dim, contiguous). N = 32, 64 or 128.
+// D[64 x N] (=|+=) A[64 x 16] B[16 x N], both from shared memory, B MN-major (the N dim contiguous),
+// A MN-major (kTransA = 1: the M dim contiguous) or K-major (0). N = 32, 64 or 128.
 #define FG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FG_ACC16(d) FG_ACC8(d, 0), FG_ACC8(d, 8)
-template <typename T, int N>
-__device__ __forceinline__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
-  static_assert(N == 32 || N == 64 || N == 128, "dQ slice of 32, 64 or 128 columns");
+template <typename T, int N, int kTransA>
+__device__ __forceinline__ void wgmma_ss_bt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  static_assert(N == 32 || N == 64 || N == 128, "32, 64 or 128 columns");
+  static_assert(kTransA == 0 || kTransA == 1, "A K-major (0) or MN-major (1)");
   if constexpr (N == 128) {
     if constexpr (WgmmaName<T>::kBf16)
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FG_REGS64
-          ", %64, %65, p, 1, 1, 1, 1;\n}\n"
+          ", %64, %65, p, 1, 1, %67, 1;\n}\n"
           : FG_ACC64(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
     else
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FG_REGS64
-          ", %64, %65, p, 1, 1, 1, 1;\n}\n"
+          ", %64, %65, p, 1, 1, %67, 1;\n}\n"
           : FG_ACC64(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
   } else if constexpr (N == 64) {
     if constexpr (WgmmaName<T>::kBf16)
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
-          ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+          ", %32, %33, p, 1, 1, %35, 1;\n}\n"
           : FG_ACC32(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
     else
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
-          ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+          ", %32, %33, p, 1, 1, %35, 1;\n}\n"
           : FG_ACC32(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
   } else {
     if constexpr (WgmmaName<T>::kBf16)
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " FG_REGS16
-          ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+          ", %16, %17, p, 1, 1, %19, 1;\n}\n"
           : FG_ACC16(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
     else
       asm volatile(
           "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
           "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " FG_REGS16
-          ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+          ", %16, %17, p, 1, 1, %19, 1;\n}\n"
           : FG_ACC16(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
   }
 }
-// D[64 x N] (=|+=) A[64 x 16] B[16 x N], both from shared memory, A K-major and B MN-major: the
-// delta rule's chunk state (chunked_state_wgmma.cuh), v_new = w h with w [rows][K] and h [K][values]
-// (the values, the N dim, contiguous). N = 32 or 64.
+// Both MN-major: the attention backward's dQ = dS K, where dS sits in shared memory as dS^T
+// [keys][queries] (queries, the M dim, contiguous) and K as [keys][d] (d, the N dim, contiguous).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  wgmma_ss_bt<T, N, 1>(d, a_desc, b_desc, scale_d);
+}
+// A K-major, B MN-major: the delta rule's chunk state (chunked_state_wgmma.cuh), v_new = w h with w
+// [rows][K] and h [K][values] (the values, the N dim, contiguous).
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_kt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
-  static_assert(N == 32 || N == 64, "32 or 64 value columns");
-  if constexpr (N == 64) {
-    if constexpr (WgmmaName<T>::kBf16)
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
-          ", %32, %33, p, 1, 1, 0, 1;\n}\n"
-          : FG_ACC32(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
-    else
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
-          ", %32, %33, p, 1, 1, 0, 1;\n}\n"
-          : FG_ACC32(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
-  } else {
-    if constexpr (WgmmaName<T>::kBf16)
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " FG_REGS16
-          ", %16, %17, p, 1, 1, 0, 1;\n}\n"
-          : FG_ACC16(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
-    else
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " FG_REGS16
-          ", %16, %17, p, 1, 1, 0, 1;\n}\n"
-          : FG_ACC16(d)
-          : "l"(a_desc), "l"(b_desc), "r"(scale_d));
-  }
+  wgmma_ss_bt<T, N, 0>(d, a_desc, b_desc, scale_d);
 }
 #undef FG_REGS16
 #undef FG_ACC16
