@@ -905,8 +905,8 @@ TEST(DeltaRuleGpu, ChunkedDvNewInWRegion) {
 // its default variant at V == K, writing dq, dk directly: split_grads_applies in
 // chunked_launch_impl.cuh needs H == HV), as the benchmark's rows do; the other K = 128 cases here are
 // GVA (H < HV), which take the fused B2. bf16 and fp16, with and without the kept v_new, varlen with an
-// empty and a one-row sequence. (Added in session 15 after a review found the gap; first run on the
-// GPU in the next GPU check.)
+// empty and a one-row sequence. (Added in session 15 after a review found the gap; passes on the H200
+// since run 16.1.)
 TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
   REQUIRE_GPU();
   std::vector<Case> cases;

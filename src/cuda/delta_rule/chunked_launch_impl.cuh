@@ -225,13 +225,6 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
     launch_prepare_fixed<T, 128>(a, s);
 }
 
-// Whether a view can be read by rows of 16-byte pieces (unit inner stride, 16-byte aligned base and
-// strides): the split B2 and the wgmma stage 2 carry no element-by-element fallbacks.
-inline bool rows_vectorizable_host(const View& x) {
-  return (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 && x.s3 == 1 && x.s0 % 8 == 0 && x.s1 % 8 == 0 &&
-         x.s2 % 8 == 0;
-}
-
 // Stage 2 on wgmma (chunked_state_wgmma.cuh; opt-in, session 16): FLASHGRAD_CHUNKED_STATE_WGMMA=32 or 64
 // (value columns per block; read per call so one process can time it beside the mma.sync kernels)
 // where K is 64 or 128, V a multiple of the slice, k readable by 16-byte rows and stage 1's row scales
@@ -240,7 +233,7 @@ inline int state_wgmma_cols(const ChunkedArgs& a) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WGMMA");
   const int bv = env ? std::atoi(env) : 0;
   if (bv != 32 && bv != 64) return 0;
-  if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !rows_vectorizable_host(a.k) || !a.colscale) return 0;
+  if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !key_rows_vectorizable(a.k) || !a.colscale) return 0;
   return bv;
 }
 // Three stages: two chunks' copies in flight while one is in use (a chunk's work is shorter than a
@@ -400,7 +393,7 @@ void launch_grads_split(const ChunkedArgs& a, cudaStream_t s) {
 inline bool split_grads_applies(const ChunkedArgs& a) {
   if (!(a.h16 && a.dv_out.p && a.dq_out.p && a.dk_out.p && a.V >= a.K && (!a.g.p || a.dG_state))) return false;
   for (const View* x : {&a.q, &a.k, &a.v, &a.dout, &a.dv_out, &a.dq_out, &a.dk_out})
-    if (!rows_vectorizable_host(*x)) return false;
+    if (!key_rows_vectorizable(*x)) return false;
   return split_grads_wanted();
 }
 template <typename T, int KMAX>

@@ -12,8 +12,9 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 // Rows of q / k ([B, T, H, K] views of 16-bit T) can be copied 16 bytes (8 elements) at a time:
 // unit inner stride, 16-byte aligned base and row strides. Otherwise key_tile_async copies element
-// by element (synchronous loads, still correct).
-__device__ __forceinline__ bool key_rows_vectorizable(const View& x) {
+// by element (synchronous loads, still correct). Also the launchers' test (host) for the kernels that
+// carry no element-by-element fallback (the split B2, the wgmma stage 2; chunked_launch_impl.cuh).
+__host__ __device__ __forceinline__ bool key_rows_vectorizable(const View& x) {
   return (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 && x.s3 == 1 && x.s0 % 8 == 0 && x.s1 % 8 == 0 &&
          x.s2 % 8 == 0;
 }
