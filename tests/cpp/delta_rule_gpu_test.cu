@@ -966,6 +966,60 @@ TEST(DeltaRuleGpu, ChunkedStateWgmma) {
   }
 }
 
+// B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17; FLASHGRAD_CHUNKED_B1_WGMMA=64 or 32 value
+// columns per block, read per call): the local B1 (few chains, as every case here), over every length
+// and feature case of the chunked path and K = V = 128 with H == HV (varlen with an empty and a one-row
+// sequence), with the kept v_new (the backward rebuilds the states, then B0 and B1) and without it
+// (stage 2 again, then B0 and B1: the chains kernel, which would run both in one launch at K = 128, is
+// turned off). dv_new in w's region is turned off too (K = V = 64 would put it there, where this
+// kernel is not taken). Each case asserts that the launcher's rule takes the local B1 and the wgmma
+// width at its sizes, so the test cannot pass without running the kernel. Settings unset at the end.
+TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
+  REQUIRE_GPU();
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  struct Env {
+    Env() {
+      setenv("FLASHGRAD_CHUNKED_STATE_CHAINS", "0", 1);
+      setenv("FLASHGRAD_CHUNKED_DVNEW_IN_W", "0", 1);
+    }
+    ~Env() {
+      unsetenv("FLASHGRAD_CHUNKED_B1_WGMMA");
+      unsetenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
+      unsetenv("FLASHGRAD_CHUNKED_DVNEW_IN_W");
+    }
+  } env;
+  std::vector<Case> cases = chunked_length_cases("wgmma B1", 5800);
+  for (const Case& c : chunked_feature_cases("wgmma B1", 5800)) cases.push_back(c);
+  {
+    Case c;
+    c.B = 1, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
+    c.seq_lens = {300, 0, 1, 129};
+    c.gate_div = 0.1f;
+    c.seed = 5810;
+    c.name = "wgmma B1 gdn H=HV K=V=128 varlen";
+    cases.push_back(c);
+  }
+  namespace dr = flashgrad::cuda_detail::delta_rule;
+  for (const char* cols : {"64", "32"}) {
+    setenv("FLASHGRAD_CHUNKED_B1_WGMMA", cols, 1);
+    SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_B1_WGMMA=") + cols);
+    for (Case c : cases) {
+      const int64_t chains = (c.seq_lens.empty() ? c.B : static_cast<int64_t>(c.seq_lens.size())) * c.HV;
+      ASSERT_TRUE(dr::state_backward_local_wanted(chains, c.V, sms) &&
+                  dr::state_backward_wgmma_cols(chains, c.V, sms) == std::atoi(cols))
+          << c.name << ": the launcher would not take the wgmma B1 at these sizes";
+      c.name += std::string(", ") + cols + " columns";
+      c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+      c.saved_r = DType::i32;  // no saved r: the chunked path
+      run_case(c);
+      c.name = "kept v_new, " + c.name;
+      run_kept_v_new(c);
+    }
+  }
+}
+
 // ---- past 2^31 elements ------------------------------------------------------------------------
 // v, o, dout, dv hold B*T*HV*V = 270000 * 64 * 128 > 2^31 elements (fla's fused recurrent kernel
 // crashes at such sizes). Inputs are generated on the device; the first and the last sequence

@@ -15,6 +15,7 @@
 #include "chunked_stages.h"
 #include "chunked_state.cuh"
 #include "chunked_state_backward.cuh"
+#include "chunked_state_backward_wgmma.cuh"
 #include "chunked_state_wgmma.cuh"
 #include "chunked_dv_local.cuh"
 #include "chunked_state_backward_transposed.cuh"
@@ -172,9 +173,36 @@ void launch_dv_local(const ChunkedArgs& a, cudaStream_t s) {
   chunk_dv_local_kernel<T, KMAX><<<grid, kDvLocalThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
+// Three stages: two chunks' copies in flight while one is in use (a chunk's work is shorter than a
+// DRAM round trip here).
+constexpr int kStateWgmmaStages = 3;
+
+// B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17): BV value columns per block of one
+// warpgroup (state_backward_wgmma_cols, chunked_stages.h, says where and how wide).
+template <typename T, int KMAX, int BV>
+void launch_state_backward_wgmma(const ChunkedArgs& a, cudaStream_t s) {
+  constexpr int ST = kStateWgmmaStages;
+  constexpr int64_t bytes = StateBackwardWgmmaSmem<T, KMAX, BV, ST>::bytes();
+  set_smem(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
+  chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST><<<grid, 128, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+// Whether B1's wgmma kernel can read this call's arguments: k, q and the slice's dout by 16-byte rows,
+// stage 1's row scales given, dv_local (and so dv_new) in its own 16-bit buffer.
+// (A slice of dout starts bv elements, a multiple of 16 bytes, after another: dout's test covers it.)
+inline bool state_backward_wgmma_fits(const ChunkedArgs& a, int bv) {
+  return (a.K == 64 || a.K == 128) && a.V % bv == 0 && key_rows_vectorizable(a.k) && key_rows_vectorizable(a.q) &&
+         key_rows_vectorizable(a.dout) && a.colscale && a.dv_new16 && a.dv_new16 != a.w;
+}
+
 template <typename T, int KMAX>
 void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, int parts) {
   launch_dv_local<T, KMAX>(a, s);
+  const int64_t chains = a.num_seqs * a.HV;
+  const int bv = state_backward_wgmma_cols(chains, a.V, sm_count());
+  if (bv != 0 && state_backward_wgmma_fits(a, bv))
+    return bv == 32 ? launch_state_backward_wgmma<T, KMAX, 32>(a, s) : launch_state_backward_wgmma<T, KMAX, 64>(a, s);
   if constexpr (KMAX == 128) {
     if (parts == 4) return launch_state_backward_transposed_as<T, KMAX, 4, false, true, 4>(a, s);
   }
@@ -225,20 +253,20 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
     launch_prepare_fixed<T, 128>(a, s);
 }
 
-// Stage 2 on wgmma (chunked_state_wgmma.cuh; opt-in, session 16): FLASHGRAD_CHUNKED_STATE_WGMMA=32 or 64
-// (value columns per block; read per call so one process can time it beside the mma.sync kernels)
-// where K is 64 or 128, V a multiple of the slice, k readable by 16-byte rows and stage 1's row scales
-// given (a.colscale); else 0 (not taken).
+// Stage 2 on wgmma (chunked_state_wgmma.cuh, session 16): FLASHGRAD_CHUNKED_STATE_WGMMA=32 or 64 forces
+// that many value columns per block, =0 the mma.sync kernels (read per call so one process can time them
+// side by side); by default (kStateWgmmaByDefault) 32 columns where the mma.sync kernel would split the
+// channels (few long sequences; run 16.4 at B1 T32768 H16: 0.795 ms against 0.865). Taken where K is 64
+// or 128, V a multiple of the slice, k readable by 16-byte rows and stage 1's row scales given
+// (a.colscale); else 0 (not taken).
+constexpr bool kStateWgmmaByDefault = false;
 inline int state_wgmma_cols(const ChunkedArgs& a) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WGMMA");
-  const int bv = env ? std::atoi(env) : 0;
+  const int bv = env ? std::atoi(env) : (kStateWgmmaByDefault && state_shape(a) == StateShape::channel_split ? 32 : 0);
   if (bv != 32 && bv != 64) return 0;
   if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !key_rows_vectorizable(a.k) || !a.colscale) return 0;
   return bv;
 }
-// Three stages: two chunks' copies in flight while one is in use (a chunk's work is shorter than a
-// DRAM round trip here).
-constexpr int kStateWgmmaStages = 3;
 template <typename T, int KMAX, int BV>
 void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;

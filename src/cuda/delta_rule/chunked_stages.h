@@ -239,6 +239,20 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
   return chains * (V / 64) < sms ? 2 : 1;
 }
 
+// Value columns per block of the local B1 on wgmma (chunk_state_backward_wgmma_kernel, session 17), or 0
+// for the mma.sync kernels. FLASHGRAD_CHUNKED_B1_WGMMA=32 / 64 forces that width, =0 turns it off (read
+// per call, so one process can time them side by side); by default (kB1WgmmaByDefault) 32 columns where
+// the local B1 splits the key channels in quarters (few long sequences: chains * V / 16 <= SMs, the
+// shape of B1 T32768 H16, whose chain is the backward's longest serial part).
+constexpr bool kB1WgmmaByDefault = false;
+inline int state_backward_wgmma_cols(int64_t chains, int64_t V, int64_t sms) {
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_WGMMA")) {
+    const int bv = std::atoi(env);
+    return bv == 32 || bv == 64 ? bv : 0;
+  }
+  return kB1WgmmaByDefault && chains * (V / 16) <= sms ? 32 : 0;
+}
+
 // Whether stage 2's own (unfused) kernel takes single-fragment products (chunk_state_kernel's kSingle:
 // h^T, v_new^T rounded to T in the products, as the fused forward and fla take them; h itself stays in
 // fp32 accumulators). Run 11.3 (H200, 2026-11-30, chunk GDN bf16): the channel-split shape (few long

@@ -1,0 +1,319 @@
+// Chunked backward stage B1 ("state backward") on Hopper warpgroup MMA (session 17), for the local B1
+// (dv_local formed ahead by chunked_dv_local.cuh, ChunkedArgs::colscale given by stage 1). Computes what
+// chunk_state_backward_transposed_kernel<..., kLocal = true> computes, per (sequence, value head, slice of
+// BV value columns), over the sequence's chunks in reverse. With dh = dL/dh_{c+1} (dht for the last chunk):
+//   store dh (chunk c's entry of the intermediates);
+//   dv_new = (k_raw dh) * colscale_j + dv_local            (rows j < L; colscale_j = exp(G_last - G_j) rstd_kj)
+//   dh     = exp(G_last) dh + q_raw^T (do * rowscale_i) - w^T dv_new,   rowscale_i = scale rstd_qi exp(G_i)
+// and dh0 at the end. dv_local's rows (dv_new16, written by B0) are read and overwritten with dv_new.
+//
+// Why: the mma.sync kernel's chain (4 warps sharing 16 value columns in channel quarters) runs ~2.7 us
+// per chunk at B1 T32768 H16 K = V = 128 (1.385 ms, run 16.4): the same shape of work as stage 2's chain,
+// which chunked_state_wgmma.cuh runs on wgmma at 1.55 us per chunk (0.795 ms). One warpgroup holds dh
+// [K x BV] in wgmma accumulators (tile mt: key channels [64 mt, +64)) and does a chunk as two groups:
+//   (1) dv_new [64 x BV] = k [64 x K] dh [K x BV]: m64nBVk16 x K / 16; A = k (K-major, as stored), B = dh
+//       (MN-major, written to shared memory in T once per chunk: Hs);
+//   (2) dh [K x BV] += q^T [K x 64] do' [64 x BV] + w^T [K x 64] (-dv_new) [64 x BV]: m64nBVk16 x 8 per
+//       64 key channels; A = q^T, w^T (MN-major: their rows are the contraction), B = do' (Ds) and
+//       -dv_new (Vs), both MN-major, written by the threads in T.
+// Rounding as the mma.sync kernel's single-fragment default: dh, do * rowscale and dv_new enter their
+// products rounded to T once; dh stays fp32 in the accumulators.
+//
+// Shared memory (1024-byte aligned tiles, 128-byte swizzle: rows of 64 elements, 16-byte chunk c of row r
+// at chunk c ^ (r % 8), as chunked_state_wgmma.cuh): STAGES stages of {k, q, w: [64 rows][K] as K / 64
+// panels of [64][64]; do and dv_local: the slice's [64][BV + 8] T, unswizzled; G and colscale of the rows
+// [64] fp32; the chunk's first row and length}, then Hs [K][64], Ds [64][64], Vs [64][64]. Copies run
+// STAGES - 1 chunks ahead (cp.async, rows >= L zero-filled: do = dv_local = colscale = 0 there, so dv_new
+// = 0 and the products see zero rows). Per chunk: barrier (A) after chunk c's copies have landed and dh
+// is in Hs (every thread done with chunk c + 1); barrier (B) after do' and -dv_new are in Ds / Vs.
+// With the L2 norm in the kernel, rstd_qi is formed per chunk by the four lanes sharing a row (each a
+// quarter of it from the swizzled q tile) while (1) runs.
+//
+// Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
+// column 8 i + 2 t + q (wgmma_primitives.cuh).
+#pragma once
+
+#include "chunked_mma.cuh"
+#include "chunked_mma_ldmatrix.cuh"
+#include "chunked_rows.cuh"
+#include "chunked_stages.h"
+#include "chunked_state_wgmma.cuh"  // swizzled()
+#include "chunked_tiles.cuh"
+#include "cuda/attention/wgmma_primitives.cuh"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+template <typename T, int KMAX, int BV, int STAGES>
+struct StateBackwardWgmmaSmem {
+  static constexpr int C = kChunkSize, KP = KMAX / 64, LDD = BV + 8;
+  static constexpr int64_t kPanel = 64 * 128;       // [64 rows][64 elements] of T
+  static constexpr int64_t kKeyTile = KP * kPanel;  // k, q or w: [64 rows][KMAX]
+  static constexpr int64_t kSliceBytes = sizeof(T) * C * LDD;
+  // A stage: k, q, w, do, dv_local, G and colscale of the chunk's rows [64] (fp32), then the chunk's
+  // first row and length (int64 x 2, written by thread 0 with the copies).
+  static constexpr int64_t kOffQ = kKeyTile, kOffW = 2 * kKeyTile, kOffDo = 3 * kKeyTile, kOffDl = kOffDo + kSliceBytes,
+                           kOffG = kOffDl + kSliceBytes, kOffCs = kOffG + sizeof(float) * C,
+                           kOffInfo = kOffCs + sizeof(float) * C;
+  static constexpr int64_t kStageBytes = (kOffInfo + 16 + 1023) / 1024 * 1024;
+  static constexpr int64_t kHsBytes = KMAX * 128, kTileBytes = 64 * 128;
+  static constexpr int64_t kOffHs = STAGES * kStageBytes, kOffDs = kOffHs + kHsBytes, kOffVs = kOffDs + kTileBytes;
+  // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
+  static constexpr int64_t bytes() { return 1024 + kOffVs + kTileBytes; }
+};
+
+template <typename T, int KMAX, int BV, int STAGES>
+__global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(ChunkedArgs a) {
+  namespace sm90 = ::flashgrad::cuda_attn::sm90;
+  using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES>;
+  constexpr int C = kChunkSize, KP = S::KP, LDD = S::LDD, KC = KMAX / 8;  // KC: 16-byte chunks per key row
+  static_assert(BV == 32 || BV == 64, "32 or 64 value columns per block");
+  static_assert(STAGES >= 2, "a chunk in use and one in flight at least");
+  extern __shared__ __align__(16) unsigned char smem_dyn[];
+  // Aligned up by an offset from the shared array itself (as chunked_state_wgmma.cuh: LDS / STS stay).
+  const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
+  unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
+  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+
+  const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
+  const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV, HV = a.HV, V = a.V, K = a.K;
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 5, g = lane >> 2, t = lane & 3;
+  const T* const w = static_cast<const T*>(a.w);
+  T* const dv_new = static_cast<T*>(a.dv_new16);
+  const int64_t c_first = a.seq_first_chunk[n], c_last = a.seq_first_chunk[n + 1] - 1;
+
+  // dL/dh: tile mt = key channels [64 mt, +64) x the slice's BV columns.
+  float dh[KP][BV / 2];
+#pragma unroll
+  for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+    for (int e = 0; e < BV / 2; ++e) {
+      const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
+      dh[mt][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, ch, col0 + col)] : 0.f;
+    }
+
+  // The copies' fixed parts. Key rows (k, q, w): this thread copies 16-byte chunk kc of rows kr + KS i
+  // (i < C KC / 128; KS = 128 / KC, a multiple of 8, so every row it copies has the same swizzle); the
+  // slice's rows (do, dv_local): 16-byte piece sc of rows sr + SS i (i < C BV / 1024).
+  constexpr int KS = 128 / KC, NK = C / KS, SC = BV / 8, SS = 128 / SC, NS = C / SS;
+  const int kr = tid / KC, kc = tid % KC, sr = tid / SC, sc = tid % SC;
+  const uint32_t key_at = static_cast<uint32_t>((kc / 8) * S::kPanel) + swizzled(kr, kc);
+  const int64_t w_step = KS * HV * K, k_step = KS * a.k.s1, q_step = KS * a.q.s1, d_step = SS * a.dout.s1,
+                dl_step = SS * HV * V;
+  const T* const dsrc0 = static_cast<const T*>(a.dout.p) + col0 + 8 * sc;
+  auto prefetch = [&](const ChunkInfo& ci, int st) {
+    unsigned char* base = smem + st * S::kStageBytes;
+    const int64_t row0 = chunk_row0(ci, a.T);
+    const int L = ci.len;
+    const T* wsrc = w + ((row0 + kr) * HV + hv) * K + 8 * kc;
+    const T* ksrc = static_cast<const T*>(a.k.p) + off3(a.k, ci.b, ci.t0 + kr, head) + 8 * kc;
+    const T* qsrc = static_cast<const T*>(a.q.p) + off3(a.q, ci.b, ci.t0 + kr, head) + 8 * kc;
+#pragma unroll
+    for (int i = 0; i < NK; ++i) {
+      const bool ok = kr + KS * i < L;
+      // (rows >= L: zero-filled, their addresses computed but not read)
+      mma::cp_async16(base + key_at + i * KS * 128, ksrc + i * k_step, ok);
+      mma::cp_async16(base + S::kOffQ + key_at + i * KS * 128, qsrc + i * q_step, ok);
+      mma::cp_async16(base + S::kOffW + key_at + i * KS * 128, wsrc + i * w_step, ok);
+    }
+    const T* dsrc = dsrc0 + off3(a.dout, ci.b, ci.t0 + sr, hv);
+    const T* lsrc = dv_new + ((row0 + sr) * HV + hv) * V + col0 + 8 * sc;
+    T* ddst = reinterpret_cast<T*>(base + S::kOffDo) + sr * LDD + 8 * sc;
+    T* ldst = reinterpret_cast<T*>(base + S::kOffDl) + sr * LDD + 8 * sc;
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+      const bool ok = sr + SS * i < L;
+      mma::cp_async16(ddst + i * SS * LDD, dsrc + i * d_step, ok);
+      mma::cp_async16(ldst + i * SS * LDD, lsrc + i * dl_step, ok);
+    }
+    if (tid < C) {
+      const bool ok = a.G && tid < L;
+      mma::cp_async4(reinterpret_cast<float*>(base + S::kOffG) + tid, ok ? a.G + (row0 + tid) * HV + hv : a.colscale,
+                     ok);
+      mma::cp_async4(reinterpret_cast<float*>(base + S::kOffCs) + tid, a.colscale + (row0 + tid) * HV + hv, tid < L);
+    }
+    if (tid == 0) {
+      int64_t* info = reinterpret_cast<int64_t*>(base + S::kOffInfo);
+      info[0] = row0;
+      info[1] = L;
+    }
+  };
+
+  // Chunks c_last, c_last - 1, ... c_last - STAGES + 2 in flight before the loop; the plan's entry of the
+  // next chunk to copy is read one chunk ahead (ci_ahead), so no copy waits on it.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (c_last - s >= c_first) prefetch(a.chunks[c_last - s], s);
+    mma::cp_async_commit();
+  }
+  ChunkInfo ci_ahead{};
+  if (c_last - (STAGES - 1) >= c_first) ci_ahead = a.chunks[c_last - (STAGES - 1)];
+  const uint32_t hs_s = smem_s + S::kOffHs, ds_s = smem_s + S::kOffDs, vs_s = smem_s + S::kOffVs;
+  // This thread's places in Hs / Ds / Vs (rows 16 wg + g + 8 r (+ 64 mt), pairs of columns 8 i + 2 t) and
+  // its chunk rows (vrow, vrow + 8).
+  const uint32_t hs_at = static_cast<uint32_t>((16 * wg + g) * 128 + 4 * t);
+  const int vrow = 16 * wg + g;
+  const int Vi = static_cast<int>(V), row_step = static_cast<int>(HV * V);  // (K V and HV V fit in int)
+  // Stage st holds chunk c; stage sn is the next to fill (chunk c - STAGES + 1).
+  int st = 0, sn = STAGES - 1;
+  for (int64_t c = c_last; c >= c_first; --c, st = st + 1 == STAGES ? 0 : st + 1, sn = sn + 1 == STAGES ? 0 : sn + 1) {
+    unsigned char* const base = smem + st * S::kStageBytes;
+    const uint32_t k_s = smem_s + st * S::kStageBytes, q_s = k_s + S::kOffQ, w_s = k_s + S::kOffW;
+    const float* const G_s = reinterpret_cast<const float*>(base + S::kOffG);
+
+    // dL/dh_{c+1}: to the intermediates (fp32, or T with the backward's 16-bit storage) and, in T, to Hs.
+    // Element offsets from this thread's first (key channel vrow, columns 2 t): channels 64 mt + 8 r,
+    // columns 8 i.
+    {
+      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
+#pragma unroll
+      for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+        for (int e = 0; e < BV / 2; e += 2) {
+          const int rr = 64 * mt + 8 * ((e >> 1) & 1), i = e >> 2;
+          *reinterpret_cast<uint32_t*>(smem + S::kOffHs + hs_at + rr * 128 + (((i ^ g) & 7) << 4)) =
+              mma::pack_floats<T>(dh[mt][e], dh[mt][e + 1]);
+        }
+      if (a.dh16) {
+        T* const hp = static_cast<T*>(a.dh16) + at;
+#pragma unroll
+        for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+          for (int e = 0; e < BV / 2; e += 2)
+            *reinterpret_cast<uint32_t*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
+                mma::pack_floats<T>(dh[mt][e], dh[mt][e + 1]);
+      } else {
+        float* const hp = a.dh + at;
+#pragma unroll
+        for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+          for (int e = 0; e < BV / 2; e += 2)
+            *reinterpret_cast<float2*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
+                make_float2(dh[mt][e], dh[mt][e + 1]);
+      }
+    }
+    mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
+    // (A) chunk c's tiles, G, colscale and Hs in place; every thread is done with chunk c + 1.
+    sm90::fence_proxy_async_shared();
+    __syncthreads();
+    {
+      const int64_t cn = c - (STAGES - 1);
+      if (cn >= c_first) {
+        prefetch(ci_ahead, sn);
+        if (cn - 1 >= c_first) ci_ahead = a.chunks[cn - 1];
+      }
+      mma::cp_async_commit();
+    }
+    const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
+    const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
+
+    // (1) k dh.
+    float acc[BV / 2];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KMAX / 16; ++kk) {
+      const uint32_t ad = k_s + (kk / 4) * S::kPanel + (kk % 4) * 32;
+      const uint32_t bd = hs_s + kk * 16 * 128;
+      sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
+    }
+    sm90::wgmma_commit();
+
+    // Meanwhile: rowscale of this thread's rows (r = 0, 1: vrow + 8 r), and do' = do * rowscale into Ds.
+    // rstd_q from the swizzled q tile: lane t of the quad sums 16-byte chunks [KC t / 4, +KC / 4) of the
+    // row (panel ch / 8, chunk ch % 8 at (ch % 8) ^ (row % 8); row % 8 = g for both rows).
+    float rs[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = vrow + 8 * r;
+      float rq = 1.f;
+      if (a.l2norm) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC / 4; ++j) {
+          const int ch = (KC / 4) * t + j;
+          const uint4 x = *reinterpret_cast<const uint4*>(base + S::kOffQ + (ch / 8) * S::kPanel + swizzled(row, ch));
+          const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            float lo, hi;
+            mma::unpack_floats<T>(xs[m], lo, hi);
+            ss += lo * lo + hi * hi;
+          }
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        rq = 1.0f / sqrtf(ss + kL2NormEps);
+      }
+      rs[r] = row < L ? a.scale * rq * expf(G_s[row]) : 0.f;
+    }
+    {
+      const T* const do_s = reinterpret_cast<const T*>(base + S::kOffDo);
+#pragma unroll
+      for (int e = 0; e < BV / 2; e += 2) {
+        const int r = (e >> 1) & 1, i = e >> 2;
+        float x0, x1;
+        mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(do_s + (vrow + 8 * r) * LDD + 8 * i + 2 * t), x0, x1);
+        *reinterpret_cast<uint32_t*>(smem + S::kOffDs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
+            mma::pack_floats<T>(x0 * rs[r], x1 * rs[r]);
+      }
+    }
+    const float* const cs_s = reinterpret_cast<const float*>(base + S::kOffCs);
+    const float cs[2] = {cs_s[vrow], cs_s[vrow + 8]};
+    const float decay = expf(G_s[L - 1]);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(acc);
+
+    // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs.
+    const T* const dl_s = reinterpret_cast<const T*>(base + S::kOffDl);
+    T* const dvn_at = dv_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
+#pragma unroll
+    for (int e = 0; e < BV / 2; e += 2) {
+      const int r = (e >> 1) & 1, i = e >> 2;
+      float l0, l1;
+      mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(dl_s + (vrow + 8 * r) * LDD + 8 * i + 2 * t), l0, l1);
+      const float d0 = acc[e] * cs[r] + l0, d1 = acc[e + 1] * cs[r] + l1;
+      if (vrow + 8 * r < L)
+        *reinterpret_cast<uint32_t*>(dvn_at + 8 * r * row_step + 8 * i) = mma::pack_floats<T>(d0, d1);
+      *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
+          mma::pack_floats<T>(-d0, -d1);
+    }
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+      for (int e = 0; e < BV / 2; ++e) dh[mt][e] *= decay;
+    // (B) do' in Ds, -dv_new in Vs.
+    sm90::fence_proxy_async_shared();
+    __syncthreads();
+
+    // (2) dh += q^T do' + w^T (-dv_new).
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt) {
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk)
+        sm90::wgmma_ss_tt<T, BV>(dh[mt], sm90::smem_desc(q_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
+                                 sm90::smem_desc(ds_s + kk * 16 * 128, S::kTileBytes, 1024), 1);
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk)
+        sm90::wgmma_ss_tt<T, BV>(dh[mt], sm90::smem_desc(w_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
+                                 sm90::smem_desc(vs_s + kk * 16 * 128, S::kTileBytes, 1024), 1);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt) sm90::pin_registers(dh[mt]);
+  }
+  mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
+
+  if (a.dh0.p) {
+    float* dh0 = static_cast<float*>(a.dh0.p);
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+      for (int e = 0; e < BV / 2; ++e) {
+        const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
+        dh0[off4(a.dh0, n, hv, ch, col0 + col)] = dh[mt][e];
+      }
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
