@@ -939,12 +939,13 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
   }
 }
 
-// Stage 2 on wgmma (chunked_state_wgmma.cuh, session 16; opt-in FLASHGRAD_CHUNKED_STATE_WGMMA=64 or 32
-// value columns per block, read per call): the forward's unfused stage 2 (these sizes do not reach
-// the fused one) and the backward's recomputation of it, over every length (GVA, K = V = 128, T from 1
-// to 4096) and feature case of the chunked path (K != V both ways, no norm, strong decay without an
-// initial state, varlen with an empty sequence), without and with the kept v_new. The setting is
-// unset again however the test ends.
+// Stage 2's kernels other than the default at these sizes (few chains: the wgmma stage 2 with 32 value
+// columns per block since session 17, which every other chunked test here runs): chunked_state_wgmma.cuh
+// with 64 and 16 columns, and the mma.sync channel-split kernel (FLASHGRAD_CHUNKED_STATE_WGMMA=0), read
+// per call: the forward's unfused stage 2 (these sizes do not reach the fused one) and the backward's
+// recomputation of it, over every length (GVA, K = V = 128, T from 1 to 4096) and feature case of the
+// chunked path (K != V both ways, no norm, strong decay without an initial state, varlen with an empty
+// sequence), without and with the kept v_new. The setting is unset again however the test ends.
 TEST(DeltaRuleGpu, ChunkedStateWgmma) {
   REQUIRE_GPU();
   struct Env {
@@ -952,11 +953,11 @@ TEST(DeltaRuleGpu, ChunkedStateWgmma) {
   } env;
   std::vector<Case> cases = chunked_length_cases("wgmma stage 2", 4800);
   for (const Case& c : chunked_feature_cases("wgmma stage 2", 4800)) cases.push_back(c);
-  for (const char* cols : {"64", "32"}) {
+  for (const char* cols : {"64", "16", "0"}) {
     setenv("FLASHGRAD_CHUNKED_STATE_WGMMA", cols, 1);
     SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_STATE_WGMMA=") + cols);
     for (Case c : cases) {
-      c.name += std::string(", ") + cols + " columns";
+      c.name += std::string(cols) == "0" ? std::string(", mma.sync stage 2") : std::string(", ") + cols + " columns";
       c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
       c.saved_r = DType::i32;  // no saved r: the chunked path
       run_case(c);
@@ -966,7 +967,7 @@ TEST(DeltaRuleGpu, ChunkedStateWgmma) {
   }
 }
 
-// B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17; FLASHGRAD_CHUNKED_B1_WGMMA=64 or 32 value
+// B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17; FLASHGRAD_CHUNKED_B1_WGMMA=32 or 16 value
 // columns per block, read per call): the local B1 (few chains, as every case here), over every length
 // and feature case of the chunked path and K = V = 128 with H == HV (varlen with an empty and a one-row
 // sequence), with the kept v_new (the backward rebuilds the states, then B0 and B1) and without it
@@ -1002,7 +1003,7 @@ TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
     cases.push_back(c);
   }
   namespace dr = flashgrad::cuda_detail::delta_rule;
-  for (const char* cols : {"64", "32"}) {
+  for (const char* cols : {"32", "16"}) {
     setenv("FLASHGRAD_CHUNKED_B1_WGMMA", cols, 1);
     SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_B1_WGMMA=") + cols);
     for (Case c : cases) {

@@ -8,6 +8,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import keepab  # noqa: E402
 
 B1, ST = "FLASHGRAD_CHUNKED_B1_WGMMA", "FLASHGRAD_CHUNKED_STATE_WGMMA"
-keepab.compare([("mma", {B1: "0", ST: "0"}), ("stage 2 wgmma", {B1: "0", ST: "32"}),
-                ("both wgmma", {B1: "32", ST: "32"})],
+keepab.compare([("mma", {B1: "0", ST: "0"}), ("default", {B1: None, ST: None}),
+                ("both wgmma 32", {B1: "32", ST: "32"}), ("both wgmma 16", {B1: "16", ST: "16"})],
                cases=[("gdn", 1, 32768, 16, 128), ("gdn", 2, 16384, 16, 128)])

@@ -329,12 +329,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[
 }
 
 // D[64 x N] (=|+=) A[64 x 16] B[16 x N], both from shared memory, B MN-major (the N dim contiguous),
-// A MN-major (kTransA = 1: the M dim contiguous) or K-major (0). N = 32, 64 or 128.
+// A MN-major (kTransA = 1: the M dim contiguous) or K-major (0). N = 16, 32, 64 or 128.
+#define FG_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define FG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FG_ACC16(d) FG_ACC8(d, 0), FG_ACC8(d, 8)
 template <typename T, int N, int kTransA>
 __device__ __forceinline__ void wgmma_ss_bt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
-  static_assert(N == 32 || N == 64 || N == 128, "32, 64 or 128 columns");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "16, 32, 64 or 128 columns");
   static_assert(kTransA == 0 || kTransA == 1, "A K-major (0) or MN-major (1)");
   if constexpr (N == 128) {
     if constexpr (WgmmaName<T>::kBf16)
@@ -366,6 +367,21 @@ __device__ __forceinline__ void wgmma_ss_bt(float (&d)[N / 2], uint64_t a_desc, 
           ", %32, %33, p, 1, 1, %35, 1;\n}\n"
           : FG_ACC32(d)
           : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
+  } else if constexpr (N == 16) {
+    if constexpr (WgmmaName<T>::kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " FG_REGS8
+          ", %8, %9, p, 1, 1, %11, 1;\n}\n"
+          : FG_ACC8(d, 0)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " FG_REGS8
+          ", %8, %9, p, 1, 1, %11, 1;\n}\n"
+          : FG_ACC8(d, 0)
+          : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTransA));
   } else {
     if constexpr (WgmmaName<T>::kBf16)
       asm volatile(
@@ -395,6 +411,7 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_kt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
   wgmma_ss_bt<T, N, 0>(d, a_desc, b_desc, scale_d);
 }
+#undef FG_REGS8
 #undef FG_REGS16
 #undef FG_ACC16
 

@@ -72,8 +72,11 @@ __global__ void __launch_bounds__(kDvLocalThreads) chunk_dv_local_kernel(Chunked
     const float rk = tile_row_rstd<T, KMAX, THREADS>(sm.k, LDK, a.l2norm);
     const float rq = tile_row_rstd<T, KMAX, THREADS>(sm.q, LDK, a.l2norm);
     if (tid % kLanes == 0) {
-      sm.pscale[tid / kLanes] = a.scale * rq;
-      sm.rstd_k[tid / kLanes] = rk;
+      const int i = tid / kLanes;
+      sm.pscale[i] = a.scale * rq;
+      sm.rstd_k[i] = rk;
+      // B1's row scales of do (ChunkedArgs::rowscale), for rows of the chunk only.
+      if (a.rowscale && i < L) a.rowscale[(row0 + i) * a.HV + hv] = a.scale * rq * expf(sm.G[i]);
     }
   }
   __syncthreads();

@@ -189,11 +189,11 @@ void launch_state_backward_wgmma(const ChunkedArgs& a, cudaStream_t s) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 // Whether B1's wgmma kernel can read this call's arguments: k, q and the slice's dout by 16-byte rows,
-// stage 1's row scales given, dv_local (and so dv_new) in its own 16-bit buffer.
+// stage 1's and B0's row scales given, dv_local (and so dv_new) in its own 16-bit buffer.
 // (A slice of dout starts bv elements, a multiple of 16 bytes, after another: dout's test covers it.)
 inline bool state_backward_wgmma_fits(const ChunkedArgs& a, int bv) {
   return (a.K == 64 || a.K == 128) && a.V % bv == 0 && key_rows_vectorizable(a.k) && key_rows_vectorizable(a.q) &&
-         key_rows_vectorizable(a.dout) && a.colscale && a.dv_new16 && a.dv_new16 != a.w;
+         key_rows_vectorizable(a.dout) && a.colscale && a.rowscale && a.dv_new16 && a.dv_new16 != a.w;
 }
 
 template <typename T, int KMAX>
@@ -202,7 +202,7 @@ void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, i
   const int64_t chains = a.num_seqs * a.HV;
   const int bv = state_backward_wgmma_cols(chains, a.V, sm_count());
   if (bv != 0 && state_backward_wgmma_fits(a, bv))
-    return bv == 32 ? launch_state_backward_wgmma<T, KMAX, 32>(a, s) : launch_state_backward_wgmma<T, KMAX, 64>(a, s);
+    return bv == 32 ? launch_state_backward_wgmma<T, KMAX, 32>(a, s) : launch_state_backward_wgmma<T, KMAX, 16>(a, s);
   if constexpr (KMAX == 128) {
     if (parts == 4) return launch_state_backward_transposed_as<T, KMAX, 4, false, true, 4>(a, s);
   }
@@ -259,11 +259,11 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
 // channels (few long sequences; run 16.4 at B1 T32768 H16: 0.795 ms against 0.865). Taken where K is 64
 // or 128, V a multiple of the slice, k readable by 16-byte rows and stage 1's row scales given
 // (a.colscale); else 0 (not taken).
-constexpr bool kStateWgmmaByDefault = false;
+constexpr bool kStateWgmmaByDefault = true;
 inline int state_wgmma_cols(const ChunkedArgs& a) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WGMMA");
   const int bv = env ? std::atoi(env) : (kStateWgmmaByDefault && state_shape(a) == StateShape::channel_split ? 32 : 0);
-  if (bv != 32 && bv != 64) return 0;
+  if (bv != 16 && bv != 32 && bv != 64) return 0;
   if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !key_rows_vectorizable(a.k) || !a.colscale) return 0;
   return bv;
 }
@@ -280,10 +280,13 @@ template <typename T>
 bool launch_state_wgmma(const ChunkedArgs& a, cudaStream_t s) {
   const int bv = state_wgmma_cols(a);
   if (bv == 0) return false;
-  if (a.K == 64)
-    bv == 32 ? launch_state_wgmma_fixed<T, 64, 32>(a, s) : launch_state_wgmma_fixed<T, 64, 64>(a, s);
-  else
-    bv == 32 ? launch_state_wgmma_fixed<T, 128, 32>(a, s) : launch_state_wgmma_fixed<T, 128, 64>(a, s);
+  if (a.K == 64) {
+    if (bv == 16) launch_state_wgmma_fixed<T, 64, 16>(a, s);
+    else bv == 32 ? launch_state_wgmma_fixed<T, 64, 32>(a, s) : launch_state_wgmma_fixed<T, 64, 64>(a, s);
+  } else {
+    if (bv == 16) launch_state_wgmma_fixed<T, 128, 16>(a, s);
+    else bv == 32 ? launch_state_wgmma_fixed<T, 128, 32>(a, s) : launch_state_wgmma_fixed<T, 128, 64>(a, s);
+  }
   return true;
 }
 

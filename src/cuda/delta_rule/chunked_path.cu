@@ -87,10 +87,10 @@ struct ChunkedScratch {
   std::size_t backward_bytes(const DeltaRuleProblem& pr) const {
     const int64_t qk = rows * pr.heads * pr.key_dim, vv = rows * pr.value_heads * pr.value_dim,
                   per_head = rows * pr.value_heads;
-    // (+ the split B2's dG_state, fp32 [rows, HV], with a gate)
+    // (+ B0's row scales of do for B1, fp32 [rows, HV]; + the split B2's dG_state, fp32 [rows, HV], with a gate)
     if (half)
       return forward_bytes() + (dvn_in_w ? 0 : align_up(elem * vv)) + (chains ? align_up(elem * n.h) : 0) +
-             (gva ? 2 * align_up(4 * qk) : 0) +
+             (gva ? 2 * align_up(4 * qk) : 0) + align_up(4 * per_head) +
              (pr.gate != GateKind::none ? align_up(4 * per_head) : 0);
     return forward_bytes() + align_up(4 * n.h) + align_up(4 * vv) + 2 * align_up(4 * qk) + align_up(4 * vv) +
            align_up(4 * per_head) + (pr.gate != GateKind::none ? align_up(4 * dg_elems(pr)) : 0);
@@ -212,6 +212,7 @@ void chunked_backward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, cons
     // u is dead once stage 2 has run (see ChunkedScratch), unless stage 2 runs beside B1.
     a.dh16 = cs.chains ? buf.take<char>(cs.elem * cs.n.h) : static_cast<void*>(a.u);
     a.dv_new16 = cs.dvn_in_w ? a.w : buf.take<char>(cs.elem * vv);
+    a.rowscale = buf.take<float>(4 * per_head);
     a.dv_out = view_of(grads.dv);
     a.dbeta_out = view_of(grads.dbeta);
     if (pr.gate != GateKind::none) {

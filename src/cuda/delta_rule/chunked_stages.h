@@ -88,6 +88,10 @@ struct ChunkedArgs {
   // chunk (L the chunk's length), written by stage 1 beside G; stage 2 and B1 read it instead of
   // forming k's row norms on their serial chains every chunk (session 16). Null: they form them.
   float* colscale = nullptr;
+  // [rows, HV] (the 16-bit backward, GDN / plain rule): rowscale_i = scale rstd_qi exp(G_i) of row i < L of
+  // its chunk, written by B0 (chunked_dv_local.cuh), which forms q's row norms anyway, for B1 on wgmma
+  // (session 17), which then forms none on its serial chain. Null: B0 does not write it.
+  float* rowscale = nullptr;
   float* A = nullptr;
   void* w = nullptr;
   float* u = nullptr;
@@ -240,7 +244,7 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
 }
 
 // Value columns per block of the local B1 on wgmma (chunk_state_backward_wgmma_kernel, session 17), or 0
-// for the mma.sync kernels. FLASHGRAD_CHUNKED_B1_WGMMA=32 / 64 forces that width, =0 turns it off (read
+// for the mma.sync kernels. FLASHGRAD_CHUNKED_B1_WGMMA=16 / 32 forces that width, =0 turns it off (read
 // per call, so one process can time them side by side); by default (kB1WgmmaByDefault) 32 columns where
 // the local B1 splits the key channels in quarters (few long sequences: chains * V / 16 <= SMs, the
 // shape of B1 T32768 H16, whose chain is the backward's longest serial part).
@@ -248,7 +252,7 @@ constexpr bool kB1WgmmaByDefault = false;
 inline int state_backward_wgmma_cols(int64_t chains, int64_t V, int64_t sms) {
   if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_WGMMA")) {
     const int bv = std::atoi(env);
-    return bv == 32 || bv == 64 ? bv : 0;
+    return bv == 16 || bv == 32 ? bv : 0;
   }
   return kB1WgmmaByDefault && chains * (V / 16) <= sms ? 32 : 0;
 }

@@ -22,12 +22,13 @@
 // Shared memory (1024-byte aligned tiles, 128-byte swizzle: rows of 64 elements, 16-byte chunk c of row r
 // at chunk c ^ (r % 8), as chunked_state_wgmma.cuh): STAGES stages of {k, q, w: [64 rows][K] as K / 64
 // panels of [64][64]; do and dv_local: the slice's [64][BV + 8] T, unswizzled; G and colscale of the rows
-// [64] fp32; the chunk's first row and length}, then Hs [K][64], Ds [64][64], Vs [64][64]. Copies run
+// [64] fp32, rowscale [64] fp32; the chunk's first row and length}, then Hs [K][64], Ds [64][64], Vs [64][64]. Copies run
 // STAGES - 1 chunks ahead (cp.async, rows >= L zero-filled: do = dv_local = colscale = 0 there, so dv_new
 // = 0 and the products see zero rows). Per chunk: barrier (A) after chunk c's copies have landed and dh
 // is in Hs (every thread done with chunk c + 1); barrier (B) after do' and -dv_new are in Ds / Vs.
-// With the L2 norm in the kernel, rstd_qi is formed per chunk by the four lanes sharing a row (each a
-// quarter of it from the swizzled q tile) while (1) runs.
+// rowscale_i comes from B0 (ChunkedArgs::rowscale), which forms q's row norms anyway: run 17.1's first
+// version formed them here from the swizzled q tile, and with the L2 norm in the kernel was slower than
+// the mma.sync kernel at B1 T32768 (1.562 vs 1.408 ms; ncu 970 instructions per warp and chunk).
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
@@ -49,11 +50,11 @@ struct StateBackwardWgmmaSmem {
   static constexpr int64_t kPanel = 64 * 128;       // [64 rows][64 elements] of T
   static constexpr int64_t kKeyTile = KP * kPanel;  // k, q or w: [64 rows][KMAX]
   static constexpr int64_t kSliceBytes = sizeof(T) * C * LDD;
-  // A stage: k, q, w, do, dv_local, G and colscale of the chunk's rows [64] (fp32), then the chunk's
-  // first row and length (int64 x 2, written by thread 0 with the copies).
+  // A stage: k, q, w, do, dv_local, G, colscale and rowscale of the chunk's rows [64] (fp32), then the
+  // chunk's first row and length (int64 x 2, written by thread 0 with the copies).
   static constexpr int64_t kOffQ = kKeyTile, kOffW = 2 * kKeyTile, kOffDo = 3 * kKeyTile, kOffDl = kOffDo + kSliceBytes,
                            kOffG = kOffDl + kSliceBytes, kOffCs = kOffG + sizeof(float) * C,
-                           kOffInfo = kOffCs + sizeof(float) * C;
+                           kOffRs = kOffCs + sizeof(float) * C, kOffInfo = kOffRs + sizeof(float) * C;
   static constexpr int64_t kStageBytes = (kOffInfo + 16 + 1023) / 1024 * 1024;
   static constexpr int64_t kHsBytes = KMAX * 128, kTileBytes = 64 * 128;
   static constexpr int64_t kOffHs = STAGES * kStageBytes, kOffDs = kOffHs + kHsBytes, kOffVs = kOffDs + kTileBytes;
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES>;
   constexpr int C = kChunkSize, KP = S::KP, LDD = S::LDD, KC = KMAX / 8;  // KC: 16-byte chunks per key row
-  static_assert(BV == 32 || BV == 64, "32 or 64 value columns per block");
+  static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block (64 would not fit three stages at K = 128)");
   static_assert(STAGES >= 2, "a chunk in use and one in flight at least");
   extern __shared__ __align__(16) unsigned char smem_dyn[];
   // Aligned up by an offset from the shared array itself (as chunked_state_wgmma.cuh: LDS / STS stay).
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       mma::cp_async4(reinterpret_cast<float*>(base + S::kOffG) + tid, ok ? a.G + (row0 + tid) * HV + hv : a.colscale,
                      ok);
       mma::cp_async4(reinterpret_cast<float*>(base + S::kOffCs) + tid, a.colscale + (row0 + tid) * HV + hv, tid < L);
+      mma::cp_async4(reinterpret_cast<float*>(base + S::kOffRs) + tid, a.rowscale + (row0 + tid) * HV + hv, tid < L);
     }
     if (tid == 0) {
       int64_t* info = reinterpret_cast<int64_t*>(base + S::kOffInfo);
@@ -217,34 +219,9 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     }
     sm90::wgmma_commit();
 
-    // Meanwhile: rowscale of this thread's rows (r = 0, 1: vrow + 8 r), and do' = do * rowscale into Ds.
-    // rstd_q from the swizzled q tile: lane t of the quad sums 16-byte chunks [KC t / 4, +KC / 4) of the
-    // row (panel ch / 8, chunk ch % 8 at (ch % 8) ^ (row % 8); row % 8 = g for both rows).
-    float rs[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = vrow + 8 * r;
-      float rq = 1.f;
-      if (a.l2norm) {
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < KC / 4; ++j) {
-          const int ch = (KC / 4) * t + j;
-          const uint4 x = *reinterpret_cast<const uint4*>(base + S::kOffQ + (ch / 8) * S::kPanel + swizzled(row, ch));
-          const uint32_t xs[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            float lo, hi;
-            mma::unpack_floats<T>(xs[m], lo, hi);
-            ss += lo * lo + hi * hi;
-          }
-        }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        rq = 1.0f / sqrtf(ss + kL2NormEps);
-      }
-      rs[r] = row < L ? a.scale * rq * expf(G_s[row]) : 0.f;
-    }
+    // Meanwhile: do' = do * rowscale (B0's, 0 past L) into Ds, and the decay.
+    const float* const rs_s = reinterpret_cast<const float*>(base + S::kOffRs);
+    const float rs[2] = {rs_s[vrow], rs_s[vrow + 8]};
     {
       const T* const do_s = reinterpret_cast<const T*>(base + S::kOffDo);
 #pragma unroll
