@@ -939,9 +939,9 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
   }
 }
 
-// Stage 2's kernels other than the default at these sizes (few chains: the wgmma stage 2 with 32 value
+// Stage 2's kernels other than the default at these sizes (few chains: the wgmma stage 2 with 16 value
 // columns per block since session 17, which every other chunked test here runs): chunked_state_wgmma.cuh
-// with 64 and 16 columns, and the mma.sync channel-split kernel (FLASHGRAD_CHUNKED_STATE_WGMMA=0), read
+// with 64 and 32 columns, and the mma.sync channel-split kernel (FLASHGRAD_CHUNKED_STATE_WGMMA=0), read
 // per call: the forward's unfused stage 2 (these sizes do not reach the fused one) and the backward's
 // recomputation of it, over every length (GVA, K = V = 128, T from 1 to 4096) and feature case of the
 // chunked path (K != V both ways, no norm, strong decay without an initial state, varlen with an empty
@@ -953,7 +953,7 @@ TEST(DeltaRuleGpu, ChunkedStateWgmma) {
   } env;
   std::vector<Case> cases = chunked_length_cases("wgmma stage 2", 4800);
   for (const Case& c : chunked_feature_cases("wgmma stage 2", 4800)) cases.push_back(c);
-  for (const char* cols : {"64", "16", "0"}) {
+  for (const char* cols : {"64", "32", "0"}) {
     setenv("FLASHGRAD_CHUNKED_STATE_WGMMA", cols, 1);
     SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_STATE_WGMMA=") + cols);
     for (Case c : cases) {
@@ -968,13 +968,14 @@ TEST(DeltaRuleGpu, ChunkedStateWgmma) {
 }
 
 // B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17; FLASHGRAD_CHUNKED_B1_WGMMA=32 or 16 value
-// columns per block, read per call): the local B1 (few chains, as every case here), over every length
+// columns per block, read per call; 16 is the default at these sizes) and the mma.sync local B1 it
+// replaced there (=0): the local B1 (few chains, as every case here), over every length
 // and feature case of the chunked path and K = V = 128 with H == HV (varlen with an empty and a one-row
 // sequence), with the kept v_new (the backward rebuilds the states, then B0 and B1) and without it
 // (stage 2 again, then B0 and B1: the chains kernel, which would run both in one launch at K = 128, is
 // turned off). dv_new in w's region is turned off too (K = V = 64 would put it there, where this
-// kernel is not taken). Each case asserts that the launcher's rule takes the local B1 and the wgmma
-// width at its sizes, so the test cannot pass without running the kernel. Settings unset at the end.
+// kernel is not taken). Each case asserts that the launcher's rule takes the local B1 and the asked
+// width at its sizes, so the test cannot pass without running that kernel. Settings unset at the end.
 TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
   REQUIRE_GPU();
   int dev = 0, sms = 0;
@@ -1003,21 +1004,44 @@ TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
     cases.push_back(c);
   }
   namespace dr = flashgrad::cuda_detail::delta_rule;
-  for (const char* cols : {"32", "16"}) {
+  for (const char* cols : {"32", "16", "0"}) {
     setenv("FLASHGRAD_CHUNKED_B1_WGMMA", cols, 1);
     SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_B1_WGMMA=") + cols);
     for (Case c : cases) {
       const int64_t chains = (c.seq_lens.empty() ? c.B : static_cast<int64_t>(c.seq_lens.size())) * c.HV;
       ASSERT_TRUE(dr::state_backward_local_wanted(chains, c.V, sms) &&
-                  dr::state_backward_wgmma_cols(chains, c.V, sms) == std::atoi(cols))
+                  dr::state_backward_wgmma_cols(chains, c.K, c.V, sms) == std::atoi(cols))
           << c.name << ": the launcher would not take the wgmma B1 at these sizes";
-      c.name += std::string(", ") + cols + " columns";
+      c.name += std::string(cols) == "0" ? std::string(", mma.sync local B1") : std::string(", ") + cols + " columns";
       c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
       c.saved_r = DType::i32;  // no saved r: the chunked path
       run_case(c);
       c.name = "kept v_new, " + c.name;
       run_kept_v_new(c);
     }
+  }
+}
+
+// The chains kernel (stage 2 again and B1 in one launch, chunked_state_chains.cuh), off by default since
+// session 17 (the wgmma stage 2 and B1 are faster where it would run), stays a choice:
+// FLASHGRAD_CHUNKED_STATE_CHAINS=1 on the K = V = 128 length cases without the kept v_new (the path that
+// reaches it), asserting that the rule takes it at their sizes. Unset at the end.
+TEST(DeltaRuleGpu, ChunkedStateChainsOptIn) {
+  REQUIRE_GPU();
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  struct Env {
+    Env() { setenv("FLASHGRAD_CHUNKED_STATE_CHAINS", "1", 1); }
+    ~Env() { unsetenv("FLASHGRAD_CHUNKED_STATE_CHAINS"); }
+  } env;
+  for (Case c : chunked_length_cases("chains kernel", 6800)) {
+    if (c.T != 1 && c.T != 75 && c.T != 1500) continue;
+    ASSERT_TRUE(flashgrad::cuda_detail::delta_rule::state_chains_wanted(c.B * c.HV, c.K, c.V, sms))
+        << c.name << ": the chains kernel would not run at these sizes";
+    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+    c.saved_r = DType::i32;  // no saved r, no kept v_new: stage 2 and B1 again in the backward
+    run_case(c);
   }
 }
 

@@ -200,7 +200,7 @@ template <typename T, int KMAX>
 void launch_dv_local_then_state_backward(const ChunkedArgs& a, cudaStream_t s, int parts) {
   launch_dv_local<T, KMAX>(a, s);
   const int64_t chains = a.num_seqs * a.HV;
-  const int bv = state_backward_wgmma_cols(chains, a.V, sm_count());
+  const int bv = state_backward_wgmma_cols(chains, a.K, a.V, sm_count());
   if (bv != 0 && state_backward_wgmma_fits(a, bv))
     return bv == 32 ? launch_state_backward_wgmma<T, KMAX, 32>(a, s) : launch_state_backward_wgmma<T, KMAX, 16>(a, s);
   if constexpr (KMAX == 128) {
@@ -253,16 +253,24 @@ void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
     launch_prepare_fixed<T, 128>(a, s);
 }
 
-// Stage 2 on wgmma (chunked_state_wgmma.cuh, session 16): FLASHGRAD_CHUNKED_STATE_WGMMA=32 or 64 forces
+// Stage 2 on wgmma (chunked_state_wgmma.cuh, session 16): FLASHGRAD_CHUNKED_STATE_WGMMA=16, 32 or 64 forces
 // that many value columns per block, =0 the mma.sync kernels (read per call so one process can time them
-// side by side); by default (kStateWgmmaByDefault) 32 columns where the mma.sync kernel would split the
-// channels (few long sequences; run 16.4 at B1 T32768 H16: 0.795 ms against 0.865). Taken where K is 64
-// or 128, V a multiple of the slice, k readable by 16-byte rows and stage 1's row scales given
-// (a.colscale); else 0 (not taken).
+// side by side). By default (kStateWgmmaByDefault, since session 17) where the mma.sync kernel would
+// split the channels (few long sequences): 16 columns where those blocks fit in one wave, else 32. H200,
+// chunk GDN bf16 K=V=128 H16, stage 2 per call, mma.sync -> wgmma 32 / 16: B1 T32768 0.871 -> 0.796 /
+// **0.623 ms** (run 17.2), B2 T16384 0.673 -> **0.441** (run 17.1; 16 columns slower there, two waves:
+// forward 1.149 -> 1.349 in run 17.2). At the two-warp shape (B4 T8192) 0.527 -> 0.490 / 0.720 (run
+// 17.2), but K = V = 64 at B8 (the same shape) lost at 32 columns (0.161 -> 0.166, run 16.3): not taken
+// there. Taken where K is 64 or 128, V a multiple of the slice, k readable by 16-byte rows and stage 1's
+// row scales given (a.colscale); else 0 (not taken).
 constexpr bool kStateWgmmaByDefault = true;
+inline int state_wgmma_default_cols(const ChunkedArgs& a) {
+  if (!kStateWgmmaByDefault || state_shape(a) != StateShape::channel_split) return 0;
+  return a.num_seqs * a.HV * (a.V / 16) <= sm_count() ? 16 : 32;
+}
 inline int state_wgmma_cols(const ChunkedArgs& a) {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WGMMA");
-  const int bv = env ? std::atoi(env) : (kStateWgmmaByDefault && state_shape(a) == StateShape::channel_split ? 32 : 0);
+  const int bv = env ? std::atoi(env) : state_wgmma_default_cols(a);
   if (bv != 16 && bv != 32 && bv != 64) return 0;
   if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !key_rows_vectorizable(a.k) || !a.colscale) return 0;
   return bv;

@@ -245,16 +245,22 @@ inline int state_backward_channel_parts(int64_t chains, int64_t K, int64_t V, in
 
 // Value columns per block of the local B1 on wgmma (chunk_state_backward_wgmma_kernel, session 17), or 0
 // for the mma.sync kernels. FLASHGRAD_CHUNKED_B1_WGMMA=16 / 32 forces that width, =0 turns it off (read
-// per call, so one process can time them side by side); by default (kB1WgmmaByDefault) 32 columns where
-// the local B1 splits the key channels in quarters (few long sequences: chains * V / 16 <= SMs, the
-// shape of B1 T32768 H16, whose chain is the backward's longest serial part).
-constexpr bool kB1WgmmaByDefault = false;
-inline int state_backward_wgmma_cols(int64_t chains, int64_t V, int64_t sms) {
+// per call, so one process can time them side by side). By default (kB1WgmmaByDefault; the launcher
+// takes it only where the local B1 runs, state_backward_local_wanted): 16 columns where those blocks fit
+// in one wave (chains * V / 16 <= SMs), else 32 columns at K = 128 where they fit in two. Run 17.2 (H200,
+// chunk GDN bf16 K=V=128 H16, B1 per call, mma.sync local -> wgmma 32 / 16 columns): B1 T32768 1.400 ->
+// 1.172 / **0.787 ms** (128 blocks at 16), B2 T16384 0.811 -> **0.578** / 0.785 (256 blocks at 16: two
+// waves), B4 T8192 0.808 -> **0.583** / 1.131; gradients within 2.5e-6 rel RMS. Run 17.1: at K = V = 64,
+// B8 (256 blocks of 32) the wgmma B1 lost (0.268 vs 0.217), hence K = 128 for the two-wave case.
+constexpr bool kB1WgmmaByDefault = true;
+inline int state_backward_wgmma_cols(int64_t chains, int64_t K, int64_t V, int64_t sms) {
   if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_WGMMA")) {
     const int bv = std::atoi(env);
     return bv == 16 || bv == 32 ? bv : 0;
   }
-  return kB1WgmmaByDefault && chains * (V / 16) <= sms ? 32 : 0;
+  if (!kB1WgmmaByDefault) return 0;
+  if (chains * (V / 16) <= sms) return 16;
+  return K == 128 && chains * (V / 32) <= 2 * sms ? 32 : 0;
 }
 
 // Whether stage 2's own (unfused) kernel takes single-fragment products (chunk_state_kernel's kSingle:
@@ -285,7 +291,12 @@ inline bool state_products_single(bool channel_split) {
 // On by default since run 11.1 (H200, 2026-11-30, chunk GDN bf16 K=V=128, one process): B1 T32768 H16
 // stage 2 + B1 1.232 + 1.527 ms -> 2.499 ms in one launch, backward 5.344 -> 5.013 ms; B1 T8192 0.709
 // -> 0.631 ms, 1.491 -> 1.392 ms; gradients bit-identical; the chunked GPU tests pass with it.
-constexpr bool kStateChainsByDefault = true;
+// Off by default since session 17: where it would run (chains * V / 16 <= SMs) the wgmma stage 2 and
+// B1 take 16-column blocks and run apart in 0.623 + 0.787 ms at B1 T32768 (run 17.2), against the
+// chains kernel's 2.499 (run 11.1), with dh back in u's region (268 MB less); FLASHGRAD_CHUNKED_STATE_CHAINS=1
+// turns it on (DeltaRuleGpu.ChunkedStateChainsOptIn keeps it tested). Only the backward without a kept
+// v_new reaches it (the PyTorch and JAX functions keep v_new).
+constexpr bool kStateChainsByDefault = false;
 // The chains kernel's stage 2 with single-fragment products (the default since run 11.2:
 // chunked_state_chains.cuh) unless FLASHGRAD_CHUNKED_STATE_CHAINS=exact (hi + lo). (Stage 2's own
 // kernel has its own switch: state_products_single above.)

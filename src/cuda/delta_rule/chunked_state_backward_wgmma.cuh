@@ -1,4 +1,6 @@
-// Chunked backward stage B1 ("state backward") on Hopper warpgroup MMA (session 17), for the local B1
+// Chunked backward stage B1 ("state backward") on Hopper warpgroup MMA (session 17; the default local B1
+// at few chains with 16 or 32 value columns per block, FLASHGRAD_CHUNKED_B1_WGMMA=16 / 32 / 0:
+// state_backward_wgmma_cols in chunked_stages.h; run 17.2 at B1 T32768 H16: 1.400 -> 0.787 ms), for the local B1
 // (dv_local formed ahead by chunked_dv_local.cuh, ChunkedArgs::colscale given by stage 1). Computes what
 // chunk_state_backward_transposed_kernel<..., kLocal = true> computes, per (sequence, value head, slice of
 // BV value columns), over the sequence's chunks in reverse. With dh = dL/dh_{c+1} (dht for the last chunk):

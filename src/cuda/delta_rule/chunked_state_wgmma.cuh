@@ -1,5 +1,6 @@
-// Chunked stage 2 ("state") on Hopper warpgroup MMA (session 16; opt-in, FLASHGRAD_CHUNKED_STATE_WGMMA=32 or
-// 64 value columns per block, chunked_launch_impl.cuh). Computes what chunk_state_kernel
+// Chunked stage 2 ("state") on Hopper warpgroup MMA (session 16; the default at few long sequences since
+// session 17 with 16 or 32 value columns per block, FLASHGRAD_CHUNKED_STATE_WGMMA=16 / 32 / 64 / 0:
+// state_wgmma_cols in chunked_launch_impl.cuh). Computes what chunk_state_kernel
 // (chunked_state.cuh, unfused) computes, per (sequence, value head, slice of BV value columns), over the
 // sequence's chunks in order:
 //   store h_c;  v_new = u - w h_c (stored in T);  h_{c+1} = exp(G_{L-1}) h_c + k^T (v_new * colscale),
@@ -29,7 +30,8 @@
 // Vs. (Run 16.2's first version formed k's row norms here, 1533 instructions per warp and chunk with
 // the copies' address arithmetic; run 16.3's second, from each thread's own pieces, 1077; run 16.4's,
 // with stage 1's row scales, 764: 0.795 ms at B1 T32768 H16 K=V=128 with 32 columns, against the
-// channel-split kernel's 0.865. Opt-in until a grid rule and a second run: it is slower at many chains.)
+// channel-split kernel's 0.865. Session 17: 16 columns (m64n16k16, twice the blocks) 0.623 ms there
+// (run 17.2); at many chains (two waves and more) the mma.sync kernels stay: the launcher's rule.)
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
