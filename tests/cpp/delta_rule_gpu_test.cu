@@ -1022,6 +1022,28 @@ TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
   }
 }
 
+// The forward's unfused stages 2 and 3 pass h_c in T by default since session 17 (output_h16_wanted,
+// chunked_stages.h: stage 3's single-fragment products, as the fused forward's); every chunked test here
+// runs that default at its sizes. FLASHGRAD_CHUNKED_OUTPUT_H16=0 keeps the fp32 h_c with hi + lo
+// products: run here end to end on a long GVA case, the K != V cases and varlen (the stage test
+// DeltaRuleChunkedGpu checks that kernel's output against the CPU reference's too). Unset at the end.
+TEST(DeltaRuleGpu, ChunkedOutputFp32State) {
+  REQUIRE_GPU();
+  struct Env {
+    Env() { setenv("FLASHGRAD_CHUNKED_OUTPUT_H16", "0", 1); }
+    ~Env() { unsetenv("FLASHGRAD_CHUNKED_OUTPUT_H16"); }
+  } env;
+  std::vector<Case> cases;
+  for (const Case& c : chunked_length_cases("fp32 h_c output", 7800))
+    if (c.T == 1500) cases.push_back(c);
+  for (const Case& c : chunked_feature_cases("fp32 h_c output", 7800)) cases.push_back(c);
+  for (Case c : cases) {
+    c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+    c.saved_r = DType::i32;  // no saved r: the chunked path
+    run_kept_v_new(c);
+  }
+}
+
 // The chains kernel (stage 2 again and B1 in one launch, chunked_state_chains.cuh), off by default since
 // session 17 (the wgmma stage 2 and B1 are faster where it would run), stays a choice:
 // FLASHGRAD_CHUNKED_STATE_CHAINS=1 on the K = V = 128 length cases without the kept v_new (the path that

@@ -126,12 +126,13 @@ inline bool fused_output_wanted(const ChunkedArgs& a) {
   return kFusedOutputByDefault && 4 * a.num_seqs * a.HV * (a.V / 128) >= 3 * sm_count();
 }
 
-template <typename T, int KMAX>
+// Stage 3 reads h_c in fp32 (a.h: hi + lo products) or, kSingle, in T (a.h16: single products).
+template <typename T, int KMAX, bool kSingle>
 void launch_output_fixed(const ChunkedArgs& a, cudaStream_t s) {
   const int64_t bytes = OutputSmem<T, KMAX>::bytes(a.V);
-  set_smem(chunk_output_kernel<T, KMAX>, bytes);
+  set_smem(chunk_output_kernel<T, KMAX, kSingle>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.HV));  // V: a loop inside
-  chunk_output_kernel<T, KMAX><<<grid, kChunkThreads, bytes, s>>>(a);
+  chunk_output_kernel<T, KMAX, kSingle><<<grid, kChunkThreads, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -353,12 +354,12 @@ bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t s) {
 template <typename T>
 void launch_chunk_output(const ChunkedArgs& a, cudaStream_t s) {
   check_chunked_args("chunked delta rule (output)", dtype_of<T>(), a);
-  if (!a.h) throw_invalid_argument("chunked delta rule (output)", "scratch", "stage 3 reads fp32 h (not h16)");
   if (a.num_chunks == 0 || a.HV == 0) return;
+  const bool single = a.h16 != nullptr;  // (check_chunked_args: h or h16, not both)
   if (a.K == 64)
-    launch_output_fixed<T, 64>(a, s);
+    single ? launch_output_fixed<T, 64, true>(a, s) : launch_output_fixed<T, 64, false>(a, s);
   else
-    launch_output_fixed<T, 128>(a, s);
+    single ? launch_output_fixed<T, 128, true>(a, s) : launch_output_fixed<T, 128, false>(a, s);
 }
 
 template <typename T>

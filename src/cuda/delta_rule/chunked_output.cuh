@@ -10,6 +10,11 @@
 // in registers (accumulators -> A fragments, split hi + lo); h_c (fp32) is split hi + lo into
 // shared memory once per slice and read by ldmatrix.trans, like v_new; q by ldmatrix. So every
 // product keeps ~fp32 operands except v_new, which stage 2 stores in T.
+// kSingle (session 17; the forward's unfused path, chunked_stages.h output_h16_wanted): h_c comes in T
+// (ChunkedArgs::h16, stage 2 rounds it once) and P enters its product as one T fragment: the operands
+// of the fused state + output kernel (chunked_state.cuh) and of fla's output kernel, at half the mmas
+// and half h's bytes (h_c is 64 KiB in fp32 per (chunk, value head) at K = V = 128, the kernel's
+// largest read).
 #pragma once
 
 #include "chunked_mma.cuh"
@@ -64,7 +69,7 @@ __device__ __forceinline__ void store_split(float x, T* hi, T* lo) {
   *lo = from_f<T>(x - to_f<T>(h));
 }
 
-template <typename T, int KMAX>
+template <typename T, int KMAX, bool kSingle = false>
 __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs a) {
   using S = OutputSmem<T, KMAX>;
   constexpr int C = kChunkSize, LDK = S::LDK, LDH = S::LDH;
@@ -139,10 +144,25 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
   // The o view's element pairs (columns 2 tig, 2 tig + 1) can be stored as one 32-bit word.
   const bool o_pairs = !a.o.f32 && (reinterpret_cast<uintptr_t>(a.o.p) & 3) == 0 && a.o.s3 == 1 && a.o.s0 % 2 == 0 &&
                        a.o.s1 % 2 == 0 && a.o.s2 % 2 == 0;
-  const float* hc = a.h + (c * a.HV + hv) * a.K * a.V;
+  const float* hc = kSingle ? nullptr : a.h + (c * a.HV + hv) * a.K * a.V;
+  const T* hc16 = kSingle ? static_cast<const T*>(a.h16) + (c * a.HV + hv) * a.K * a.V : nullptr;
   for (int c0 = 0; c0 < a.V; c0 += kOutputCols) {
     if (c0 > 0) __syncthreads();  // the previous slice's readers of hs are done
-    {
+    if constexpr (kSingle) {
+      // h_c[:, c0 + [0, 64)] in T -> hs: KMAX x 8 16-byte pieces, all loads issued first.
+      constexpr int kIters = KMAX * 8 / kChunkThreads;
+      uint4 x[kIters];
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int e = tid + it * kChunkThreads, d = e / 8, p = e % 8;
+        x[it] = *reinterpret_cast<const uint4*>(hc16 + d * a.V + c0 + 8 * p);
+      }
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int e = tid + it * kChunkThreads, d = e / 8, p = e % 8;
+        *reinterpret_cast<uint4*>(sm.hs + d * LDH + 8 * p) = x[it];
+      }
+    } else {
       // h_c[:, c0 + [0, 64)] -> hs (hi, lo): KMAX x 16 float4 pieces, all loads issued first.
       constexpr int kIters = KMAX * 16 / kChunkThreads;
       float4 x[kIters];
@@ -174,10 +194,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         mma::ldmatrix_x4<true>(bh[np], sm.hs + (16 * ks + tr) * LDH + 16 * np + tc);
-        mma::ldmatrix_x4<true>(bl[np], sm.hs_lo + (16 * ks + tr) * LDH + 16 * np + tc);
+        if constexpr (!kSingle) mma::ldmatrix_x4<true>(bl[np], sm.hs_lo + (16 * ks + tr) * LDH + 16 * np + tc);
       }
       mma::mma_tiles<T, 4>(acc, af, bh);  // 8 mmas apart on each accumulator
-      mma::mma_tiles<T, 4>(acc, af, bl);
+      if constexpr (!kSingle) mma::mma_tiles<T, 4>(acc, af, bl);
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -193,7 +213,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
 #pragma unroll
       for (int np = 0; np < 4; ++np) mma::ldmatrix_x4<true>(b[np], sm.vn + (16 * kb + tr) * ldv + c0 + 16 * np + tc);
       mma::mma_tiles<T, 4>(acc, ph[kb], b);
-      mma::mma_tiles<T, 4>(acc, pl[kb], b);
+      if constexpr (!kSingle) mma::mma_tiles<T, 4>(acc, pl[kb], b);
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)

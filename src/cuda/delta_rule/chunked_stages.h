@@ -401,13 +401,30 @@ void launch_chunk_qk_finish(const ChunkedArgs& a, View dq, View dk, int64_t batc
 template <typename T>
 bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t stream);
 
-// The three stages in order (the whole chunked forward).
+// Whether the forward's unfused stages 2 and 3 pass h_c in T (stage 2 rounds it once; stage 3 takes
+// single-fragment products: chunk_output_kernel's kSingle) instead of fp32 with hi + lo products: the
+// precision of the fused state + output kernel (the forward's default at many chains) and of fla's
+// forward, at half the bytes of h. On by default since session 17 (kOutputH16ByDefault);
+// FLASHGRAD_CHUNKED_OUTPUT_H16=0 / 1 (read per call) turns it off / on.
+constexpr bool kOutputH16ByDefault = true;
+inline bool output_h16_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_OUTPUT_H16");
+  return env ? std::string(env) == "1" : kOutputH16ByDefault;
+}
+
+// The three stages in order (the whole chunked forward). With output_h16_wanted, h_c goes through the
+// fp32 buffer a.h as T (its first half).
 template <typename T>
 void launch_chunked_forward(const ChunkedArgs& a, cudaStream_t stream) {
   launch_chunk_prepare<T>(a, stream);
   if (launch_chunk_state_with_output<T>(a, stream)) return;
-  launch_chunk_state<T>(a, stream);
-  launch_chunk_output<T>(a, stream);
+  ChunkedArgs b = a;
+  if (a.h && output_h16_wanted()) {
+    b.h16 = a.h;
+    b.h = nullptr;
+  }
+  launch_chunk_state<T>(b, stream);
+  launch_chunk_output<T>(b, stream);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
