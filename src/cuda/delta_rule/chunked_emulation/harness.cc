@@ -212,7 +212,19 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     a.keep_v_new = false;
   } else {
     unfused_state();
-    launch(NC, HV, 1, [&] { dr::chunk_output_kernel<TT, KM>(a); });
+    if (dr::output_h16_wanted()) {
+      // The path's default since session 17 (launch_chunked_forward): stage 2 stores h_c in T and stage 3
+      // reads it with single products (kSingle). Stage 2 rounds its fp32 state to T once, so h_c in T is
+      // this run's fp32 h rounded here; h's comparisons below keep the fp32 run.
+      Buf h16o(dt, std::max<int64_t>(NC, 1) * HV * K * V);
+      for (int64_t i = 0; i < h16o.n; ++i) flashgrad::host::store<float>(h16o.mem.data(), dt, i, hh.at(i));
+      dr::ChunkedArgs ao = a;
+      ao.h = nullptr;
+      ao.h16 = h16o.p();
+      launch(NC, HV, 1, [&] { dr::chunk_output_kernel<TT, KM, true>(ao); });
+    } else {
+      launch(NC, HV, 1, [&] { dr::chunk_output_kernel<TT, KM>(a); });
+    }
   }
   // The backward's 16-bit mode (session 6; FLASHGRAD_CHUNKED_STATE16, as chunked_path.cu): "0" all
   // fp32 with B2's accumulators (the session-5 backward); "1" h, dh in T; "3" h, dh, dv_new in T;
