@@ -42,6 +42,7 @@
 #include "chunked_stages.h"
 #include "chunked_state_wgmma.cuh"  // swizzled()
 #include "chunked_tiles.cuh"
+#include "chunked_wgmma_state.cuh"
 #include "cuda/attention/wgmma_primitives.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -86,13 +87,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
 
   // dL/dh: tile mt = key channels [64 mt, +64) x the slice's BV columns.
   float dh[KP][BV / 2];
-#pragma unroll
-  for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-    for (int e = 0; e < BV / 2; ++e) {
-      const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
-      dh[mt][e] = a.dht.p ? static_cast<const float*>(a.dht.p)[off4(a.dht, n, hv, ch, col0 + col)] : 0.f;
-    }
+  load_chain_state<KP, BV>(dh, a.dht, n, hv, col0, wg, g, t);
 
   // The copies' fixed parts. Key rows (k, q, w): this thread copies 16-byte chunk kc of rows kr + KS i
   // (i < C KC / 128; KS = 128 / KC, a multiple of 8, so every row it copies has the same swizzle); the
@@ -169,31 +164,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     // columns 8 i.
     {
       const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
-#pragma unroll
-      for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-        for (int e = 0; e < BV / 2; e += 2) {
-          const int rr = 64 * mt + 8 * ((e >> 1) & 1), i = e >> 2;
-          *reinterpret_cast<uint32_t*>(smem + S::kOffHs + hs_at + rr * 128 + (((i ^ g) & 7) << 4)) =
-              mma::pack_floats<T>(dh[mt][e], dh[mt][e + 1]);
-        }
-      if (a.dh16) {
-        T* const hp = static_cast<T*>(a.dh16) + at;
-#pragma unroll
-        for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-          for (int e = 0; e < BV / 2; e += 2)
-            *reinterpret_cast<uint32_t*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
-                mma::pack_floats<T>(dh[mt][e], dh[mt][e + 1]);
-      } else {
-        float* const hp = a.dh + at;
-#pragma unroll
-        for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-          for (int e = 0; e < BV / 2; e += 2)
-            *reinterpret_cast<float2*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
-                make_float2(dh[mt][e], dh[mt][e + 1]);
-      }
+      stage_chain_state<T, KP, BV>(dh, smem + S::kOffHs, hs_at, g, a.dh16, a.dh, at, Vi);
     }
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's tiles, G, colscale and Hs in place; every thread is done with chunk c + 1.
@@ -283,16 +254,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
   }
   mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 
-  if (a.dh0.p) {
-    float* dh0 = static_cast<float*>(a.dh0.p);
-#pragma unroll
-    for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-      for (int e = 0; e < BV / 2; ++e) {
-        const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
-        dh0[off4(a.dh0, n, hv, ch, col0 + col)] = dh[mt][e];
-      }
-  }
+  store_chain_state<KP, BV>(dh, a.dh0, n, hv, col0, wg, g, t);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

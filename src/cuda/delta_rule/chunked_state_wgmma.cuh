@@ -42,6 +42,7 @@
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
 #include "chunked_tiles.cuh"
+#include "chunked_wgmma_state.cuh"
 #include "cuda/attention/wgmma_primitives.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -95,13 +96,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
 
   // The state: tile mt = key channels [64 mt, +64) x the slice's BV columns.
   float h[KP][BV / 2];
-#pragma unroll
-  for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-    for (int e = 0; e < BV / 2; ++e) {
-      const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
-      h[mt][e] = a.h0.p ? static_cast<const float*>(a.h0.p)[off4(a.h0, n, hv, ch, col0 + col)] : 0.f;
-    }
+  load_chain_state<KP, BV>(h, a.h0, n, hv, col0, wg, g, t);
 
   // The copies' fixed parts. Key rows (w, k): this thread copies 16-byte chunk kc of rows kr + KS i
   // (i < C KC / 128; KS = 128 / KC, a multiple of 8, so every row it copies has the same swizzle);
@@ -169,31 +164,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     // Element offsets from this thread's first (row vrow, columns 2 t): rows 64 mt + 8 r, columns 8 i.
     {
       const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
-#pragma unroll
-      for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-        for (int e = 0; e < BV / 2; e += 2) {
-          const int rr = 64 * mt + 8 * ((e >> 1) & 1), i = e >> 2;
-          *reinterpret_cast<uint32_t*>(smem + S::kOffHs + hs_at + rr * 128 + (((i ^ g) & 7) << 4)) =
-              mma::pack_floats<T>(h[mt][e], h[mt][e + 1]);
-        }
-      if (a.h16) {
-        T* const hp = static_cast<T*>(a.h16) + at;
-#pragma unroll
-        for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-          for (int e = 0; e < BV / 2; e += 2)
-            *reinterpret_cast<uint32_t*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
-                mma::pack_floats<T>(h[mt][e], h[mt][e + 1]);
-      } else {
-        float* const hp = a.h + at;
-#pragma unroll
-        for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-          for (int e = 0; e < BV / 2; e += 2)
-            *reinterpret_cast<float2*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * Vi + 8 * (e >> 2)) =
-                make_float2(h[mt][e], h[mt][e + 1]);
-      }
+      stage_chain_state<T, KP, BV>(h, smem + S::kOffHs, hs_at, g, a.h16, a.h, at, Vi);
     }
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's w, k, u, G, colscale and Hs in place; every thread is done with chunk c - 1.
@@ -282,16 +253,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
   }
   mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 
-  if (a.ht.p) {
-    float* ht = static_cast<float*>(a.ht.p);
-#pragma unroll
-    for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-      for (int e = 0; e < BV / 2; ++e) {
-        const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
-        ht[off4(a.ht, n, hv, ch, col0 + col)] = h[mt][e];
-      }
-  }
+  store_chain_state<KP, BV>(h, a.ht, n, hv, col0, wg, g, t);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

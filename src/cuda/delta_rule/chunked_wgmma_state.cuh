@@ -1,0 +1,83 @@
+// The state of the delta rule's wgmma chains (chunked_state_wgmma.cuh: h, forward;
+// chunked_state_backward_wgmma.cuh: dL/dh, backward) as one warpgroup holds it: [K x BV] fp32 in KP = K / 64
+// wgmma accumulator tiles, tile mt = key channels [64 mt, +64). Accumulator element e = 4 i + 2 r + q of a
+// tile (warp wg, lane = 4 g + t): key channel 64 mt + 16 wg + g + 8 r, value column 8 i + 2 t + q
+// (wgmma_primitives.cuh). What both kernels do with it:
+//   load_chain_state / store_chain_state: from the initial state (h0, dht) or zeros / to the final one
+//     (ht, dh0), once per chain;
+//   stage_chain_state: in T to a swizzled [K][64] tile in shared memory (the B operand of the chain's
+//     first product) and to the per-chunk intermediates (T or fp32), once per chunk.
+#pragma once
+
+#include <cstdint>
+
+#include "chunked_mma_ldmatrix.cuh"
+#include "chunked_stages.h"
+
+namespace flashgrad::cuda_detail::delta_rule {
+
+// s = x[n, hv, :, col0 + :] (an fp32 view, by value), or zeros where x is absent.
+template <int KP, int BV>
+__device__ __forceinline__ void load_chain_state(float (&s)[KP][BV / 2], View x, int64_t n, int64_t hv, int64_t col0,
+                                                 int wg, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+    for (int e = 0; e < BV / 2; ++e) {
+      const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
+      s[mt][e] = x.p ? static_cast<const float*>(x.p)[off4(x, n, hv, ch, col0 + col)] : 0.f;
+    }
+}
+
+// x[n, hv, :, col0 + :] = s where x is given (an fp32 view). (By reference here and by value in
+// load_chain_state: the forms whose SASS equals the kernels' code before this header, session 17.)
+template <int KP, int BV>
+__device__ __forceinline__ void store_chain_state(const float (&s)[KP][BV / 2], const View& x, int64_t n,
+                                                  int64_t hv, int64_t col0, int wg, int g, int t) {
+  if (x.p) {
+    float* out = static_cast<float*>(x.p);
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+      for (int e = 0; e < BV / 2; ++e) {
+        const int ch = 64 * mt + 16 * wg + g + 8 * ((e >> 1) & 1), col = 8 * (e >> 2) + 2 * t + (e & 1);
+        out[off4(x, n, hv, ch, col0 + col)] = s[mt][e];
+      }
+  }
+}
+
+// s in T into the swizzled tile at `tile` (this thread's pairs at byte offset `at` = (16 wg + g) * 128 + 4 t
+// of the tile, rows + 64 mt + 8 r, 16-byte chunk i at i ^ g), and to the intermediates: in T at h16 + off
+// if h16 is given, else in fp32 at h + off, where off is this thread's first element (key channel 16 wg +
+// g, column 2 t) of the chunk's [K][V] state; V their row pitch.
+template <typename T, int KP, int BV>
+__device__ __forceinline__ void stage_chain_state(const float (&s)[KP][BV / 2], unsigned char* tile, uint32_t at,
+                                                  int g, void* h16, float* h, int64_t off, int V) {
+#pragma unroll
+  for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+    for (int e = 0; e < BV / 2; e += 2) {
+      const int rr = 64 * mt + 8 * ((e >> 1) & 1), i = e >> 2;
+      *reinterpret_cast<uint32_t*>(tile + at + rr * 128 + (((i ^ g) & 7) << 4)) =
+          mma::pack_floats<T>(s[mt][e], s[mt][e + 1]);
+    }
+  if (h16) {
+    T* const hp = static_cast<T*>(h16) + off;
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+      for (int e = 0; e < BV / 2; e += 2)
+        *reinterpret_cast<uint32_t*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * V + 8 * (e >> 2)) =
+            mma::pack_floats<T>(s[mt][e], s[mt][e + 1]);
+  } else {
+    float* const hp = h + off;
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+      for (int e = 0; e < BV / 2; e += 2)
+        *reinterpret_cast<float2*>(hp + (64 * mt + 8 * ((e >> 1) & 1)) * V + 8 * (e >> 2)) =
+            make_float2(s[mt][e], s[mt][e + 1]);
+  }
+}
+
+}  // namespace flashgrad::cuda_detail::delta_rule
