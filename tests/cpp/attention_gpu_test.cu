@@ -681,11 +681,7 @@ TEST(AttentionGpu, BackwardLongWalks) {
 // one causal GQA and one varlen case through it, so the fallback keeps its coverage.
 TEST(AttentionGpu, LegacyBackwardFallback) {
   REQUIRE_GPU();
-  // Unset again however the test leaves (a failed ASSERT inside check_case returns early).
-  struct LegacyBackward {
-    LegacyBackward() { setenv("FLASHGRAD_ATTN_BACKWARD", "legacy", 1); }
-    ~LegacyBackward() { unsetenv("FLASHGRAD_ATTN_BACKWARD"); }
-  } legacy_backward;
+  const flashgrad::test::EnvSet legacy_backward("FLASHGRAD_ATTN_BACKWARD", "legacy");
   Config c;
   c.hq = 4;
   c.hk = 2;

@@ -31,6 +31,7 @@
 namespace flashgrad::wgmma_test {
 namespace {
 
+using flashgrad::test::EnvSet;
 using flashgrad::test::round_to;
 
 enum class Layout { contiguous, packed_qkv, heads_major };
@@ -496,11 +497,6 @@ TEST(AttentionWgmma, StridedViews) {
 // A wrong barrier count would hang the test binary (named barriers have no watchdog), so this suite
 // runs only where asked (tools/gpu-extra/wgmma.sh sets FLASHGRAD_TEST_WGMMA_VARIANTS=1 under its
 // own time cap).
-struct EnvSet {
-  const char* name;
-  EnvSet(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvSet() { unsetenv(name); }
-};
 
 void check_variant_cases() {
   Case c;

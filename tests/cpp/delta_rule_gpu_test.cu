@@ -29,6 +29,7 @@
 
 namespace {
 
+using flashgrad::test::EnvSet;
 using flashgrad::test::round_to;
 
 using flashgrad::DType;
@@ -824,10 +825,7 @@ TEST(DeltaRuleGpu, ChunkedKeptVNewMatches) {
 // (small cases: the GPU check's compute-sanitizer runs this one)
 TEST(DeltaRuleGpu, ChunkedKeptVNewFusedForward) {
   REQUIRE_GPU();
-  struct ForceFused {  // unset again however the test ends (the suite's later tests run in this process)
-    ForceFused() { setenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT", "1", 1); }
-    ~ForceFused() { unsetenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT"); }
-  } force_fused;
+  const EnvSet force_fused("FLASHGRAD_CHUNKED_FUSED_OUTPUT", "1");
   std::vector<Case> cases;
   for (const Case& c : chunked_length_cases("kept v_new, fused forward", 2600))
     if (c.T == 1 || c.T == 75 || c.T == 500) cases.push_back(c);
@@ -948,13 +946,10 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
 // sequence), without and with the kept v_new. The setting is unset again however the test ends.
 TEST(DeltaRuleGpu, ChunkedStateWgmma) {
   REQUIRE_GPU();
-  struct Env {
-    ~Env() { unsetenv("FLASHGRAD_CHUNKED_STATE_WGMMA"); }
-  } env;
   std::vector<Case> cases = chunked_length_cases("wgmma stage 2", 4800);
   for (const Case& c : chunked_feature_cases("wgmma stage 2", 4800)) cases.push_back(c);
   for (const char* cols : {"64", "32", "0"}) {
-    setenv("FLASHGRAD_CHUNKED_STATE_WGMMA", cols, 1);
+    const EnvSet width("FLASHGRAD_CHUNKED_STATE_WGMMA", cols);
     SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_STATE_WGMMA=") + cols);
     for (Case c : cases) {
       c.name += std::string(cols) == "0" ? std::string(", mma.sync stage 2") : std::string(", ") + cols + " columns";
@@ -981,17 +976,7 @@ TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
   int dev = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-  struct Env {
-    Env() {
-      setenv("FLASHGRAD_CHUNKED_STATE_CHAINS", "0", 1);
-      setenv("FLASHGRAD_CHUNKED_DVNEW_IN_W", "0", 1);
-    }
-    ~Env() {
-      unsetenv("FLASHGRAD_CHUNKED_B1_WGMMA");
-      unsetenv("FLASHGRAD_CHUNKED_STATE_CHAINS");
-      unsetenv("FLASHGRAD_CHUNKED_DVNEW_IN_W");
-    }
-  } env;
+  const EnvSet no_chains("FLASHGRAD_CHUNKED_STATE_CHAINS", "0"), no_dvn_in_w("FLASHGRAD_CHUNKED_DVNEW_IN_W", "0");
   std::vector<Case> cases = chunked_length_cases("wgmma B1", 5800);
   for (const Case& c : chunked_feature_cases("wgmma B1", 5800)) cases.push_back(c);
   {
@@ -1005,7 +990,7 @@ TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
   }
   namespace dr = flashgrad::cuda_detail::delta_rule;
   for (const char* cols : {"32", "16", "0"}) {
-    setenv("FLASHGRAD_CHUNKED_B1_WGMMA", cols, 1);
+    const EnvSet width("FLASHGRAD_CHUNKED_B1_WGMMA", cols);
     SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_B1_WGMMA=") + cols);
     for (Case c : cases) {
       const int64_t chains = (c.seq_lens.empty() ? c.B : static_cast<int64_t>(c.seq_lens.size())) * c.HV;
@@ -1029,10 +1014,7 @@ TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
 // DeltaRuleChunkedGpu checks that kernel's output against the CPU reference's too). Unset at the end.
 TEST(DeltaRuleGpu, ChunkedOutputFp32State) {
   REQUIRE_GPU();
-  struct Env {
-    Env() { setenv("FLASHGRAD_CHUNKED_OUTPUT_H16", "0", 1); }
-    ~Env() { unsetenv("FLASHGRAD_CHUNKED_OUTPUT_H16"); }
-  } env;
+  const EnvSet fp32_state("FLASHGRAD_CHUNKED_OUTPUT_H16", "0");
   std::vector<Case> cases;
   for (const Case& c : chunked_length_cases("fp32 h_c output", 7800))
     if (c.T == 1500) cases.push_back(c);
@@ -1053,10 +1035,7 @@ TEST(DeltaRuleGpu, ChunkedStateChainsOptIn) {
   int dev = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-  struct Env {
-    Env() { setenv("FLASHGRAD_CHUNKED_STATE_CHAINS", "1", 1); }
-    ~Env() { unsetenv("FLASHGRAD_CHUNKED_STATE_CHAINS"); }
-  } env;
+  const EnvSet chains("FLASHGRAD_CHUNKED_STATE_CHAINS", "1");
   for (Case c : chunked_length_cases("chains kernel", 6800)) {
     if (c.T != 1 && c.T != 75 && c.T != 1500) continue;
     ASSERT_TRUE(flashgrad::cuda_detail::delta_rule::state_chains_wanted(c.B * c.HV, c.K, c.V, sms))

@@ -1,10 +1,12 @@
 // Shared by the GPU test files (*_gpu_test.cu): whether a device is there (tests skip with the
-// reason printed when it is not), a checked CUDA call, and rounding to a 16-bit dtype on the host.
+// reason printed when it is not), a checked CUDA call, rounding to a 16-bit dtype on the host, and a
+// launcher setting held for a scope.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "core/host_dtype.h"
@@ -31,6 +33,16 @@ inline float round_to(DType dt, float x) {
     default: return x;
   }
 }
+
+// An environment variable (a launcher setting the library reads per call) set for this scope and unset
+// when it ends, however the test leaves it (a failed ASSERT returns early).
+struct EnvSet {
+  const char* name;
+  EnvSet(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~EnvSet() { unsetenv(name); }
+  EnvSet(const EnvSet&) = delete;
+  EnvSet& operator=(const EnvSet&) = delete;
+};
 
 }  // namespace flashgrad::test
 

@@ -178,16 +178,22 @@ void launch_dv_local(const ChunkedArgs& a, cudaStream_t s) {
 // DRAM round trip here).
 constexpr int kStateWgmmaStages = 3;
 
+// The wgmma chains (stage 2, B1): one warpgroup per (sequence, value head, BV value columns).
+template <int BV, typename Kernel>
+void launch_wgmma_chain(Kernel kernel, int64_t bytes, const ChunkedArgs& a, cudaStream_t s) {
+  set_smem(kernel, bytes);
+  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
+  kernel<<<grid, 128, bytes, s>>>(a);
+  FLASHGRAD_CUDA_CHECK_LAUNCH();
+}
+
 // B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17): BV value columns per block of one
 // warpgroup (state_backward_wgmma_cols, chunked_stages.h, says where and how wide).
 template <typename T, int KMAX, int BV>
 void launch_state_backward_wgmma(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  constexpr int64_t bytes = StateBackwardWgmmaSmem<T, KMAX, BV, ST>::bytes();
-  set_smem(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>, bytes);
-  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
-  chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST><<<grid, 128, bytes, s>>>(a);
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>,
+                         StateBackwardWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
 }
 // Whether B1's wgmma kernel can read this call's arguments: k, q and the slice's dout by 16-byte rows,
 // stage 1's and B0's row scales given, dv_local (and so dv_new) in its own 16-bit buffer.
@@ -279,11 +285,7 @@ inline int state_wgmma_cols(const ChunkedArgs& a) {
 template <typename T, int KMAX, int BV>
 void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  constexpr int64_t bytes = StateWgmmaSmem<T, KMAX, BV, ST>::bytes();
-  set_smem(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, bytes);
-  const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
-  chunk_state_wgmma_kernel<T, KMAX, BV, ST><<<grid, 128, bytes, s>>>(a);
-  FLASHGRAD_CUDA_CHECK_LAUNCH();
+  launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, StateWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
 }
 template <typename T>
 bool launch_state_wgmma(const ChunkedArgs& a, cudaStream_t s) {

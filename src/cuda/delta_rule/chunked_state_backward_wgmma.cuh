@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
   using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES>;
   constexpr int C = kChunkSize, KP = S::KP, LDD = S::LDD, KC = KMAX / 8;  // KC: 16-byte chunks per key row
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block (64 would not fit three stages at K = 128)");
+  static_assert(S::bytes() <= 227 * 1024, "sm_90 allows 227 KiB of shared memory per block");
   static_assert(STAGES >= 2, "a chunk in use and one in flight at least");
   extern __shared__ __align__(16) unsigned char smem_dyn[];
   // Aligned up by an offset from the shared array itself (as chunked_state_wgmma.cuh: LDS / STS stay).

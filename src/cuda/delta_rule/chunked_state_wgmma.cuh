@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
   using S = StateWgmmaSmem<T, KMAX, BV, STAGES>;
   constexpr int C = kChunkSize, KP = S::KP, LDU = S::LDU, KC = KMAX / 8;  // KC: 16-byte chunks per key row
   static_assert(BV == 16 || BV == 32 || BV == 64, "16, 32 or 64 value columns per block");
+  static_assert(S::bytes() <= 227 * 1024, "sm_90 allows 227 KiB of shared memory per block");
   static_assert(STAGES >= 2, "a chunk in use and one in flight at least");
   extern __shared__ __align__(16) unsigned char smem_dyn[];
   // Aligned up by an offset from the shared array itself (not through an integer round trip), so that
