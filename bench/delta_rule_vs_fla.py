@@ -3,7 +3,9 @@
 fla refuses its chunked backward on Hopper with Triton 3.4-3.7.0 (wrong results); this script lifts
 that guard for TIMING ONLY (fla.ops.common.chunk_o.TRITON_ABOVE_3_4_0 = False), as anchors.md did.
 Times are CUDA-event medians; backward = (forward + backward) - forward. Peak extra memory is
-torch.cuda.max_memory_allocated during forward+backward minus the memory held by inputs.
+torch.cuda.max_memory_allocated during forward+backward minus the memory held by inputs; "fwd peak"
+is the same for a forward alone under torch.no_grad (inference / evaluation: nothing kept for a
+backward).
 
 usage: python bench/delta_rule_vs_fla.py [--out table.md] [--json results.json] [--no-fla] [--cases KDA,recurrent]
 """
@@ -61,7 +63,15 @@ def make_inputs(kind, B, T, H, K):
 
 
 def measure(fn, inputs):
-    """fn(*inputs) -> (o, final_state). Returns fwd ms, bwd ms (or None), peak extra MiB."""
+    """fn(*inputs) -> (o, final_state). Returns fwd ms, bwd ms (or None), peak extra MiB of forward +
+    backward (or None), peak extra MiB of a forward under no_grad."""
+    with torch.no_grad():
+        fn(*inputs)
+        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = fn(*inputs); torch.cuda.synchronize()
+        fwd_peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        del out
     o, ht = fn(*inputs)
     do, dht = torch.randn_like(o), torch.randn_like(ht)
     fwd = bench_ms(lambda: fn(*inputs))
@@ -78,7 +88,7 @@ def measure(fn, inputs):
         bwd = max(bench_ms(both) - fwd, 1e-9)
     except NotImplementedError as e:
         print(f"  backward refused: {str(e)[:100]}")
-    return fwd, bwd, peak
+    return fwd, bwd, peak, fwd_peak
 
 
 def flashgrad_fn(kind, algo):
@@ -111,8 +121,9 @@ def render(rows, dev):
 
     out = [f"# Gated delta rule, bf16, ms — {dev}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}",
            "", "| case | B T H K | flashgrad fwd | fla fwd | fla/fg fwd | flashgrad bwd | fla bwd | fla/fg bwd | "
-           "fg tokens/s (fwd+bwd) | fg peak MiB | fla peak MiB | anchor fla fwd/bwd |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "fg tokens/s (fwd+bwd) | fg peak MiB | fla peak MiB | fg fwd peak MiB | fla fwd peak MiB | "
+           "anchor fla fwd/bwd |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tot = (r.get("fg_fwd") or 0) + (r.get("fg_bwd") or 0)
         tps = f"{r['B'] * r['T'] / (tot / 1e3):.3g}" if tot else "n/a"
@@ -120,7 +131,7 @@ def render(rows, dev):
         out.append(f"| {r['case']} | {r['B']} {r['T']} {r['H']} {r['K']} | {ms(r.get('fg_fwd'))} | {ms(r.get('fla_fwd'))} | "
                    f"{ratio(r.get('fla_fwd'), r.get('fg_fwd'))} | {ms(r.get('fg_bwd'))} | {ms(r.get('fla_bwd'))} | "
                    f"{ratio(r.get('fla_bwd'), r.get('fg_bwd'))} | {tps} | {ms(r.get('fg_peak'))} | {ms(r.get('fla_peak'))} | "
-                   f"{a if a else 'n/a'} |")
+                   f"{ms(r.get('fg_fwd_peak'))} | {ms(r.get('fla_fwd_peak'))} | {a if a else 'n/a'} |")
     errs = [f"- {r['case']} B{r['B']} T{r['T']}: {k} = {v}" for r in rows for k, v in r.items() if k.endswith("_err")]
     table = "\n".join(out + (["", "Errors:"] + errs if errs else []))
     return table
@@ -148,8 +159,8 @@ def main():
             t_start = time.time()
             print(f"  {name} B{B} T{T}: {who} ...", file=sys.stderr, flush=True)
             try:
-                fwd, bwd, peak = measure(make(), inputs)
-                r.update({f"{who}_fwd": fwd, f"{who}_bwd": bwd, f"{who}_peak": peak})
+                fwd, bwd, peak, fwd_peak = measure(make(), inputs)
+                r.update({f"{who}_fwd": fwd, f"{who}_bwd": bwd, f"{who}_peak": peak, f"{who}_fwd_peak": fwd_peak})
             except Exception as e:
                 r[f"{who}_err"] = f"{type(e).__name__}: {str(e)[:100]}"
             torch.cuda.synchronize()

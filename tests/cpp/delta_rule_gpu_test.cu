@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -55,6 +56,7 @@ struct Case {
   int64_t pad = 0;        // strided q, k, v, dout, o, r, dq, dk, dv: rows padded by this many elements
   flashgrad::DeltaRuleAlgorithm algorithm = flashgrad::DeltaRuleAlgorithm::recurrent;
   bool keep_v_new = false;  // pass saved_v_new (chunked algorithm, GDN / plain): forward writes it, backward reads it
+  bool exact_workspace = false;  // each call gets exactly delta_rule_workspace_bytes of workspace (GuardedWorkspace)
   uint64_t seed = 1;
 
   int64_t N() const { return seq_lens.empty() ? B : static_cast<int64_t>(seq_lens.size()); }
@@ -364,6 +366,31 @@ struct DevTensor {
   }
 };
 
+// A caller's workspace of exactly `bytes`, followed by a guard of kGuard bytes; all of it filled with
+// kFill first. A pass that writes past the bytes it asked for (delta_rule_workspace_bytes) changes the
+// guard.
+struct GuardedWorkspace {
+  static constexpr std::size_t kGuard = 1 << 16;
+  static constexpr int kFill = 0xa5;
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  explicit GuardedWorkspace(std::size_t b) : bytes(b) {
+    if (cudaMalloc(&ptr, b + kGuard) != cudaSuccess) ptr = nullptr;
+    if (ptr) cudaMemset(ptr, kFill, b + kGuard);
+  }
+  GuardedWorkspace(const GuardedWorkspace&) = delete;
+  GuardedWorkspace& operator=(const GuardedWorkspace&) = delete;
+  ~GuardedWorkspace() {
+    if (ptr) cudaFree(ptr);
+  }
+  flashgrad::Workspace ws() const { return {ptr, bytes}; }
+  bool guard_intact() const {
+    std::vector<uint8_t> g(kGuard);
+    if (cudaMemcpy(g.data(), static_cast<char*>(ptr) + bytes, kGuard, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    return std::all_of(g.begin(), g.end(), [](uint8_t x) { return x == kFill; });
+  }
+};
+
 double rel_rms(const std::vector<double>& got, const std::vector<double>& ref) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -534,8 +561,15 @@ void run_case(const Case& c) {
     vn.poison();
     out.saved_v_new = vn.view();
   }
-  ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out));
+  std::unique_ptr<GuardedWorkspace> fws;
+  if (c.exact_workspace) {
+    fws = std::make_unique<GuardedWorkspace>(
+        flashgrad::delta_rule_workspace_bytes(p, flashgrad::Pass::forward, out.saved_v_new.data != nullptr));
+    ASSERT_NE(fws->ptr, nullptr) << c.name << ": cudaMalloc of the forward's workspace";
+  }
+  ASSERT_NO_THROW(flashgrad::delta_rule_forward(p, out, fws ? fws->ws() : flashgrad::Workspace{}));
   CUDA_OK(cudaDeviceSynchronize());
+  if (fws) EXPECT_TRUE(fws->guard_intact()) << c.name << ": the forward wrote past its workspace";
 
   DevTensor dq(c.dtype, {c.B, Tt, c.H, c.K}, pd), dk(c.dtype, {c.B, Tt, c.H, c.K}, pd),
       dv(c.dtype, {c.B, Tt, c.HV, c.V}, pd);
@@ -555,8 +589,15 @@ void run_case(const Case& c) {
   if (dg.ptr) gr.dg = dg.view();
   gr.dbeta = dbeta.view();
   if (c.h0) gr.dh0 = dh0.view();
-  ASSERT_NO_THROW(flashgrad::delta_rule_backward(p, in, gr));
+  std::unique_ptr<GuardedWorkspace> bws;
+  if (c.exact_workspace) {
+    bws = std::make_unique<GuardedWorkspace>(
+        flashgrad::delta_rule_workspace_bytes(p, flashgrad::Pass::backward, in.saved_v_new.data != nullptr));
+    ASSERT_NE(bws->ptr, nullptr) << c.name << ": cudaMalloc of the backward's workspace";
+  }
+  ASSERT_NO_THROW(flashgrad::delta_rule_backward(p, in, gr, bws ? bws->ws() : flashgrad::Workspace{}));
   CUDA_OK(cudaDeviceSynchronize());
+  if (bws) EXPECT_TRUE(bws->guard_intact()) << c.name << ": the backward wrote past its workspace";
 
   expect_close("o", o.download(), R.o, 0.005, c.name);
   expect_close("ht", ht.download(), R.ht, 0.005, c.name);
@@ -833,6 +874,58 @@ TEST(DeltaRuleGpu, ChunkedKeptVNewFusedForward) {
     if (c.V % 128 == 0) cases.push_back(c);
   ASSERT_EQ(cases.size(), 4u);
   for (const Case& c : cases) run_kept_v_new(c);
+}
+
+// The forward's workspace holds what its path writes (chunked_path.cu, session 18): stage 1's G, row
+// scales, w and u always; h_c in T and (unless kept) v_new on the unfused path; neither on the fused
+// state + output path (many chains); A on neither (only the backward reads it). Until session 18 every
+// forward also took A (fp32 [rows, HV, 64]), fp32 h and v_new: at B8 T4096 H16 K=V=128 1078 MB, now
+// 406. Each case runs with exactly the bytes delta_rule_workspace_bytes reports and a filled guard
+// after them (run_case's exact_workspace), its results checked against the reference as every case's.
+TEST(DeltaRuleGpu, ChunkedForwardWorkspaceByPath) {
+  REQUIRE_GPU();
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  for (bool fused : {true, false})
+    for (bool kept : {false, true}) {
+      Case c;
+      c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+      c.saved_r = DType::i32;  // no saved r: the chunked path
+      c.K = c.V = 128;
+      if (fused) {  // enough chains for the fused rule: 4 B HV >= 3 SMs; T = 130: a partial last chunk
+        c.H = c.HV = 16, c.T = 130;
+        c.B = (3 * sms + 4 * c.HV - 1) / (4 * c.HV);
+      } else {
+        c.B = 1, c.H = c.HV = 2, c.T = 500;
+      }
+      c.keep_v_new = kept;
+      c.exact_workspace = true;
+      c.seed = 5100 + 2 * fused + kept;
+      c.name = std::string("chunked gdn ") + (fused ? "fused" : "unfused") + " forward" + (kept ? ", kept v_new" : "") +
+               " B=" + std::to_string(c.B);
+      ASSERT_EQ(flashgrad::cuda_detail::delta_rule::fused_output_wanted(c.B, c.HV, c.V, sms), fused)
+          << c.name << ": the launcher's rule no longer picks this path at these sizes";
+      // Upper bound of what the path writes (bytes), with room for the chunk plan and 256-byte alignment.
+      const std::size_t rows = c.B * c.T, chunks = c.B * ((c.T + 63) / 64), hv = c.HV;
+      const std::size_t stage1 = rows * hv * (4 + 4 + 2 * c.K + 4 * c.V);  // G, row scales, w (T), u (fp32)
+      const std::size_t h_t = chunks * hv * c.K * c.V * 2, v_new = rows * hv * c.V * 2;
+      const std::size_t bound = stage1 + (fused ? 0 : h_t + (kept ? 0 : v_new)) + 64 * 1024;
+      // (the size query's params: tensors of the case's shapes)
+      DevTensor q(c.dtype, {c.B, c.T, c.H, c.K}), k(c.dtype, {c.B, c.T, c.H, c.K}), v(c.dtype, {c.B, c.T, c.HV, c.V}),
+          g(DType::f32, {c.B, c.T, c.HV}), beta(c.dtype, {c.B, c.T, c.HV}), h0(DType::f32, {c.B, c.HV, c.K, c.V});
+      flashgrad::DeltaRuleParams p;
+      p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.beta = beta.view();
+      p.initial_state = h0.view();
+      p.use_qk_l2norm_in_kernel = true;
+      p.algorithm = c.algorithm;
+      const std::size_t fwd = flashgrad::delta_rule_workspace_bytes(p, flashgrad::Pass::forward, kept);
+      std::printf("  %-28s forward workspace %zu bytes, bound %zu (stage 1's %zu)\n", c.name.c_str(), fwd, bound,
+                  stage1);
+      EXPECT_LE(fwd, bound) << c.name << ": the forward's workspace holds more than its path writes";
+      EXPECT_GE(fwd, stage1) << c.name << ": the forward's workspace lacks room for stage 1's outputs";
+      run_case(c);
+    }
 }
 
 // The rebuild's shapes that the launcher's own choices do not all reach at these sizes (its P and R

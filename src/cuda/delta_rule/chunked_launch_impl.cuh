@@ -24,14 +24,16 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// Refuses what the stages do not take (see chunked_stages_support), naming the argument. `u_optional`:
-// stage 1 may leave u out (a backward reading a kept v_new runs no stage 2).
-inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs& a, bool u_optional = false) {
+// Refuses what the stages do not take (see chunked_stages_support), naming the argument, and a
+// missing intermediate the stage uses (`uses`).
+inline void check_chunked_args(const char* stage, DType dtype, const ChunkedArgs& a, StageUses uses = {}) {
   const std::string why = chunked_stages_support(dtype, a.K, a.V, false);
   if (!why.empty()) throw_unsupported(stage, "q", why);
-  // Intermediates every stage pair shares (A is optional: only the tests read it).
-  if (!a.w || (!a.u && !u_optional) || !a.v_new || (!a.h && !a.h16) || !a.chunks || !a.seq_first_chunk || (a.g.p && !a.G))
-    throw_invalid_argument(stage, "scratch", "w, u, v_new, h, the chunk plan and (with a gate) G must be allocated");
+  // Intermediates the stages share (A is optional: only the tests and B2 read it).
+  if (!a.w || (uses.u && !a.u) || (uses.v_new && !a.v_new) || (uses.h && !a.h && !a.h16) || !a.chunks ||
+      !a.seq_first_chunk || (a.g.p && !a.G))
+    throw_invalid_argument(stage, "scratch", std::string("w, ") + (uses.u ? "u, " : "") + (uses.v_new ? "v_new, " : "") +
+                                                 (uses.h ? "h, " : "") + "the chunk plan and (with a gate) G must be allocated");
   if (a.h && a.h16) throw_invalid_argument(stage, "scratch", "h is either fp32 (h) or 16-bit (h16), not both");
   if (a.HV > 65535 || a.V / kStateCols > 65535 || a.num_chunks > 0x7fffffff || a.num_seqs > 0x7fffffff)
     throw_unsupported(stage, "v", "too many value heads, chunks or sequences for one launch");
@@ -111,19 +113,13 @@ inline StateShape state_shape(const ChunkedArgs& a) {
   return StateShape::channel_split;
 }
 
-// Whether the forward runs stage 3 fused into stage 2 (chunked_state.cuh, kOutput): blocks of 8
-// warps (128 value columns), so V % 128 == 0, and by default only with enough (sequence, value
-// head, slice) blocks to cover most SMs: its serial chunk loop does twice stage 2's work, while
-// stage 3 alone is chunk-parallel and does better on few long sequences.
-// FLASHGRAD_CHUNKED_FUSED_OUTPUT=0 / 1 forces it off / on (where V allows).
-// On since the H200 run of 2026-11-30: B8 T4096 H16 K=V=128 forward 1.34 ms fused vs 1.48 unfused;
-// B1 T32768 (64 blocks, under the grid rule) stays unfused (fused: 5.98 ms vs 2.59). The fused path
-// passed DeltaRuleGpu.Chunked* there with FLASHGRAD_CHUNKED_FUSED_OUTPUT=1.
-constexpr bool kFusedOutputByDefault = true;
+// Whether the forward runs stage 3 fused into stage 2: fused_output_wanted (chunked_stages.h), the
+// rule the forward's scratch is sized by; a forward given no h buffer at all (the scratch sized for the
+// fused path, chunked_path.cu) takes it wherever V allows.
 inline bool fused_output_wanted(const ChunkedArgs& a) {
   if (a.V % 128 != 0 || !a.o.p) return false;
-  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT")) return std::string(env) == "1";
-  return kFusedOutputByDefault && 4 * a.num_seqs * a.HV * (a.V / 128) >= 3 * sm_count();
+  if (!a.h && !a.h16) return true;
+  return fused_output_wanted(a.num_seqs, a.HV, a.V, sm_count());
 }
 
 // Stage 3 reads h_c in fp32 (a.h: hi + lo products) or, kSingle, in T (a.h16: single products).
@@ -252,7 +248,8 @@ void launch_state_backward_fixed(const ChunkedArgs& a, cudaStream_t s) {
 
 template <typename T>
 void launch_chunk_prepare(const ChunkedArgs& a, cudaStream_t s) {
-  check_chunked_args("chunked delta rule (prepare)", dtype_of<T>(), a, true);
+  // (u optional: the backward's kept-v_new path has no reader of it; v_new, h: written later)
+  check_chunked_args("chunked delta rule (prepare)", dtype_of<T>(), a, StageUses{false, false, false});
   if (a.num_chunks == 0 || a.HV == 0) return;
   if (a.K == 64)
     launch_prepare_fixed<T, 64>(a, s);
@@ -339,8 +336,9 @@ void launch_chunk_state(const ChunkedArgs& a, cudaStream_t s) {
 
 template <typename T>
 bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t s) {
-  check_chunked_args("chunked delta rule (state and output)", dtype_of<T>(), a);
   if (!fused_output_wanted(a)) return false;
+  // (no h: the fused kernel writes none; v_new only when the forward keeps it)
+  check_chunked_args("chunked delta rule (state and output)", dtype_of<T>(), a, StageUses{true, a.keep_v_new, false});
   if (a.num_seqs == 0 || a.HV == 0) return true;
   // Single-fragment products (chunk_state_kernel's kSingle) unless FLASHGRAD_CHUNKED_FWD_SPLIT=1
   // (read per call): the hi + lo kernel of session 6, for same-process comparisons.

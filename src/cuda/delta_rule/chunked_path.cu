@@ -32,6 +32,12 @@ namespace {
 // (512 chunks) the backward's scratch goes from 2825 MB (h, dh 537 MB each; u, dv_new, dq_acc,
 // dk_acc, dv 268 MB each; A, w, v_new 134 MB each; G, dbeta, dg 2 MB each) to 1076 MB (G 2, A 134,
 // w 134, u / dh 268, v_new 134, h 268, dv_new 134).
+//
+// The forward's scratch holds what its path writes (session 18): the fused state + output kernel (many
+// chains, fused_output_wanted) writes no h and no v_new unless kept, the unfused stages h_c in T
+// (output_h16_wanted), and no GDN forward writes A. At B8 T4096 H16 K=V=128 (fused, v_new kept) it
+// goes from 1078 MB (G 2, colscale 2, A 134, w 134, u 268, h 537) to 406 MB (G, colscale, w, u); at B1
+// T32768 H16 (unfused) from 1078 MB to 675 MB (+ h in T, 268).
 struct ChunkedScratch {
   ChunkPlanHost plan;
   int64_t rows = 0, num_chunks = 0;
@@ -43,13 +49,16 @@ struct ChunkedScratch {
   bool dvn_in_w = false;    // 16-bit mode: dv_new in w's region (dv_new_in_w_allowed)
   bool chains = false;      // 16-bit mode: stage 2 beside B1 in one launch (state_chains_wanted), dh in its own buffer
   bool kept = false;        // v_new lives in the caller's saved_v_new: no scratch for it
+  bool forward_only = true;  // the scratch of a forward call
+  bool fused_fwd = false;   // a GDN / plain forward on the fused state + output path: no h, v_new only if kept
+  bool fwd_h16 = false;     // a GDN / plain forward on the unfused path with h_c in T (output_h16_wanted)
   int64_t colscale_elems = 0;  // stage 1's row scales of the state update, [rows, HV] fp32 (not KDA)
 
-  // `backward`: the scratch of a backward call (the 16-bit mode applies there only: the forward's
-  // stage 3 reads fp32 h). `kept_v_new`: v_new is the caller's saved_v_new (the forward writes it, the
+  // `backward`: the scratch of a backward call (the 16-bit mode applies there only; the forward's own
+  // choice of h_c's type is fwd_h16). `kept_v_new`: v_new is the caller's saved_v_new (the forward writes it, the
   // backward reads it: no stage 2 there, so no chains launch either).
   ChunkedScratch(const DeltaRuleProblem& pr, DType dtype, bool backward = false, bool kept_v_new = false)
-      : kept(kept_v_new) {
+      : kept(kept_v_new), forward_only(!backward) {
     plan = make_chunk_plan(pr.batch, pr.seq_len, pr.cu_seqlens);
     rows = pr.batch * pr.seq_len;
     num_chunks = static_cast<int64_t>(plan.chunks.size());
@@ -61,23 +70,37 @@ struct ChunkedScratch {
     colscale_elems = kda ? 0 : rows * pr.value_heads;
     half = backward && !kda && chunked_state16_wanted();
     gva = pr.heads != pr.value_heads;
+    int dev = 0, sms = 0;
+    FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
+    FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    // The forward's path, by the rules its launcher follows (launch_chunked_forward): what it writes
+    // is what its scratch holds.
+    if (!backward && !kda) {
+      fused_fwd = fused_output_wanted(pr.num_seqs, pr.value_heads, pr.value_dim, sms);
+      fwd_h16 = !fused_fwd && output_h16_wanted();
+    }
     // dv_new in w's region where that is race-free (dv_new_in_w_allowed decides, the one place that
     // does: the default since run 9.1, FLASHGRAD_CHUNKED_DVNEW_IN_W=0 turns it off).
     if (half) {
-      int dev = 0, sms = 0;
-      FLASHGRAD_CUDA_CHECK(cudaGetDevice(&dev));
-      FLASHGRAD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
       dvn_in_w = dv_new_in_w_allowed(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
       chains = !kept_v_new && !dvn_in_w &&
                state_chains_wanted(pr.num_seqs * pr.value_heads, pr.key_dim, pr.value_dim, sms);
     }
   }
   // Bytes of one h / dh element.
-  std::size_t state_elem() const { return half ? elem : 4; }
+  std::size_t state_elem() const { return half || fwd_h16 ? elem : 4; }
+  // What stages 1-3 write, in forward_args' order: A only where read (the backward's B2, KDA's output;
+  // a GDN forward writes none), v_new unless kept or the fused forward (which writes none), h unless
+  // the fused forward (at B8 T4096 H16 K=V=128: 537 MB of fp32 h and 134 MB of A less than session 17's
+  // sizing; the unfused forward's h in T, 268 MB).
+  bool has_A() const { return kda || !forward_only; }
+  bool has_v_new() const { return !kept && !fused_fwd; }
+  bool has_h() const { return !fused_fwd; }
   std::size_t forward_bytes() const {
     return align_up(sizeof(ChunkInfo) * plan.chunks.size()) + align_up(8 * plan.seq_first_chunk.size()) +
-           align_up(4 * n.G) + align_up(4 * colscale_elems) + align_up(4 * n.A) + align_up(elem * n.w) + align_up(u_bytes()) +
-           (kept ? 0 : align_up(elem * n.v_new)) + align_up(state_elem() * n.h);
+           align_up(4 * n.G) + align_up(4 * colscale_elems) + (has_A() ? align_up(4 * n.A) : 0) +
+           align_up(elem * n.w) + align_up(u_bytes()) + (has_v_new() ? align_up(elem * n.v_new) : 0) +
+           (has_h() ? align_up(state_elem() * n.h) : 0);
   }
   // u's region: in the 16-bit mode also dh's, after stage 2.
   std::size_t u_bytes() const { return half ? std::max<std::size_t>(4 * n.u, elem * n.h) : 4 * n.u; }
@@ -121,14 +144,18 @@ ChunkedArgs forward_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   a.G = cs.n.G ? buf.take<float>(4 * cs.n.G) : nullptr;
   a.colscale = cs.colscale_elems ? buf.take<float>(4 * cs.colscale_elems) : nullptr;
   if (!stage1_colscale_wanted()) a.colscale = nullptr;  // (its space stays taken: the same scratch size)
-  a.A = buf.take<float>(4 * cs.n.A);
+  a.A = cs.has_A() ? buf.take<float>(4 * cs.n.A) : nullptr;
   a.w = buf.take<char>(cs.elem * cs.n.w);
   a.u = buf.take<float>(cs.u_bytes());
-  a.v_new = cs.kept ? nullptr : buf.take<char>(cs.elem * cs.n.v_new);  // (kept: the caller's, set after)
-  if (cs.half)
+  // (kept: the caller's, set after; the fused forward without it: none)
+  a.v_new = cs.has_v_new() ? buf.take<char>(cs.elem * cs.n.v_new) : nullptr;
+  if (!cs.has_h()) {
+    // the fused forward: no h (launch_chunked_forward takes the fused kernel when given none)
+  } else if (cs.half || cs.fwd_h16) {
     a.h16 = buf.take<char>(cs.elem * cs.n.h);
-  else
+  } else {
     a.h = buf.take<float>(4 * cs.n.h);
+  }
   return a;
 }
 
@@ -184,7 +211,6 @@ void chunked_forward(const DeltaRuleParams& p, const DeltaRuleProblem& pr, const
     a.v_new = out.saved_v_new.data;
     a.keep_v_new = true;
   }
-  if (!cs.kda) a.A = nullptr;  // GDN: only the backward (B2) and the stage tests read A; KDA's output reads it
   by_half_dtype(p.q.dtype, [&](auto tag) {
     if (cs.kda)
       launch_kda_forward<decltype(tag)>(a, stream);

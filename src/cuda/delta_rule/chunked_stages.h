@@ -401,6 +401,30 @@ void launch_chunk_qk_finish(const ChunkedArgs& a, View dq, View dk, int64_t batc
 template <typename T>
 bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t stream);
 
+// Which of the intermediates u, v_new and h a stage launcher needs allocated (check_chunked_args; w,
+// the chunk plan and, with a gate, G every stage needs). Stage 1 needs none of the three (it writes u
+// where given: a backward reading a kept v_new has no reader of u); the fused state + output kernel
+// writes no h, and v_new only when the forward keeps it.
+struct StageUses {
+  bool u = true, v_new = true, h = true;
+};
+
+// Whether the forward runs stage 3 fused into stage 2 (chunked_state.cuh, kOutput): blocks of 8
+// warps (128 value columns), so V % 128 == 0, and by default only with enough (sequence, value
+// head, slice) blocks to cover most SMs: its serial chunk loop does twice stage 2's work, while
+// stage 3 alone is chunk-parallel and does better on few long sequences.
+// FLASHGRAD_CHUNKED_FUSED_OUTPUT=0 / 1 forces it off / on (where V allows; read per call).
+// On since the H200 run of 2026-11-30: B8 T4096 H16 K=V=128 forward 1.34 ms fused vs 1.48 unfused;
+// B1 T32768 (64 blocks, under the grid rule) stays unfused (fused: 5.98 ms vs 2.59). The fused path
+// passed DeltaRuleGpu.Chunked* there with FLASHGRAD_CHUNKED_FUSED_OUTPUT=1. The forward's scratch is
+// sized by this rule (chunked_path.cu: no h, and no v_new unless kept, where it holds).
+constexpr bool kFusedOutputByDefault = true;
+inline bool fused_output_wanted(int64_t num_seqs, int64_t HV, int64_t V, int64_t sms) {
+  if (V % 128 != 0) return false;
+  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_FUSED_OUTPUT")) return std::string(env) == "1";
+  return kFusedOutputByDefault && 4 * num_seqs * HV * (V / 128) >= 3 * sms;
+}
+
 // Whether the forward's unfused stages 2 and 3 pass h_c in T (stage 2 rounds it once; stage 3 takes
 // single-fragment products: chunk_output_kernel's kSingle) instead of fp32 with hi + lo products: the
 // precision of the fused state + output kernel (the forward's default at many chains) and of fla's
@@ -412,8 +436,9 @@ inline bool output_h16_wanted() {
   return env ? std::string(env) == "1" : kOutputH16ByDefault;
 }
 
-// The three stages in order (the whole chunked forward). With output_h16_wanted, h_c goes through the
-// fp32 buffer a.h as T (its first half).
+// The three stages in order (the whole chunked forward). The caller's scratch says which path runs:
+// no h buffer: the fused state + output kernel (fused_output_wanted); h16: stages 2 and 3 with h_c in
+// T; h (fp32): in T through its first half when output_h16_wanted, else in fp32.
 template <typename T>
 void launch_chunked_forward(const ChunkedArgs& a, cudaStream_t stream) {
   launch_chunk_prepare<T>(a, stream);
