@@ -1100,6 +1100,82 @@ TEST(DeltaRuleGpu, ChunkedB1Wgmma) {
   }
 }
 
+// The wgmma stage 2 with two warpgroups splitting K = 128's key channels (session 18, WGS = 2:
+// FLASHGRAD_CHUNKED_STATE_WGMMA_WGS=2, read per call) at 16 and 32 columns: the forward's unfused stage 2
+// (these sizes do not reach the fused one) and the backward's recomputation of it (without the kept
+// v_new), over every K = 128 length and feature case of ChunkedStateWgmma; with the kept v_new too (the
+// forward's stage 2 writes it). Settings unset at the end.
+TEST(DeltaRuleGpu, ChunkedStateWgmmaTwoWarpgroups) {
+  REQUIRE_GPU();
+  namespace dr = flashgrad::cuda_detail::delta_rule;
+  const EnvSet two("FLASHGRAD_CHUNKED_STATE_WGMMA_WGS", "2");
+  ASSERT_EQ(dr::state_wgmma_wgs(128), 2);
+  std::vector<Case> cases;
+  for (const Case& c : chunked_length_cases("wgmma stage 2 x2", 6000))
+    if (c.K == 128) cases.push_back(c);
+  for (const Case& c : chunked_feature_cases("wgmma stage 2 x2", 6000))
+    if (c.K == 128) cases.push_back(c);
+  ASSERT_GE(cases.size(), 4u);
+  for (const char* cols : {"16", "32"}) {
+    const EnvSet width("FLASHGRAD_CHUNKED_STATE_WGMMA", cols);
+    SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_STATE_WGMMA=") + cols);
+    for (Case c : cases) {
+      c.name += std::string(", ") + cols + " columns";
+      c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+      c.saved_r = DType::i32;  // no saved r: the chunked path
+      run_case(c);
+      c.name = "kept v_new, " + c.name;
+      run_kept_v_new(c);
+    }
+  }
+}
+
+// The wgmma B1 with two warpgroups splitting K = 128's key channels (session 18, WGS = 2:
+// FLASHGRAD_CHUNKED_B1_WGMMA_WGS=2, read per call): every K = 128 length and feature case and the H == HV
+// varlen case of ChunkedB1Wgmma at both widths, with the kept v_new and without. Each case asserts the
+// launcher's rules take the wgmma B1 at that width with two warpgroups. Settings unset at the end.
+TEST(DeltaRuleGpu, ChunkedB1WgmmaTwoWarpgroups) {
+  REQUIRE_GPU();
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  const EnvSet no_chains("FLASHGRAD_CHUNKED_STATE_CHAINS", "0"), no_dvn_in_w("FLASHGRAD_CHUNKED_DVNEW_IN_W", "0");
+  const EnvSet two("FLASHGRAD_CHUNKED_B1_WGMMA_WGS", "2");
+  std::vector<Case> cases;
+  for (const Case& c : chunked_length_cases("wgmma B1 x2", 5900))
+    if (c.K == 128) cases.push_back(c);
+  for (const Case& c : chunked_feature_cases("wgmma B1 x2", 5900))
+    if (c.K == 128) cases.push_back(c);
+  {
+    Case c;
+    c.B = 1, c.H = 2, c.HV = 2, c.K = 128, c.V = 128;
+    c.seq_lens = {300, 0, 1, 129};
+    c.gate_div = 0.1f;
+    c.seed = 5910;
+    c.name = "wgmma B1 x2 gdn H=HV K=V=128 varlen";
+    cases.push_back(c);
+  }
+  ASSERT_GE(cases.size(), 4u);
+  namespace dr = flashgrad::cuda_detail::delta_rule;
+  for (const char* cols : {"16", "32"}) {
+    const EnvSet width("FLASHGRAD_CHUNKED_B1_WGMMA", cols);
+    SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_B1_WGMMA=") + cols);
+    for (Case c : cases) {
+      const int64_t chains = (c.seq_lens.empty() ? c.B : static_cast<int64_t>(c.seq_lens.size())) * c.HV;
+      ASSERT_TRUE(dr::state_backward_local_wanted(chains, c.V, sms) &&
+                  dr::state_backward_wgmma_cols(chains, c.K, c.V, sms) == std::atoi(cols) &&
+                  dr::state_backward_wgmma_wgs(c.K) == 2)
+          << c.name << ": the launcher would not take the two-warpgroup wgmma B1 at these sizes";
+      c.name += std::string(", ") + cols + " columns";
+      c.algorithm = flashgrad::DeltaRuleAlgorithm::chunked;
+      c.saved_r = DType::i32;  // no saved r: the chunked path
+      run_case(c);
+      c.name = "kept v_new, " + c.name;
+      run_kept_v_new(c);
+    }
+  }
+}
+
 // The forward's unfused stages 2 and 3 pass h_c in T by default since session 17 (output_h16_wanted,
 // chunked_stages.h: stage 3's single-fragment products, as the fused forward's); every chunked test here
 // runs that default at its sizes. FLASHGRAD_CHUNKED_OUTPUT_H16=0 keeps the fp32 h_c with hi + lo
