@@ -174,26 +174,20 @@ void launch_dv_local(const ChunkedArgs& a, cudaStream_t s) {
 // DRAM round trip here).
 constexpr int kStateWgmmaStages = 3;
 
-// The wgmma chains (stage 2, B1): one block of WGS warpgroups per (sequence, value head, BV value columns).
-template <int BV, int WGS = 1, typename Kernel>
+// The wgmma chains (stage 2, B1): one warpgroup per (sequence, value head, BV value columns).
+template <int BV, typename Kernel>
 void launch_wgmma_chain(Kernel kernel, int64_t bytes, const ChunkedArgs& a, cudaStream_t s) {
   set_smem(kernel, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / BV));
-  kernel<<<grid, 128 * WGS, bytes, s>>>(a);
+  kernel<<<grid, 128, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
 // B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17): BV value columns per block of one
-// warpgroup, or at K = 128 of two splitting the key channels (state_backward_wgmma_cols and
-// state_backward_wgmma_wgs, chunked_stages.h, say where and how).
+// warpgroup (state_backward_wgmma_cols, chunked_stages.h, says where and how wide).
 template <typename T, int KMAX, int BV>
 void launch_state_backward_wgmma(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  if constexpr (KMAX == 128) {
-    if (state_backward_wgmma_wgs(a.K) == 2)
-      return launch_wgmma_chain<BV, 2>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 2>,
-                                       StateBackwardWgmmaSmem<T, KMAX, BV, ST, 2>::bytes(), a, s);
-  }
   launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>,
                          StateBackwardWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
 }
@@ -285,15 +279,9 @@ inline int state_wgmma_cols(const ChunkedArgs& a) {
   if (!(a.K == 64 || a.K == 128) || a.V % bv != 0 || !key_rows_vectorizable(a.k) || !a.colscale) return 0;
   return bv;
 }
-// (At K = 128 with 16 or 32 columns, two warpgroups splitting the key channels where state_wgmma_wgs says.)
 template <typename T, int KMAX, int BV>
 void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  if constexpr (KMAX == 128 && BV <= 32) {
-    if (state_wgmma_wgs(a.K) == 2)
-      return launch_wgmma_chain<BV, 2>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, 2>,
-                                       StateWgmmaSmem<T, KMAX, BV, ST, 2>::bytes(), a, s);
-  }
   launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, StateWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
 }
 template <typename T>

@@ -263,26 +263,6 @@ inline int state_backward_wgmma_cols(int64_t chains, int64_t K, int64_t V, int64
   return K == 128 && chains * (V / 32) <= 2 * sms ? 32 : 0;
 }
 
-// Warpgroups per block of the wgmma B1 (chunk_state_backward_wgmma_kernel's WGS): 2 splits K = 128's key
-// channels between two warpgroups (session 18: two warps per scheduler on the chain, each with half the
-// instructions), 1 keeps one. FLASHGRAD_CHUNKED_B1_WGMMA_WGS=1 / 2 (read per call) forces it;
-// kB1WgmmaWgsDefault until the H200 has timed both.
-constexpr int kB1WgmmaWgsDefault = 1;
-inline int state_backward_wgmma_wgs(int64_t K) {
-  if (K != 128) return 1;
-  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_B1_WGMMA_WGS")) return std::string(env) == "2" ? 2 : 1;
-  return kB1WgmmaWgsDefault;
-}
-
-// The same for the wgmma stage 2 (chunk_state_wgmma_kernel's WGS; 16 or 32 columns, K = 128):
-// FLASHGRAD_CHUNKED_STATE_WGMMA_WGS=1 / 2 (read per call); kStateWgmmaWgsDefault until timed.
-constexpr int kStateWgmmaWgsDefault = 1;
-inline int state_wgmma_wgs(int64_t K) {
-  if (K != 128) return 1;
-  if (const char* env = std::getenv("FLASHGRAD_CHUNKED_STATE_WGMMA_WGS")) return std::string(env) == "2" ? 2 : 1;
-  return kStateWgmmaWgsDefault;
-}
-
 // Whether stage 2's own (unfused) kernel takes single-fragment products (chunk_state_kernel's kSingle:
 // h^T, v_new^T rounded to T in the products, as the fused forward and fla take them; h itself stays in
 // fp32 accumulators). Run 11.3 (H200, 2026-11-30, chunk GDN bf16): the channel-split shape (few long

@@ -32,17 +32,6 @@
 // version formed them here from the swizzled q tile, and with the L2 norm in the kernel was slower than
 // the mma.sync kernel at B1 T32768 (1.562 vs 1.408 ms; ncu 970 instructions per warp and chunk).
 //
-// WGS = 2 (session 18, K = 128 only; FLASHGRAD_CHUNKED_B1_WGMMA_WGS, state_backward_wgmma_wgs): two
-// warpgroups split the key channels, warpgroup p holding dh's tile mt = p. Why: at 16 columns the chain
-// runs ~1.5 us per chunk at 803 instructions per warp and 29 % issue activity (run 17.2's ncu), one warp
-// per scheduler, so a chunk costs the latency of its instruction stream; halving each warp's share (the
-// copies, (1)'s and (2)'s wgmmas, the state's staging) and putting two warps on each scheduler should
-// shorten it. (1) becomes two partial products over 64 channels each: warpgroup 0 puts its partial in
-// shared memory (Xs, fp32 [64][BV]) and arrives at a named barrier; warpgroup 1 waits there, adds it,
-// and writes dv_new (global and Vs) while warpgroup 0 writes do' (Ds). (2) is one tile per warpgroup.
-// One more barrier per chunk (the named one), no other change of the arithmetic: dv_new's sum over the
-// key channels is the same two halves added once more in fp32.
-//
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
 #pragma once
@@ -58,7 +47,7 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-template <typename T, int KMAX, int BV, int STAGES, int WGS = 1>
+template <typename T, int KMAX, int BV, int STAGES>
 struct StateBackwardWgmmaSmem {
   static constexpr int C = kChunkSize, KP = KMAX / 64, LDD = BV + 8;
   static constexpr int64_t kPanel = 64 * 128;       // [64 rows][64 elements] of T
@@ -72,20 +61,16 @@ struct StateBackwardWgmmaSmem {
   static constexpr int64_t kStageBytes = (kOffInfo + 16 + 1023) / 1024 * 1024;
   static constexpr int64_t kHsBytes = KMAX * 128, kTileBytes = 64 * 128;
   static constexpr int64_t kOffHs = STAGES * kStageBytes, kOffDs = kOffHs + kHsBytes, kOffVs = kOffDs + kTileBytes;
-  // WGS = 2: Xs, warpgroup 0's partial of (1), fp32 [64][BV] in its accumulator order (thread-major).
-  static constexpr int64_t kOffXs = kOffVs + kTileBytes, kXsBytes = WGS > 1 ? sizeof(float) * C * BV : 0;
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
-  static constexpr int64_t bytes() { return 1024 + kOffXs + kXsBytes; }
+  static constexpr int64_t bytes() { return 1024 + kOffVs + kTileBytes; }
 };
 
-template <typename T, int KMAX, int BV, int STAGES, int WGS = 1>
-__global__ void __launch_bounds__(128 * WGS, 1) chunk_state_backward_wgmma_kernel(ChunkedArgs a) {
+template <typename T, int KMAX, int BV, int STAGES>
+__global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
-  using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES, WGS>;
+  using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES>;
   constexpr int C = kChunkSize, KP = S::KP, LDD = S::LDD, KC = KMAX / 8;  // KC: 16-byte chunks per key row
-  constexpr int THREADS = 128 * WGS, KPW = KP / WGS;  // KPW: dh's tiles per warpgroup
   static_assert(BV == 16 || BV == 32, "16 or 32 value columns per block (64 would not fit three stages at K = 128)");
-  static_assert(WGS == 1 || (WGS == 2 && KP == 2), "two warpgroups split K = 128's two key tiles");
   static_assert(S::bytes() <= 227 * 1024, "sm_90 allows 227 KiB of shared memory per block");
   static_assert(STAGES >= 2, "a chunk in use and one in flight at least");
   extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -96,31 +81,20 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_backward_wgmma_kerne
 
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV, HV = a.HV, V = a.V, K = a.K;
-  // wg: the warp within its warpgroup p; kw = wg + 4 p: the warp's key rows 16 kw + [0, 16) of dh (its
-  // tiles' rows: the state helpers take kw where one warpgroup's take wg).
-  // (WGS = 1: p = 0 as a constant, so that kernel's code is the session-17 one.)
-  const int tid = threadIdx.x, lane = tid & 31, wg = WGS == 1 ? tid >> 5 : (tid >> 5) & 3, p = WGS == 1 ? 0 : tid >> 7,
-            kw = wg + 4 * p, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 5, g = lane >> 2, t = lane & 3;
   const T* const w = static_cast<const T*>(a.w);
   T* const dv_new = static_cast<T*>(a.dv_new16);
   const int64_t c_first = a.seq_first_chunk[n], c_last = a.seq_first_chunk[n + 1] - 1;
 
-  // dL/dh: tile mt = key channels [64 mt, +64) x the slice's BV columns (this warpgroup's KPW tiles:
-  // mt = p KPW + j).
-  float dh[KPW][BV / 2];
-  load_chain_state<KPW, BV>(dh, a.dht, n, hv, col0, kw, g, t);
+  // dL/dh: tile mt = key channels [64 mt, +64) x the slice's BV columns.
+  float dh[KP][BV / 2];
+  load_chain_state<KP, BV>(dh, a.dht, n, hv, col0, wg, g, t);
 
   // The copies' fixed parts. Key rows (k, q, w): this thread copies 16-byte chunk kc of rows kr + KS i
-  // (i < C KC / THREADS; KS = THREADS / KC, a multiple of 8, so every row it copies has the same swizzle);
-  // the slice's rows (do, dv_local): 16-byte piece sc of rows sr + SS i (i < C BV / (8 THREADS)); where the
-  // threads outnumber a slice's pieces (WGS = 2 at 16 columns: 128 pieces), the first C SC threads copy
-  // do's and the next C SC dv_local's (kSplitSlices).
-  constexpr int KS = THREADS / KC, NK = C / KS, SC = BV / 8;
-  constexpr bool kSplitSlices = C * SC < THREADS;
-  static_assert(!kSplitSlices || 2 * C * SC == THREADS, "the threads split evenly between do and dv_local");
-  constexpr int SS = kSplitSlices ? C : THREADS / SC, NS = C / SS;
-  const int kr = tid / KC, kc = tid % KC, sr = (kSplitSlices ? tid % (C * SC) : tid) / SC, sc = tid % SC;
-  const bool copies_do = !kSplitSlices || tid < C * SC, copies_dl = !kSplitSlices || tid >= C * SC;
+  // (i < C KC / 128; KS = 128 / KC, a multiple of 8, so every row it copies has the same swizzle); the
+  // slice's rows (do, dv_local): 16-byte piece sc of rows sr + SS i (i < C BV / 1024).
+  constexpr int KS = 128 / KC, NK = C / KS, SC = BV / 8, SS = 128 / SC, NS = C / SS;
+  const int kr = tid / KC, kc = tid % KC, sr = tid / SC, sc = tid % SC;
   const uint32_t key_at = static_cast<uint32_t>((kc / 8) * S::kPanel) + swizzled(kr, kc);
   const int64_t w_step = KS * HV * K, k_step = KS * a.k.s1, q_step = KS * a.q.s1, d_step = SS * a.dout.s1,
                 dl_step = SS * HV * V;
@@ -147,8 +121,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_backward_wgmma_kerne
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
       const bool ok = sr + SS * i < L;
-      if (copies_do) mma::cp_async16(ddst + i * SS * LDD, dsrc + i * d_step, ok);
-      if (copies_dl) mma::cp_async16(ldst + i * SS * LDD, lsrc + i * dl_step, ok);
+      mma::cp_async16(ddst + i * SS * LDD, dsrc + i * d_step, ok);
+      mma::cp_async16(ldst + i * SS * LDD, lsrc + i * dl_step, ok);
     }
     if (tid < C) {
       const bool ok = a.G && tid < L;
@@ -175,9 +149,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_backward_wgmma_kerne
   if (c_last - (STAGES - 1) >= c_first) ci_ahead = a.chunks[c_last - (STAGES - 1)];
   const uint32_t hs_s = smem_s + S::kOffHs, ds_s = smem_s + S::kOffDs, vs_s = smem_s + S::kOffVs;
   // This thread's places in Hs / Ds / Vs (rows 16 wg + g + 8 r (+ 64 mt), pairs of columns 8 i + 2 t) and
-  // its chunk rows (vrow, vrow + 8); its rows of dh in Hs: 16 kw + g + 8 r (hk_at).
+  // its chunk rows (vrow, vrow + 8).
   const uint32_t hs_at = static_cast<uint32_t>((16 * wg + g) * 128 + 4 * t);
-  const uint32_t hk_at = static_cast<uint32_t>((16 * kw + g) * 128 + 4 * t);
   const int vrow = 16 * wg + g;
   const int Vi = static_cast<int>(V), row_step = static_cast<int>(HV * V);  // (K V and HV V fit in int)
   // Stage st holds chunk c; stage sn is the next to fill (chunk c - STAGES + 1).
@@ -191,8 +164,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_backward_wgmma_kerne
     // Element offsets from this thread's first (key channel vrow, columns 2 t): channels 64 mt + 8 r,
     // columns 8 i.
     {
-      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(16 * kw + g) * V + 2 * t;
-      stage_chain_state<T, KPW, BV>(dh, smem + S::kOffHs, hk_at, g, a.dh16, a.dh, at, Vi);
+      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
+      stage_chain_state<T, KP, BV>(dh, smem + S::kOffHs, hs_at, g, a.dh16, a.dh, at, Vi);
     }
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's tiles, G, colscale and Hs in place; every thread is done with chunk c + 1.
@@ -209,22 +182,21 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_backward_wgmma_kerne
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) k dh (WGS = 2: this warpgroup's key channels, k-steps [KMAX / 16 / WGS p, +KMAX / 16 / WGS)).
+    // (1) k dh.
     float acc[BV / 2];
     sm90::wgmma_fence();
 #pragma unroll
-    for (int k2 = 0; k2 < KMAX / 16 / WGS; ++k2) {
-      const int kk = p * (KMAX / 16 / WGS) + k2;
+    for (int kk = 0; kk < KMAX / 16; ++kk) {
       const uint32_t ad = k_s + (kk / 4) * S::kPanel + (kk % 4) * 32;
       const uint32_t bd = hs_s + kk * 16 * 128;
-      sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), k2 > 0);
+      sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
 
-    // Meanwhile: do' = do * rowscale (B0's, 0 past L) into Ds (warpgroup 0), and the decay.
+    // Meanwhile: do' = do * rowscale (B0's, 0 past L) into Ds, and the decay.
     const float* const rs_s = reinterpret_cast<const float*>(base + S::kOffRs);
     const float rs[2] = {rs_s[vrow], rs_s[vrow + 8]};
-    if (p == 0) {
+    {
       const T* const do_s = reinterpret_cast<const T*>(base + S::kOffDo);
 #pragma unroll
       for (int e = 0; e < BV / 2; e += 2) {
@@ -241,71 +213,49 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_backward_wgmma_kerne
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
 
-    // WGS = 2: warpgroup 0's partial to Xs, then on to the decay; warpgroup 1 adds it and goes on.
-    // (Xs is free: warpgroup 1 read chunk c + 1's before barrier (B) of that chunk.)
-    if constexpr (WGS == 2) {
-      float4* const xs = reinterpret_cast<float4*>(smem + S::kOffXs) + (tid & 127) * (BV / 8);
-      if (p == 0) {
-#pragma unroll
-        for (int j = 0; j < BV / 8; ++j) xs[j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        sm90::named_barrier_arrive(1, THREADS);
-      } else {
-        sm90::named_barrier_sync(1, THREADS);
-#pragma unroll
-        for (int j = 0; j < BV / 8; ++j) {
-          const float4 x = xs[j];
-          acc[4 * j] += x.x, acc[4 * j + 1] += x.y, acc[4 * j + 2] += x.z, acc[4 * j + 3] += x.w;
-        }
-      }
-    }
-
-    // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs
-    // (warpgroup WGS - 1).
+    // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs.
     const T* const dl_s = reinterpret_cast<const T*>(base + S::kOffDl);
     T* const dvn_at = dv_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
-    if (p == WGS - 1) {
 #pragma unroll
-      for (int e = 0; e < BV / 2; e += 2) {
-        const int r = (e >> 1) & 1, i = e >> 2;
-        float l0, l1;
-        mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(dl_s + (vrow + 8 * r) * LDD + 8 * i + 2 * t), l0, l1);
-        const float d0 = acc[e] * cs[r] + l0, d1 = acc[e + 1] * cs[r] + l1;
-        if (vrow + 8 * r < L)
-          *reinterpret_cast<uint32_t*>(dvn_at + 8 * r * row_step + 8 * i) = mma::pack_floats<T>(d0, d1);
-        *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
-            mma::pack_floats<T>(-d0, -d1);
-      }
+    for (int e = 0; e < BV / 2; e += 2) {
+      const int r = (e >> 1) & 1, i = e >> 2;
+      float l0, l1;
+      mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(dl_s + (vrow + 8 * r) * LDD + 8 * i + 2 * t), l0, l1);
+      const float d0 = acc[e] * cs[r] + l0, d1 = acc[e + 1] * cs[r] + l1;
+      if (vrow + 8 * r < L)
+        *reinterpret_cast<uint32_t*>(dvn_at + 8 * r * row_step + 8 * i) = mma::pack_floats<T>(d0, d1);
+      *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
+          mma::pack_floats<T>(-d0, -d1);
     }
 #pragma unroll
-    for (int mt = 0; mt < KPW; ++mt)
+    for (int mt = 0; mt < KP; ++mt)
 #pragma unroll
       for (int e = 0; e < BV / 2; ++e) dh[mt][e] *= decay;
     // (B) do' in Ds, -dv_new in Vs.
     sm90::fence_proxy_async_shared();
     __syncthreads();
 
-    // (2) dh += q^T do' + w^T (-dv_new) (this warpgroup's tiles: key panel p KPW + j).
+    // (2) dh += q^T do' + w^T (-dv_new).
     sm90::wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < KPW; ++j) {
-      const int mt = p * KPW + j;
+    for (int mt = 0; mt < KP; ++mt) {
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk)
-        sm90::wgmma_ss_tt<T, BV>(dh[j], sm90::smem_desc(q_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
+        sm90::wgmma_ss_tt<T, BV>(dh[mt], sm90::smem_desc(q_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
                                  sm90::smem_desc(ds_s + kk * 16 * 128, S::kTileBytes, 1024), 1);
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk)
-        sm90::wgmma_ss_tt<T, BV>(dh[j], sm90::smem_desc(w_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
+        sm90::wgmma_ss_tt<T, BV>(dh[mt], sm90::smem_desc(w_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
                                  sm90::smem_desc(vs_s + kk * 16 * 128, S::kTileBytes, 1024), 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
 #pragma unroll
-    for (int j = 0; j < KPW; ++j) sm90::pin_registers(dh[j]);
+    for (int mt = 0; mt < KP; ++mt) sm90::pin_registers(dh[mt]);
   }
   mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 
-  store_chain_state<KPW, BV>(dh, a.dh0, n, hv, col0, kw, g, t);
+  store_chain_state<KP, BV>(dh, a.dh0, n, hv, col0, wg, g, t);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -33,12 +33,6 @@
 // channel-split kernel's 0.865. Session 17: 16 columns (m64n16k16, twice the blocks) 0.623 ms there
 // (run 17.2); at many chains (two waves and more) the mma.sync kernels stay: the launcher's rule.)
 //
-// WGS = 2 (session 18, K = 128 only; FLASHGRAD_CHUNKED_STATE_WGMMA_WGS, state_wgmma_wgs in
-// chunked_stages.h): two warpgroups split the key channels as the wgmma B1's (chunked_state_backward_wgmma.cuh
-// says why): warpgroup p holds h's tile mt = p; (1) is two partial products over 64 channels each,
-// warpgroup 0's through shared memory (Xs) to warpgroup 1, which forms v_new (global and Vs); (2) is one
-// tile per warpgroup.
-//
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
 #pragma once
@@ -53,7 +47,7 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-template <typename T, int KMAX, int BV, int STAGES, int WGS = 1>
+template <typename T, int KMAX, int BV, int STAGES>
 struct StateWgmmaSmem {
   static constexpr int C = kChunkSize, KP = KMAX / 64, LDU = BV + 4;
   static constexpr int64_t kPanel = 64 * 128;          // [64 rows][64 elements] of T
@@ -66,10 +60,8 @@ struct StateWgmmaSmem {
   static constexpr int64_t kStageBytes = (kOffInfo + 16 + 1023) / 1024 * 1024;
   static constexpr int64_t kHsBytes = KMAX * 128, kVsBytes = 64 * 128;
   static constexpr int64_t kOffHs = STAGES * kStageBytes, kOffVs = kOffHs + kHsBytes;
-  // WGS = 2: Xs, warpgroup 0's partial of (1), fp32 [64][BV] in its accumulator order (thread-major).
-  static constexpr int64_t kOffXs = kOffVs + kVsBytes, kXsBytes = WGS > 1 ? sizeof(float) * C * BV : 0;
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel.
-  static constexpr int64_t bytes() { return 1024 + kOffXs + kXsBytes; }
+  static constexpr int64_t bytes() { return 1024 + kOffVs + kVsBytes; }
 };
 
 // Byte offset of 16-byte chunk `chunk` (of 8 elements) of row r in a swizzled tile of 128-byte rows.
@@ -79,14 +71,12 @@ __device__ __forceinline__ uint32_t swizzled(int r, int chunk) {
 
 // STAGES chunks of copies in the ring: the one in use and STAGES - 1 in flight (one cp.async group per
 // chunk, an empty one past the sequence's end so that "chunk c landed" is always wait<STAGES - 2>).
-template <typename T, int KMAX, int BV, int STAGES, int WGS = 1>
-__global__ void __launch_bounds__(128 * WGS, 1) chunk_state_wgmma_kernel(ChunkedArgs a) {
+template <typename T, int KMAX, int BV, int STAGES>
+__global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
-  using S = StateWgmmaSmem<T, KMAX, BV, STAGES, WGS>;
+  using S = StateWgmmaSmem<T, KMAX, BV, STAGES>;
   constexpr int C = kChunkSize, KP = S::KP, LDU = S::LDU, KC = KMAX / 8;  // KC: 16-byte chunks per key row
-  constexpr int THREADS = 128 * WGS, KPW = KP / WGS;  // KPW: h's tiles per warpgroup
   static_assert(BV == 16 || BV == 32 || BV == 64, "16, 32 or 64 value columns per block");
-  static_assert(WGS == 1 || (WGS == 2 && KP == 2), "two warpgroups split K = 128's two key tiles");
   static_assert(S::bytes() <= 227 * 1024, "sm_90 allows 227 KiB of shared memory per block");
   static_assert(STAGES >= 2, "a chunk in use and one in flight at least");
   extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -98,26 +88,21 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_wgmma_kernel(Chunked
 
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV, HV = a.HV, V = a.V, K = a.K;
-  // wg: the warp within its warpgroup p; kw = wg + 4 p: the warp's key rows 16 kw + [0, 16) of h (the
-  // state helpers take kw where one warpgroup's take wg). (WGS = 1: p = 0 as a constant: session 17's code.)
-  const int tid = threadIdx.x, lane = tid & 31, wg = WGS == 1 ? tid >> 5 : (tid >> 5) & 3, p = WGS == 1 ? 0 : tid >> 7,
-            kw = wg + 4 * p, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 5, g = lane >> 2, t = lane & 3;
   const T* const w = static_cast<const T*>(a.w);
   const T* const kv = static_cast<const T*>(a.k.p);
   T* const v_new = static_cast<T*>(a.v_new);
   const bool vn_pairs = (reinterpret_cast<uintptr_t>(v_new) & 3) == 0;  // else 2-byte stores
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
-  // The state: tile mt = key channels [64 mt, +64) x the slice's BV columns (this warpgroup's KPW tiles:
-  // mt = p KPW + j).
-  float h[KPW][BV / 2];
-  load_chain_state<KPW, BV>(h, a.h0, n, hv, col0, kw, g, t);
+  // The state: tile mt = key channels [64 mt, +64) x the slice's BV columns.
+  float h[KP][BV / 2];
+  load_chain_state<KP, BV>(h, a.h0, n, hv, col0, wg, g, t);
 
   // The copies' fixed parts. Key rows (w, k): this thread copies 16-byte chunk kc of rows kr + KS i
-  // (i < C KC / THREADS; KS = THREADS / KC, a multiple of 8, so every row it copies has the same swizzle);
-  // u: 16-byte piece uc of rows ur + US i (i < C BV / (4 THREADS)).
-  constexpr int KS = THREADS / KC, NK = C / KS, UC = BV / 4, US = THREADS / UC, NU = C / US;
-  static_assert(NU >= 1, "every thread copies u's pieces");
+  // (i < C KC / 128; KS = 128 / KC, a multiple of 8, so every row it copies has the same swizzle);
+  // u: 16-byte piece uc of rows ur + US i (i < C BV / 512).
+  constexpr int KS = 128 / KC, NK = C / KS, UC = BV / 4, US = 128 / UC, NU = C / US;
   const int kr = tid / KC, kc = tid % KC, ur = tid / UC, uc = tid % UC;
   const uint32_t key_at = static_cast<uint32_t>((kc / 8) * S::kPanel) + swizzled(kr, kc);
   const int64_t w_step = KS * HV * K, k_step = KS * a.k.s1, u_step = US * HV * V;
@@ -166,7 +151,6 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_wgmma_kernel(Chunked
   // This thread's places in Hs (rows 16 wg + g + 8 r + 64 mt, pairs of columns 8 i + 2 t) and its rows
   // of v_new (16 wg + g + 8 r).
   const uint32_t hs_at = static_cast<uint32_t>((16 * wg + g) * 128 + 4 * t);
-  const uint32_t hk_at = static_cast<uint32_t>((16 * kw + g) * 128 + 4 * t);  // (its rows of h in Hs)
   const int vrow = 16 * wg + g;
   const int Vi = static_cast<int>(V), row_step = static_cast<int>(HV * V);  // (K V and HV V fit in int)
   // Stage st holds chunk c; stage sn is the next to fill (chunk c + STAGES - 1).
@@ -180,8 +164,8 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_wgmma_kernel(Chunked
     // h_c: to the intermediates (fp32, or T for the backward's 16-bit mode) and, in T, to Hs.
     // Element offsets from this thread's first (row vrow, columns 2 t): rows 64 mt + 8 r, columns 8 i.
     {
-      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(16 * kw + g) * V + 2 * t;
-      stage_chain_state<T, KPW, BV>(h, smem + S::kOffHs, hk_at, g, a.h16, a.h, at, Vi);
+      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
+      stage_chain_state<T, KP, BV>(h, smem + S::kOffHs, hs_at, g, a.h16, a.h, at, Vi);
     }
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's w, k, u, G, colscale and Hs in place; every thread is done with chunk c - 1.
@@ -198,15 +182,14 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_wgmma_kernel(Chunked
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) v_new's product w h_c (WGS = 2: this warpgroup's key channels).
+    // (1) v_new's product w h_c.
     float acc[BV / 2];
     sm90::wgmma_fence();
 #pragma unroll
-    for (int k2 = 0; k2 < KMAX / 16 / WGS; ++k2) {
-      const int kk = p * (KMAX / 16 / WGS) + k2;
+    for (int kk = 0; kk < KMAX / 16; ++kk) {
       const uint32_t ad = w_s + (kk / 4) * S::kPanel + (kk % 4) * 32;
       const uint32_t bd = hs_s + kk * 16 * 128;
-      sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), k2 > 0);
+      sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
     // Meanwhile: the state update's row scales of this thread's rows (stage 1's, 0 past L) and the decay.
@@ -216,83 +199,62 @@ __global__ void __launch_bounds__(128 * WGS, 1) chunk_state_wgmma_kernel(Chunked
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
 
-    // WGS = 2: warpgroup 0's partial to Xs, then on to the decay; warpgroup 1 adds it and goes on.
-    // (Xs is free: warpgroup 1 read chunk c - 1's before barrier (B) of that chunk.)
-    if constexpr (WGS == 2) {
-      float4* const xs = reinterpret_cast<float4*>(smem + S::kOffXs) + (tid & 127) * (BV / 8);
-      if (p == 0) {
+    // v_new = u - w h_c: stored in T for rows < L; v' = v_new colscale into Vs.
+    T* const vn_at = v_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
+    float vv[BV / 2];
 #pragma unroll
-        for (int j = 0; j < BV / 8; ++j) xs[j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        sm90::named_barrier_arrive(1, THREADS);
-      } else {
-        sm90::named_barrier_sync(1, THREADS);
-#pragma unroll
-        for (int j = 0; j < BV / 8; ++j) {
-          const float4 x = xs[j];
-          acc[4 * j] += x.x, acc[4 * j + 1] += x.y, acc[4 * j + 2] += x.z, acc[4 * j + 3] += x.w;
-        }
-      }
+    for (int e = 0; e < BV / 2; e += 2) {
+      const float2 u = *reinterpret_cast<const float2*>(u_s + (vrow + 8 * ((e >> 1) & 1)) * LDU + 8 * (e >> 2) + 2 * t);
+      vv[e] = u.x - acc[e];
+      vv[e + 1] = u.y - acc[e + 1];
     }
-
-    // (warpgroup WGS - 1:)
-    if (p == WGS - 1) {
-      // v_new = u - w h_c: stored in T for rows < L; v' = v_new colscale into Vs.
-      T* const vn_at = v_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
-      float vv[BV / 2];
+    if (vn_pairs) {
 #pragma unroll
       for (int e = 0; e < BV / 2; e += 2) {
-        const float2 u = *reinterpret_cast<const float2*>(u_s + (vrow + 8 * ((e >> 1) & 1)) * LDU + 8 * (e >> 2) + 2 * t);
-        vv[e] = u.x - acc[e];
-        vv[e + 1] = u.y - acc[e + 1];
+        const int r = (e >> 1) & 1;
+        if (vrow + 8 * r < L)
+          *reinterpret_cast<uint32_t*>(vn_at + 8 * r * row_step + 8 * (e >> 2)) = mma::pack_floats<T>(vv[e], vv[e + 1]);
       }
-      if (vn_pairs) {
+    } else {
 #pragma unroll
-        for (int e = 0; e < BV / 2; e += 2) {
-          const int r = (e >> 1) & 1;
-          if (vrow + 8 * r < L)
-            *reinterpret_cast<uint32_t*>(vn_at + 8 * r * row_step + 8 * (e >> 2)) = mma::pack_floats<T>(vv[e], vv[e + 1]);
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < BV / 2; ++e) {
-          const int r = (e >> 1) & 1;
-          if (vrow + 8 * r < L) vn_at[8 * r * row_step + 8 * (e >> 2) + (e & 1)] = from_f<T>(vv[e]);
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < BV / 2; e += 2) {
-        const int r = (e >> 1) & 1, i = e >> 2;
-        *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
-            mma::pack_floats<T>(vv[e] * cs[r], vv[e + 1] * cs[r]);
+      for (int e = 0; e < BV / 2; ++e) {
+        const int r = (e >> 1) & 1;
+        if (vrow + 8 * r < L) vn_at[8 * r * row_step + 8 * (e >> 2) + (e & 1)] = from_f<T>(vv[e]);
       }
     }
 #pragma unroll
-    for (int mt = 0; mt < KPW; ++mt)
+    for (int e = 0; e < BV / 2; e += 2) {
+      const int r = (e >> 1) & 1, i = e >> 2;
+      *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
+          mma::pack_floats<T>(vv[e] * cs[r], vv[e + 1] * cs[r]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < KP; ++mt)
 #pragma unroll
       for (int e = 0; e < BV / 2; ++e) h[mt][e] *= decay;
     // (B) v' in Vs.
     sm90::fence_proxy_async_shared();
     __syncthreads();
 
-    // (2) h += k^T v' (this warpgroup's tiles: key panel p KPW + j).
+    // (2) h += k^T v'.
     sm90::wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < KPW; ++j)
+    for (int mt = 0; mt < KP; ++mt)
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) {
-        const uint32_t ad = k_s + (p * KPW + j) * S::kPanel + kk * 16 * 128;
+        const uint32_t ad = k_s + mt * S::kPanel + kk * 16 * 128;
         const uint32_t bd = vs_s + kk * 16 * 128;
-        sm90::wgmma_ss_tt<T, BV>(h[j], sm90::smem_desc(ad, S::kPanel, 1024), sm90::smem_desc(bd, S::kVsBytes, 1024),
+        sm90::wgmma_ss_tt<T, BV>(h[mt], sm90::smem_desc(ad, S::kPanel, 1024), sm90::smem_desc(bd, S::kVsBytes, 1024),
                                  1);
       }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
 #pragma unroll
-    for (int j = 0; j < KPW; ++j) sm90::pin_registers(h[j]);
+    for (int mt = 0; mt < KP; ++mt) sm90::pin_registers(h[mt]);
   }
   mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 
-  store_chain_state<KPW, BV>(h, a.ht, n, hv, col0, kw, g, t);
+  store_chain_state<KP, BV>(h, a.ht, n, hv, col0, wg, g, t);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule
