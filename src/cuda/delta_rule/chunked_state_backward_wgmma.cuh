@@ -32,6 +32,9 @@
 // version formed them here from the swizzled q tile, and with the L2 norm in the kernel was slower than
 // the mma.sync kernel at B1 T32768 (1.562 vs 1.408 ms; ncu 970 instructions per warp and chunk).
 //
+// kLate (session 18): the next chunk's copies and dh's store to the intermediates issued after (1)'s
+// wgmmas instead of before them, as chunked_state_wgmma.cuh's kLate.
+//
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
 #pragma once
@@ -65,7 +68,7 @@ struct StateBackwardWgmmaSmem {
   static constexpr int64_t bytes() { return 1024 + kOffVs + kTileBytes; }
 };
 
-template <typename T, int KMAX, int BV, int STAGES>
+template <typename T, int KMAX, int BV, int STAGES, bool kLate>
 __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES>;
@@ -163,22 +166,24 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     // dL/dh_{c+1}: to the intermediates (fp32, or T with the backward's 16-bit storage) and, in T, to Hs.
     // Element offsets from this thread's first (key channel vrow, columns 2 t): channels 64 mt + 8 r,
     // columns 8 i.
-    {
-      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
-      stage_chain_state<T, KP, BV>(dh, smem + S::kOffHs, hs_at, g, a.dh16, a.dh, at, Vi);
-    }
+    // (kLate: to the intermediates after (1) is issued)
+    const int64_t h_at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
+    stage_chain_state_tile<T, KP, BV>(dh, smem + S::kOffHs, hs_at, g);
+    if (!kLate) store_chain_state_rows<T, KP, BV>(dh, a.dh16, a.dh, h_at, Vi);
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's tiles, G, colscale and Hs in place; every thread is done with chunk c + 1.
     sm90::fence_proxy_async_shared();
     __syncthreads();
-    {
+    // The copies of chunk c - STAGES + 1 into the stage chunk c + 1 left (kLate: after (1) is issued).
+    auto next_copies = [&]() {
       const int64_t cn = c - (STAGES - 1);
       if (cn >= c_first) {
         prefetch(ci_ahead, sn);
         if (cn - 1 >= c_first) ci_ahead = a.chunks[cn - 1];
       }
       mma::cp_async_commit();
-    }
+    };
+    if (!kLate) next_copies();
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
@@ -192,6 +197,10 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
+    if (kLate) {
+      next_copies();
+      store_chain_state_rows<T, KP, BV>(dh, a.dh16, a.dh, h_at, Vi);
+    }
 
     // Meanwhile: do' = do * rowscale (B0's, 0 past L) into Ds, and the decay.
     const float* const rs_s = reinterpret_cast<const float*>(base + S::kOffRs);

@@ -33,6 +33,11 @@
 // channel-split kernel's 0.865. Session 17: 16 columns (m64n16k16, twice the blocks) 0.623 ms there
 // (run 17.2); at many chains (two waves and more) the mma.sync kernels stay: the launcher's rule.)
 //
+// kLate (session 18, chain_late_wanted in chunked_stages.h): the chunk's work that (1) does not wait for,
+// the next chunk's copies and h_c's store to the intermediates, issued after (1)'s wgmmas instead of
+// before them, so that it runs in their shadow instead of on the chain's dependent path (run 18.2 showed
+// that path, not the warps' instruction count, sets a chunk's time).
+//
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
 #pragma once
@@ -71,7 +76,7 @@ __device__ __forceinline__ uint32_t swizzled(int r, int chunk) {
 
 // STAGES chunks of copies in the ring: the one in use and STAGES - 1 in flight (one cp.async group per
 // chunk, an empty one past the sequence's end so that "chunk c landed" is always wait<STAGES - 2>).
-template <typename T, int KMAX, int BV, int STAGES>
+template <typename T, int KMAX, int BV, int STAGES, bool kLate>
 __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = StateWgmmaSmem<T, KMAX, BV, STAGES>;
@@ -161,24 +166,26 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     const float* const u_s = reinterpret_cast<const float*>(base + S::kOffU);
     const float* const G_s = reinterpret_cast<const float*>(base + S::kOffG);
 
-    // h_c: to the intermediates (fp32, or T for the backward's 16-bit mode) and, in T, to Hs.
-    // Element offsets from this thread's first (row vrow, columns 2 t): rows 64 mt + 8 r, columns 8 i.
-    {
-      const int64_t at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
-      stage_chain_state<T, KP, BV>(h, smem + S::kOffHs, hs_at, g, a.h16, a.h, at, Vi);
-    }
+    // h_c in T to Hs, and to the intermediates (fp32, or T for the backward's 16-bit mode; kLate: after
+    // (1) is issued). Element offsets from this thread's first (row vrow, columns 2 t): rows 64 mt + 8 r,
+    // columns 8 i.
+    const int64_t h_at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
+    stage_chain_state_tile<T, KP, BV>(h, smem + S::kOffHs, hs_at, g);
+    if (!kLate) store_chain_state_rows<T, KP, BV>(h, a.h16, a.h, h_at, Vi);
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's w, k, u, G, colscale and Hs in place; every thread is done with chunk c - 1.
     sm90::fence_proxy_async_shared();
     __syncthreads();
-    {
+    // The copies of chunk c + STAGES - 1 into the stage chunk c - 1 left (kLate: after (1) is issued).
+    auto next_copies = [&]() {
       const int64_t cn = c + STAGES - 1;
       if (cn < c_end) {
         prefetch(ci_ahead, sn);
         if (cn + 1 < c_end) ci_ahead = a.chunks[cn + 1];
       }
       mma::cp_async_commit();
-    }
+    };
+    if (!kLate) next_copies();
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
@@ -192,6 +199,10 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
+    if (kLate) {
+      next_copies();
+      store_chain_state_rows<T, KP, BV>(h, a.h16, a.h, h_at, Vi);
+    }
     // Meanwhile: the state update's row scales of this thread's rows (stage 1's, 0 past L) and the decay.
     const float* const cs_s = reinterpret_cast<const float*>(base + S::kOffCs);
     const float cs[2] = {cs_s[vrow], cs_s[vrow + 8]};

@@ -5,8 +5,8 @@
 // (wgmma_primitives.cuh). What both kernels do with it:
 //   load_chain_state / store_chain_state: from the initial state (h0, dht) or zeros / to the final one
 //     (ht, dh0), once per chain;
-//   stage_chain_state: in T to a swizzled [K][64] tile in shared memory (the B operand of the chain's
-//     first product) and to the per-chunk intermediates (T or fp32), once per chunk.
+//   stage_chain_state_tile / store_chain_state_rows: in T to a swizzled [K][64] tile in shared memory (the
+//     B operand of the chain's first product) / to the per-chunk intermediates (T or fp32), once per chunk.
 #pragma once
 
 #include <cstdint>
@@ -47,12 +47,10 @@ __device__ __forceinline__ void store_chain_state(const float (&s)[KP][BV / 2], 
 }
 
 // s in T into the swizzled tile at `tile` (this thread's pairs at byte offset `at` = (16 wg + g) * 128 + 4 t
-// of the tile, rows + 64 mt + 8 r, 16-byte chunk i at i ^ g), and to the intermediates: in T at h16 + off
-// if h16 is given, else in fp32 at h + off, where off is this thread's first element (key channel 16 wg +
-// g, column 2 t) of the chunk's [K][V] state; V their row pitch.
+// of the tile, rows + 64 mt + 8 r, 16-byte chunk i at i ^ g): the B operand of the chain's first product.
 template <typename T, int KP, int BV>
-__device__ __forceinline__ void stage_chain_state(const float (&s)[KP][BV / 2], unsigned char* tile, uint32_t at,
-                                                  int g, void* h16, float* h, int64_t off, int V) {
+__device__ __forceinline__ void stage_chain_state_tile(const float (&s)[KP][BV / 2], unsigned char* tile, uint32_t at,
+                                                       int g) {
 #pragma unroll
   for (int mt = 0; mt < KP; ++mt)
 #pragma unroll
@@ -61,6 +59,14 @@ __device__ __forceinline__ void stage_chain_state(const float (&s)[KP][BV / 2], 
       *reinterpret_cast<uint32_t*>(tile + at + rr * 128 + (((i ^ g) & 7) << 4)) =
           mma::pack_floats<T>(s[mt][e], s[mt][e + 1]);
     }
+}
+
+// s to the per-chunk intermediates: in T at h16 + off if h16 is given, else in fp32 at h + off, where off
+// is this thread's first element (key channel 16 wg + g, column 2 t) of the chunk's [K][V] state; V their
+// row pitch.
+template <typename T, int KP, int BV>
+__device__ __forceinline__ void store_chain_state_rows(const float (&s)[KP][BV / 2], void* h16, float* h, int64_t off,
+                                                       int V) {
   if (h16) {
     T* const hp = static_cast<T*>(h16) + off;
 #pragma unroll
