@@ -33,7 +33,8 @@
 // the mma.sync kernel at B1 T32768 (1.562 vs 1.408 ms; ncu 970 instructions per warp and chunk).
 //
 // kLate (session 18): the next chunk's copies and dh's store to the intermediates issued after (1)'s
-// wgmmas instead of before them, as chunked_state_wgmma.cuh's kLate.
+// wgmmas instead of before them, dv_local's loads and dh's decay before (1)'s wait instead of after it,
+// as chunked_state_wgmma.cuh's kLate.
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
@@ -219,27 +220,43 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     const float* const cs_s = reinterpret_cast<const float*>(base + S::kOffCs);
     const float cs[2] = {cs_s[vrow], cs_s[vrow + 8]};
     const float decay = expf(G_s[L - 1]);
+    // dv_local's pairs at this thread's elements, and dh's decay (dh is stored by now): kLate before the
+    // wait, in (1)'s shadow.
+    const T* const dl_s = reinterpret_cast<const T*>(base + S::kOffDl);
+    uint32_t dl[BV / 4];
+    auto load_dl = [&]() {
+#pragma unroll
+      for (int e = 0; e < BV / 2; e += 2)
+        dl[e / 2] = *reinterpret_cast<const uint32_t*>(dl_s + (vrow + 8 * ((e >> 1) & 1)) * LDD + 8 * (e >> 2) + 2 * t);
+    };
+    auto decay_state = [&]() {
+#pragma unroll
+      for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+        for (int e = 0; e < BV / 2; ++e) dh[mt][e] *= decay;
+    };
+    if (kLate) {
+      load_dl();
+      decay_state();
+    }
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
 
     // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs.
-    const T* const dl_s = reinterpret_cast<const T*>(base + S::kOffDl);
+    if (!kLate) load_dl();
     T* const dvn_at = dv_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
 #pragma unroll
     for (int e = 0; e < BV / 2; e += 2) {
       const int r = (e >> 1) & 1, i = e >> 2;
       float l0, l1;
-      mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(dl_s + (vrow + 8 * r) * LDD + 8 * i + 2 * t), l0, l1);
+      mma::unpack_floats<T>(dl[e / 2], l0, l1);
       const float d0 = acc[e] * cs[r] + l0, d1 = acc[e + 1] * cs[r] + l1;
       if (vrow + 8 * r < L)
         *reinterpret_cast<uint32_t*>(dvn_at + 8 * r * row_step + 8 * i) = mma::pack_floats<T>(d0, d1);
       *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
           mma::pack_floats<T>(-d0, -d1);
     }
-#pragma unroll
-    for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-      for (int e = 0; e < BV / 2; ++e) dh[mt][e] *= decay;
+    if (!kLate) decay_state();
     // (B) do' in Ds, -dv_new in Vs.
     sm90::fence_proxy_async_shared();
     __syncthreads();

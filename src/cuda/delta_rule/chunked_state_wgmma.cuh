@@ -35,8 +35,9 @@
 //
 // kLate (session 18, chain_late_wanted in chunked_stages.h): the chunk's work that (1) does not wait for,
 // the next chunk's copies and h_c's store to the intermediates, issued after (1)'s wgmmas instead of
-// before them, so that it runs in their shadow instead of on the chain's dependent path (run 18.2 showed
-// that path, not the warps' instruction count, sets a chunk's time).
+// before them, and u's loads and the state's decay before (1)'s wait instead of after it, so that it runs
+// in (1)'s shadow instead of on the chain's dependent path (run 18.2 showed that path, not the warps'
+// instruction count, sets a chunk's time).
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
@@ -207,17 +208,35 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     const float* const cs_s = reinterpret_cast<const float*>(base + S::kOffCs);
     const float cs[2] = {cs_s[vrow], cs_s[vrow + 8]};
     const float decay = expf(G_s[L - 1]);
+    // u's pairs at this thread's elements, and the state's decay (h_c is stored by now): kLate before the
+    // wait, in (1)'s shadow.
+    float2 uu[BV / 4];
+    auto load_u = [&]() {
+#pragma unroll
+      for (int e = 0; e < BV / 2; e += 2)
+        uu[e / 2] = *reinterpret_cast<const float2*>(u_s + (vrow + 8 * ((e >> 1) & 1)) * LDU + 8 * (e >> 2) + 2 * t);
+    };
+    auto decay_state = [&]() {
+#pragma unroll
+      for (int mt = 0; mt < KP; ++mt)
+#pragma unroll
+        for (int e = 0; e < BV / 2; ++e) h[mt][e] *= decay;
+    };
+    if (kLate) {
+      load_u();
+      decay_state();
+    }
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
 
     // v_new = u - w h_c: stored in T for rows < L; v' = v_new colscale into Vs.
+    if (!kLate) load_u();
     T* const vn_at = v_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
     float vv[BV / 2];
 #pragma unroll
     for (int e = 0; e < BV / 2; e += 2) {
-      const float2 u = *reinterpret_cast<const float2*>(u_s + (vrow + 8 * ((e >> 1) & 1)) * LDU + 8 * (e >> 2) + 2 * t);
-      vv[e] = u.x - acc[e];
-      vv[e + 1] = u.y - acc[e + 1];
+      vv[e] = uu[e / 2].x - acc[e];
+      vv[e + 1] = uu[e / 2].y - acc[e + 1];
     }
     if (vn_pairs) {
 #pragma unroll
@@ -239,10 +258,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
           mma::pack_floats<T>(vv[e] * cs[r], vv[e + 1] * cs[r]);
     }
-#pragma unroll
-    for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-      for (int e = 0; e < BV / 2; ++e) h[mt][e] *= decay;
+    if (!kLate) decay_state();
     // (B) v' in Vs.
     sm90::fence_proxy_async_shared();
     __syncthreads();
