@@ -188,9 +188,8 @@ void launch_wgmma_chain(Kernel kernel, int64_t bytes, const ChunkedArgs& a, cuda
 template <typename T, int KMAX, int BV>
 void launch_state_backward_wgmma(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  constexpr int64_t bytes = StateBackwardWgmmaSmem<T, KMAX, BV, ST>::bytes();
-  chain_late_wanted() ? launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, true>, bytes, a, s)
-                      : launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, false>, bytes, a, s);
+  launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>,
+                         StateBackwardWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
 }
 // Whether B1's wgmma kernel can read this call's arguments: k, q and the slice's dout by 16-byte rows,
 // stage 1's and B0's row scales given, dv_local (and so dv_new) in its own 16-bit buffer.
@@ -283,9 +282,7 @@ inline int state_wgmma_cols(const ChunkedArgs& a) {
 template <typename T, int KMAX, int BV>
 void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  constexpr int64_t bytes = StateWgmmaSmem<T, KMAX, BV, ST>::bytes();
-  chain_late_wanted() ? launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, true>, bytes, a, s)
-                      : launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, false>, bytes, a, s);
+  launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, StateWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
 }
 template <typename T>
 bool launch_state_wgmma(const ChunkedArgs& a, cudaStream_t s) {

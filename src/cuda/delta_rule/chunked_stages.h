@@ -263,16 +263,6 @@ inline int state_backward_wgmma_cols(int64_t chains, int64_t K, int64_t V, int64
   return K == 128 && chains * (V / 32) <= 2 * sms ? 32 : 0;
 }
 
-// Whether the wgmma chains (stage 2, B1: chunked_state_wgmma.cuh, chunked_state_backward_wgmma.cuh) issue
-// the next chunk's copies and the state's store to the intermediates after their first product's wgmmas
-// (kLate, session 18) instead of before: off the chain's dependent path. FLASHGRAD_CHUNKED_CHAIN_LATE=0 / 1
-// (read per call) forces the order; kChainLateByDefault until the H200 has timed both.
-constexpr bool kChainLateByDefault = true;
-inline bool chain_late_wanted() {
-  const char* env = std::getenv("FLASHGRAD_CHUNKED_CHAIN_LATE");
-  return env ? std::string(env) == "1" : kChainLateByDefault;
-}
-
 // Whether stage 2's own (unfused) kernel takes single-fragment products (chunk_state_kernel's kSingle:
 // h^T, v_new^T rounded to T in the products, as the fused forward and fla take them; h itself stays in
 // fp32 accumulators). Run 11.3 (H200, 2026-11-30, chunk GDN bf16): the channel-split shape (few long

@@ -32,9 +32,10 @@
 // version formed them here from the swizzled q tile, and with the L2 norm in the kernel was slower than
 // the mma.sync kernel at B1 T32768 (1.562 vs 1.408 ms; ncu 970 instructions per warp and chunk).
 //
-// kLate (session 18): the next chunk's copies and dh's store to the intermediates issued after (1)'s
-// wgmmas instead of before them, dv_local's loads and dh's decay before (1)'s wait instead of after it,
-// as chunked_state_wgmma.cuh's kLate.
+// The order inside a chunk (session 18, as chunked_state_wgmma.cuh's): the next chunk's copies and dh's
+// store to the intermediates are issued after (1)'s wgmmas, dv_local's loads and dh's decay come before
+// (1)'s wait (runs 18.3 / 18.4: 0.783 -> 0.735 ms at B1 T32768, 0.578 -> 0.530 at B2 T16384, outputs
+// bitwise equal; the gain came with dv_local's loads moved).
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
@@ -69,7 +70,7 @@ struct StateBackwardWgmmaSmem {
   static constexpr int64_t bytes() { return 1024 + kOffVs + kTileBytes; }
 };
 
-template <typename T, int KMAX, int BV, int STAGES, bool kLate>
+template <typename T, int KMAX, int BV, int STAGES>
 __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES>;
@@ -167,15 +168,14 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     // dL/dh_{c+1}: to the intermediates (fp32, or T with the backward's 16-bit storage) and, in T, to Hs.
     // Element offsets from this thread's first (key channel vrow, columns 2 t): channels 64 mt + 8 r,
     // columns 8 i.
-    // (kLate: to the intermediates after (1) is issued)
+    // (to the intermediates after (1) is issued)
     const int64_t h_at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
     stage_chain_state_tile<T, KP, BV>(dh, smem + S::kOffHs, hs_at, g);
-    if (!kLate) store_chain_state_rows<T, KP, BV>(dh, a.dh16, a.dh, h_at, Vi);
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's tiles, G, colscale and Hs in place; every thread is done with chunk c + 1.
     sm90::fence_proxy_async_shared();
     __syncthreads();
-    // The copies of chunk c - STAGES + 1 into the stage chunk c + 1 left (kLate: after (1) is issued).
+    // The copies of chunk c - STAGES + 1 into the stage chunk c + 1 left (after (1) is issued).
     auto next_copies = [&]() {
       const int64_t cn = c - (STAGES - 1);
       if (cn >= c_first) {
@@ -184,7 +184,6 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       }
       mma::cp_async_commit();
     };
-    if (!kLate) next_copies();
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
@@ -198,7 +197,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
-    if (kLate) {
+    {  // (in (1)'s shadow)
       next_copies();
       store_chain_state_rows<T, KP, BV>(dh, a.dh16, a.dh, h_at, Vi);
     }
@@ -220,8 +219,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     const float* const cs_s = reinterpret_cast<const float*>(base + S::kOffCs);
     const float cs[2] = {cs_s[vrow], cs_s[vrow + 8]};
     const float decay = expf(G_s[L - 1]);
-    // dv_local's pairs at this thread's elements, and dh's decay (dh is stored by now): kLate before the
-    // wait, in (1)'s shadow.
+    // dv_local's pairs at this thread's elements, and dh's decay (dh is stored by now).
     const T* const dl_s = reinterpret_cast<const T*>(base + S::kOffDl);
     uint32_t dl[BV / 4];
     auto load_dl = [&]() {
@@ -235,7 +233,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
 #pragma unroll
         for (int e = 0; e < BV / 2; ++e) dh[mt][e] *= decay;
     };
-    if (kLate) {
+    {  // (in (1)'s shadow)
       load_dl();
       decay_state();
     }
@@ -243,7 +241,6 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     sm90::pin_registers(acc);
 
     // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs.
-    if (!kLate) load_dl();
     T* const dvn_at = dv_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
 #pragma unroll
     for (int e = 0; e < BV / 2; e += 2) {
@@ -256,7 +253,6 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
           mma::pack_floats<T>(-d0, -d1);
     }
-    if (!kLate) decay_state();
     // (B) do' in Ds, -dv_new in Vs.
     sm90::fence_proxy_async_shared();
     __syncthreads();

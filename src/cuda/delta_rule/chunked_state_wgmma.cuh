@@ -33,11 +33,12 @@
 // channel-split kernel's 0.865. Session 17: 16 columns (m64n16k16, twice the blocks) 0.623 ms there
 // (run 17.2); at many chains (two waves and more) the mma.sync kernels stay: the launcher's rule.)
 //
-// kLate (session 18, chain_late_wanted in chunked_stages.h): the chunk's work that (1) does not wait for,
-// the next chunk's copies and h_c's store to the intermediates, issued after (1)'s wgmmas instead of
-// before them, and u's loads and the state's decay before (1)'s wait instead of after it, so that it runs
-// in (1)'s shadow instead of on the chain's dependent path (run 18.2 showed that path, not the warps'
-// instruction count, sets a chunk's time).
+// The order inside a chunk (session 18): the chunk's work that (1) does not wait for, the next chunk's
+// copies and h_c's store to the intermediates, is issued after (1)'s wgmmas, and u's loads and the
+// state's decay come before (1)'s wait, so that they run in (1)'s shadow instead of on the chain's
+// dependent path (run 18.2 showed that path, not the warps' instruction count, sets a chunk's time; runs
+// 18.3 / 18.4 timed this order against session 17's: 0.612 -> 0.58-0.59 ms at B1 T32768, outputs bitwise
+// equal).
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,
 // column 8 i + 2 t + q (wgmma_primitives.cuh).
@@ -77,7 +78,7 @@ __device__ __forceinline__ uint32_t swizzled(int r, int chunk) {
 
 // STAGES chunks of copies in the ring: the one in use and STAGES - 1 in flight (one cp.async group per
 // chunk, an empty one past the sequence's end so that "chunk c landed" is always wait<STAGES - 2>).
-template <typename T, int KMAX, int BV, int STAGES, bool kLate>
+template <typename T, int KMAX, int BV, int STAGES>
 __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = StateWgmmaSmem<T, KMAX, BV, STAGES>;
@@ -167,17 +168,16 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     const float* const u_s = reinterpret_cast<const float*>(base + S::kOffU);
     const float* const G_s = reinterpret_cast<const float*>(base + S::kOffG);
 
-    // h_c in T to Hs, and to the intermediates (fp32, or T for the backward's 16-bit mode; kLate: after
-    // (1) is issued). Element offsets from this thread's first (row vrow, columns 2 t): rows 64 mt + 8 r,
+    // h_c in T to Hs, and to the intermediates (fp32, or T for the backward's 16-bit mode; after (1)
+    // is issued). Element offsets from this thread's first (row vrow, columns 2 t): rows 64 mt + 8 r,
     // columns 8 i.
     const int64_t h_at = (c * HV + hv) * K * V + col0 + static_cast<int64_t>(vrow) * V + 2 * t;
     stage_chain_state_tile<T, KP, BV>(h, smem + S::kOffHs, hs_at, g);
-    if (!kLate) store_chain_state_rows<T, KP, BV>(h, a.h16, a.h, h_at, Vi);
     mma::cp_async_wait<STAGES - 2>();  // chunk c's copies (this thread's) landed
     // (A) chunk c's w, k, u, G, colscale and Hs in place; every thread is done with chunk c - 1.
     sm90::fence_proxy_async_shared();
     __syncthreads();
-    // The copies of chunk c + STAGES - 1 into the stage chunk c - 1 left (kLate: after (1) is issued).
+    // The copies of chunk c + STAGES - 1 into the stage chunk c - 1 left (after (1) is issued).
     auto next_copies = [&]() {
       const int64_t cn = c + STAGES - 1;
       if (cn < c_end) {
@@ -186,7 +186,6 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       }
       mma::cp_async_commit();
     };
-    if (!kLate) next_copies();
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
@@ -200,7 +199,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
     }
     sm90::wgmma_commit();
-    if (kLate) {
+    {  // (in (1)'s shadow)
       next_copies();
       store_chain_state_rows<T, KP, BV>(h, a.h16, a.h, h_at, Vi);
     }
@@ -208,8 +207,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     const float* const cs_s = reinterpret_cast<const float*>(base + S::kOffCs);
     const float cs[2] = {cs_s[vrow], cs_s[vrow + 8]};
     const float decay = expf(G_s[L - 1]);
-    // u's pairs at this thread's elements, and the state's decay (h_c is stored by now): kLate before the
-    // wait, in (1)'s shadow.
+    // u's pairs at this thread's elements, and the state's decay (h_c is stored by now).
     float2 uu[BV / 4];
     auto load_u = [&]() {
 #pragma unroll
@@ -222,7 +220,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
 #pragma unroll
         for (int e = 0; e < BV / 2; ++e) h[mt][e] *= decay;
     };
-    if (kLate) {
+    {  // (in (1)'s shadow)
       load_u();
       decay_state();
     }
@@ -230,7 +228,6 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     sm90::pin_registers(acc);
 
     // v_new = u - w h_c: stored in T for rows < L; v' = v_new colscale into Vs.
-    if (!kLate) load_u();
     T* const vn_at = v_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
     float vv[BV / 2];
 #pragma unroll
@@ -258,7 +255,6 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
           mma::pack_floats<T>(vv[e] * cs[r], vv[e + 1] * cs[r]);
     }
-    if (!kLate) decay_state();
     // (B) v' in Vs.
     sm90::fence_proxy_async_shared();
     __syncthreads();
