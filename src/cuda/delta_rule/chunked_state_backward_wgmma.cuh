@@ -47,8 +47,8 @@
 #include "chunked_stages.h"
 #include "chunked_state_wgmma.cuh"  // swizzled()
 #include "chunked_tiles.cuh"
+#include "chunked_wgmma_primitives.cuh"
 #include "chunked_wgmma_state.cuh"
-#include "cuda/attention/wgmma_primitives.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 

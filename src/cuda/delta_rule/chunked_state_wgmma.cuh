@@ -49,8 +49,8 @@
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
 #include "chunked_tiles.cuh"
+#include "chunked_wgmma_primitives.cuh"
 #include "chunked_wgmma_state.cuh"
-#include "cuda/attention/wgmma_primitives.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 

@@ -16,7 +16,13 @@
 // Emulation: threadIdx / blockIdx are thread_local; __syncthreads / __syncwarp are std::barrier
 // waits over the block's 128 / the warp's 32 threads; __shfl_*_sync and mma.sync exchange values
 // through a per-warp buffer between two warp barriers. Blocks run one after another.
+// FLASHGRAD_EMU_WGMMA=1 (CTest DeltaRuleChunked.HostEmulationWgmma): the wgmma chains (stage 2 and B1 on
+// warpgroup MMA, the launcher's default at few long sequences) replace the mma.sync ones, with the
+// Hopper primitives they use modelled by emulator_sm90.h (descriptors, the 128-byte swizzle, the
+// accumulator layout; wgmma computed at issue, so a missing wait or an operand overwritten in flight
+// goes unseen).
 #include "emulator.h"
+#include "emulator_sm90.h"
 
 #include <memory>
 
@@ -29,6 +35,8 @@
 #include "cuda/delta_rule/chunked_state_chains.cuh"
 #include "cuda/delta_rule/chunked_state_from_vnew.cuh"
 #include "cuda/delta_rule/chunked_state_from_vnew_wide.cuh"
+#include "cuda/delta_rule/chunked_state_backward_wgmma.cuh"
+#include "cuda/delta_rule/chunked_state_wgmma.cuh"
 #include "cuda/delta_rule/chunked_grads.cuh"
 #include "cuda/delta_rule/chunked_grads_mma.cuh"
 #include "cuda/delta_rule/chunked_grads_split.cuh"
@@ -53,6 +61,7 @@ void launch(unsigned gx, unsigned gy, unsigned gz, F&& body, unsigned threads = 
   const unsigned all = threads * rows;
   for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x) {
     std::memset(dr::smem_raw, 0xff, sizeof(dr::smem_raw));
+    std::memset(dr::smem_dyn, 0xff, sizeof(dr::smem_dyn));
     std::barrier<> blk(all);
     std::vector<std::unique_ptr<std::barrier<>>> wb, nb;
     for (unsigned w = 0; w < all / 32; ++w) { wb.emplace_back(new std::barrier<>(32)); g_warp_bar[w] = wb.back().get(); }
@@ -180,8 +189,22 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   // it leaves unwritten) come from the unfused stage 2 run first, for their comparisons and the
   // backward.
   const bool fused = V % 128 == 0 && (seed == 2 || seed == 9 || seed == 10 || seed == 11 || seed == 14);
+  // FLASHGRAD_EMU_WGMMA=1: the wgmma chains instead (chunked_state_wgmma.cuh for stage 2 wherever the
+  // unfused stage 2 runs, forward and the backward's rerun; chunked_state_backward_wgmma.cuh for B1, after
+  // B0, below), 16 value columns per block on even seeds and 32 on odd ones where V allows, as the
+  // launcher's widths, 3 stages as its kStateWgmmaStages (the wgmma primitives modelled by
+  // emulator_sm90.h). They need stage 1's row scales.
+  const char* wg_env = std::getenv("FLASHGRAD_EMU_WGMMA");
+  const bool emu_wgmma = wg_env && std::string(wg_env) == "1" && a.colscale;
+  const bool wg32 = seed % 2 == 1 && V % 32 == 0;
+  if (emu_wgmma) std::printf("  wgmma chains (stage 2, B1), %d value columns per block\n", wg32 ? 32 : 16);
   auto unfused_state = [&] {  // (8 warps: FLASHGRAD_CHUNKED_STATE_WARPS=8, only in the 16-bit rerun below)
-    if (V % 128 == 0 && (seed == 2 || seed == 11) && a.h16)
+    if (emu_wgmma) {
+      if (wg32)
+        launch(N, HV, V / 32, [&] { dr::chunk_state_wgmma_kernel<TT, KM, 32, 3>(a); }, 128);
+      else
+        launch(N, HV, V / 16, [&] { dr::chunk_state_wgmma_kernel<TT, KM, 16, 3>(a); }, 128);
+    } else if (V % 128 == 0 && (seed == 2 || seed == 11) && a.h16)
       launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, false>(a); }, 256);
     else if (seed % 2 == 0)
       launch(N, HV, V / 64, [&] { dr::chunk_state_kernel<TT, KM, 4, false>(a); }, 128);
@@ -344,14 +367,22 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   const bool b1_split = dr::state_backward_split_wanted();
   const char* local_env = std::getenv("FLASHGRAD_CHUNKED_B1_LOCAL");
   const bool four_warps = !(V % 128 == 0 && seed % 2 == 0);
-  const bool b1_local = !legacy_bwd && four_warps && a.dv_new16 && !b1_split && !(local_env && std::string(local_env) == "0");
+  const bool b1_local = !legacy_bwd && (four_warps || emu_wgmma) && a.dv_new16 && !b1_split &&
+                        !(local_env && std::string(local_env) == "0");
   // The local B1 splits the key channels as the launcher's default for few chains: in quarters at
   // K = 128 (4 warps of 32 channels per 16 value columns), else over warp pairs (here: every case, the
   // harness's SM count being large; FLASHGRAD_CHUNKED_B1_KSPLIT=0 keeps 16 columns per warp, =2 pairs).
   const int b1_parts = dr::state_backward_channel_parts(N * HV, K, V, 1 << 20);
+  Buf brs(DType::f32, rows * HV);  // B0's row scales of do (ChunkedArgs::rowscale), for the wgmma B1
   if (b1_local) {
+    if (emu_wgmma) a.rowscale = static_cast<float*>(brs.p());
     launch(NC, HV, 1, [&] { dr::chunk_dv_local_kernel<TT, KM>(a); }, 256);
-    if (b1_parts == 4) {  // (only at K = 128: state_backward_channel_parts)
+    if (emu_wgmma) {  // (FLASHGRAD_EMU_WGMMA=1: the wgmma B1 at the stage-2 width above)
+      if (wg32)
+        launch(N, HV, V / 32, [&] { dr::chunk_state_backward_wgmma_kernel<TT, KM, 32, 3>(a); }, 128);
+      else
+        launch(N, HV, V / 16, [&] { dr::chunk_state_backward_wgmma_kernel<TT, KM, 16, 3>(a); }, 128);
+    } else if (b1_parts == 4) {  // (only at K = 128: state_backward_channel_parts)
       if constexpr (KM == 128) {
         if (a.h16 && dr::state_chains_wanted(N * HV, K, V, 1 << 20)) {  // stage 2 recomputed beside B1, one launch
           // h and v_new poisoned (NaN) first: B2 below then checks the recomputation, not the forward's.

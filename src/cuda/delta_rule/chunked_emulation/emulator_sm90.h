@@ -1,0 +1,120 @@
+// Host models of the Hopper primitives the delta rule's wgmma chains use (chunked_wgmma_primitives.cuh
+// names them): the kernels' dynamic shared memory (smem_dyn) and its 32-bit addresses
+// (__cvta_generic_to_shared), and in flashgrad::cuda_attn::sm90 the 128-byte-swizzle descriptors
+// (smem_desc), the two 16-bit warpgroup MMA forms the chains issue (wgmma_ss_kt: A K-major, B MN-major;
+// wgmma_ss_tt: both MN-major), and the fences, commits, waits and register pins around them.
+// Include after emulator.h, before any kernel source.
+//
+// Model: one warpgroup per block (the chains' 128 threads); a wgmma is computed when issued, each
+// thread its own accumulator elements straight from shared memory through the descriptors (both
+// operands come from shared memory: no exchange between threads), sums of exact 16-bit products in
+// double, rounded to fp32 once per instruction. So fences, commits and waits are no-ops, and a
+// missing wait, an operand overwritten while a wgmma is in flight, or the hardware's own accumulation
+// order go unseen; the descriptors' layout (start, LBO, SBO, the swizzle) and the accumulator layout
+// are modelled as the PTX ISA states them (the attention emulation's wgmma.h does the same for its
+// kinds; the GPU tests check the hardware).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+namespace flashgrad::cuda_detail::delta_rule {
+// The chains' `extern __shared__ unsigned char smem_dyn[]`: 1024-byte aligned, so their alignment
+// offset is 0 and a shared address is the offset from here. Poisoned per block by the harness.
+alignas(1024) unsigned char smem_dyn[262144];
+}  // namespace flashgrad::cuda_detail::delta_rule
+
+inline std::size_t __cvta_generic_to_shared(const void* p) {
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  const unsigned char* base = flashgrad::cuda_detail::delta_rule::smem_dyn;
+  if (b < base || b >= base + sizeof(flashgrad::cuda_detail::delta_rule::smem_dyn)) {
+    std::fprintf(stderr, "__cvta_generic_to_shared: pointer outside the emulated shared memory\n");
+    std::abort();
+  }
+  return static_cast<std::size_t>(b - base);
+}
+
+namespace flashgrad::cuda_attn::sm90 {
+
+inline uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t{1} << 62);
+}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+inline void wgmma_wait() {}
+template <int N>
+inline void pin_registers(float (&)[N]) {}
+inline void fence_proxy_async_shared() {}
+
+namespace emu {
+[[noreturn]] inline void fail(const char* why) {
+  std::fprintf(stderr, "emulated wgmma: %s\n", why);
+  std::abort();
+}
+// The 128-byte swizzle: 16-byte chunk bits [4, 7) XOR the 128-byte row bits [7, 10) of the address.
+inline uint32_t swizzle128(uint32_t a) { return a ^ (((a >> 7) & 7u) << 4); }
+inline void check_desc(uint64_t desc) {
+  if ((desc >> 62) != 1) fail("descriptor without the 128-byte swizzle (layout type 1)");
+}
+// 16-bit element (row, k) of a K-major operand: rows 128 bytes apart in groups of 8 SBO apart, k
+// contiguous from the start address (a k step of 16 elements: +32 bytes there).
+inline uint32_t kmajor(uint64_t desc, int row, int k) {
+  check_desc(desc);
+  const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
+  const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
+  return swizzle128(start + static_cast<uint32_t>(row / 8) * sbo + static_cast<uint32_t>(row % 8) * 128 +
+                    static_cast<uint32_t>(2 * k));
+}
+// 16-bit element (mn, k) of an MN-major operand: mn contiguous in 64-element (128-byte) panels LBO
+// apart, k rows 128 bytes apart in groups of 8 SBO apart.
+inline uint32_t mnmajor(uint64_t desc, int mn, int k) {
+  check_desc(desc);
+  const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
+  const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4;
+  const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
+  return swizzle128(start + static_cast<uint32_t>(mn / 64) * lbo + static_cast<uint32_t>(k / 8) * sbo +
+                    static_cast<uint32_t>(k % 8) * 128 + static_cast<uint32_t>(mn % 64) * 2);
+}
+template <typename T>
+inline double load16(uint32_t a) {
+  if (a + 2 > sizeof(flashgrad::cuda_detail::delta_rule::smem_dyn)) fail("operand outside shared memory");
+  T x;
+  std::memcpy(&x, flashgrad::cuda_detail::delta_rule::smem_dyn + a, 2);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else
+    return __half2float(x);
+}
+// D[64 x N] (=|+=) A[64 x 16] B[16 x N] for the calling thread's elements: accumulator i of thread th
+// (warp w = th / 32 of the warpgroup, g = (th % 32) / 4, t = th % 4) is D[16 w + g + 8 ((i >> 1) & 1)]
+// [8 (i >> 2) + 2 t + (i & 1)]. A K-major (kAK) or MN-major; B MN-major.
+template <typename T, int N, bool kAK>
+inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "m64nNk16: N a multiple of 8 up to 256");
+  const int th = static_cast<int>(emu_tid.x % 128), w = th / 32, g = (th % 32) / 4, t = th % 4;
+  for (int i = 0; i < N / 2; ++i) {
+    const int row = 16 * w + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
+    double s = 0;
+    for (int k = 0; k < 16; ++k)
+      s += load16<T>(kAK ? kmajor(a_desc, row, k) : mnmajor(a_desc, row, k)) * load16<T>(mnmajor(b_desc, col, k));
+    d[i] = static_cast<float>((scale_d ? static_cast<double>(d[i]) : 0.0) + s);
+  }
+}
+}  // namespace emu
+
+template <typename T, int N>
+inline void wgmma_ss_kt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  emu::wgmma_ss<T, N, true>(d, a_desc, b_desc, scale_d);
+}
+template <typename T, int N>
+inline void wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  emu::wgmma_ss<T, N, false>(d, a_desc, b_desc, scale_d);
+}
+
+}  // namespace flashgrad::cuda_attn::sm90
