@@ -1,8 +1,11 @@
 // Host models of the Hopper primitives the delta rule's wgmma chains use (chunked_wgmma_primitives.cuh
 // names them): the kernels' dynamic shared memory (smem_dyn) and its 32-bit addresses
 // (__cvta_generic_to_shared), and in flashgrad::cuda_attn::sm90 the 128-byte-swizzle descriptors
-// (smem_desc), the two 16-bit warpgroup MMA forms the chains issue (wgmma_ss_kt: A K-major, B MN-major;
-// wgmma_ss_tt: both MN-major), and the fences, commits, waits and register pins around them.
+// (smem_desc), the 16-bit warpgroup MMA forms with both operands in shared memory (wgmma_ss_kt: A K-major,
+// B MN-major, and wgmma_ss_tt: both MN-major, the chains' two; wgmma_ss_n128 / wgmma_ss_n64 / wgmma_ss:
+// both K-major, the form B2 on wgmma would use), and the fences, commits, waits and register pins around
+// them. tests/cpp/delta_rule_wgmma_probe_kernels.cuh runs every form here (CTest
+// DeltaRuleWgmmaProbe.HostEmulation) and on the GPU (DeltaRuleWgmmaProbe.*) against the same products.
 // Include after emulator.h, before any kernel source.
 //
 // Model: one warpgroup per block (the chains' 128 threads); a wgmma is computed when issued, each
@@ -93,8 +96,9 @@ inline double load16(uint32_t a) {
 }
 // D[64 x N] (=|+=) A[64 x 16] B[16 x N] for the calling thread's elements: accumulator i of thread th
 // (warp w = th / 32 of the warpgroup, g = (th % 32) / 4, t = th % 4) is D[16 w + g + 8 ((i >> 1) & 1)]
-// [8 (i >> 2) + 2 t + (i & 1)]. A K-major (kAK) or MN-major; B MN-major.
-template <typename T, int N, bool kAK>
+// [8 (i >> 2) + 2 t + (i & 1)]. A K-major (kAK) or MN-major; B K-major (kBK: element (n, k) as row n of a
+// K-major operand) or MN-major.
+template <typename T, int N, bool kAK, bool kBK = false>
 inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "m64nNk16: N a multiple of 8 up to 256");
   const int th = static_cast<int>(emu_tid.x % 128), w = th / 32, g = (th % 32) / 4, t = th % 4;
@@ -102,7 +106,8 @@ inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int sc
     const int row = 16 * w + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
     double s = 0;
     for (int k = 0; k < 16; ++k)
-      s += load16<T>(kAK ? kmajor(a_desc, row, k) : mnmajor(a_desc, row, k)) * load16<T>(mnmajor(b_desc, col, k));
+      s += load16<T>(kAK ? kmajor(a_desc, row, k) : mnmajor(a_desc, row, k)) *
+           load16<T>(kBK ? kmajor(b_desc, col, k) : mnmajor(b_desc, col, k));
     d[i] = static_cast<float>((scale_d ? static_cast<double>(d[i]) : 0.0) + s);
   }
 }
@@ -115,6 +120,18 @@ inline void wgmma_ss_kt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int
 template <typename T, int N>
 inline void wgmma_ss_tt(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
   emu::wgmma_ss<T, N, false>(d, a_desc, b_desc, scale_d);
+}
+template <typename T>
+inline void wgmma_ss_n128(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  emu::wgmma_ss<T, 128, true, true>(d, a_desc, b_desc, scale_d);
+}
+template <typename T>
+inline void wgmma_ss_n64(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  emu::wgmma_ss<T, 64, true, true>(d, a_desc, b_desc, scale_d);
+}
+template <typename T, int BN>
+inline void wgmma_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
+  emu::wgmma_ss<T, BN, true, true>(d, a_desc, b_desc, scale_d);
 }
 
 }  // namespace flashgrad::cuda_attn::sm90
