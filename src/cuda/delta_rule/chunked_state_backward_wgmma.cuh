@@ -34,7 +34,7 @@
 //
 // The order inside a chunk (session 18, as chunked_state_wgmma.cuh's): the next chunk's copies and dh's
 // store to the intermediates are issued after (1)'s wgmmas, dv_local's loads and dh's decay come before
-// (1)'s wait (runs 18.3 / 18.4: 0.783 -> 0.735 ms at B1 T32768, 0.578 -> 0.530 at B2 T16384, outputs
+// (1)'s wait in the source (ptxas keeps the decay behind the wait: it touches (2)'s accumulators) (runs 18.3 / 18.4: 0.783 -> 0.735 ms at B1 T32768, 0.578 -> 0.530 at B2 T16384, outputs
 // bitwise equal; the gain came with dv_local's loads moved).
 //
 // Accumulator element e = 4 i + 2 r + q of an m64nN tile (warp wg, lane = 4 g + t): row 16 wg + g + 8 r,

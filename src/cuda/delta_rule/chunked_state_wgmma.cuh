@@ -35,8 +35,9 @@
 //
 // The order inside a chunk (session 18): the chunk's work that (1) does not wait for, the next chunk's
 // copies and h_c's store to the intermediates, is issued after (1)'s wgmmas, and u's loads and the
-// state's decay come before (1)'s wait, so that they run in (1)'s shadow instead of on the chain's
-// dependent path (run 18.2 showed that path, not the warps' instruction count, sets a chunk's time; runs
+// state's decay come before (1)'s wait in the source (ptxas keeps the decay, which touches (2)'s
+// accumulators, behind that wait all the same: docs/perf/delta_rule.md, session 18), so that they run in
+// (1)'s shadow instead of on the chain's dependent path (run 18.2 showed that path, not the warps' instruction count, sets a chunk's time; runs
 // 18.3 / 18.4 timed this order against session 17's: 0.612 -> 0.58-0.59 ms at B1 T32768, outputs bitwise
 // equal).
 //
