@@ -8,7 +8,9 @@
 //   2. wgmma_ss_tt (both MN-major): the chains' second product, h += k^T v' and dh += q^T do': A^T
 //      stored [64 rows][64 channels] (one panel of k or q), B = [64 rows][N] (Vs / Ds);
 //   3. wgmma_ss_n128 (both K-major): the form B2 on wgmma would use (docs/perf/delta_rule_b2_wgmma_plan.md:
-//      Y = do h^T with do [64 rows][V] and h [K][V], V contiguous in both), N = 128, V = 128.
+//      Y = do h^T with do [64 rows][V] and h [K][V], V contiguous in both), N = 128, V = 128;
+//   4. wgmma_rs (A from registers in the m16n8k16 A layout per warp, B MN-major), N = 64, 128: B2's
+//      S k and tmp = dA A^T in that plan.
 // The kernels and the expected products live in delta_rule_wgmma_probe_kernels.cuh, which the host
 // emulation runs too (CTest DeltaRuleWgmmaProbe.HostEmulation, with emulator_sm90.h's models of the same
 // descriptors and accumulator layout): these probes are what ties that model to the hardware. Small integer operands
@@ -85,6 +87,12 @@ void check_kk(std::mt19937& rng) {
   run_and_compare(probe_ss_kk<T>, kSmemKk, p.t, q.t, want_kk(p.f, q.f), 128, "wgmma_ss_n128");
 }
 
+template <typename T, int N>
+void check_rs(std::mt19937& rng) {
+  Operand<T> a(rng, 64 * 64), b(rng, 64 * N);
+  run_and_compare(probe_rs<T, N>, kSmemRs, a.t, b.t, want_rs(a.f, b.f, N), N, "wgmma_rs N=" + std::to_string(N));
+}
+
 TEST(DeltaRuleWgmmaProbe, KMajorATimesMNMajorB) {
   REQUIRE_GPU();
   std::mt19937 rng(std::random_device{}());
@@ -106,6 +114,13 @@ TEST(DeltaRuleWgmmaProbe, KMajorATimesKMajorB) {
   std::mt19937 rng(std::random_device{}());
   check_kk<__nv_bfloat16>(rng);
   check_kk<__half>(rng);
+}
+
+TEST(DeltaRuleWgmmaProbe, RegisterATimesMNMajorB) {
+  REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  check_rs<__nv_bfloat16, 64>(rng);
+  check_rs<__half, 128>(rng);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -120,9 +121,51 @@ __global__ void __launch_bounds__(128) probe_ss_kk(const T* p, const T* q, float
 }
 
 
+// Two 16-bit values as one register (lo in the low half).
+template <typename T>
+__host__ __device__ inline uint32_t pack_pair(T lo, T hi) {
+  uint16_t a, b;
+  memcpy(&a, &lo, 2);
+  memcpy(&b, &hi, 2);
+  return static_cast<uint32_t>(a) | (static_cast<uint32_t>(b) << 16);
+}
+
+// 4. D[64][N] = A[64][64] B[64][N]: A from registers (the m16n8k16 A fragment layout per warp, read from
+// global memory: rows 16 w + g (+ 8), columns 16 kk + 2 t (+ 1, + 8, + 9)), B MN-major [64 rows][N] in
+// N / 64 panels (V in the attention's O += P V; S k, tmp = dA A^T in B2 on wgmma). N = 64, 128. All four
+// k steps' fragments stay in their own registers until the wait (the tensor cores read them late).
+template <typename T, int N>
+__global__ void __launch_bounds__(128) probe_rs(const T* a, const T* b, float* d) {
+  unsigned char* s = aligned_smem();
+  for (int i = threadIdx.x; i < 64 * N; i += 128) *reinterpret_cast<T*>(s + tile_at(i / N, i % N, kPanel)) = b[i];
+  sm90::fence_proxy_async_shared();
+  __syncthreads();
+  const uint32_t b_s = static_cast<uint32_t>(__cvta_generic_to_shared(s));
+  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  auto pair = [&](int r, int c) { return pack_pair<T>(a[r * 64 + c], a[r * 64 + c + 1]); };
+  uint32_t f[4][4];
+  for (int kk = 0; kk < 4; ++kk) {
+    f[kk][0] = pair(16 * w + g, 16 * kk + 2 * t);
+    f[kk][1] = pair(16 * w + g + 8, 16 * kk + 2 * t);
+    f[kk][2] = pair(16 * w + g, 16 * kk + 2 * t + 8);
+    f[kk][3] = pair(16 * w + g + 8, 16 * kk + 2 * t + 8);
+  }
+  float acc[N / 2];
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    sm90::wgmma_rs<T, N>(acc, f[kk], sm90::smem_desc(b_s + kk * 16 * 128, kPanel, 1024), kk > 0);
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::pin_registers(acc);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) sm90::pin_words(f[kk]);
+  store_acc<N>(acc, d);
+}
+
 // ---- host side: operands and the products the probes must give --------------------------------------
 // Shared memory each probe takes (plus up to 1024 bytes of alignment).
-constexpr int kSmemKt = 2 * kPanel + 128 * 128, kSmemTt = 2 * kPanel, kSmemKk = 6 * kPanel;
+constexpr int kSmemKt = 2 * kPanel + 128 * 128, kSmemTt = 2 * kPanel, kSmemKk = 6 * kPanel, kSmemRs = 2 * kPanel;
 
 // Small integers in [-4, 4] as T (exact), their float values alongside.
 template <typename T>
@@ -163,6 +206,15 @@ inline std::vector<float> want_kk(const std::vector<float>& p, const std::vector
   for (int m = 0; m < 64; ++m)
     for (int n = 0; n < 128; ++n)
       for (int k = 0; k < 128; ++k) d[m * 128 + n] += p[m * 128 + k] * q[n * 128 + k];
+  return d;
+}
+
+// 4. D[64][N] = A[64][64] B[64][N].
+inline std::vector<float> want_rs(const std::vector<float>& a, const std::vector<float>& b, int N) {
+  std::vector<float> d(64 * N, 0.f);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < 64; ++k) d[m * N + n] += a[m * 64 + k] * b[k * N + n];
   return d;
 }
 

@@ -3,8 +3,9 @@
 // (__cvta_generic_to_shared), and in flashgrad::cuda_attn::sm90 the 128-byte-swizzle descriptors
 // (smem_desc), the 16-bit warpgroup MMA forms with both operands in shared memory (wgmma_ss_kt: A K-major,
 // B MN-major, and wgmma_ss_tt: both MN-major, the chains' two; wgmma_ss_n128 / wgmma_ss_n64 / wgmma_ss:
-// both K-major, the form B2 on wgmma would use), and the fences, commits, waits and register pins around
-// them. tests/cpp/delta_rule_wgmma_probe_kernels.cuh runs every form here (CTest
+// both K-major, the form B2 on wgmma would use), the form with A from registers and B MN-major
+// (wgmma_rs_n64 / wgmma_rs_n128 / wgmma_rs: A in the m16n8k16 A fragment layout per warp, exchanged
+// through the emulated warp's buffer), and the fences, commits, waits and register pins around them. tests/cpp/delta_rule_wgmma_probe_kernels.cuh runs every form here (CTest
 // DeltaRuleWgmmaProbe.HostEmulation) and on the GPU (DeltaRuleWgmmaProbe.*) against the same products.
 // Include after emulator.h, before any kernel source.
 //
@@ -53,6 +54,7 @@ template <int N>
 inline void wgmma_wait() {}
 template <int N>
 inline void pin_registers(float (&)[N]) {}
+inline void pin_words(uint32_t (&)[4]) {}
 inline void fence_proxy_async_shared() {}
 
 namespace emu {
@@ -84,6 +86,17 @@ inline uint32_t mnmajor(uint64_t desc, int mn, int k) {
   return swizzle128(start + static_cast<uint32_t>(mn / 64) * lbo + static_cast<uint32_t>(k / 8) * sbo +
                     static_cast<uint32_t>(k % 8) * 128 + static_cast<uint32_t>(mn % 64) * 2);
 }
+// 16-bit half `hi` of a packed pair as a double.
+template <typename T>
+inline double mma_half(uint32_t r, int hi) {
+  const uint16_t h = static_cast<uint16_t>(hi ? r >> 16 : r & 0xffffu);
+  T x;
+  std::memcpy(&x, &h, 2);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else
+    return __half2float(x);
+}
 template <typename T>
 inline double load16(uint32_t a) {
   if (a + 2 > sizeof(flashgrad::cuda_detail::delta_rule::smem_dyn)) fail("operand outside shared memory");
@@ -111,6 +124,33 @@ inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int sc
     d[i] = static_cast<float>((scale_d ? static_cast<double>(d[i]) : 0.0) + s);
   }
 }
+// The same with A from registers: thread th's a[4] holds, per its warp w (of the warpgroup), rows
+// 16 w + g (a[0], a[2]) and 16 w + g + 8 (a[1], a[3]), columns 2 t, 2 t + 1 (a[0], a[1]) and + 8 (a[2],
+// a[3]), the lower column in the low half. A thread's output rows need only its own warp's fragments.
+template <typename T, int N>
+inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "m64nNk16: N a multiple of 8 up to 256");
+  const int w = emu_warp(), l = static_cast<int>(emu_tid.x % 32), g = l / 4, t = l % 4;
+  std::memcpy(g_warp[w].a[l], a, 16);
+  __syncwarp();
+  double A[2][16];  // rows g, g + 8 of the warp's 16
+  for (int tt = 0; tt < 4; ++tt) {
+    const uint32_t* f = g_warp[w].a[4 * g + tt];
+    for (int hi = 0; hi < 2; ++hi) {
+      A[0][2 * tt + hi] = mma_half<T>(f[0], hi);
+      A[1][2 * tt + hi] = mma_half<T>(f[1], hi);
+      A[0][2 * tt + 8 + hi] = mma_half<T>(f[2], hi);
+      A[1][2 * tt + 8 + hi] = mma_half<T>(f[3], hi);
+    }
+  }
+  __syncwarp();
+  for (int i = 0; i < N / 2; ++i) {
+    const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * t + (i & 1);
+    double s = 0;
+    for (int k = 0; k < 16; ++k) s += A[r][k] * load16<T>(mnmajor(b_desc, col, k));
+    d[i] = static_cast<float>((scale_d ? static_cast<double>(d[i]) : 0.0) + s);
+  }
+}
 }  // namespace emu
 
 template <typename T, int N>
@@ -132,6 +172,18 @@ inline void wgmma_ss_n64(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int s
 template <typename T, int BN>
 inline void wgmma_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc, int scale_d) {
   emu::wgmma_ss<T, BN, true, true>(d, a_desc, b_desc, scale_d);
+}
+template <typename T>
+inline void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
+  emu::wgmma_rs<T, 64>(d, a, b_desc, scale_d);
+}
+template <typename T>
+inline void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
+  emu::wgmma_rs<T, 128>(d, a, b_desc, scale_d);
+}
+template <typename T, int D>
+inline void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
+  emu::wgmma_rs<T, D>(d, a, b_desc, scale_d);
 }
 
 }  // namespace flashgrad::cuda_attn::sm90

@@ -68,6 +68,14 @@ int check_kk(std::mt19937& rng) {
   return compare(d, probe::want_kk(p.f, q.f), "wgmma_ss_n128");
 }
 
+template <typename T, int N>
+int check_rs(std::mt19937& rng) {
+  probe::Operand<T> a(rng, 64 * 64), b(rng, 64 * N);
+  std::vector<float> d(64 * N, NAN);
+  launch_warpgroup([&] { probe::probe_rs<T, N>(a.t.data(), b.t.data(), d.data()); });
+  return compare(d, probe::want_rs(a.f, b.f, N), "wgmma_rs N=" + std::to_string(N));
+}
+
 int main() {
   std::mt19937 rng(std::random_device{}());
   int fails = 0;
@@ -79,6 +87,8 @@ int main() {
   fails += check_tt<__nv_bfloat16, 64>(rng);
   fails += check_kk<__nv_bfloat16>(rng);
   fails += check_kk<__half>(rng);
+  fails += check_rs<__nv_bfloat16, 64>(rng);
+  fails += check_rs<__half, 128>(rng);
   std::printf(fails ? "%d probes differ\n" : "all probes exact\n", fails);
   return fails ? 1 : 0;
 }
