@@ -86,26 +86,13 @@ inline uint32_t mnmajor(uint64_t desc, int mn, int k) {
   return swizzle128(start + static_cast<uint32_t>(mn / 64) * lbo + static_cast<uint32_t>(k / 8) * sbo +
                     static_cast<uint32_t>(k % 8) * 128 + static_cast<uint32_t>(mn % 64) * 2);
 }
-// 16-bit half `hi` of a packed pair as a double.
-template <typename T>
-inline double mma_half(uint32_t r, int hi) {
-  const uint16_t h = static_cast<uint16_t>(hi ? r >> 16 : r & 0xffffu);
-  T x;
-  std::memcpy(&x, &h, 2);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else
-    return __half2float(x);
-}
+// The 16-bit element at shared address a, as emulator.h's mma::half_of reads one from a register.
 template <typename T>
 inline double load16(uint32_t a) {
   if (a + 2 > sizeof(flashgrad::cuda_detail::delta_rule::smem_dyn)) fail("operand outside shared memory");
-  T x;
-  std::memcpy(&x, flashgrad::cuda_detail::delta_rule::smem_dyn + a, 2);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else
-    return __half2float(x);
+  uint16_t h;
+  std::memcpy(&h, flashgrad::cuda_detail::delta_rule::smem_dyn + a, 2);
+  return flashgrad::cuda_detail::delta_rule::mma::half_of<T>(h, 0);
 }
 // D[64 x N] (=|+=) A[64 x 16] B[16 x N] for the calling thread's elements: accumulator i of thread th
 // (warp w = th / 32 of the warpgroup, g = (th % 32) / 4, t = th % 4) is D[16 w + g + 8 ((i >> 1) & 1)]
@@ -137,10 +124,10 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc,
   for (int tt = 0; tt < 4; ++tt) {
     const uint32_t* f = g_warp[w].a[4 * g + tt];
     for (int hi = 0; hi < 2; ++hi) {
-      A[0][2 * tt + hi] = mma_half<T>(f[0], hi);
-      A[1][2 * tt + hi] = mma_half<T>(f[1], hi);
-      A[0][2 * tt + 8 + hi] = mma_half<T>(f[2], hi);
-      A[1][2 * tt + 8 + hi] = mma_half<T>(f[3], hi);
+      A[0][2 * tt + hi] = flashgrad::cuda_detail::delta_rule::mma::half_of<T>(f[0], hi);
+      A[1][2 * tt + hi] = flashgrad::cuda_detail::delta_rule::mma::half_of<T>(f[1], hi);
+      A[0][2 * tt + 8 + hi] = flashgrad::cuda_detail::delta_rule::mma::half_of<T>(f[2], hi);
+      A[1][2 * tt + 8 + hi] = flashgrad::cuda_detail::delta_rule::mma::half_of<T>(f[3], hi);
     }
   }
   __syncwarp();
