@@ -998,8 +998,7 @@ TEST(DeltaRuleGpu, ChunkedDvNewInWRegion) {
 // GVA (H < HV), which take the fused B2. bf16 and fp16, with and without the kept v_new, varlen with an
 // empty and a one-row sequence. (Added in session 15 after a review found the gap; passes on the H200
 // since run 16.1.)
-TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
-  REQUIRE_GPU();
+std::vector<Case> heads_equal_k128_cases() {
   std::vector<Case> cases;
   for (DType dt : {DType::bf16, DType::f16}) {
     Case c;
@@ -1023,8 +1022,41 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
     c.name = "chunked gdn H=HV K=V=128 varlen";
     cases.push_back(c);
   }
+  return cases;
+}
+TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
+  REQUIRE_GPU();
+  const std::vector<Case> cases = heads_equal_k128_cases();
   for (const Case& c : cases) run_case(c);
   for (Case c : cases) {
+    c.name = "kept v_new, " + c.name;
+    run_kept_v_new(c);
+  }
+}
+
+// B2a on wgmma (chunked_grads_state_wgmma.cuh, session 19; FLASHGRAD_CHUNKED_B2_SPLIT=wg, read per
+// call, opt-in until timed): the split B2's K = V = 128, H == HV cases above (bf16 and fp16 T = 500,
+// varlen with an empty, a one-row and a 129-row sequence: partial chunks), plus T = 75 of the plain
+// rule (no gate) without an initial state or the L2 norm (rq = rk = 1, no exact <h0, dh> term) and
+// T = 200 B = 3 with a strong decay, without and with the kept v_new. The setting is unset again
+// however the test ends.
+TEST(DeltaRuleGpu, ChunkedB2aWgmma) {
+  REQUIRE_GPU();
+  std::vector<Case> cases = heads_equal_k128_cases();
+  {
+    Case c = cases.front();
+    c.T = 75, c.h0 = false, c.l2norm = false, c.gate = GateKind::none, c.seed = 3720;
+    c.name = "chunked gdn H=HV K=V=128 T=75 no h0, norm or gate";
+    cases.push_back(c);
+    c.T = 200, c.h0 = true, c.l2norm = true, c.gate = GateKind::scalar, c.gate_div = 0.1f, c.B = 3, c.seed = 3721;
+    c.dtype = DType::f16;  // (bf16 with this decay: dbeta 2.06e-2 in the emulation with either B2, delta_rule.md "Session 19")
+    c.name = "chunked gdn H=HV K=V=128 f16 T=200 B=3 strong decay";
+    cases.push_back(c);
+  }
+  const EnvSet variant("FLASHGRAD_CHUNKED_B2_SPLIT", "wg");
+  for (Case c : cases) {
+    c.name = "B2a wgmma, " + c.name;
+    run_case(c);
     c.name = "kept v_new, " + c.name;
     run_kept_v_new(c);
   }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "chunked_grads_split.cuh"
+#include "chunked_grads_state_wgmma.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -19,8 +20,10 @@ namespace flashgrad::cuda_detail::delta_rule {
 // 12); "v6" = v5 with B2b's row norms after pass 1's first products (kVersion = 6). (Session 11's
 // "resident", "v2", "v3", "v4" were measured slower than v5 in runs 11.2 / 11.3, "v7" (v6 without the
 // early dq load) no faster in run 12.0: retired in session 12; those names, as any other value, give
-// the default.)
-enum class SplitVariant { kV1, kV5, kV6 };
+// the default.) "wg" (session 19, opt-in until timed) = v6 with B2a on wgmma
+// (chunk_grads_state_wgmma_kernel, chunked_grads_state_wgmma.cuh) where K = V = 128; K = V = 64 keeps
+// the coalesced B2a (wgmma at N = 32 not instantiated).
+enum class SplitVariant { kV1, kV5, kV6, kWg };
 // The default where V == K: v6 since session 12 (B8 T4096 H16 bf16, B2b per call against v5: run 12.0
 // K = V = 128 0.893 -> 0.879 ms; run 12.2 K = V = 128 0.894 -> 0.878, K = V = 64 0.613 -> 0.580; the
 // chunked GDN GPU tests pass with it (run 12.2); gradients as v5's, within 2.0e-5 relative RMS of v1's).
@@ -32,6 +35,7 @@ inline SplitVariant split_variant() {
   if (v == "v1") return SplitVariant::kV1;
   if (v == "v5") return SplitVariant::kV5;
   if (v == "v6") return SplitVariant::kV6;
+  if (v == "wg") return SplitVariant::kWg;
   return kSplitDefault;
 }
 
@@ -45,9 +49,16 @@ void for_split_kernels(SplitVariant v, F&& f) {
     f(chunk_grads_local_kernel<T, KMAX, 1>, GradsLocalSmem<T, KMAX>::bytes());
     return;
   }
-  f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes());
+  if constexpr (KMAX == 128) {
+    if (v == SplitVariant::kWg)
+      f(chunk_grads_state_wgmma_kernel<T, KMAX>, GradsStateWgmmaSmem<T, KMAX>::bytes());
+    else
+      f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes());
+  } else {
+    f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes());
+  }
   constexpr int64_t kLocal = GradsLocalSmem<T, KMAX, 32>::bytes();
-  if (v == SplitVariant::kV6)
+  if (v == SplitVariant::kV6 || v == SplitVariant::kWg)
     f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocal);
   else
     f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocal);

@@ -443,6 +443,8 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
     } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, v6 since session 12, where V == K)
+      if (V == K && KM == 128 && dr::split_variant() == dr::SplitVariant::kWg)
+        std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)\n");
       dr::for_split_kernels<TT, KM>(V == K ? dr::split_variant() : dr::SplitVariant::kV1,
                                     [&](auto kernel, int64_t) { launch(NC, HV, 1, [&] { kernel(a); }, 256); });
     }
@@ -592,7 +594,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "quick";
   using bf16 = __nv_bfloat16;
   int fails = 0;
-  if (mode != "plain500") {  // the quick set, in every mode but the one-case check below
+  if (mode != "plain500" && mode != "b2split") {  // the quick set, in every mode but the one-case check below
     // name, dtype, B, T, H, HV, V, gate, varlen lengths, gate divisor n, l2norm, seed (K: template)
     fails += run<bf16, 64>("gdn bf16 K64 V64 T=75", DType::bf16, 1, 75, 1, 2, 64, true, {}, 1.f, true, 1);
     fails += run<bf16, 128>("gdn bf16 K128 V128 T=130 n=0.1", DType::bf16, 1, 130, 1, 2, 128, true, {}, 0.1f, true, 2);
@@ -617,6 +619,15 @@ int main(int argc, char** argv) {
     fails += run<bf16, 128>("gdn bf16 K128 V256 T=100", DType::bf16, 1, 100, 1, 1, 256, true, {}, 1.f, true, 15);
     // H == HV = 2, K = 64, fp16, strong decay: the split B2 (FLASHGRAD_CHUNKED_B2=split: two items per block).
     fails += run<__half, 64>("gdn f16 K64 V64 H=HV=2 T=300 n=0.1", DType::f16, 1, 300, 2, 2, 64, true, {}, 0.1f, true, 19);
+  }
+  if (mode == "b2split") {  // H == HV, K = V = 128: the split B2's cases (run with FLASHGRAD_CHUNKED_B2_SPLIT=wg
+                            // and unset to compare B2a on wgmma with the default)
+    fails += run<bf16, 128>("gdn bf16 K128 V128 H=HV=2 varlen", DType::bf16, 1, 0, 2, 2, 128, true, {70, 1, 64}, 1.f, true, 18);
+    fails += run<__half, 128>("gdn f16 K128 V128 H=HV=2 T=130 no h0, dht", DType::f16, 1, 130, 2, 2, 128, true, {}, 1.f, true, 20, false);
+    fails += run<bf16, 128>("delta bf16 K128 V128 H=HV=2 B=2 T=100 no norm", DType::bf16, 2, 100, 2, 2, 128, false, {}, 1.f, false, 21);
+    // (fp16: in bf16 this decay puts dbeta at 2.06e-2 with every B2, from the 16-bit dv_new:
+    // docs/perf/delta_rule.md "Session 19")
+    fails += run<__half, 128>("gdn f16 K128 V128 H=HV=1 T=300 n=0.1", DType::f16, 1, 300, 1, 1, 128, true, {}, 0.1f, true, 22);
   }
   if (mode == "plain500")  // the plain rule over 8 chunks without decay: the states grow (accuracy checks)
     fails += run<bf16, 64>("delta bf16 K64 V64 T=500", DType::bf16, 1, 500, 1, 2, 64, false, {}, 1.f, true, 7);
