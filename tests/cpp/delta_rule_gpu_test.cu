@@ -1034,12 +1034,13 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
   }
 }
 
-// B2a on wgmma (chunked_grads_state_wgmma.cuh, session 19; FLASHGRAD_CHUNKED_B2_SPLIT=wg, read per
-// call, opt-in until timed): the split B2's K = V = 128, H == HV cases above (bf16 and fp16 T = 500,
+// B2a on wgmma (chunked_grads_state_wgmma.cuh, session 19; the split B2's default since then, set here
+// as FLASHGRAD_CHUNKED_B2_SPLIT=wg so that the test keeps covering it whatever the default): the split
+// B2's K = V = 128, H == HV cases above (bf16 and fp16 T = 500,
 // varlen with an empty, a one-row and a 129-row sequence: partial chunks), plus T = 75 of the plain
 // rule (no gate) without an initial state or the L2 norm (rq = rk = 1, no exact <h0, dh> term) and
-// T = 200 B = 3 with a strong decay, without and with the kept v_new. The setting is unset again
-// however the test ends.
+// T = 200 B = 3 with a strong decay, and all of them at K = V = 64, without and with the kept v_new.
+// The setting is unset again however the test ends.
 TEST(DeltaRuleGpu, ChunkedB2aWgmma) {
   REQUIRE_GPU();
   std::vector<Case> cases = heads_equal_k128_cases();
@@ -1051,6 +1052,14 @@ TEST(DeltaRuleGpu, ChunkedB2aWgmma) {
     c.T = 200, c.h0 = true, c.l2norm = true, c.gate = GateKind::scalar, c.gate_div = 0.1f, c.B = 3, c.seed = 3721;
     c.dtype = DType::f16;  // (bf16 with this decay: dbeta 2.06e-2 in the emulation with either B2, delta_rule.md "Session 19")
     c.name = "chunked gdn H=HV K=V=128 f16 T=200 B=3 strong decay";
+    cases.push_back(c);
+  }
+  // K = V = 64 (one warpgroup per item): every case above again at K = V = 64 (seeds + 50).
+  for (std::size_t i = 0, n = cases.size(); i < n; ++i) {
+    Case c = cases[i];
+    c.K = c.V = 64, c.seed += 50;
+    const auto at = c.name.find("K=V=128");
+    if (at != std::string::npos) c.name.replace(at, 7, "K=V=64");
     cases.push_back(c);
   }
   const EnvSet variant("FLASHGRAD_CHUNKED_B2_SPLIT", "wg");

@@ -1,7 +1,7 @@
 // B2a on Hopper warpgroup MMA (session 19; step S1 of docs/perf/delta_rule_b2_wgmma_plan.md;
 // FLASHGRAD_CHUNKED_B2_SPLIT=wg, chunked_grads_split_variants.cuh): chunk_grads_state_wgmma_kernel
-// computes what chunk_grads_state_coalesced_kernel computes, for V == K == 128, per (chunk c, value
-// head hv) item, with C = 64 chunk rows i (L valid), key channels d, value columns v:
+// computes what chunk_grads_state_coalesced_kernel computes, for V == K (64 or 128), per (chunk c,
+// value head hv) item, with C = 64 chunk rows i (L valid), key channels d, value columns v:
 //   Y  = do h_c^T         (Y[i][d]  = sum_v do[i][v] h_c[d][v])       -> dq_s = scale e^{G_i} Y
 //   Z  = dv_new h_c^T                                                  -> dw   = -Z (dv's first K columns)
 //   X  = v_new dh^T       (dh = dL/dh_{c+1})                           -> dk_s = e^{G_last - G_i} X
@@ -15,14 +15,16 @@
 // instructions are mostly its copies and its epilogue, and the item's time is its bytes (~176 KiB in,
 // 48 KiB out).
 //
-// Shape: 256 threads = two warpgroups; warpgroup wg owns the key channels [64 wg, +64), i.e. the
-// N = 64 columns of each product (accumulator tiles Y, Z, X: 32 fp32 each); both read all 64 rows of
-// the A operands. Two blocks per SM (113 KiB of shared memory each).
+// Shape: K / 64 warpgroups (K = 128: 256 threads, K = 64: 128); warpgroup wg owns the key channels
+// [64 wg, +64), i.e. the N = 64 columns of each product (accumulator tiles Y, Z, X: 32 fp32 each); all
+// read the 64 rows of the A operands. K = 128: two blocks per SM (113 KiB of shared memory each);
+// K = 64: 41 KiB, four blocks per SM (registers).
 // Shared memory (1024-byte aligned, 128-byte swizzle: rows of 64 elements, 16-byte chunk j of row r at
-// chunk j ^ (r % 8)): h_c and dh as [128 rows d][128 v] in two column panels [128][64] (16 KiB each), do,
-// dv_new, v_new as [64 rows i][128 v] in two panels [64][64] (8 KiB each). Every operand is K-major (v
-// contiguous): the wgmma form of both operands K-major (wgmma_ss_n64). k step kk (16 values of v):
-// panel kk / 4, +32 bytes per kk % 4; warpgroup wg's B rows start 64 wg rows (8 KiB) into each panel.
+// chunk j ^ (r % 8)): h_c and dh as [K rows d][V = K values v] in K / 64 column panels [K][64] (K x 128
+// bytes each), do, dv_new, v_new as [64 rows i][V] in K / 64 panels [64][64] (8 KiB each). Every operand
+// is K-major (v contiguous): the wgmma form of both operands K-major (wgmma_ss_n64). k step kk (16
+// values of v): panel kk / 4, +32 bytes per kk % 4; warpgroup wg's B rows start 64 wg rows (8 KiB) into
+// each panel.
 // Copies: cp.async group 0 = h_c, do, dv_new (Y, Z), group 1 = dh, v_new (X); rows i >= L of do,
 // dv_new, v_new zero-filled (so Y, Z, X are 0 there; those rows are not stored).
 // After the barrier that ends Y / Z, do's tile holds the dot partials of the dG terms (floats).
@@ -45,26 +47,28 @@ namespace flashgrad::cuda_detail::delta_rule {
 
 template <typename T, int KMAX>
 struct GradsStateWgmmaSmem {
-  static_assert(KMAX == 128, "K = V = 128 (K = 64 would need N = 32 products: not instantiated)");
-  static constexpr int64_t kStatePanel = 128 * 128;  // [128 rows][64 elements] of T
-  static constexpr int64_t kRowPanel = 64 * 128;     // [64 rows][64 elements] of T
-  static constexpr int64_t kStateTile = 2 * kStatePanel, kRowTile = 2 * kRowPanel;
+  static_assert(KMAX == 64 || KMAX == 128, "K = V = 64 or 128");
+  static constexpr int kWarpgroups = KMAX / 64, kThreads = 128 * kWarpgroups, kPanels = KMAX / 64;
+  static constexpr int64_t kStatePanel = KMAX * 128;  // [K rows][64 elements] of T
+  static constexpr int64_t kRowPanel = 64 * 128;      // [64 rows][64 elements] of T
+  static constexpr int64_t kStateTile = kPanels * kStatePanel, kRowTile = kPanels * kRowPanel;
   static constexpr int64_t kOffH = 0, kOffDh = kStateTile, kOffDo = 2 * kStateTile, kOffDvn = kOffDo + kRowTile,
                            kOffVn = kOffDvn + kRowTile, kEnd = kOffVn + kRowTile;
   // Floats in do's tile after Y / Z: dot partials pq, pk (q.dq_s, k.dk_s) and sums of squares sq, sk
   // per warpgroup [2][C]; rq, rk [C]; hdh per warp [8].
   static constexpr int kFloats = 8 * 64 + 2 * 64 + 8;
   static_assert(sizeof(float) * kFloats <= kRowTile, "the floats fit do's tile");
-  // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel. 113 KiB: two
-  // blocks per SM (2 x (113 + 1 reserved) = 228 KiB).
+  // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel. K = 128: 113 KiB,
+  // two blocks per SM (2 x (113 + 1 reserved) = 228 KiB).
   static constexpr int64_t bytes() { return 1024 + kEnd; }
 };
 
 template <typename T, int KMAX>
-__global__ void __launch_bounds__(256, 2) chunk_grads_state_wgmma_kernel(ChunkedArgs a) {
+__global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / KMAX)
+    chunk_grads_state_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = GradsStateWgmmaSmem<T, KMAX>;
-  constexpr int C = kChunkSize;
+  constexpr int C = kChunkSize, THREADS = S::kThreads, KSTEPS = KMAX / 16;
   constexpr int64_t V = KMAX;  // (V == K: the launcher's condition for this variant)
   extern __shared__ __align__(16) unsigned char smem_dyn[];
   const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
@@ -81,21 +85,25 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_wgmma_kernel(Chunked
   auto view_rows = [&](const View& x, int64_t idx) { return static_cast<T*>(x.p) + off3(x, ci.b, ci.t0, idx); };
   auto inter_rows = [&](const void* base) { return static_cast<const T*>(base) + (row0 * HV + hv) * V; };
 
-  // ---- Copies. Thread: 16-byte chunk j = tid % 16 (panel j / 8, chunk j % 8 of its 64-element row) of
-  // rows tid / 16 + 16 m; rows 16 apart share the swizzle, so one offset serves all of them.
-  const int cj = tid & 15, cr = tid >> 4;
+  // ---- Copies. Thread: 16-byte chunk j = tid % CJ (CJ = K / 8 chunks per row; panel j / 8, chunk
+  // j % 8 of its 64-element row) of rows tid / CJ + RS m (RS = THREADS / CJ = 16 rows per pass at both
+  // K); rows 16 apart share the swizzle, so one offset serves all of them.
+  constexpr int CJ = KMAX / 8, RS = THREADS / CJ;
+  static_assert(RS == 16, "16 rows per pass");
+  const int cj = tid % CJ, cr = tid / CJ;
   const uint32_t at0 = static_cast<uint32_t>((cj >> 3) * S::kStatePanel) + swizzled(cr, cj);
   const uint32_t at0_rows = static_cast<uint32_t>((cj >> 3) * S::kRowPanel) + swizzled(cr, cj);
-  auto copy_state = [&](int64_t off, const T* src) {  // 128 rows d, always whole
+  auto copy_state = [&](int64_t off, const T* src) {  // K rows d, always whole
 #pragma unroll
-    for (int m = 0; m < 8; ++m) mma::cp_async16(smem + off + at0 + m * 16 * 128, src + (cr + 16 * m) * V + 8 * cj, true);
+    for (int m = 0; m < KMAX / RS; ++m)
+      mma::cp_async16(smem + off + at0 + m * RS * 128, src + (cr + RS * m) * V + 8 * cj, true);
   };
   auto copy_rows = [&](int64_t off, const T* src, int64_t stride) {  // 64 chunk rows, rows >= L zero-filled
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const int r = cr + 16 * m;
+    for (int m = 0; m < C / RS; ++m) {
+      const int r = cr + RS * m;
       const bool ok = r < L;
-      mma::cp_async16(smem + off + at0_rows + m * 16 * 128, src + (ok ? r : 0) * stride + 8 * cj, ok);
+      mma::cp_async16(smem + off + at0_rows + m * RS * 128, src + (ok ? r : 0) * stride + 8 * cj, ok);
     }
   };
   copy_state(S::kOffH, hc);
@@ -147,9 +155,9 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_wgmma_kernel(Chunked
     float accY[32], accZ[32];
     sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) sm90::wgmma_ss_n64<T>(accY, a_desc(S::kOffDo, kk), b_desc(S::kOffH, kk), kk > 0);
+    for (int kk = 0; kk < KSTEPS; ++kk) sm90::wgmma_ss_n64<T>(accY, a_desc(S::kOffDo, kk), b_desc(S::kOffH, kk), kk > 0);
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) sm90::wgmma_ss_n64<T>(accZ, a_desc(S::kOffDvn, kk), b_desc(S::kOffH, kk), kk > 0);
+    for (int kk = 0; kk < KSTEPS; ++kk) sm90::wgmma_ss_n64<T>(accZ, a_desc(S::kOffDvn, kk), b_desc(S::kOffH, kk), kk > 0);
     sm90::wgmma_commit();
     uint32_t qp[2][8];
     load_pairs(view_rows(a.q, head), a.q.s1, qp);
@@ -201,16 +209,16 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_wgmma_kernel(Chunked
     float accX[32];
     sm90::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) sm90::wgmma_ss_n64<T>(accX, a_desc(S::kOffVn, kk), b_desc(S::kOffDh, kk), kk > 0);
+    for (int kk = 0; kk < KSTEPS; ++kk) sm90::wgmma_ss_n64<T>(accX, a_desc(S::kOffVn, kk), b_desc(S::kOffDh, kk), kk > 0);
     sm90::wgmma_commit();
     uint32_t kp[2][8];
     load_pairs(view_rows(a.k, head), a.k.s1, kp);
     // <h_c, dh>: h and dh share one layout, so equal byte offsets are equal (d, v): thread tid takes
-    // 16-byte chunks tid + 256 m of both tiles (each element once).
+    // 16-byte chunks tid + THREADS m of both tiles (each element once).
     float hdh = 0.f;
 #pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      const int64_t o = 16 * (tid + 256 * m);
+    for (int m = 0; m < S::kStateTile / (16 * THREADS); ++m) {
+      const int64_t o = 16 * (tid + THREADS * m);
       const uint4 x = *reinterpret_cast<const uint4*>(smem + S::kOffH + o);
       const uint4 y = *reinterpret_cast<const uint4*>(smem + S::kOffDh + o);
       const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
@@ -222,11 +230,12 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_wgmma_kernel(Chunked
         hdh += x0 * y0 + x1 * y1;
       }
     }
-    // (first / last chunk of a sequence: the fp32 h0 / dht instead; rows 16 wp + g, + 8 of the K = 128
-    // keys, columns 2 t + 8 m: each element once over the 8 warps)
+    // (first / last chunk of a sequence: the fp32 h0 / dht instead; rows 16 wp + g, + 8 of the K keys,
+    // columns 2 t + 8 m: each element once over the K / 16 warps)
     exact_state_dot<T>(a, ci, c, hv, hc, dhc, V, 16 * wp + g, t, hdh);
     hdh = group_sum<32>(hdh);
     if (lane == 0) fh[wp] = hdh;
+    if (KMAX == 64 && tid < 4) fh[4 + tid] = 0.f;  // (the dG step sums 8 slots)
 
     sm90::wgmma_wait<0>();
     sm90::pin_registers(accX);
@@ -261,11 +270,17 @@ __global__ void __launch_bounds__(256, 2) chunk_grads_state_wgmma_kernel(Chunked
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = lane + 32 * h;
-      frq[i] = a.l2norm ? 1.0f / sqrtf(fsq[i] + fsq[C + i] + kL2NormEps) : 1.f;
-      frk[i] = a.l2norm ? 1.0f / sqrtf(fsk[i] + fsk[C + i] + kL2NormEps) : 1.f;
+      float ssq = 0.f, ssk = 0.f;
+#pragma unroll
+      for (int w = 0; w < S::kWarpgroups; ++w) {
+        ssq += fsq[w * C + i];
+        ssk += fsk[w * C + i];
+      }
+      frq[i] = a.l2norm ? 1.0f / sqrtf(ssq + kL2NormEps) : 1.f;
+      frk[i] = a.l2norm ? 1.0f / sqrtf(ssk + kL2NormEps) : 1.f;
     }
     __syncwarp();
-    store_state_dG_terms<2>(a, fpq, fpk, frq, frk, fh, L, row0, hv, gl, lane);
+    store_state_dG_terms<S::kWarpgroups>(a, fpq, fpk, frq, frk, fh, L, row0, hv, gl, lane);
   }
 }
 

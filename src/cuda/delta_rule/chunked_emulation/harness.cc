@@ -443,10 +443,10 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
     } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, v6 since session 12, where V == K)
-      if (V == K && KM == 128 && dr::split_variant() == dr::SplitVariant::kWg)
+      if (V == K && dr::split_variant() == dr::SplitVariant::kWg)
         std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)\n");
       dr::for_split_kernels<TT, KM>(V == K ? dr::split_variant() : dr::SplitVariant::kV1,
-                                    [&](auto kernel, int64_t) { launch(NC, HV, 1, [&] { kernel(a); }, 256); });
+                                    [&](auto kernel, int64_t, int threads) { launch(NC, HV, 1, [&] { kernel(a); }, threads); });
     }
   } else if (half == 3)
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 3>(a); }, 256);
@@ -620,8 +620,10 @@ int main(int argc, char** argv) {
     // H == HV = 2, K = 64, fp16, strong decay: the split B2 (FLASHGRAD_CHUNKED_B2=split: two items per block).
     fails += run<__half, 64>("gdn f16 K64 V64 H=HV=2 T=300 n=0.1", DType::f16, 1, 300, 2, 2, 64, true, {}, 0.1f, true, 19);
   }
-  if (mode == "b2split") {  // H == HV, K = V = 128: the split B2's cases (run with FLASHGRAD_CHUNKED_B2_SPLIT=wg
-                            // and unset to compare B2a on wgmma with the default)
+  if (mode == "b2split") {  // H == HV, K = V: the split B2's cases (run with FLASHGRAD_CHUNKED_B2_SPLIT=wg
+                            // and =v6 to compare B2a on wgmma with the mma.sync one)
+    fails += run<bf16, 64>("gdn bf16 K64 V64 H=HV=2 varlen", DType::bf16, 1, 0, 2, 2, 64, true, {70, 1, 64}, 1.f, true, 23);
+    fails += run<__half, 64>("gdn f16 K64 V64 H=HV=1 T=130 n=0.1 no h0, dht", DType::f16, 1, 130, 1, 1, 64, true, {}, 0.1f, true, 24, false);
     fails += run<bf16, 128>("gdn bf16 K128 V128 H=HV=2 varlen", DType::bf16, 1, 0, 2, 2, 128, true, {70, 1, 64}, 1.f, true, 18);
     fails += run<__half, 128>("gdn f16 K128 V128 H=HV=2 T=130 no h0, dht", DType::f16, 1, 130, 2, 2, 128, true, {}, 1.f, true, 20, false);
     fails += run<bf16, 128>("delta bf16 K128 V128 H=HV=2 B=2 T=100 no norm", DType::bf16, 2, 100, 2, 2, 128, false, {}, 1.f, false, 21);
