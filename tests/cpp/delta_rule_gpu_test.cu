@@ -1035,14 +1035,14 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
 }
 
 // B2a on wgmma (chunked_grads_state_wgmma.cuh, session 19; the split B2's default since then, set here
-// as FLASHGRAD_CHUNKED_B2_SPLIT=wg so that the test keeps covering it whatever the default): the split
-// B2's K = V = 128, H == HV cases above (bf16 and fp16 T = 500,
-// varlen with an empty, a one-row and a 129-row sequence: partial chunks), plus T = 75 of the plain
-// rule (no gate) without an initial state or the L2 norm (rq = rk = 1, no exact <h0, dh> term) and
-// T = 200 B = 3 with a strong decay, and all of them at K = V = 64, without and with the kept v_new.
-// The setting is unset again however the test ends.
-TEST(DeltaRuleGpu, ChunkedB2aWgmma) {
-  REQUIRE_GPU();
+// as FLASHGRAD_CHUNKED_B2_SPLIT=wg so that the tests keep covering it whatever the default): the split
+// B2's K = V = 128, H == HV cases above (bf16 and fp16 T = 500, varlen with an empty, a one-row and a
+// 129-row sequence: partial chunks), plus T = 75 of the plain rule (no gate) without an initial state
+// or the L2 norm (rq = rk = 1, no exact <h0, dh> term) and T = 200 B = 3 with a strong decay, without
+// and with the kept v_new; ChunkedB2aWgmmaK64: the same cases at K = V = 64 (one warpgroup per item;
+// seeds + 50). Two tests so that the GPU check's sanitizer can take each alone. The setting is unset
+// again however a test ends.
+std::vector<Case> b2a_wgmma_cases(int64_t K) {
   std::vector<Case> cases = heads_equal_k128_cases();
   {
     Case c = cases.front();
@@ -1054,21 +1054,30 @@ TEST(DeltaRuleGpu, ChunkedB2aWgmma) {
     c.name = "chunked gdn H=HV K=V=128 f16 T=200 B=3 strong decay";
     cases.push_back(c);
   }
-  // K = V = 64 (one warpgroup per item): every case above again at K = V = 64 (seeds + 50).
-  for (std::size_t i = 0, n = cases.size(); i < n; ++i) {
-    Case c = cases[i];
-    c.K = c.V = 64, c.seed += 50;
-    const auto at = c.name.find("K=V=128");
-    if (at != std::string::npos) c.name.replace(at, 7, "K=V=64");
-    cases.push_back(c);
-  }
-  const EnvSet variant("FLASHGRAD_CHUNKED_B2_SPLIT", "wg");
-  for (Case c : cases) {
+  for (Case& c : cases) {
     c.name = "B2a wgmma, " + c.name;
+    if (K == 128) continue;
+    c.K = c.V = K, c.seed += 50;
+    const auto at = c.name.find("K=V=128");
+    if (at != std::string::npos) c.name.replace(at, 7, "K=V=" + std::to_string(K));
+  }
+  return cases;
+}
+void run_b2a_wgmma(int64_t K) {
+  const EnvSet variant("FLASHGRAD_CHUNKED_B2_SPLIT", "wg");
+  for (Case c : b2a_wgmma_cases(K)) {
     run_case(c);
     c.name = "kept v_new, " + c.name;
     run_kept_v_new(c);
   }
+}
+TEST(DeltaRuleGpu, ChunkedB2aWgmma) {
+  REQUIRE_GPU();
+  run_b2a_wgmma(128);
+}
+TEST(DeltaRuleGpu, ChunkedB2aWgmmaK64) {
+  REQUIRE_GPU();
+  run_b2a_wgmma(64);
 }
 
 // Stage 2's kernels other than the default at these sizes (few chains: the wgmma stage 2 with 16 value
