@@ -59,35 +59,35 @@ struct GradsStateWgmmaSmem {
   static constexpr int kFloats = 8 * 64 + 2 * 64 + 8;
   static_assert(sizeof(float) * kFloats <= kRowTile, "the floats fit do's tile");
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel. K = 128: 113 KiB,
-  // two blocks per SM (2 x (113 + 1 reserved) = 228 KiB).
+  // two blocks per SM (2 x (113 + 1 reserved) = 228 KiB); the persistent kernel's two buffers: 225 KiB.
   static constexpr int64_t bytes() { return 1024 + kEnd; }
+  static constexpr int64_t persistent_bytes() { return 1024 + 2 * kEnd; }
+  static_assert(kEnd % 1024 == 0, "the second buffer 1024-byte aligned");
 };
 
+// The item's copies into the buffer at smem: cp.async group 1 = h_c, do, dv_new (Y, Z), group 2 = dh,
+// v_new (X), both committed (empty groups for c < 0: no item, so that the waits' counts stay fixed).
 template <typename T, int KMAX>
-__global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / KMAX)
-    chunk_grads_state_wgmma_kernel(ChunkedArgs a) {
-  namespace sm90 = ::flashgrad::cuda_attn::sm90;
+__device__ __forceinline__ void b2a_wgmma_issue(const ChunkedArgs& a, int64_t c, int64_t hv, unsigned char* smem) {
   using S = GradsStateWgmmaSmem<T, KMAX>;
-  constexpr int C = kChunkSize, THREADS = S::kThreads, KSTEPS = KMAX / 16;
-  constexpr int64_t V = KMAX;  // (V == K: the launcher's condition for this variant)
-  extern __shared__ __align__(16) unsigned char smem_dyn[];
-  const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
-  unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
-  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-
-  const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H), HV = a.HV;
+  constexpr int C = kChunkSize, THREADS = S::kThreads;
+  constexpr int64_t V = KMAX;
+  if (c < 0) {
+    mma::cp_async_commit();
+    mma::cp_async_commit();
+    return;
+  }
+  const int64_t HV = a.HV;
   const ChunkInfo ci = a.chunks[c];
-  const int L = ci.len, tid = static_cast<int>(threadIdx.x), lane = tid & 31, wp = tid >> 5, wg = tid >> 7,
-            wq = wp & 3, g = lane >> 2, t = lane & 3;
+  const int L = ci.len, tid = static_cast<int>(threadIdx.x);
   const int64_t row0 = chunk_row0(ci, a.T);
   const T* const hc = static_cast<const T*>(a.h16) + (c * HV + hv) * KMAX * V;   // h_c [K][V]
   const T* const dhc = static_cast<const T*>(a.dh16) + (c * HV + hv) * KMAX * V;  // dL/dh_{c+1} [K][V]
-  auto view_rows = [&](const View& x, int64_t idx) { return static_cast<T*>(x.p) + off3(x, ci.b, ci.t0, idx); };
+  const T* const dout = static_cast<const T*>(a.dout.p) + off3(a.dout, ci.b, ci.t0, hv);
   auto inter_rows = [&](const void* base) { return static_cast<const T*>(base) + (row0 * HV + hv) * V; };
-
-  // ---- Copies. Thread: 16-byte chunk j = tid % CJ (CJ = K / 8 chunks per row; panel j / 8, chunk
-  // j % 8 of its 64-element row) of rows tid / CJ + RS m (RS = THREADS / CJ = 16 rows per pass at both
-  // K); rows 16 apart share the swizzle, so one offset serves all of them.
+  // Thread: 16-byte chunk j = tid % CJ (CJ = K / 8 chunks per row; panel j / 8, chunk j % 8 of its
+  // 64-element row) of rows tid / CJ + RS m (RS = THREADS / CJ = 16 rows per pass at both K); rows 16
+  // apart share the swizzle, so one offset serves all of them.
   constexpr int CJ = KMAX / 8, RS = THREADS / CJ;
   static_assert(RS == 16, "16 rows per pass");
   const int cj = tid % CJ, cr = tid / CJ;
@@ -107,12 +107,33 @@ __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / 
     }
   };
   copy_state(S::kOffH, hc);
-  copy_rows(S::kOffDo, view_rows(a.dout, hv), a.dout.s1);
+  copy_rows(S::kOffDo, dout, a.dout.s1);
   copy_rows(S::kOffDvn, inter_rows(a.dv_new16), HV * V);
   mma::cp_async_commit();
   copy_state(S::kOffDh, dhc);
   copy_rows(S::kOffVn, inter_rows(a.v_new), HV * V);
   mma::cp_async_commit();
+}
+
+// Item (c, hv) from the buffer at smem (shared address smem_s), whose copies b2a_wgmma_issue committed
+// as two groups: kWaitA / kWaitB = the groups that may still be in flight when group 1 / group 2 has
+// landed (1 / 0 with nothing after them; 3 / 2 with the next item's two behind them). Ends with warp 0's
+// dG step reading floats in the buffer: a barrier must come before the buffer is refilled.
+template <typename T, int KMAX, int kWaitA, int kWaitB>
+__device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, int64_t hv, unsigned char* smem,
+                                               uint32_t smem_s) {
+  namespace sm90 = ::flashgrad::cuda_attn::sm90;
+  using S = GradsStateWgmmaSmem<T, KMAX>;
+  constexpr int C = kChunkSize, THREADS = S::kThreads, KSTEPS = KMAX / 16;
+  constexpr int64_t V = KMAX;  // (V == K: the launcher's condition for this variant)
+  const int64_t head = hv / (a.HV / a.H), HV = a.HV;
+  const ChunkInfo ci = a.chunks[c];
+  const int L = ci.len, tid = static_cast<int>(threadIdx.x), lane = tid & 31, wp = tid >> 5, wg = tid >> 7,
+            wq = wp & 3, g = lane >> 2, t = lane & 3;
+  const int64_t row0 = chunk_row0(ci, a.T);
+  const T* const hc = static_cast<const T*>(a.h16) + (c * HV + hv) * KMAX * V;   // h_c [K][V]
+  const T* const dhc = static_cast<const T*>(a.dh16) + (c * HV + hv) * KMAX * V;  // dL/dh_{c+1} [K][V]
+  auto view_rows = [&](const View& x, int64_t idx) { return static_cast<T*>(x.p) + off3(x, ci.b, ci.t0, idx); };
 
   // The thread's accumulator rows ri[r] = 16 wq + g + 8 r and their gate factors (G from stage 1).
   const int ri[2] = {16 * wq + g, 16 * wq + g + 8};
@@ -145,7 +166,7 @@ __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / 
   // Row r's sum over the quad (the warpgroup's 64 channels of the row).
   auto quad_sum = [](float x) { return group_sum<4>(x); };
 
-  mma::cp_async_wait<1>();
+  mma::cp_async_wait<kWaitA>();
   sm90::fence_proxy_async_shared();
   __syncthreads();  // h_c, do, dv_new in shared memory
 
@@ -189,7 +210,7 @@ __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / 
     }
   }
 
-  mma::cp_async_wait<0>();
+  mma::cp_async_wait<kWaitB>();
   sm90::fence_proxy_async_shared();
   __syncthreads();  // dh, v_new landed; both warpgroups are done with do / dv_new (do's tile: floats)
 
@@ -282,6 +303,46 @@ __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / 
     __syncwarp();
     store_state_dG_terms<S::kWarpgroups>(a, fpq, fpk, frq, frk, fh, L, row0, hv, gl, lane);
   }
+}
+
+// One item per block: grid (chunks, HV).
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / KMAX)
+    chunk_grads_state_wgmma_kernel(ChunkedArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_dyn[];
+  // Aligned up by an offset from the shared array itself (as the wgmma chains).
+  const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
+  unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
+  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  b2a_wgmma_issue<T, KMAX>(a, blockIdx.x, blockIdx.y, smem);
+  b2a_wgmma_item<T, KMAX, 1, 0>(a, blockIdx.x, blockIdx.y, smem, smem_s);
+}
+
+// Persistent, K = 128 (FLASHGRAD_CHUNKED_B2_SPLIT=wgp; session 19): one block per SM walks items
+// it = blockIdx.x + n gridDim.x (item it = chunk it / HV, value head it % HV) over two buffers: item n's
+// copies were issued two items earlier, so while a block computes one item the next one's bytes are in
+// flight (the one-item blocks issue all their copies up front, then compute with none in flight).
+// Shared memory: 2 x 112 KiB (+ 1 KiB alignment), one block per SM.
+template <typename T, int KMAX>
+__global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 1)
+    chunk_grads_state_wgmma_persistent_kernel(ChunkedArgs a) {
+  using S = GradsStateWgmmaSmem<T, KMAX>;
+  extern __shared__ __align__(16) unsigned char smem_dyn[];
+  const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
+  unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
+  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int64_t HV = a.HV, items = a.num_chunks * HV, step = gridDim.x;
+  auto chunk_of = [&](int64_t it) { return it < items ? it / HV : int64_t{-1}; };
+  int64_t it = blockIdx.x;
+  b2a_wgmma_issue<T, KMAX>(a, chunk_of(it), it % HV, smem);
+  b2a_wgmma_issue<T, KMAX>(a, chunk_of(it + step), (it + step) % HV, smem + S::kEnd);
+  for (int buf = 0; it < items; it += step, buf ^= 1) {
+    unsigned char* const b = smem + buf * S::kEnd;
+    b2a_wgmma_item<T, KMAX, 3, 2>(a, it / HV, it % HV, b, smem_s + static_cast<uint32_t>(buf * S::kEnd));
+    __syncthreads();  // every thread is done with this buffer (the dG step read its floats last)
+    b2a_wgmma_issue<T, KMAX>(a, chunk_of(it + 2 * step), (it + 2 * step) % HV, b);
+  }
+  mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -443,10 +443,17 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
     } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, v6 since session 12, where V == K)
-      if (V == K && dr::split_variant() == dr::SplitVariant::kWg)
-        std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)\n");
-      dr::for_split_kernels<TT, KM>(V == K ? dr::split_variant() : dr::SplitVariant::kV1,
-                                    [&](auto kernel, int64_t, int threads) { launch(NC, HV, 1, [&] { kernel(a); }, threads); });
+      const dr::SplitVariant sv = V == K ? dr::split_variant() : dr::SplitVariant::kV1;
+      if (sv == dr::SplitVariant::kWg || sv == dr::SplitVariant::kWgp)
+        std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)%s\n",
+                    sv == dr::SplitVariant::kWgp && KM == 128 ? ", persistent over 3 blocks" : "");
+      // (persistent kernels: 3 blocks, so that each walks several items through both buffers)
+      dr::for_split_kernels<TT, KM>(sv, [&](auto kernel, int64_t, int threads, bool persistent) {
+        if (persistent)
+          launch(static_cast<unsigned>(std::min<int64_t>(NC * HV, 3)), 1, 1, [&] { kernel(a); }, threads);
+        else
+          launch(NC, HV, 1, [&] { kernel(a); }, threads);
+      });
     }
   } else if (half == 3)
     launch(NC, HV, 1, [&] { dr::chunk_grads_mma_kernel<TT, KM, 3>(a); }, 256);
