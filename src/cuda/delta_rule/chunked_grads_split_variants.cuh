@@ -19,12 +19,10 @@ namespace flashgrad::cuda_detail::delta_rule {
 // chunk_grads_state_coalesced_kernel (mma.sync, resident tiles, whole-sector state loads; the default
 // from session 12 to 19); "v5" = v6's B2a, B2b with kVersion = 5 (32-column slices, pass 1 unrolled,
 // dq's state part loaded a phase earlier; the default from run 11.3 to session 12); "v1" = the session-7
-// kernels (which also run every V != K case); "wgp" (session 19, opt-in until timed) = wg with K = 128's
-// B2a persistent (chunk_grads_state_wgmma_persistent_kernel: one block per SM, the next item's copies in
-// flight while one is computed; K = 64 keeps wg's). (Session 11's "resident", "v2", "v3", "v4" were measured
+// kernels (which also run every V != K case). (Session 11's "resident", "v2", "v3", "v4" were measured
 // slower than v5 in runs 11.2 / 11.3, "v7" (v6 without the early dq load) no faster in run 12.0:
 // retired in session 12; those names, as any other value, give the default.)
-enum class SplitVariant { kV1, kV5, kV6, kWg, kWgp };
+enum class SplitVariant { kV1, kV5, kV6, kWg };
 // The default where V == K: wg since session 19 (run 19.1, B8 T4096 H16 K = V = 128 bf16, B2a per call
 // against v6's: 0.625 -> 0.540 ms, B1 T32768 0.616 -> 0.525; gradients within 3.3e-6 rel RMS of v6's;
 // the chunked GDN GPU tests pass with it). v6 from session 12 (B2b per call against v5: run 12.0
@@ -38,38 +36,30 @@ inline SplitVariant split_variant() {
   if (v == "v5") return SplitVariant::kV5;
   if (v == "v6") return SplitVariant::kV6;
   if (v == "wg") return SplitVariant::kWg;
-  if (v == "wgp") return SplitVariant::kWgp;
   return kSplitDefault;
 }
 
-// B2a, then B2b of a variant as f(kernel, dynamic shared bytes, threads per block, persistent): the
-// launcher launches them on a chunks x HV grid (one item per block), or persistent ones on one block
-// per SM up to the item count; the emulation runs them. Variants other than kV1 need V == K.
+// B2a, then B2b of a variant (one item per block) as f(kernel, dynamic shared bytes, threads per block):
+// the launcher launches them on a chunks x HV grid, the emulation runs them. Variants other than kV1
+// need V == K.
 template <typename T, int KMAX, typename F>
 void for_split_kernels(SplitVariant v, F&& f) {
   if (v == SplitVariant::kV1) {
-    f(chunk_grads_state_kernel<T, KMAX, 1>, GradsStateSmem<T, KMAX>::bytes(), 256, false);
-    f(chunk_grads_local_kernel<T, KMAX, 1>, GradsLocalSmem<T, KMAX>::bytes(), 256, false);
+    f(chunk_grads_state_kernel<T, KMAX, 1>, GradsStateSmem<T, KMAX>::bytes(), 256);
+    f(chunk_grads_local_kernel<T, KMAX, 1>, GradsLocalSmem<T, KMAX>::bytes(), 256);
     return;
   }
-  using W = GradsStateWgmmaSmem<T, KMAX>;
-  bool persistent_done = false;
-  if constexpr (KMAX == 128) {
-    if (v == SplitVariant::kWgp) {
-      f(chunk_grads_state_wgmma_persistent_kernel<T, KMAX>, W::persistent_bytes(), W::kThreads, true);
-      persistent_done = true;
-    }
+  if (v == SplitVariant::kWg) {
+    using W = GradsStateWgmmaSmem<T, KMAX>;
+    f(chunk_grads_state_wgmma_kernel<T, KMAX>, W::bytes(), W::kThreads);
+  } else {
+    f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes(), 256);
   }
-  if (persistent_done) {
-  } else if (v == SplitVariant::kWg || v == SplitVariant::kWgp)
-    f(chunk_grads_state_wgmma_kernel<T, KMAX>, W::bytes(), W::kThreads, false);
-  else
-    f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes(), 256, false);
   constexpr int64_t kLocal = GradsLocalSmem<T, KMAX, 32>::bytes();
   if (v == SplitVariant::kV5)
-    f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocal, 256, false);
+    f(chunk_grads_local_kernel<T, KMAX, 1, 5>, kLocal, 256);
   else
-    f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocal, 256, false);
+    f(chunk_grads_local_kernel<T, KMAX, 1, 6>, kLocal, 256);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -59,24 +59,17 @@ struct GradsStateWgmmaSmem {
   static constexpr int kFloats = 8 * 64 + 2 * 64 + 8;
   static_assert(sizeof(float) * kFloats <= kRowTile, "the floats fit do's tile");
   // + 1024: the dynamic shared memory base is aligned up to 1024 bytes in the kernel. K = 128: 113 KiB,
-  // two blocks per SM (2 x (113 + 1 reserved) = 228 KiB); the persistent kernel's two buffers: 225 KiB.
+  // two blocks per SM (2 x (113 + 1 reserved) = 228 KiB).
   static constexpr int64_t bytes() { return 1024 + kEnd; }
-  static constexpr int64_t persistent_bytes() { return 1024 + 2 * kEnd; }
-  static_assert(kEnd % 1024 == 0, "the second buffer 1024-byte aligned");
 };
 
 // The item's copies into the buffer at smem: cp.async group 1 = h_c, do, dv_new (Y, Z), group 2 = dh,
-// v_new (X), both committed (empty groups for c < 0: no item, so that the waits' counts stay fixed).
+// v_new (X), both committed.
 template <typename T, int KMAX>
 __device__ __forceinline__ void b2a_wgmma_issue(const ChunkedArgs& a, int64_t c, int64_t hv, unsigned char* smem) {
   using S = GradsStateWgmmaSmem<T, KMAX>;
   constexpr int C = kChunkSize, THREADS = S::kThreads;
   constexpr int64_t V = KMAX;
-  if (c < 0) {
-    mma::cp_async_commit();
-    mma::cp_async_commit();
-    return;
-  }
   const int64_t HV = a.HV;
   const ChunkInfo ci = a.chunks[c];
   const int L = ci.len, tid = static_cast<int>(threadIdx.x);
@@ -115,11 +108,11 @@ __device__ __forceinline__ void b2a_wgmma_issue(const ChunkedArgs& a, int64_t c,
   mma::cp_async_commit();
 }
 
-// Item (c, hv) from the buffer at smem (shared address smem_s), whose copies b2a_wgmma_issue committed
-// as two groups: kWaitA / kWaitB = the groups that may still be in flight when group 1 / group 2 has
-// landed (1 / 0 with nothing after them; 3 / 2 with the next item's two behind them). Ends with warp 0's
-// dG step reading floats in the buffer: a barrier must come before the buffer is refilled.
-template <typename T, int KMAX, int kWaitA, int kWaitB>
+// Item (c, hv) from shared memory at smem (shared address smem_s) after b2a_wgmma_issue committed its
+// two cp.async groups: the waits, products, epilogues and the dG step. (The copies and the compute are
+// two steps so that a block walking several items could issue one item's copies during another's
+// compute: run 19.3 tried one block per SM so, and it was slower.)
+template <typename T, int KMAX>
 __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, int64_t hv, unsigned char* smem,
                                                uint32_t smem_s) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
@@ -166,7 +159,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
   // Row r's sum over the quad (the warpgroup's 64 channels of the row).
   auto quad_sum = [](float x) { return group_sum<4>(x); };
 
-  mma::cp_async_wait<kWaitA>();
+  mma::cp_async_wait<1>();  // (group 2 may still be in flight)
   sm90::fence_proxy_async_shared();
   __syncthreads();  // h_c, do, dv_new in shared memory
 
@@ -210,7 +203,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
     }
   }
 
-  mma::cp_async_wait<kWaitB>();
+  mma::cp_async_wait<0>();
   sm90::fence_proxy_async_shared();
   __syncthreads();  // dh, v_new landed; both warpgroups are done with do / dv_new (do's tile: floats)
 
@@ -315,34 +308,7 @@ __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / 
   unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   b2a_wgmma_issue<T, KMAX>(a, blockIdx.x, blockIdx.y, smem);
-  b2a_wgmma_item<T, KMAX, 1, 0>(a, blockIdx.x, blockIdx.y, smem, smem_s);
-}
-
-// Persistent, K = 128 (FLASHGRAD_CHUNKED_B2_SPLIT=wgp; session 19): one block per SM walks items
-// it = blockIdx.x + n gridDim.x (item it = chunk it / HV, value head it % HV) over two buffers: item n's
-// copies were issued two items earlier, so while a block computes one item the next one's bytes are in
-// flight (the one-item blocks issue all their copies up front, then compute with none in flight).
-// Shared memory: 2 x 112 KiB (+ 1 KiB alignment), one block per SM.
-template <typename T, int KMAX>
-__global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 1)
-    chunk_grads_state_wgmma_persistent_kernel(ChunkedArgs a) {
-  using S = GradsStateWgmmaSmem<T, KMAX>;
-  extern __shared__ __align__(16) unsigned char smem_dyn[];
-  const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
-  unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
-  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int64_t HV = a.HV, items = a.num_chunks * HV, step = gridDim.x;
-  auto chunk_of = [&](int64_t it) { return it < items ? it / HV : int64_t{-1}; };
-  int64_t it = blockIdx.x;
-  b2a_wgmma_issue<T, KMAX>(a, chunk_of(it), it % HV, smem);
-  b2a_wgmma_issue<T, KMAX>(a, chunk_of(it + step), (it + step) % HV, smem + S::kEnd);
-  for (int buf = 0; it < items; it += step, buf ^= 1) {
-    unsigned char* const b = smem + buf * S::kEnd;
-    b2a_wgmma_item<T, KMAX, 3, 2>(a, it / HV, it % HV, b, smem_s + static_cast<uint32_t>(buf * S::kEnd));
-    __syncthreads();  // every thread is done with this buffer (the dG step read its floats last)
-    b2a_wgmma_issue<T, KMAX>(a, chunk_of(it + 2 * step), (it + 2 * step) % HV, b);
-  }
-  mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
+  b2a_wgmma_item<T, KMAX>(a, blockIdx.x, blockIdx.y, smem, smem_s);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

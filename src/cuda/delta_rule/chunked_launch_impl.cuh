@@ -403,11 +403,9 @@ void launch_grads_split_items(const ChunkedArgs& a, cudaStream_t s) {
   if constexpr (kItems == 1) {
     // The variant FLASHGRAD_CHUNKED_B2_SPLIT picks where V == K (chunked_grads_split_variants.cuh), else v1.
     const SplitVariant variant = a.V == KMAX ? split_variant() : SplitVariant::kV1;
-    for_split_kernels<T, KMAX>(variant, [&](auto kernel, int64_t bytes, int threads, bool persistent) {
+    for_split_kernels<T, KMAX>(variant, [&](auto kernel, int64_t bytes, int threads) {
       set_smem(kernel, bytes);
-      const int64_t items = a.num_chunks * a.HV;
-      const dim3 g = persistent ? dim3(static_cast<unsigned>(std::min<int64_t>(items, sm_count()))) : grid;
-      kernel<<<g, threads, bytes, s>>>(a);
+      kernel<<<grid, threads, bytes, s>>>(a);
       FLASHGRAD_CUDA_CHECK_LAUNCH();
     });
   } else {
