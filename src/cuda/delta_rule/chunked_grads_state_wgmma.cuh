@@ -1,5 +1,5 @@
-// B2a on Hopper warpgroup MMA (session 19; step S1 of docs/perf/delta_rule_b2_wgmma_plan.md;
-// FLASHGRAD_CHUNKED_B2_SPLIT=wg, chunked_grads_split_variants.cuh): chunk_grads_state_wgmma_kernel
+// B2a on Hopper warpgroup MMA (session 19; step S1 of docs/perf/delta_rule_b2_wgmma_plan.md; the split
+// B2's default, variant "wg" of chunked_grads_split_variants.cuh): chunk_grads_state_wgmma_kernel
 // computes what chunk_grads_state_coalesced_kernel computes, for V == K (64 or 128), per (chunk c,
 // value head hv) item, with C = 64 chunk rows i (L valid), key channels d, value columns v:
 //   Y  = do h_c^T         (Y[i][d]  = sum_v do[i][v] h_c[d][v])       -> dq_s = scale e^{G_i} Y
@@ -12,8 +12,8 @@
 // Why: the mma.sync kernel (0.61 ms at B8 T4096 H16 K = V = 128, ~2.6 TB/s, 32 % issue active) holds
 // h in registers as mma fragments and spends most of its instructions on fragment loads and mma.sync;
 // here each product is 8 wgmma m64n64k16 per warpgroup straight from shared memory, so the item's
-// instructions are mostly its copies and its epilogue, and the item's time is its bytes (~176 KiB in,
-// 48 KiB out).
+// instructions are mostly its copies and its epilogue (~176 KiB in, 48 KiB out per item). Runs 19.1 -
+// 19.3: 0.625 -> 0.541 ms at B8 T4096 H16 (~3.0 TB/s), 0.263 -> 0.250 at K = V = 64.
 //
 // Shape: K / 64 warpgroups (K = 128: 256 threads, K = 64: 128); warpgroup wg owns the key channels
 // [64 wg, +64), i.e. the N = 64 columns of each product (accumulator tiles Y, Z, X: 32 fp32 each); all
@@ -25,7 +25,7 @@
 // is K-major (v contiguous): the wgmma form of both operands K-major (wgmma_ss_n64). k step kk (16
 // values of v): panel kk / 4, +32 bytes per kk % 4; warpgroup wg's B rows start 64 wg rows (8 KiB) into
 // each panel.
-// Copies: cp.async group 0 = h_c, do, dv_new (Y, Z), group 1 = dh, v_new (X); rows i >= L of do,
+// Copies: cp.async group 1 = h_c, do, dv_new (Y, Z), group 2 = dh, v_new (X); rows i >= L of do,
 // dv_new, v_new zero-filled (so Y, Z, X are 0 there; those rows are not stored).
 // After the barrier that ends Y / Z, do's tile holds the dot partials of the dG terms (floats).
 //
