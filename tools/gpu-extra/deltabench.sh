@@ -16,7 +16,7 @@ tag=${FLASHGRAD_DELTABENCH_TAG:-}
 export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=/tmp/flashgrad-triton-cache
 mkdir -p "$TRITON_CACHE_DIR"
 [ -d .triton-autotune ] && cp -r .triton-autotune/. "$TRITON_CACHE_DIR"/ && \
-  echo "deltabench: $(find .triton-autotune -name '*.autotune.json' | wc -l) cached autotune results loaded"
+  echo "deltabench: $(find -L .triton-autotune -name '*.autotune.json' | wc -l) cached autotune results loaded"
 timeout -k 5 "${FLASHGRAD_DELTABENCH_CAP_S:-$(( ${FLASHGRAD_EXTRA_CAP_S:-260} - 12 ))}" python3 bench/delta_rule_vs_fla.py --out "$OUT/extra/delta_rule$tag.md" \
   --json "$OUT/extra/delta_rule$tag.json" --cases "${FLASHGRAD_DELTABENCH_CASES:-}" > "$OUT/extra/deltabench$tag.log" 2>&1
 rc=$?
