@@ -10,7 +10,9 @@
 //   3. wgmma_ss_n128 (both K-major): the form B2 on wgmma would use (docs/perf/delta_rule_b2_wgmma_plan.md:
 //      Y = do h^T with do [64 rows][V] and h [K][V], V contiguous in both), N = 128, V = 128;
 //   4. wgmma_rs (A from registers in the m16n8k16 A layout per warp, B MN-major), N = 64, 128: B2's
-//      S k and tmp = dA A^T in that plan.
+//      S k in that plan;
+//   5. wgmma_rs_kmajor_b_n64 (A from registers, B K-major), N = 64: B2's tmp = dA A^T (session 19;
+//      compiled, first run in the next GPU check).
 // The kernels and the expected products live in delta_rule_wgmma_probe_kernels.cuh, which the host
 // emulation runs too (CTest DeltaRuleWgmmaProbe.HostEmulation, with emulator_sm90.h's models of the same
 // descriptors and accumulator layout): these probes are what ties that model to the hardware. Small integer operands
@@ -93,6 +95,12 @@ void check_rs(std::mt19937& rng) {
   run_and_compare(probe_rs<T, N>, kSmemRs, a.t, b.t, want_rs(a.f, b.f, N), N, "wgmma_rs N=" + std::to_string(N));
 }
 
+template <typename T>
+void check_rs_kb(std::mt19937& rng) {
+  Operand<T> a(rng, 64 * 64), bt(rng, 64 * 64);
+  run_and_compare(probe_rs_kb<T>, kSmemRsKb, a.t, bt.t, want_rs_kb(a.f, bt.f), 64, "wgmma_rs_kmajor_b_n64");
+}
+
 TEST(DeltaRuleWgmmaProbe, KMajorATimesMNMajorB) {
   REQUIRE_GPU();
   std::mt19937 rng(std::random_device{}());
@@ -121,6 +129,13 @@ TEST(DeltaRuleWgmmaProbe, RegisterATimesMNMajorB) {
   std::mt19937 rng(std::random_device{}());
   check_rs<__nv_bfloat16, 64>(rng);
   check_rs<__half, 128>(rng);
+}
+
+TEST(DeltaRuleWgmmaProbe, RegisterATimesKMajorB) {
+  REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  check_rs_kb<__nv_bfloat16>(rng);
+  check_rs_kb<__half>(rng);
 }
 
 }  // namespace

@@ -163,9 +163,42 @@ __global__ void __launch_bounds__(128) probe_rs(const T* a, const T* b, float* d
   store_acc<N>(acc, d);
 }
 
+// 5. D[64][64] = A[64][64] Bt^T: A from registers (as probe_rs), Bt [64 rows n][64 k] K-major in one
+// panel (k contiguous), so B[k][n] = Bt[n][k]: B2's tmp = dA A^T with A stored [m][j] (S2 / dA chains of
+// docs/perf/delta_rule_b2_wgmma_plan.md). k step kk: +32 bytes inside the rows.
+template <typename T>
+__global__ void __launch_bounds__(128) probe_rs_kb(const T* a, const T* bt, float* d) {
+  unsigned char* s = aligned_smem();
+  for (int i = threadIdx.x; i < 64 * 64; i += 128) *reinterpret_cast<T*>(s + tile_at(i / 64, i % 64, kPanel)) = bt[i];
+  sm90::fence_proxy_async_shared();
+  __syncthreads();
+  const uint32_t b_s = static_cast<uint32_t>(__cvta_generic_to_shared(s));
+  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  auto pair = [&](int r, int c) { return pack_pair<T>(a[r * 64 + c], a[r * 64 + c + 1]); };
+  uint32_t f[4][4];
+  for (int kk = 0; kk < 4; ++kk) {
+    f[kk][0] = pair(16 * w + g, 16 * kk + 2 * t);
+    f[kk][1] = pair(16 * w + g + 8, 16 * kk + 2 * t);
+    f[kk][2] = pair(16 * w + g, 16 * kk + 2 * t + 8);
+    f[kk][3] = pair(16 * w + g + 8, 16 * kk + 2 * t + 8);
+  }
+  float acc[32];
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    sm90::wgmma_rs_kmajor_b_n64<T>(acc, f[kk], sm90::smem_desc(b_s + kk * 32, 16, 1024), kk > 0);
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::pin_registers(acc);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) sm90::pin_words(f[kk]);
+  store_acc<64>(acc, d);
+}
+
 // ---- host side: operands and the products the probes must give --------------------------------------
 // Shared memory each probe takes (plus up to 1024 bytes of alignment).
-constexpr int kSmemKt = 2 * kPanel + 128 * 128, kSmemTt = 2 * kPanel, kSmemKk = 6 * kPanel, kSmemRs = 2 * kPanel;
+constexpr int kSmemKt = 2 * kPanel + 128 * 128, kSmemTt = 2 * kPanel, kSmemKk = 6 * kPanel, kSmemRs = 2 * kPanel,
+              kSmemRsKb = kPanel;
 
 // Small integers in [-4, 4] as T (exact), their float values alongside.
 template <typename T>
@@ -215,6 +248,15 @@ inline std::vector<float> want_rs(const std::vector<float>& a, const std::vector
   for (int m = 0; m < 64; ++m)
     for (int n = 0; n < N; ++n)
       for (int k = 0; k < 64; ++k) d[m * N + n] += a[m * 64 + k] * b[k * N + n];
+  return d;
+}
+
+// 5. D[64][64] = A[64][64] Bt^T, Bt [64 n][64 k].
+inline std::vector<float> want_rs_kb(const std::vector<float>& a, const std::vector<float>& bt) {
+  std::vector<float> d(64 * 64, 0.f);
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < 64; ++n)
+      for (int k = 0; k < 64; ++k) d[m * 64 + n] += a[m * 64 + k] * bt[n * 64 + k];
   return d;
 }
 

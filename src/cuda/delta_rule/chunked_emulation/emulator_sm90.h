@@ -5,8 +5,10 @@
 // B MN-major, and wgmma_ss_tt: both MN-major, the chains' two; wgmma_ss_n128 / wgmma_ss_n64 / wgmma_ss:
 // both K-major, the form B2 on wgmma would use), the form with A from registers and B MN-major
 // (wgmma_rs_n64 / wgmma_rs_n128 / wgmma_rs: A in the m16n8k16 A fragment layout per warp, exchanged
-// through the emulated warp's buffer), and the fences, commits, waits and register pins around them. tests/cpp/delta_rule_wgmma_probe_kernels.cuh runs every form here (CTest
-// DeltaRuleWgmmaProbe.HostEmulation) and on the GPU (DeltaRuleWgmmaProbe.*) against the same products.
+// through the emulated warp's buffer), the same with B K-major (wgmma_rs_kmajor_b_n64), and the
+// fences, commits, waits and register pins around them. tests/cpp/delta_rule_wgmma_probe_kernels.cuh
+// runs every form here (CTest DeltaRuleWgmmaProbe.HostEmulation) and on the GPU
+// (DeltaRuleWgmmaProbe.*) against the same products.
 // Include after emulator.h, before any kernel source.
 //
 // Model: one warpgroup per block (the chains' 128 threads); a wgmma is computed when issued, each
@@ -111,10 +113,10 @@ inline void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, int sc
     d[i] = static_cast<float>((scale_d ? static_cast<double>(d[i]) : 0.0) + s);
   }
 }
-// The same with A from registers: thread th's a[4] holds, per its warp w (of the warpgroup), rows
+// The same with A from registers (B MN-major, or K-major with kBK): thread th's a[4] holds, per its warp w (of the warpgroup), rows
 // 16 w + g (a[0], a[2]) and 16 w + g + 8 (a[1], a[3]), columns 2 t, 2 t + 1 (a[0], a[1]) and + 8 (a[2],
 // a[3]), the lower column in the low half. A thread's output rows need only its own warp's fragments.
-template <typename T, int N>
+template <typename T, int N, bool kBK = false>
 inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "m64nNk16: N a multiple of 8 up to 256");
   const int w = emu_warp(), l = static_cast<int>(emu_tid.x % 32), g = l / 4, t = l % 4;
@@ -134,7 +136,7 @@ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc,
   for (int i = 0; i < N / 2; ++i) {
     const int r = (i >> 1) & 1, col = 8 * (i >> 2) + 2 * t + (i & 1);
     double s = 0;
-    for (int k = 0; k < 16; ++k) s += A[r][k] * load16<T>(mnmajor(b_desc, col, k));
+    for (int k = 0; k < 16; ++k) s += A[r][k] * load16<T>(kBK ? kmajor(b_desc, col, k) : mnmajor(b_desc, col, k));
     d[i] = static_cast<float>((scale_d ? static_cast<double>(d[i]) : 0.0) + s);
   }
 }
@@ -171,6 +173,10 @@ inline void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t b_des
 template <typename T, int D>
 inline void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
   emu::wgmma_rs<T, D>(d, a, b_desc, scale_d);
+}
+template <typename T>
+inline void wgmma_rs_kmajor_b_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
+  emu::wgmma_rs<T, 64, true>(d, a, b_desc, scale_d);
 }
 
 }  // namespace flashgrad::cuda_attn::sm90

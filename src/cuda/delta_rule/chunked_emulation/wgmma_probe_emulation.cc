@@ -76,6 +76,14 @@ int check_rs(std::mt19937& rng) {
   return compare(d, probe::want_rs(a.f, b.f, N), "wgmma_rs N=" + std::to_string(N));
 }
 
+template <typename T>
+int check_rs_kb(std::mt19937& rng) {
+  probe::Operand<T> a(rng, 64 * 64), bt(rng, 64 * 64);
+  std::vector<float> d(64 * 64, NAN);
+  launch_warpgroup([&] { probe::probe_rs_kb<T>(a.t.data(), bt.t.data(), d.data()); });
+  return compare(d, probe::want_rs_kb(a.f, bt.f), "wgmma_rs_kmajor_b_n64");
+}
+
 int main() {
   std::mt19937 rng(std::random_device{}());
   int fails = 0;
@@ -89,6 +97,8 @@ int main() {
   fails += check_kk<__half>(rng);
   fails += check_rs<__nv_bfloat16, 64>(rng);
   fails += check_rs<__half, 128>(rng);
+  fails += check_rs_kb<__nv_bfloat16>(rng);
+  fails += check_rs_kb<__half>(rng);
   std::printf(fails ? "%d probes differ\n" : "all probes exact\n", fails);
   return fails ? 1 : 0;
 }
