@@ -112,7 +112,11 @@ __device__ __forceinline__ void b2a_wgmma_issue(const ChunkedArgs& a, int64_t c,
 // two cp.async groups: the waits, products, epilogues and the dG step. (The copies and the compute are
 // two steps so that a block walking several items could issue one item's copies during another's
 // compute: run 19.3 tried one block per SM so, and it was slower.)
-template <typename T, int KMAX>
+// kEarlyPairs (FLASHGRAD_CHUNKED_B2_SPLIT=wge, session 19, not yet run on the GPU): q's pairs are loaded
+// before the wait for group 1 and k's before the wait for group 2, so their global-memory latency
+// overlaps the copies' instead of following the products' issue (the default loads them after the
+// wgmmas are issued: q's latency then outlasts Y / Z's ~16 wgmmas, k's X's 8).
+template <typename T, int KMAX, bool kEarlyPairs = false>
 __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, int64_t hv, unsigned char* smem,
                                                uint32_t smem_s) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
@@ -159,6 +163,8 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
   // Row r's sum over the quad (the warpgroup's 64 channels of the row).
   auto quad_sum = [](float x) { return group_sum<4>(x); };
 
+  uint32_t qp[2][8], kp[2][8];  // q's, then k's pairs at the thread's accumulator elements
+  if constexpr (kEarlyPairs) load_pairs(view_rows(a.q, head), a.q.s1, qp);
   mma::cp_async_wait<1>();  // (group 2 may still be in flight)
   sm90::fence_proxy_async_shared();
   __syncthreads();  // h_c, do, dv_new in shared memory
@@ -173,8 +179,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) sm90::wgmma_ss_n64<T>(accZ, a_desc(S::kOffDvn, kk), b_desc(S::kOffH, kk), kk > 0);
     sm90::wgmma_commit();
-    uint32_t qp[2][8];
-    load_pairs(view_rows(a.q, head), a.q.s1, qp);
+    if constexpr (!kEarlyPairs) load_pairs(view_rows(a.q, head), a.q.s1, qp);
     sm90::wgmma_wait<0>();
     sm90::pin_registers(accY);
     sm90::pin_registers(accZ);
@@ -203,6 +208,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
     }
   }
 
+  if constexpr (kEarlyPairs) load_pairs(view_rows(a.k, head), a.k.s1, kp);
   mma::cp_async_wait<0>();
   sm90::fence_proxy_async_shared();
   __syncthreads();  // dh, v_new landed; both warpgroups are done with do / dv_new (do's tile: floats)
@@ -225,8 +231,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) sm90::wgmma_ss_n64<T>(accX, a_desc(S::kOffVn, kk), b_desc(S::kOffDh, kk), kk > 0);
     sm90::wgmma_commit();
-    uint32_t kp[2][8];
-    load_pairs(view_rows(a.k, head), a.k.s1, kp);
+    if constexpr (!kEarlyPairs) load_pairs(view_rows(a.k, head), a.k.s1, kp);
     // <h_c, dh>: h and dh share one layout, so equal byte offsets are equal (d, v): thread tid takes
     // 16-byte chunks tid + THREADS m of both tiles (each element once).
     float hdh = 0.f;
@@ -299,7 +304,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
 }
 
 // One item per block: grid (chunks, HV).
-template <typename T, int KMAX>
+template <typename T, int KMAX, bool kEarlyPairs = false>
 __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / KMAX)
     chunk_grads_state_wgmma_kernel(ChunkedArgs a) {
   extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -308,7 +313,7 @@ __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / 
   unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   b2a_wgmma_issue<T, KMAX>(a, blockIdx.x, blockIdx.y, smem);
-  b2a_wgmma_item<T, KMAX>(a, blockIdx.x, blockIdx.y, smem, smem_s);
+  b2a_wgmma_item<T, KMAX, kEarlyPairs>(a, blockIdx.x, blockIdx.y, smem, smem_s);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -444,7 +444,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
     } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, v6 since session 12, where V == K)
       const dr::SplitVariant sv = V == K ? dr::split_variant() : dr::SplitVariant::kV1;
-      if (sv == dr::SplitVariant::kWg) std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)\n");
+      if (sv == dr::SplitVariant::kWg || sv == dr::SplitVariant::kWgEarly)
+        std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)%s\n",
+                    sv == dr::SplitVariant::kWgEarly ? ", q / k pairs loaded early" : "");
       dr::for_split_kernels<TT, KM>(sv, [&](auto kernel, int64_t, int threads) {
         launch(NC, HV, 1, [&] { kernel(a); }, threads);
       });
