@@ -130,6 +130,20 @@ __host__ __device__ inline uint32_t pack_pair(T lo, T hi) {
   return static_cast<uint32_t>(a) | (static_cast<uint32_t>(b) << 16);
 }
 
+// The four k steps' A fragments of A[64][64] (row-major in global memory) in the m16n8k16 A layout per
+// warp w of the warpgroup: rows 16 w + g (+ 8), columns 16 kk + 2 t (+ 1, + 8, + 9).
+template <typename T>
+__device__ inline void load_a_fragments(const T* a, uint32_t (&f)[4][4]) {
+  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+  auto pair = [&](int r, int c) { return pack_pair<T>(a[r * 64 + c], a[r * 64 + c + 1]); };
+  for (int kk = 0; kk < 4; ++kk) {
+    f[kk][0] = pair(16 * w + g, 16 * kk + 2 * t);
+    f[kk][1] = pair(16 * w + g + 8, 16 * kk + 2 * t);
+    f[kk][2] = pair(16 * w + g, 16 * kk + 2 * t + 8);
+    f[kk][3] = pair(16 * w + g + 8, 16 * kk + 2 * t + 8);
+  }
+}
+
 // 4. D[64][N] = A[64][64] B[64][N]: A from registers (the m16n8k16 A fragment layout per warp, read from
 // global memory: rows 16 w + g (+ 8), columns 16 kk + 2 t (+ 1, + 8, + 9)), B MN-major [64 rows][N] in
 // N / 64 panels (V in the attention's O += P V; S k, tmp = dA A^T in B2 on wgmma). N = 64, 128. All four
@@ -141,15 +155,8 @@ __global__ void __launch_bounds__(128) probe_rs(const T* a, const T* b, float* d
   sm90::fence_proxy_async_shared();
   __syncthreads();
   const uint32_t b_s = static_cast<uint32_t>(__cvta_generic_to_shared(s));
-  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  auto pair = [&](int r, int c) { return pack_pair<T>(a[r * 64 + c], a[r * 64 + c + 1]); };
   uint32_t f[4][4];
-  for (int kk = 0; kk < 4; ++kk) {
-    f[kk][0] = pair(16 * w + g, 16 * kk + 2 * t);
-    f[kk][1] = pair(16 * w + g + 8, 16 * kk + 2 * t);
-    f[kk][2] = pair(16 * w + g, 16 * kk + 2 * t + 8);
-    f[kk][3] = pair(16 * w + g + 8, 16 * kk + 2 * t + 8);
-  }
+  load_a_fragments<T>(a, f);
   float acc[N / 2];
   sm90::wgmma_fence();
 #pragma unroll
@@ -173,15 +180,8 @@ __global__ void __launch_bounds__(128) probe_rs_kb(const T* a, const T* bt, floa
   sm90::fence_proxy_async_shared();
   __syncthreads();
   const uint32_t b_s = static_cast<uint32_t>(__cvta_generic_to_shared(s));
-  const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
-  auto pair = [&](int r, int c) { return pack_pair<T>(a[r * 64 + c], a[r * 64 + c + 1]); };
   uint32_t f[4][4];
-  for (int kk = 0; kk < 4; ++kk) {
-    f[kk][0] = pair(16 * w + g, 16 * kk + 2 * t);
-    f[kk][1] = pair(16 * w + g + 8, 16 * kk + 2 * t);
-    f[kk][2] = pair(16 * w + g, 16 * kk + 2 * t + 8);
-    f[kk][3] = pair(16 * w + g + 8, 16 * kk + 2 * t + 8);
-  }
+  load_a_fragments<T>(a, f);
   float acc[32];
   sm90::wgmma_fence();
 #pragma unroll

@@ -296,48 +296,35 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a
   }
 }
 
-// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A in registers, B MN-major in shared memory.
-template <typename T>
+// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A in registers, B in shared memory: MN-major (kTransB = 1, as
+// the attention's O += P V) or K-major (0).
+template <typename T, int kTransB = 1>
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
                                              int scale_d) {
+  static_assert(kTransB == 0 || kTransB == 1, "B K-major (0) or MN-major (1)");
   if constexpr (WgmmaName<T>::kBf16) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : FG_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(kTransB));
   } else {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : FG_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(kTransB));
   }
 }
 
-// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A in registers, B K-major in shared memory (the delta rule's
-// tmp = dA A^T in docs/perf/delta_rule_b2_wgmma_plan.md: B = A^T read from A stored [m][j], the
-// contraction j contiguous). The same instruction as wgmma_rs_n64 with the transpose-B immediate 0.
+// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A in registers, B K-major: the delta rule's tmp = dA A^T in
+// docs/perf/delta_rule_b2_wgmma_plan.md (B = A^T read from A stored [m][j], the contraction j contiguous).
 template <typename T>
 __device__ __forceinline__ void wgmma_rs_kmajor_b_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc,
                                                       int scale_d) {
-  if constexpr (WgmmaName<T>::kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FG_REGS32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : FG_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FG_REGS32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : FG_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
-  }
+  wgmma_rs_n64<T, 0>(d, a, b_desc, scale_d);
 }
 
 // O += P V for a head dim of D columns (64, 128 or 256).
