@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "cuda/attention/wgmma_descriptor.h"
+
 namespace flashgrad::cuda_attn::sm90 {
 
 // ---- mbarrier ------------------------------------------------------------------------------------
@@ -133,8 +135,7 @@ __device__ __forceinline__ void regs_increase() {
 // ---- wgmma ---------------------------------------------------------------------------------------
 // Descriptor of a 128-byte-swizzled operand (layout type 1 in bits 62-63); addresses in 16 bytes.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t{1} << 62);
+  return ::flashgrad::wgmma_descriptor::swizzle128_desc(addr, lbo_bytes, sbo_bytes);
 }
 
 // Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.

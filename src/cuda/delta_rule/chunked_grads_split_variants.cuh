@@ -20,9 +20,10 @@ namespace flashgrad::cuda_detail::delta_rule {
 // from session 12 to 19); "v5" = v6's B2a, B2b with kVersion = 5 (32-column slices, pass 1 unrolled,
 // dq's state part loaded a phase earlier; the default from run 11.3 to session 12); "v1" = the session-7
 // kernels (which also run every V != K case); "wge" (session 19, opt-in, not yet run on the GPU) = wg
-// with q's and k's pairs loaded before the copies' waits (kEarlyPairs, chunked_grads_state_wgmma.cuh). (Session 11's "resident", "v2", "v3", "v4" were measured
-// slower than v5 in runs 11.2 / 11.3, "v7" (v6 without the early dq load) no faster in run 12.0:
-// retired in session 12; those names, as any other value, give the default.)
+// with q's and k's pairs loaded before the copies' waits (kEarlyPairs, chunked_grads_state_wgmma.cuh).
+// (Session 11's "resident", "v2", "v3", "v4" were measured slower than v5 in runs 11.2 / 11.3, "v7" (v6
+// without the early dq load) no faster in run 12.0: retired in session 12; those names, as any other
+// value, give the default.)
 enum class SplitVariant { kV1, kV5, kV6, kWg, kWgEarly };
 // The default where V == K: wg since session 19 (run 19.1, B8 T4096 H16 K = V = 128 bf16, B2a per call
 // against v6's: 0.625 -> 0.540 ms, B1 T32768 0.616 -> 0.525; gradients within 3.3e-6 rel RMS of v6's;
@@ -51,11 +52,10 @@ void for_split_kernels(SplitVariant v, F&& f) {
     f(chunk_grads_local_kernel<T, KMAX, 1>, GradsLocalSmem<T, KMAX>::bytes(), 256);
     return;
   }
+  using W = GradsStateWgmmaSmem<T, KMAX>;
   if (v == SplitVariant::kWg) {
-    using W = GradsStateWgmmaSmem<T, KMAX>;
     f(chunk_grads_state_wgmma_kernel<T, KMAX>, W::bytes(), W::kThreads);
   } else if (v == SplitVariant::kWgEarly) {
-    using W = GradsStateWgmmaSmem<T, KMAX>;
     f(chunk_grads_state_wgmma_kernel<T, KMAX, true>, W::bytes(), W::kThreads);
   } else {
     f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes(), 256);

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/attention/wgmma_descriptor.h"
+
 #include "core/host_dtype.h"
 #include "cuda/attention/emulation_common/e4m3_accumulator.h"
 #include "cuda/attention/emulation_common/scalar_ptx.h"
@@ -151,8 +153,7 @@ template <int N>
 inline void regs_increase() {}
 
 inline uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t{1} << 62);
+  return ::flashgrad::wgmma_descriptor::swizzle128_desc(addr, lbo_bytes, sbo_bytes);
 }
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}

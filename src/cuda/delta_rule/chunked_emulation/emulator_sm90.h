@@ -26,6 +26,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "cuda/attention/wgmma_descriptor.h"
 #include <type_traits>
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -47,8 +49,7 @@ inline std::size_t __cvta_generic_to_shared(const void* p) {
 namespace flashgrad::cuda_attn::sm90 {
 
 inline uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t{1} << 62);
+  return ::flashgrad::wgmma_descriptor::swizzle128_desc(addr, lbo_bytes, sbo_bytes);
 }
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
