@@ -257,6 +257,7 @@ void run_case(const Case& c) {
   a.chunks = static_cast<const dr::ChunkInfo*>(chunks.p);
   a.seq_first_chunk = static_cast<const int64_t*>(first.p);
   a.num_chunks = NC, a.num_seqs = N;
+  a.uniform_chunks = plan.uniform_chunks;  // (as the path: uniform batches' entries computed, varlen's read)
   a.G = c.gate ? G.f32() : nullptr;
   a.A = A.f32(), a.w = w.p, a.u = u.f32(), a.v_new = vn.p, a.h = h.f32();
   a.T = T, a.H = H, a.HV = HV, a.K = K, a.V = V;
@@ -417,6 +418,10 @@ TEST(DeltaRuleChunkedPlan, ChunksNeverStraddleSequences) {
   EXPECT_EQ(padded.chunks[3].b, 1);
   EXPECT_EQ(padded.chunks[3].t0, 64);
   EXPECT_EQ(padded.chunks[3].len, 11);
+  // Whole batch rows: the kernels compute entries from n = 2 chunks per row (chunk_info); varlen: none.
+  EXPECT_EQ(padded.uniform_chunks, 2);
+  EXPECT_EQ(p.uniform_chunks, 0);
+  EXPECT_EQ(dr::make_chunk_plan(2, 0, {}).uniform_chunks, 0);
 }
 
 TEST(DeltaRuleChunkedPlan, RefusesWhatTheStagesDoNotTake) {

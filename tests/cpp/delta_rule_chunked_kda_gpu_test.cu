@@ -252,6 +252,7 @@ void run_case(const Case& c) {
   a.chunks = static_cast<const dr::ChunkInfo*>(chunks.p);
   a.seq_first_chunk = static_cast<const int64_t*>(first.p);
   a.num_chunks = NC, a.num_seqs = N;
+  a.uniform_chunks = plan.uniform_chunks;  // (as the path: uniform batches' entries computed, varlen's read)
   a.G = G.f32(), a.A = A.f32(), a.w = w.p, a.u = u.f32(), a.v_new = vn.p, a.h = h.f32();
   a.T = T, a.H = H, a.HV = HV, a.K = K, a.V = V;
   a.scale = static_cast<float>(1.0 / std::sqrt(double(K)));

@@ -1040,9 +1040,8 @@ TEST(DeltaRuleGpu, ChunkedHeadsEqualValueHeadsK128) {
 // 129-row sequence: partial chunks), plus T = 75 of the plain rule (no gate) without an initial state
 // or the L2 norm (rq = rk = 1, no exact <h0, dh> term) and T = 200 B = 3 with a strong decay, without
 // and with the kept v_new; ChunkedB2aWgmmaK64: the same cases at K = V = 64 (one warpgroup per item;
-// seeds + 50). Each with wg and with wge (session 19: q / k's pairs loaded before the copies' waits,
-// opt-in). Two tests so that the GPU check's sanitizer can take each alone. The setting is unset again
-// however a test ends.
+// seeds + 50). Two tests so that the GPU check's sanitizer can take each alone. The setting is unset
+// again however a test ends.
 std::vector<Case> b2a_wgmma_cases(int64_t K) {
   std::vector<Case> cases = heads_equal_k128_cases();
   {
@@ -1065,15 +1064,11 @@ std::vector<Case> b2a_wgmma_cases(int64_t K) {
   return cases;
 }
 void run_b2a_wgmma(int64_t K) {
-  for (const char* v : {"wg", "wge"}) {  // wge: the same kernel with q / k's pairs loaded early (opt-in)
-    const EnvSet variant("FLASHGRAD_CHUNKED_B2_SPLIT", v);
-    SCOPED_TRACE(std::string("FLASHGRAD_CHUNKED_B2_SPLIT=") + v);
-    for (Case c : b2a_wgmma_cases(K)) {
-      c.name = std::string(v) + " " + c.name;
-      run_case(c);
-      c.name = "kept v_new, " + c.name;
-      run_kept_v_new(c);
-    }
+  const EnvSet variant("FLASHGRAD_CHUNKED_B2_SPLIT", "wg");
+  for (Case c : b2a_wgmma_cases(K)) {
+    run_case(c);
+    c.name = "kept v_new, " + c.name;
+    run_kept_v_new(c);
   }
 }
 TEST(DeltaRuleGpu, ChunkedB2aWgmma) {

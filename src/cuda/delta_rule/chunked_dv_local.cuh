@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kDvLocalThreads) chunk_dv_local_kernel(Chunked
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int tid = threadIdx.x, lane = tid & 31, grp = lane >> 2, tig = lane & 3, wp = tid / 32;
   const int LDD = static_cast<int>(a.V) + 8;
-  const ChunkInfo ci = a.chunks[c];
+  const ChunkInfo ci = chunk_info(a, c);
   const int L = ci.len;
   const int64_t row0 = chunk_row0(ci, a.T);
 

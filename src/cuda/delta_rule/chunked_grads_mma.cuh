@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const ChunkInfo ci = a.chunks[c];
+  const ChunkInfo ci = chunk_info(a, c);
   const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
   // Row role: warps wp and wp + 4 share a scheduler (SM sub-partition wp % 4); giving them strips
   // rs and 3 - rs balances the triangular products (work ~ rs + 1 or 4 - rs) across schedulers.

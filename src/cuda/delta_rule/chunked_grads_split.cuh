@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_state_ke
   const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
   S sm(smem_raw + item * S::bytes());
   const int64_t c = blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
-  const ChunkInfo ci = a.chunks[c];
+  const ChunkInfo ci = chunk_info(a, c);
   const int L = ci.len, tid = kItems == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x & 255), lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
   // Key role: warp (kst, cgp) owns key rows [16 kst, +16) and chunk rows [n0k, n0k + 8 NTV).
   const int kst = wp % KS, cgp = wp / KS, n0k = cgp * 8 * NTV;
@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
   S sm(smem_raw + item * S::bytes());
   const int64_t c = blockIdx.x, hv = blockIdx.y * kItems + item, head = hv / (a.HV / a.H);
-  const ChunkInfo ci = a.chunks[c];
+  const ChunkInfo ci = chunk_info(a, c);
   const int L = ci.len, tid = kItems == 1 ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x & 255), lane = tid & 31, wp = tid >> 5, grp = lane >> 2, tig = lane & 3;
   // Row role (as the fused kernel): hf = wp / 4, strip rs = wp % 4 (hf = 0) or 3 - wp % 4 (hf = 1), so
   // the two warps of a scheduler (wp, wp + 4) carry ~ equal triangular work.
@@ -624,8 +624,30 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   };
 
   // ---- Prologue: q, k, dw (B2a's, in dv's first K columns: read here, before pass 1 writes dv) and
-  // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta.
+  // slice 0 by cp.async; A (hi / lo, lower triangle, rows < L), G, beta, dG (B2a's terms). The loads into
+  // registers are issued first, one of G / beta / dG per thread of warps 0 - 5 (row tid % 64), so that
+  // every global latency of the prologue overlaps the others and the copies' issue (ncu, run 20.1: A's
+  // loads issued after the copies and warps 0 - 1's three dependent G, beta, dG loads, each behind its
+  // branch, while the other warps waited at the barrier, held ~20 % of the kernel's stall samples).
   {
+    // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4).
+    float4 y[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
+      y[p] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < L && j0 <= i) y[p] = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
+    }
+    const int lr = tid & (C - 1), lwhich = tid / C;  // row lr's G (lwhich 0), beta (1), dG (2); 3: none
+    const bool lr_ok = lr < L;
+    float lval = 0.f;
+    if (lwhich == 0) {
+      if (a.G && lr_ok) lval = a.G[(row0 + lr) * HV + hv];
+    } else if (lwhich == 1) {
+      if (lr_ok) lval = load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + lr, hv));
+    } else if (lwhich == 2) {
+      if (a.dG_state && lr_ok) lval = a.dG_state[(row0 + lr) * HV + hv];
+    }
     if (kV11) {
       tile_rows_async<T, KMAX>(view_rows(a.q, head), a.q.s1, L, sm.q, tid);
       tile_rows_async<T, KMAX>(view_rows(a.k, head), a.k.s1, L, sm.k, tid);
@@ -636,14 +658,6 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       rows16_async<T>(a.dv_out, ci, hv, KMAX, sm.dw, LDK, tid);
     }
     issue_slice(0, 0);
-    // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4); all loads first.
-    float4 y[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
-      y[p] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < L && j0 <= i) y[p] = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
-    }
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
@@ -654,13 +668,13 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       *reinterpret_cast<uint2*>(sm.A_hi + i * LDP + j0) = hi;
       *reinterpret_cast<uint2*>(sm.A_lo + i * LDP + j0) = lo;
     }
-    if (tid < C) {
-      const bool ok = tid < L;
-      const float g = (a.G && ok) ? a.G[(row0 + tid) * HV + hv] : 0.f;
-      sm.G[tid] = g;
-      sm.eG[tid] = expf(g);
-      sm.beta[tid] = ok ? load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + tid, hv)) : 0.f;
-      sm.dG[tid] = (a.dG_state && ok) ? a.dG_state[(row0 + tid) * HV + hv] : 0.f;  // B2a's dG terms (added last)
+    if (lwhich == 0) {
+      sm.G[lr] = lval;
+      sm.eG[lr] = expf(lval);
+    } else if (lwhich == 1) {
+      sm.beta[lr] = lval;
+    } else if (lwhich == 2) {
+      sm.dG[lr] = lval;  // B2a's dG terms (added last)
     }
     mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)

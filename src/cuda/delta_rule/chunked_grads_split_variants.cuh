@@ -19,12 +19,12 @@ namespace flashgrad::cuda_detail::delta_rule {
 // chunk_grads_state_coalesced_kernel (mma.sync, resident tiles, whole-sector state loads; the default
 // from session 12 to 19); "v5" = v6's B2a, B2b with kVersion = 5 (32-column slices, pass 1 unrolled,
 // dq's state part loaded a phase earlier; the default from run 11.3 to session 12); "v1" = the session-7
-// kernels (which also run every V != K case); "wge" (session 19, opt-in, not yet run on the GPU) = wg
-// with q's and k's pairs loaded before the copies' waits (kEarlyPairs, chunked_grads_state_wgmma.cuh).
-// (Session 11's "resident", "v2", "v3", "v4" were measured slower than v5 in runs 11.2 / 11.3, "v7" (v6
-// without the early dq load) no faster in run 12.0: retired in session 12; those names, as any other
-// value, give the default.)
-enum class SplitVariant { kV1, kV5, kV6, kWg, kWgEarly };
+// kernels (which also run every V != K case). ("wge", wg with q's and k's pairs loaded before the
+// copies' waits, was timed in run 20.1 no faster than wg (B2a 0.544 against 0.542 ms at B8, 0.539
+// against 0.530 at T32768): retired in session 20. Session 11's "resident", "v2", "v3", "v4" were
+// measured slower than v5 in runs 11.2 / 11.3, "v7" (v6 without the early dq load) no faster in run
+// 12.0: retired in session 12. Those names, as any other value, give the default.)
+enum class SplitVariant { kV1, kV5, kV6, kWg };
 // The default where V == K: wg since session 19 (run 19.1, B8 T4096 H16 K = V = 128 bf16, B2a per call
 // against v6's: 0.625 -> 0.540 ms, B1 T32768 0.616 -> 0.525; gradients within 3.3e-6 rel RMS of v6's;
 // the chunked GDN GPU tests pass with it). v6 from session 12 (B2b per call against v5: run 12.0
@@ -38,7 +38,6 @@ inline SplitVariant split_variant() {
   if (v == "v5") return SplitVariant::kV5;
   if (v == "v6") return SplitVariant::kV6;
   if (v == "wg") return SplitVariant::kWg;
-  if (v == "wge") return SplitVariant::kWgEarly;
   return kSplitDefault;
 }
 
@@ -55,8 +54,6 @@ void for_split_kernels(SplitVariant v, F&& f) {
   using W = GradsStateWgmmaSmem<T, KMAX>;
   if (v == SplitVariant::kWg) {
     f(chunk_grads_state_wgmma_kernel<T, KMAX>, W::bytes(), W::kThreads);
-  } else if (v == SplitVariant::kWgEarly) {
-    f(chunk_grads_state_wgmma_kernel<T, KMAX, true>, W::bytes(), W::kThreads);
   } else {
     f(chunk_grads_state_coalesced_kernel<T, KMAX>, GradsStateCoalescedSmem<T, KMAX>::bytes(), 256);
   }

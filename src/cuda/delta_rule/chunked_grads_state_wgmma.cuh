@@ -66,12 +66,12 @@ struct GradsStateWgmmaSmem {
 // The item's copies into the buffer at smem: cp.async group 1 = h_c, do, dv_new (Y, Z), group 2 = dh,
 // v_new (X), both committed.
 template <typename T, int KMAX>
-__device__ __forceinline__ void b2a_wgmma_issue(const ChunkedArgs& a, int64_t c, int64_t hv, unsigned char* smem) {
+__device__ __forceinline__ void b2a_wgmma_issue(const ChunkedArgs& a, const ChunkInfo& ci, int64_t c, int64_t hv,
+                                                unsigned char* smem) {
   using S = GradsStateWgmmaSmem<T, KMAX>;
   constexpr int C = kChunkSize, THREADS = S::kThreads;
   constexpr int64_t V = KMAX;
   const int64_t HV = a.HV;
-  const ChunkInfo ci = a.chunks[c];
   const int L = ci.len, tid = static_cast<int>(threadIdx.x);
   const int64_t row0 = chunk_row0(ci, a.T);
   const T* const hc = static_cast<const T*>(a.h16) + (c * HV + hv) * KMAX * V;   // h_c [K][V]
@@ -111,20 +111,18 @@ __device__ __forceinline__ void b2a_wgmma_issue(const ChunkedArgs& a, int64_t c,
 // Item (c, hv) from shared memory at smem (shared address smem_s) after b2a_wgmma_issue committed its
 // two cp.async groups: the waits, products, epilogues and the dG step. (The copies and the compute are
 // two steps so that a block walking several items could issue one item's copies during another's
-// compute: run 19.3 tried one block per SM so, and it was slower.)
-// kEarlyPairs (FLASHGRAD_CHUNKED_B2_SPLIT=wge, session 19, not yet run on the GPU): q's pairs are loaded
-// before the wait for group 1 and k's before the wait for group 2, so their global-memory latency
-// overlaps the copies' instead of following the products' issue (the default loads them after the
-// wgmmas are issued: q's latency then outlasts Y / Z's ~16 wgmmas, k's X's 8).
-template <typename T, int KMAX, bool kEarlyPairs = false>
-__device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, int64_t hv, unsigned char* smem,
-                                               uint32_t smem_s) {
+// compute: run 19.3 tried one block per SM so, and it was slower.) q's and k's pairs are loaded after
+// the products are issued (loading them before the copies' waits, variant "wge", was no faster in run
+// 20.1). ci: chunk c's plan entry, read once by the kernel for both steps (each step reading it again
+// put a second global round trip after the copies' wait: ncu, run 20.1).
+template <typename T, int KMAX>
+__device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, const ChunkInfo& ci, int64_t c, int64_t hv,
+                                               unsigned char* smem, uint32_t smem_s) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = GradsStateWgmmaSmem<T, KMAX>;
   constexpr int C = kChunkSize, THREADS = S::kThreads, KSTEPS = KMAX / 16;
   constexpr int64_t V = KMAX;  // (V == K: the launcher's condition for this variant)
   const int64_t head = hv / (a.HV / a.H), HV = a.HV;
-  const ChunkInfo ci = a.chunks[c];
   const int L = ci.len, tid = static_cast<int>(threadIdx.x), lane = tid & 31, wp = tid >> 5, wg = tid >> 7,
             wq = wp & 3, g = lane >> 2, t = lane & 3;
   const int64_t row0 = chunk_row0(ci, a.T);
@@ -164,7 +162,6 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
   auto quad_sum = [](float x) { return group_sum<4>(x); };
 
   uint32_t qp[2][8], kp[2][8];  // q's, then k's pairs at the thread's accumulator elements
-  if constexpr (kEarlyPairs) load_pairs(view_rows(a.q, head), a.q.s1, qp);
   mma::cp_async_wait<1>();  // (group 2 may still be in flight)
   sm90::fence_proxy_async_shared();
   __syncthreads();  // h_c, do, dv_new in shared memory
@@ -179,7 +176,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) sm90::wgmma_ss_n64<T>(accZ, a_desc(S::kOffDvn, kk), b_desc(S::kOffH, kk), kk > 0);
     sm90::wgmma_commit();
-    if constexpr (!kEarlyPairs) load_pairs(view_rows(a.q, head), a.q.s1, qp);
+    load_pairs(view_rows(a.q, head), a.q.s1, qp);
     sm90::wgmma_wait<0>();
     sm90::pin_registers(accY);
     sm90::pin_registers(accZ);
@@ -208,7 +205,6 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
     }
   }
 
-  if constexpr (kEarlyPairs) load_pairs(view_rows(a.k, head), a.k.s1, kp);
   mma::cp_async_wait<0>();
   sm90::fence_proxy_async_shared();
   __syncthreads();  // dh, v_new landed; both warpgroups are done with do / dv_new (do's tile: floats)
@@ -231,7 +227,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
 #pragma unroll
     for (int kk = 0; kk < KSTEPS; ++kk) sm90::wgmma_ss_n64<T>(accX, a_desc(S::kOffVn, kk), b_desc(S::kOffDh, kk), kk > 0);
     sm90::wgmma_commit();
-    if constexpr (!kEarlyPairs) load_pairs(view_rows(a.k, head), a.k.s1, kp);
+    load_pairs(view_rows(a.k, head), a.k.s1, kp);
     // <h_c, dh>: h and dh share one layout, so equal byte offsets are equal (d, v): thread tid takes
     // 16-byte chunks tid + THREADS m of both tiles (each element once).
     float hdh = 0.f;
@@ -304,7 +300,7 @@ __device__ __forceinline__ void b2a_wgmma_item(const ChunkedArgs& a, int64_t c, 
 }
 
 // One item per block: grid (chunks, HV).
-template <typename T, int KMAX, bool kEarlyPairs = false>
+template <typename T, int KMAX>
 __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / KMAX)
     chunk_grads_state_wgmma_kernel(ChunkedArgs a) {
   extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -312,8 +308,9 @@ __global__ void __launch_bounds__(GradsStateWgmmaSmem<T, KMAX>::kThreads, 256 / 
   const uint32_t smem_raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
   unsigned char* const smem = smem_dyn + ((1024 - (smem_raw_s & 1023)) & 1023);
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  b2a_wgmma_issue<T, KMAX>(a, blockIdx.x, blockIdx.y, smem);
-  b2a_wgmma_item<T, KMAX, kEarlyPairs>(a, blockIdx.x, blockIdx.y, smem, smem_s);
+  const ChunkInfo ci = chunk_info(a, blockIdx.x);
+  b2a_wgmma_issue<T, KMAX>(a, ci, blockIdx.x, blockIdx.y, smem);
+  b2a_wgmma_item<T, KMAX>(a, ci, blockIdx.x, blockIdx.y, smem, smem_s);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_local2_kernel(C
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const ChunkInfo ci = a.chunks[c];
+  const ChunkInfo ci = chunk_info(a, c);
   const int L = ci.len, tid = threadIdx.x, rs = (tid / 32) % 4, n0 = 32 * (tid / 128);
   const int64_t row0 = chunk_row0(ci, a.T), V = a.V, K = a.K, HV = a.HV, HVV = a.HV * a.V;
   const float scale = a.scale;

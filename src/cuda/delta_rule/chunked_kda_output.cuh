@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kChunkThreads, kSingle ? 4 : 1) kda_output_ker
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kOutputCols;
-  const ChunkInfo ci = a.chunks[c];
+  const ChunkInfo ci = chunk_info(a, c);
   const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);
 

@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) kda_prepare_compact_kernel(C
   constexpr int C = kChunkSize, LDG = S::LDG, LDK = S::LDK, LDA = S::LDA, LDM = S::LDM, LDU = S::LDU;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
-  const ChunkInfo ci = a.chunks[blockIdx.x];
+  const ChunkInfo ci = chunk_info(a, blockIdx.x);
   const int64_t hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int L = ci.len, tid = threadIdx.x, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
   extern __shared__ __align__(16) unsigned char smem_raw[];
   S sm(smem_raw);
   const int64_t c = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
-  const ChunkInfo ci = a.chunks[c];
+  const ChunkInfo ci = chunk_info(a, c);
   const int L = ci.len, tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
   const int64_t row0 = chunk_row0(ci, a.T);
   const int ldv = S::ldv(a.V);

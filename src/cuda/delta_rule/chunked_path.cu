@@ -141,6 +141,7 @@ ChunkedArgs forward_args(const DeltaRuleParams& p, const DeltaRuleProblem& pr, c
   a.seq_first_chunk = first;
   a.num_chunks = cs.num_chunks;
   a.num_seqs = pr.num_seqs;
+  a.uniform_chunks = cs.plan.uniform_chunks;
   a.G = cs.n.G ? buf.take<float>(4 * cs.n.G) : nullptr;
   a.colscale = cs.colscale_elems ? buf.take<float>(4 * cs.colscale_elems) : nullptr;
   if (!stage1_colscale_wanted()) a.colscale = nullptr;  // (its space stays taken: the same scratch size)

@@ -25,6 +25,8 @@ ChunkPlanHost make_chunk_plan(int64_t B, int64_t T, const std::vector<int64_t>& 
       add_sequence(0, cu_seqlens[n], cu_seqlens[n + 1] - cu_seqlens[n]);
   }
   p.seq_first_chunk.push_back(static_cast<int64_t>(p.chunks.size()));
+  if (cu_seqlens.empty() && T > 0 && static_cast<int64_t>(p.chunks.size()) < (int64_t{1} << 31))
+    p.uniform_chunks = (T + kChunkSize - 1) / kChunkSize;
   return p;
 }
 

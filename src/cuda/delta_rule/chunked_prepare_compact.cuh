@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     bn = 0.f;
     if (item < items) {
       const int64_t hv = item % a.HV, head = hv / (a.HV / a.H);
-      const ChunkInfo ci = a.chunks[item / a.HV];
+      const ChunkInfo ci = chunk_info(a, item / a.HV);
       rows_async<T>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
       if (tid < ci.len) {
         const int64_t tok = ci.t0 + tid;
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
   };
   auto issue_v = [&](int64_t item) {
     if (item < items) {
-      const ChunkInfo ci = a.chunks[item / a.HV];
+      const ChunkInfo ci = chunk_info(a, item / a.HV);
       rows_async<T>(a.v, ci, item % a.HV, static_cast<int>(a.V), v_vec, sm.v, ldv);
     }
     mma::cp_async_commit();
@@ -478,7 +478,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
   issue_v(blockIdx.x);
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x, s ^= 1) {
     const int64_t hv = item % a.HV;
-    const ChunkInfo ci = a.chunks[item / a.HV];
+    const ChunkInfo ci = chunk_info(a, item / a.HV);
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
     const T* ks = sm.k(s);

@@ -67,6 +67,10 @@ struct ChunkPlanHost {
   std::vector<ChunkInfo> chunks;
   std::vector<int64_t> seq_first_chunk;  // [N + 1]
   std::vector<int64_t> seq_b, seq_t0, seq_len;  // [N]
+  // Chunks per sequence when every sequence is a whole batch row (no cu_seqlens, T > 0, fewer than
+  // 2^31 chunks): chunk c is then chunk c % n of batch row c / n, and kernels compute its entry
+  // (chunk_info, chunked_rows.cuh) instead of reading it. 0 otherwise (varlen): they read `chunks`.
+  int64_t uniform_chunks = 0;
 };
 
 // From the padded length T and batch B, or (when `cu_seqlens` is non-empty, B == 1) the host
@@ -82,6 +86,7 @@ struct ChunkedArgs {
   const ChunkInfo* chunks = nullptr;
   const int64_t* seq_first_chunk = nullptr;  // [N + 1]
   int64_t num_chunks = 0, num_seqs = 0;
+  int64_t uniform_chunks = 0;  // the plan's (ChunkPlanHost::uniform_chunks); 0: read `chunks`
   // Intermediates (layouts in the header comment), on the device.
   float* G = nullptr;
   // [rows, HV] (GDN / plain rule; null for KDA): colscale_j = exp(G_{L-1} - G_j) rstd_kj of row j of its

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_state_backward_kernel(Chu
 
   const T* w = static_cast<const T*>(a.w);
   for (int64_t c = a.seq_first_chunk[n + 1] - 1; c >= a.seq_first_chunk[n]; --c) {
-    const ChunkInfo ci = a.chunks[c];
+    const ChunkInfo ci = chunk_info(a, c);
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
 

@@ -24,6 +24,7 @@
 #include "emulator.h"
 #include "emulator_sm90.h"
 
+#include <cstdlib>
 #include <memory>
 
 #include "cuda/delta_rule/chunked_prepare_compact.cuh"
@@ -172,6 +173,17 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   a.beta = vw(bb, {B, T, HV}); a.h0 = vw(bh0, {N, HV, K, V});
   if (!states) a.h0 = dr::View{}; a.o = vw(bo, {B, T, HV, V}); a.ht = vw(bht, {N, HV, K, V});
   a.chunks = plan.chunks.data(); a.seq_first_chunk = plan.seq_first_chunk.data(); a.num_chunks = NC; a.num_seqs = N;
+  a.uniform_chunks = plan.uniform_chunks;  // (as the path: the kernels compute the entries of uniform batches)
+  a.T = T;
+  for (int64_t c = 0; c < NC; ++c) {  // the computed entries are the plan's
+    const dr::ChunkInfo e = dr::chunk_info(a, c), &p = plan.chunks[c];
+    if (e.b != p.b || e.t0 != p.t0 || e.seq != p.seq || e.len != p.len) {
+      std::printf("  FAIL chunk_info(%lld) = {%lld, %lld, %lld, %d}, plan {%lld, %lld, %lld, %d}\n", (long long)c,
+                  (long long)e.b, (long long)e.t0, (long long)e.seq, e.len, (long long)p.b, (long long)p.t0,
+                  (long long)p.seq, p.len);
+      std::exit(1);
+    }
+  }
   a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
   // Stage 1's row scales for stage 2 and B1, as the path passes them (FLASHGRAD_EMU_NO_COLSCALE=1: not
   // given, so the kernels form k's norms themselves, as before session 16).
@@ -442,11 +454,9 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     if (HV % 2 == 0 && dr::split_grads_paired_wanted()) {
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_state_kernel<TT, KM, 2>(a); }, 512);
       launch(NC, HV / 2, 1, [&] { dr::chunk_grads_local_kernel<TT, KM, 2>(a); }, 512);
-    } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, v6 since session 12, where V == K)
+    } else {  // the launcher's variant (chunked_grads_split_variants.cuh: the default, wg since session 19, where V == K)
       const dr::SplitVariant sv = V == K ? dr::split_variant() : dr::SplitVariant::kV1;
-      if (sv == dr::SplitVariant::kWg || sv == dr::SplitVariant::kWgEarly)
-        std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)%s\n",
-                    sv == dr::SplitVariant::kWgEarly ? ", q / k pairs loaded early" : "");
+      if (sv == dr::SplitVariant::kWg) std::printf("  split B2: B2a on wgmma (chunked_grads_state_wgmma.cuh)\n");
       dr::for_split_kernels<TT, KM>(sv, [&](auto kernel, int64_t, int threads) {
         launch(NC, HV, 1, [&] { kernel(a); }, threads);
       });

@@ -213,7 +213,7 @@ int run(const Case& c) {
   a.g = vw(bg, {B, T, HV, K}), a.beta = vw(bb, {B, T, HV}), a.h0 = vw(bh0, {N, HV, K, V});
   a.o = vw(bo, {B, T, HV, V}), a.ht = vw(bht, {N, HV, K, V});
   a.chunks = plan.chunks.data(), a.seq_first_chunk = plan.seq_first_chunk.data();
-  a.num_chunks = NC, a.num_seqs = N;
+  a.num_chunks = NC, a.num_seqs = N, a.uniform_chunks = plan.uniform_chunks;
   a.G = G.f(), a.A = A.f(), a.w = w.p(), a.u = u.f(), a.v_new = vn.p(), a.h = hh.f();
   a.T = T, a.H = H, a.HV = HV, a.K = K, a.V = V, a.scale = 1.0f / std::sqrt(float(K)), a.l2norm = c.l2norm;
   a.dout = vw(bdo, {B, T, HV, V}), a.dht = vw(bdht, {N, HV, K, V}), a.dh0 = vw(bdh0, {N, HV, K, V});
