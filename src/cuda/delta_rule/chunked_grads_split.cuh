@@ -534,9 +534,10 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   using S = GradsLocalSmem<T, KMAX, kV11 ? 32 : 16>;
   constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
-  // kV11: B2a's dq part loaded at mid's end; kVersion 6: the row norms after pass 1's first products.
+  // kV11: B2a's dq part loaded at mid's end; kVersion 6: the row norms after pass 1's second slice (q, k in their own copy group).
   constexpr bool kEarlyDqState = kV11, kLateNorms = kVersion == 6;
   static_assert(8 * S::kSliceTile <= S::kRegion, "two slice stages");
+  static_assert(!kLateNorms || KMAX / 32 >= 2, "kLateNorms: the row norms at slice 1");
   static_assert(NKH % 2 == 0, "K = 64 or 128");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int item = kItems == 1 ? 0 : static_cast<int>(threadIdx.x >> 8);
@@ -609,8 +610,9 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   };
 
   // Rows' L2-norm factors (and their inverses) of q and k into shared memory: in the prologue, or with
-  // kLateNorms after pass 1's first products, so that their shared loads and shuffles wait beside those
-  // mmas (ncu, v4: 8.5% of the stall samples at the prologue's norms).
+  // kLateNorms after pass 1's second slice's products (the first's until session 20, when q and k moved
+  // to their own copy group), so that their shared loads and shuffles wait beside those mmas (ncu, v4:
+  // 8.5% of the stall samples at the prologue's norms).
   auto row_norms = [&]() {
     const float rq = row_rstd<T, KMAX>(sm.q, LDK, a.l2norm, tid);
     const float rk = row_rstd<T, KMAX>(sm.k, LDK, a.l2norm, tid);
@@ -641,23 +643,45 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     const int lr = tid & (C - 1), lwhich = tid / C;  // row lr's G (lwhich 0), beta (1), dG (2); 3: none
     const bool lr_ok = lr < L;
     float lval = 0.f;
+    // beta stored in T: converted after the copies (ptxas kept a conversion beside its load, in the
+    // load's branch, so the warp waited for the load there: run 20.2's ncu, 1.1 % of the samples).
+    T lbeta16 = from_f<T>(0.f);
+    bool lbeta_is16 = false;
     if (lwhich == 0) {
       if (a.G && lr_ok) lval = a.G[(row0 + lr) * HV + hv];
     } else if (lwhich == 1) {
-      if (lr_ok) lval = load_elem<T>(a.beta, off3(a.beta, ci.b, ci.t0 + lr, hv));
+      if (lr_ok) {
+        const int64_t off = off3(a.beta, ci.b, ci.t0 + lr, hv);
+        if (a.beta.f32) {
+          lval = static_cast<const float*>(a.beta.p)[off];
+        } else {
+          lbeta16 = static_cast<const T*>(a.beta.p)[off];
+          lbeta_is16 = true;
+        }
+      }
     } else if (lwhich == 2) {
       if (a.dG_state && lr_ok) lval = a.dG_state[(row0 + lr) * HV + hv];
     }
+    // kLateNorms: q and k in a second cp.async group, first read by the row norms at slice 1, so the
+    // prologue's wait covers dw, slice 0 and A only (48 of 80 KiB at K = 128). dw stays in the first:
+    // pass 1 writes dv's first columns from slice 0 on.
     if (kV11) {
-      tile_rows_async<T, KMAX>(view_rows(a.q, head), a.q.s1, L, sm.q, tid);
-      tile_rows_async<T, KMAX>(view_rows(a.k, head), a.k.s1, L, sm.k, tid);
+      if constexpr (!kLateNorms) {
+        tile_rows_async<T, KMAX>(view_rows(a.q, head), a.q.s1, L, sm.q, tid);
+        tile_rows_async<T, KMAX>(view_rows(a.k, head), a.k.s1, L, sm.k, tid);
+      }
       tile_rows_async<T, KMAX>(view_rows(a.dv_out, hv), a.dv_out.s1, L, sm.dw, tid);
     } else {
       rows16_async<T>(a.q, ci, head, KMAX, sm.q, LDK, tid);
       rows16_async<T>(a.k, ci, head, KMAX, sm.k, LDK, tid);
       rows16_async<T>(a.dv_out, ci, hv, KMAX, sm.dw, LDK, tid);
     }
-    issue_slice(0, 0);
+    issue_slice(0, 0);  // (commits the group)
+    if constexpr (kLateNorms) {
+      tile_rows_async<T, KMAX>(view_rows(a.q, head), a.q.s1, L, sm.q, tid);
+      tile_rows_async<T, KMAX>(view_rows(a.k, head), a.k.s1, L, sm.k, tid);
+      mma::cp_async_commit();
+    }
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
@@ -672,11 +696,14 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       sm.G[lr] = lval;
       sm.eG[lr] = expf(lval);
     } else if (lwhich == 1) {
-      sm.beta[lr] = lval;
+      sm.beta[lr] = lbeta_is16 ? to_f<T>(lbeta16) : lval;
     } else if (lwhich == 2) {
       sm.dG[lr] = lval;  // B2a's dG terms (added last)
     }
-    mma::cp_async_wait<0>();
+    if constexpr (kLateNorms)
+      mma::cp_async_wait<1>();  // (q, k may still be in flight)
+    else
+      mma::cp_async_wait<0>();
     __syncthreads();  // (also: dw is in shared memory before any thread writes dv)
     if constexpr (!kLateNorms) row_norms();
     // (first read after pass 1's barriers)
@@ -744,8 +771,10 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   for (int s = 0; s < NS; ++s) {
     const int b = s & 1;
     const int64_t col0 = static_cast<int64_t>(s) * VS;
-    mma::cp_async_wait<0>();
-    __syncthreads();  // slice s landed; every warp is done with stage b ^ 1
+    if (s > 0) {  // (slice 0: the prologue's wait and barrier; stage 1 is not read before slice 0's issue)
+      mma::cp_async_wait<0>();
+      __syncthreads();  // slice s landed (kLateNorms, s = 1: q and k too); every warp is done with stage b ^ 1
+    }
     if (s + 1 < NS) issue_slice(s + 1, b ^ 1);
     const T* sdo = sm.slice(b, 0);
     const T* svn = sm.slice(b, 1);
@@ -754,7 +783,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     if constexpr (VS == 32) {
       pass1_wide(sdo, svn, sv, sdv, col0);
       if constexpr (kLateNorms)
-        if (s == 0) row_norms();
+        if (s == 1) row_norms();  // (q, k landed at slice 1's wait)
       continue;
     }
     {
