@@ -78,7 +78,10 @@ __device__ __forceinline__ void for_each_value_row(const View& x, const ChunkInf
 // as make_chunk_plan lays them out: batch row (and sequence) b = c / n, chunk i = c % n of it starting
 // at token 64 i, length min(64, T - 64 i) (32-bit: the plan sets n only below 2^31 chunks). Else read
 // from the plan. Reading it is a global round trip before a block's first address (ncu, run 20.1:
-// 4.2 % of B2a's and 1.6 % of B2b's stall samples on that first use).
+// 4.2 % of B2a's and 1.6 % of B2b's stall samples on that first use); computing it costs ~80
+// instructions per warp of 64-bit index math. Measured (run 20.2): part of B2b's prologue gain, B2a on
+// wgmma unchanged, the mma.sync B2a 6 % slower (so it reads the plan); the serial chains read their
+// entries a chunk or two ahead instead.
 __device__ __forceinline__ ChunkInfo chunk_info(const ChunkedArgs& a, int64_t c) {
   if (a.uniform_chunks > 0) {
     const uint32_t n = static_cast<uint32_t>(a.uniform_chunks), cc = static_cast<uint32_t>(c);
