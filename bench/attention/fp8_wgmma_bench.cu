@@ -12,8 +12,7 @@
 //   FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=0, the defaults before session 6),
 //   pp (ov with FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1), s (FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1), spp
 //   (both), o (ov with FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1: not the recipe's two-level P V), opp (o
-//   and ping-pong), e (ov with FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1: a quarter of the exponentials on
-//   the FMA pipe), w4 (ov with FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: session 4's default, its
+//   and ping-pong), w4 (ov with FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: session 4's default, its
 //   instruction stream before session 5 cut the consumer loop), wspin (w with
 //   FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: the producer spinning in its empty-slot waits, as
 //   session 4's did), pv (ov with FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1: hd 256's P V chunks
@@ -23,7 +22,8 @@
 //   ppst (pp and st), es (ov with FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S=1: hd 64 / 128 issue S(j+1)
 //   before folding P(j-1) V(j-1); hd 256 as ov), espp / esst / esppst (es with pp / st / both), wst
 //   (w with FLASHGRAD_ATTN_FP8_WGMMA_STAGGER=1: the staggered start at hd 256 too); each
-//   timed in the order given (a turn-taking bug would trap and end the process).
+//   timed in the order given (a turn-taking bug would trap and end the process). (e, the polynomial
+//   exp2, went with the kernel's kPolyExp, retired in session 20.)
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -128,8 +128,8 @@ void set_switch(const std::string& variant) {
   // Every switch unset (the library's defaults: "w"), then the variant's own; the schedule variants
   // set SERIAL either way, since its default differs by head dim.
   for (const char* name : {"FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG", "FLASHGRAD_ATTN_FP8_WGMMA_SERIAL",
-                           "FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP",
-                           "FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP",
+                           "FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "FLASHGRAD_ATTN_FP8_WGMMA_LEAN",
+                           "FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP",
                            "FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE", "FLASHGRAD_ATTN_FP8_WGMMA_STAGGER",
                            "FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S"})
     unsetenv(name);
@@ -145,11 +145,10 @@ void set_switch(const std::string& variant) {
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_STAGGER", "0", 1);
   if (es) setenv("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", "1", 1);
   if (variant == "s" || variant == "spp" || variant == "spv") setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "1", 1);
-  if (variant == "ov" || variant == "pp" || variant == "o" || variant == "opp" || variant == "e" || variant == "w4" ||
-      variant == "pv" || rest == "st" || rest == "ppst" || es)
+  if (variant == "ov" || variant == "pp" || variant == "o" || variant == "opp" || variant == "w4" || variant == "pv" ||
+      rest == "st" || rest == "ppst" || es)
     setenv("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", "0", 1);
   if (variant == "o" || variant == "opp") setenv("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", "1", 1);
-  if (variant == "e") setenv("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", "1", 1);
   if (variant == "w4") setenv("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", "0", 1);
   if (variant == "wspin") setenv("FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP", "0", 1);
   if (variant == "pv" || variant == "spv")
@@ -244,7 +243,7 @@ int main(int argc, char** argv) {
   int mask_only = -1;  // -1 both, 0 none, 1 causal
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "e" || a == "w4" || a == "wspin" ||
+    if (a == "w" || a == "pp" || a == "s" || a == "spp" || a == "o" || a == "opp" || a == "w4" || a == "wspin" ||
         a == "pv" || a == "ov" || a == "spv" || a == "st" || a == "ppst" || a == "es" || a == "espp" || a == "esst" ||
         a == "esppst" || a == "wst")
       variants.push_back(a);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # fp8fwd (issue 7): the FP8 (e4m3) attention forward at head dim 128 (870 TFLOP/s against the 1.0 PFLOP/s
 # target). Session 12: kSpecMax (SPEC_MAX=1, slower), kEarlyTest (the default since run 12.3), kExpTurn
-# (EXP_TURN=1, slower). Session 13 (helper fp8fwd2): kIntMax, the full tiles' row max from the scores'
-# bit patterns with 3-input integer maxima (VIMNMX3), same numerics: run 13.2 (second version, one vote
+# (EXP_TURN=1, slower); kSpecMax and kExpTurn were retired in session 20 (their switches are no longer
+# read). Session 13 (helper fp8fwd2): kIntMax, the full tiles' row max from the scores' bit patterns
+# with 3-input integer maxima (VIMNMX3), same numerics: run 13.2 (second version, one vote
 # per block) +3.7 % at hd 128 (892 vs 860), +2.7 % hd 64, +1.3 % hd 256, output bitwise the default's,
 # AttentionFp8Gpu.* passed -> the default from run 13.3 on (all three head dims);
 # FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX=0 keeps the float row max. Here, for the final run 13.3 (~60 s):

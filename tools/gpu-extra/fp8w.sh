@@ -8,8 +8,8 @@
 #      recipe's emulation) with the forward on the wgmma kernel (hd 64 too, by default since session 6);
 #   3. AttentionFp8Gpu.* again for each variant (s: FLASHGRAD_ATTN_FP8_WGMMA_SERIAL=1, spp: with
 #      FLASHGRAD_ATTN_FP8_WGMMA_PINGPONG=1 too, o: FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL=1 (P V
-#      accumulated in the tensor cores: what the two-level accumulation costs), e:
-#      FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP=1 (a quarter of the exponentials on the FMA pipe));
+#      accumulated in the tensor cores: what the two-level accumulation costs); e, the polynomial exp2
+#      (POLY_EXP), was retired in session 20);
 #   4. bench/attention/fp8_wgmma_bench.cu (built here against build-gpu's libflashgrad.a): forward
 #      TFLOP/s of the mma.sync FP8 kernel, the wgmma FP8 kernel and bf16, B2 H16 S8192, hd 128 / 256 / 64,
 #      causal and not, in one process (the switch is read per call), plus the two FP8 kernels'
@@ -83,16 +83,16 @@ bench_variants="w"
 # before and are benched without testing them again.
 for v in esst wst; do
   [ -n "$tests" ] && [ "$(left)" -gt 60 ] || break
-  pp=0; serial=0; one=0; poly=0; pvpipe=0; stagger=0; early=0
-  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; e) poly=1 ;; pv) pvpipe=1 ;;
+  pp=0; serial=0; one=0; pvpipe=0; stagger=0; early=0
+  case $v in pp) pp=1 ;; s) serial=1 ;; spp) pp=1; serial=1 ;; o) one=1 ;; opp) pp=1; one=1 ;; pv) pvpipe=1 ;;
     spv) serial=1; pvpipe=1 ;; st) stagger=1 ;; ppst) pp=1; stagger=1 ;; es) early=1 ;; esppst) early=1; pp=1; stagger=1 ;;
     esst) early=1; stagger=1 ;; wst) serial=-; pvpipe=-; stagger=1 ;; esac
   # "-": the library's default for that switch (unset)
   envs=()
-  for kv in PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe STAGGER=$stagger EARLY_S=$early; do
+  for kv in PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one PV_PIPE=$pvpipe STAGGER=$stagger EARLY_S=$early; do
     [ "${kv#*=}" = "-" ] || envs+=("FLASHGRAD_ATTN_FP8_WGMMA_$kv")
   done
-  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one POLY_EXP=$poly PV_PIPE=$pvpipe STAGGER=$stagger EARLY_S=$early)"
+  echo "== fp8w: AttentionFp8Gpu.* with variant $v (PINGPONG=$pp SERIAL=$serial ONE_LEVEL=$one PV_PIPE=$pvpipe STAGGER=$stagger EARLY_S=$early)"
   env FLASHGRAD_ATTN_FP8_FORWARD=wgmma "${envs[@]}" \
     timeout -k 3 15 "$tests" --gtest_filter="$sub_filter" \
     > "$OUT/extra/fp8w_${v}_tests.log" 2>&1

@@ -35,13 +35,12 @@ void launch_transpose(const Fp8KernelParams& f, cudaStream_t stream) {
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false,
-          bool kEarlyTest = false, bool kExpTurn = false, bool kIntMax = false>
+template <int D, bool kPingpong, int kSchedule, bool kLean = true, bool kEarlyTest = false, bool kIntMax = false>
 void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mvt, const Fp8KernelParams& f,
                    const Fp8wMapAxes& axes, int mblocks, int64_t tiles, cudaStream_t stream) {
   using Cfg = Fp8wForwardConfig<D, kSchedule>;
-  auto kernel = cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax,
-                                                                   kEarlyTest, kExpTurn, kIntMax>;
+  auto kernel =
+      cuda_attn::fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kLean, kEarlyTest, kIntMax>;
   FLASHGRAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<dim3(static_cast<unsigned>(tiles)), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mq, mk, mvt, f, axes,
                                                                                          mblocks);
@@ -63,7 +62,6 @@ void launch_kernel(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorM
 constexpr bool kHd64ByDefault = true;
 template <int D>
 constexpr bool kPingpongByDefault = false;
-constexpr bool kPolyExpByDefault = false;
 // Session 6, H200 run 6.3 (B2 H16 S8192, TFLOP/s none / causal): the staggered start (bench st,
 // overlapped schedule) hd 128 829 / 666 against 804 / 651 (overlapped, in step), hd 64 506 / 404
 // against serial 484 / 387 -> on at hd 64 / 128 (hd 64 now overlapped). kEarlyS alone was slower (749
@@ -83,19 +81,12 @@ constexpr int kScheduleByDefault = D == 256 ? cuda_attn::fp8w::kSerial : cuda_at
 // they were slower in run 6.1: 838 against 857); PV_PIPE=1 / 0 overrides it for either schedule.
 template <int D>
 constexpr bool kPvPipeByDefault = D == 256;
-// Session 12 (opt-in until an H200 run has tested and timed it): the full tiles' softmax with the
-// exponentials issued before the block's row max is known (the kernel's kSpecMax, same numerics),
-// in the default schedules only (hd 64 / 128 kEarlyS, hd 256 kSerialPvPipe, without ping-pong).
-constexpr bool kSpecMaxByDefault = false;
 // Session 12: kEarlyS's loop-top data waits tested a round ahead (the kernel's kEarlyTest), hd 64 / 128
 // without ping-pong. H200 run 12.2 (same process, B2 H16 S8192, TFLOP/s none / causal): hd 128 868 /
 // 680 against 838 / 659, hd 64 543 / 421 against 516 / 408, output bitwise the same, AttentionFp8Gpu.*
 // passed with it -> the default since run 12.3; FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST=0 keeps the kEarlyS
 // loop as before.
 constexpr bool kEarlyTestByDefault = true;
-// Session 12 (opt-in): kEarlyS with the two warpgroups' exponentials in turns (the kernel's kExpTurn),
-// hd 64 / 128 without ping-pong.
-constexpr bool kExpTurnByDefault = false;
 // Session 13: the full tiles' row max from the scores' bit patterns with 3-input integer maxima (the
 // kernel's kIntMax, same numerics), in the default schedules (hd 64 / 128 kEarlyS with kEarlyTest,
 // hd 256 kSerialPvPipe). H200 run 13.1, first version (a vote and a branch per row): hd 128 797 / 646
@@ -105,6 +96,11 @@ constexpr bool kExpTurnByDefault = false;
 // output bitwise the default's, AttentionFp8Gpu.* passed with it -> the default from run 13.3 on
 // (lead's OK); FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX=0 keeps the float row max.
 constexpr bool kIntMaxByDefault = true;
+// Retired in session 20: opt-in variants that no default used and that the H200 timed slower
+// (docs/perf/attention_fp8_wgmma.md), the polynomial exp2 (POLY_EXP; session 5, run 4: -13 % at
+// hd 128), the row max taken off the exponentials' path (SPEC_MAX, kSpecMax; run 12.1: -7 %) and
+// the warpgroups' exponentials in turns (EXP_TURN, kExpTurn; run 12.3: -14 %). Their switches are
+// no longer read.
 
 // 1 or 0 when the switch says "1" or "0", else `fallback`.
 bool env_switch(const char* name, bool fallback) {
@@ -118,11 +114,10 @@ bool env_switch(const char* name, bool fallback) {
 // FLASHGRAD_ATTN_FP8_WGMMA_SERIAL: no overlap inside a warpgroup (S, softmax, P V in sequence;
 // 128-key blocks at D = 256); FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL (unless SERIAL): O accumulated in
 // the tensor cores across key blocks -- not the recipe's numerics, for measuring what the two-level
-// accumulation costs (Fp8wSchedule); FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP: a quarter of the
-// exponentials on the FMA pipe (overlapped schedule without ping-pong only);
-// FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: the overlapped schedule without ping-pong on session 4's
-// instruction stream (the kernel's kLean = false: same products and numerics, the consumer loop
-// before session 5 cut its instruction count), to time old against new in one process;
+// accumulation costs (Fp8wSchedule); FLASHGRAD_ATTN_FP8_WGMMA_LEAN=0: the overlapped schedule
+// without ping-pong on session 4's instruction stream (the kernel's kLean = false: same products and
+// numerics, the consumer loop before session 5 cut its instruction count), to time old against new
+// in one process;
 // FLASHGRAD_ATTN_FP8_WGMMA_PRODUCER_SLEEP=0: the producer spins in its empty-slot waits (session 4)
 // instead of sleeping in them (Fp8wMapAxes::producer_sleep; with kLean only);
 // FLASHGRAD_ATTN_FP8_WGMMA_PV_PIPE=1 (hd 256, without ping-pong): P V in chunks through two
@@ -140,31 +135,18 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
   const bool serial = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_SERIAL", kScheduleByDefault<D> == kSerial);
   const bool one_level = env_switch("FLASHGRAD_ATTN_FP8_WGMMA_ONE_LEVEL", kScheduleByDefault<D> == kOneLevel);
   const int schedule = serial ? kSerial : one_level ? kOneLevel : kOverlap;
-  if (schedule == kOverlap && !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_POLY_EXP", kPolyExpByDefault))
-    // On session 4's instruction stream: with kLean the polynomial's registers spill 44 bytes at hd 128.
-    return launch_kernel<D, false, kOverlap, true, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
   if (schedule == kOverlap && !pingpong && !env_switch("FLASHGRAD_ATTN_FP8_WGMMA_LEAN", true))
-    return launch_kernel<D, false, kOverlap, false, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
-  // FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX=1 (session 12): kSpecMax in the default schedules (below).
-  const bool spec_max = !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_SPEC_MAX", kSpecMaxByDefault);
-  // FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX (session 13; default on): kIntMax in the default schedules (below;
-  // kSpecMax, which replaces the same row max, wins where both are set).
-  const bool int_max = !pingpong && !spec_max && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX", kIntMaxByDefault);
+    return launch_kernel<D, false, kOverlap, false>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
+  // FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX (session 13; default on): kIntMax in the default schedules (below).
+  const bool int_max = !pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_INT_MAX", kIntMaxByDefault);
   if constexpr (D <= 128)
     if (schedule == kOverlap && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_S", kEarlySByDefault<D>)) {
-      if (spec_max)
-        return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, true>(mq, mk, mvt, f, axes, mblocks,
-                                                                                   tiles, stream);
-      // FLASHGRAD_ATTN_FP8_WGMMA_EXP_TURN=1 (session 12): kExpTurn.
-      if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EXP_TURN", kExpTurnByDefault))
-        return launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, false, true>(
-            mq, mk, mvt, f, axes, mblocks, tiles, stream);
-      // FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST=1 (session 12): kEarlyTest.
+      // FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST (session 12; default on): kEarlyTest.
       if (!pingpong && env_switch("FLASHGRAD_ATTN_FP8_WGMMA_EARLY_TEST", kEarlyTestByDefault))
-        return int_max ? launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, true, false, true>(
-                             mq, mk, mvt, f, axes, mblocks, tiles, stream)
-                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, false, true, false, true>(
-                             mq, mk, mvt, f, axes, mblocks, tiles, stream);
+        return int_max ? launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, true, true, true>(mq, mk, mvt, f, axes,
+                                                                                            mblocks, tiles, stream)
+                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS, true, true>(mq, mk, mvt, f, axes, mblocks,
+                                                                                      tiles, stream);
       return pingpong ? launch_kernel<D, true, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
                       : launch_kernel<D, false, cuda_attn::fp8w::kEarlyS>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
     }
@@ -173,12 +155,10 @@ void launch_variant(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
       if (schedule == kOverlap)
         return launch_kernel<D, false, cuda_attn::fp8w::kOverlapPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles, stream);
       if (schedule == kSerial)
-        return spec_max  ? launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe, false, true, true>(
-                               mq, mk, mvt, f, axes, mblocks, tiles, stream)
-               : int_max ? launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe, false, true, false, false, false,
-                                         true>(mq, mk, mvt, f, axes, mblocks, tiles, stream)
-                         : launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe>(mq, mk, mvt, f, axes, mblocks,
-                                                                                  tiles, stream);
+        return int_max ? launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe, true, false, true>(
+                             mq, mk, mvt, f, axes, mblocks, tiles, stream)
+                       : launch_kernel<D, false, cuda_attn::fp8w::kSerialPvPipe>(mq, mk, mvt, f, axes, mblocks, tiles,
+                                                                                stream);
     }
   if (schedule == kSerial)
     pingpong ? launch_kernel<D, true, kSerial>(mq, mk, mvt, f, axes, mblocks, tiles, stream)

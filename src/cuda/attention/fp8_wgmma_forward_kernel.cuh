@@ -156,67 +156,14 @@ __device__ __forceinline__ uint64_t fp8w_qk_desc(uint32_t addr) {
 
 enum Fp8wScoreMode : int { kFp8wFull = 0, kFp8wMasked = 1, kFp8wSoftcap = 2 };
 
-// 2^x on the FMA pipe (FA4's trick, for the kPolyExp variant): x = n + f with n = rint(x) (the
-// 1.5 * 2^23 addition rounds it into the low mantissa bits), 2^f by a degree-3 polynomial on
-// [-0.5, 0.5] (relative error 7.5e-5, fitted here; far below P8's 2^-4 steps and within the l sum's
-// fp32 slack the tests allow), 2^n added to the exponent field. x is clamped at -126 (2^-126 ~ 1e-38
-// stands for 0: P8 rounds it to 0, and a row's l then differs from the exact 0 by 1e-38 per key).
-__device__ __forceinline__ float fp8w_exp2_poly(float x) {
-  x = fmaxf(x, -126.f);
-  const float j = x + 12582912.f;  // 1.5 * 2^23
-  const float f = x - (j - 12582912.f);
-  const float p = fmaf(fmaf(fmaf(0.0551716701f, f, 0.242611148f), f, 0.693260988f), f, 0.999928072f);
-  // bits(j) = 0x4B400000 + n; shifted by 23 only n << 23 remains (mod 2^32).
-  return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
-}
-
 // S (raw q8 k8^T sums) -> 448 p~ = exp2(s log2e - m + log2 448) in place, online-softmax update of
 // this thread's rows g and g + 8; `rescale` = exp2(m_old - m_new) for O. Short path (full tile, no
 // softcap, qk_scale > 0): the scale folds into the exponent. General: s = softcap(S qk_scale),
 // -inf outside the row's key range [lo, hi) (and diag).
-// kPolyExp: every fourth 8-key column group's exponentials on the FMA pipe (fp8w_exp2_poly) instead
-// of MUFU, which the exponentials and the e4m3 conversions share.
 // kLean (session 5, the default; false = session 4's instruction stream, for timing both in one
 // process): the partial max / sum chains start from their first elements instead of -inf / 0
 // (fmaxf(-inf, x) and 0 + x cannot be folded away by the compiler: NaN and -0 semantics), 16
 // instructions fewer per block.
-// Turn (session 12, the kernel's kExpTurn): acquire() before the block's exponentials returns a
-// zero they add to their bases, release(x) after them takes a value computed from all of them; the
-// data dependencies keep the exponentials between the two (ptxas moves register-only instructions
-// across bar.sync / bar.arrive: a first version without them had its MUFUs on both sides of the
-// barriers). Fp8wNoTurn (the default) changes nothing.
-struct Fp8wNoTurn {
-  static constexpr bool kActive = false;
-  __device__ __forceinline__ float acquire() const { return 0.f; }
-  __device__ __forceinline__ void release(float) const {}
-};
-
-// The kernel's kExpTurn: consumer warpgroup 1 (cw 0) acquires on named barrier 4 and hands over on
-// 5, warpgroup 2 the other way round. acquire(): bar.sync, then a volatile read of a shared word that
-// holds 0 (a shared load does not move above a barrier). release(x): bar.arrive under a condition on
-// x that always holds (x's bits are never those of the NaN 0x7fc00001: the FP32 units return the
-// canonical NaN 0x7fffffff), so the arrive waits for x.
-struct Fp8wExpTurn {
-  int cw;
-  const volatile float* zero;
-  static constexpr bool kActive = true;
-  __device__ __forceinline__ float acquire() const {
-    if (cw == 0)
-      sm90::named_barrier_sync_id<4>(256);
-    else
-      sm90::named_barrier_sync_id<5>(256);
-    return *zero;
-  }
-  __device__ __forceinline__ void release(float x) const {
-    if (__float_as_int(x) != 0x7fc00001) {
-      if (cw == 0)
-        sm90::named_barrier_arrive_id<5>(256);
-      else
-        sm90::named_barrier_arrive_id<4>(256);
-    }
-  }
-};
-
 // kIntMax (session 13; full tiles of the short path): the max over the quad of row r's scores in the
 // block (r = 0: row g, r = 1: row g + 8; unscaled), from the scores' bit patterns read as int32, with
 // 3-input integer maxima (sm90::max3_bits: VIMNMX3): 16 instructions per thread and row where the
@@ -254,12 +201,10 @@ __device__ __forceinline__ bool fp8w_int_max_ok(const float (&row_max)[2]) {
   return __all_sync(0xffffffffu, (__float_as_int(row_max[0]) | __float_as_int(row_max[1])) >= 0);
 }
 
-template <int kMode, int BN, bool kPolyExp = false, bool kLean = false, typename Turn = Fp8wNoTurn,
-          bool kIntMax = false>
+template <int kMode, int BN, bool kLean = false, bool kIntMax = false>
 __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
                                                    float (&rescale)[2], const AttentionKernelParams& p,
-                                                   float qk_scale, const MaskView& mask, int row0, int n0, int t,
-                                                   const Turn& turn = Turn{}) {
+                                                   float qk_scale, const MaskView& mask, int row0, int n0, int t) {
   constexpr bool kGeneral = kMode != kFp8wFull;
   const float scale_log2 = qk_scale * kLog2e;
   if constexpr (kGeneral) {
@@ -289,9 +234,6 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     }
   }
   const float mul = kGeneral ? 1.f : scale_log2;
-  // Turn: the exponentials (through their bases) wait for acquire()'s zero, and release() for the
-  // row sums; the max trees may run before the turn (ptxas schedules them as it likes).
-  const float zero = turn.acquire();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     // This thread's max of row r's scores.
@@ -328,18 +270,13 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     const float base = kIntMax && !kGeneral ? mx : mx == -INFINITY ? 0.f : mx;
     rescale[r] = fast_exp2(row_max[r] - base);
     row_max[r] = mx;
-    // P8 = e4m3(448 p~): no multiply per element. (+ zero only with a turn: x + 0.f is not folded.)
-    const float base448 = Turn::kActive ? base - fp8::kLog2E4m3Max + zero : base - fp8::kLog2E4m3Max;
+    // P8 = e4m3(448 p~): no multiply per element.
+    const float base448 = base - fp8::kLog2E4m3Max;
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
-      if (kPolyExp && nt % 4 == 3) {
-        s[4 * nt + 2 * r] = fp8w_exp2_poly(s[4 * nt + 2 * r] * mul - base448);
-        s[4 * nt + 2 * r + 1] = fp8w_exp2_poly(s[4 * nt + 2 * r + 1] * mul - base448);
-      } else {
-        s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base448);
-        s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base448);
-      }
+      s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r] * mul - base448);
+      s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1] * mul - base448);
       if (kLean && nt < 4)
         sum[nt] = s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];  // each chain starts at its first pair
       else
@@ -347,124 +284,6 @@ __device__ __forceinline__ void fp8w_softmax_block(float (&s)[BN / 2], float (&r
     }
     row_sum[r] = row_sum[r] * rescale[r] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
   }
-  turn.release(row_sum[0] + row_sum[1]);
-}
-
-// kSpecMax (session 12; full tiles of the short path only): the same online softmax with the block's
-// row max taken off the path to the exponentials. fp8w_softmax_block finds the row max first (a
-// 5-deep FMNMX tree per thread, two dependent SHFL rounds across the quad, the compare with the
-// running max), and only then starts its 64 exponentials; ncu put ~13 % of the consumer warps' stall
-// samples on that chain (docs/perf/attention_fp8_wgmma.md, session 6). Here the exponentials are
-// issued at once against the running max m (448 p~ = exp2(x), x = s mul - m + log2 448, the same
-// FFMA as fp8w_softmax_block's); the thread's largest x per row is taken beside them, and
-// afterwards, for each of the thread's two rows (r = 0: rows g, r = 1: rows g + 8 of the warp's 16),
-// a vote over the warp tells whether any of the warp's 8 rows saw a score above m. Only then
-// (warp-uniform branch) the quad max gives the new max m' and the row's 32 values are multiplied by
-// c = exp2(m - m'), its sum too, and c is the O rescale, as fp8w_softmax_block computes it
-// (exp2(m - m')). Rows whose max did not rise (c = 1) keep m, and their values, sums and rescale are
-// the same bits fp8w_softmax_block computes; rows whose max rose get exp2(x) exp2(m - m') for
-// exp2(x - (m' - m)): the same number up to the approximate exp2's fp32 rounding, and m' is s mul up
-// to one rounding (a score above m by less than x's rounding, ~1e-6, leaves m as it is: p~ <= 1 +
-// 1e-6). So the recipe (P8 = e4m3(448 p~) with p~ relative to the running max, l of the
-// unquantized p~) is unchanged.
-// Overflow: exp2(s mul - m + log2 448) must stay finite before the correction, and so must the
-// thread's sum of 32 of them: the caller takes this path only while every row of the warp has
-// m >= spec_lim (fp8w_spec_limit: the row's bound on s mul minus 110), so every argument is at most
-// 110 + log2 448 < 119 and a sum of 32 values stays below 2^124.
-// Returns nothing new: row_max, row_sum and rescale as fp8w_softmax_block leaves them.
-template <int BN>
-__device__ __forceinline__ void fp8w_softmax_spec(float (&s)[BN / 2], float (&row_max)[2], float (&row_sum)[2],
-                                                  float (&rescale)[2], float scale_log2) {
-  // The exponents x = s mul - m + log2 448 against the running max m, not yet updated.
-  float base448[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    base448[r] = row_max[r] - fp8::kLog2E4m3Max;
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
-      s[4 * nt + 2 * r] = s[4 * nt + 2 * r] * scale_log2 - base448[r];
-      s[4 * nt + 2 * r + 1] = s[4 * nt + 2 * r + 1] * scale_log2 - base448[r];
-    }
-  }
-  // The thread's largest exponent per row (4 interleaved chains), read before exp2 overwrites them:
-  // each leaf is needed only by its two exponentials, so they can follow it at once.
-  float xmax[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float part[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) part[k] = fmaxf(s[4 * k + 2 * r], s[4 * k + 2 * r + 1]);
-#pragma unroll
-    for (int nt = 4; nt < BN / 8; ++nt)
-      part[nt % 4] = fmaxf(part[nt % 4], fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-    xmax[r] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-  }
-  float sum[2][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
-      s[4 * nt + 2 * r] = fast_exp2(s[4 * nt + 2 * r]);
-      s[4 * nt + 2 * r + 1] = fast_exp2(s[4 * nt + 2 * r + 1]);
-      if (nt < 4)
-        sum[r][nt] = s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
-      else
-        sum[r][nt % 4] += s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float block_sum = (sum[r][0] + sum[r][1]) + (sum[r][2] + sum[r][3]);
-    rescale[r] = 1.f;
-    // A score above m: its exponent above m - base448 (log2 448 up to the rounding of base448).
-    // Warp-uniform branch: quad_max's shuffles need every lane.
-    if (__any_sync(0xffffffffu, xmax[r] > row_max[r] - base448[r])) {
-      // The new max m' = base448 + the row's largest exponent (s mul up to one rounding).
-      const float mx = fmaxf(row_max[r], base448[r] + quad_max(xmax[r]));
-      const float c = fast_exp2(row_max[r] - mx);
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        s[4 * nt + 2 * r] *= c;
-        s[4 * nt + 2 * r + 1] *= c;
-      }
-      block_sum *= c;
-      rescale[r] = c;
-      row_max[r] = mx;
-    }
-    row_sum[r] = row_sum[r] * rescale[r] + block_sum;
-  }
-}
-
-// The smallest running max m of one query row for which fp8w_softmax_spec's exponentials cannot
-// overflow: |S| = |sum_d q8_d k8_d| <= 448 sum_d |q8_d| (|k8| <= 448, e4m3's largest value), so
-// s mul <= bound = 448 |q8|_1 mul, and with m >= bound - 110 every argument s mul - m + log2 448 is
-// at most 110 + 8.81. Each of the 4 threads of a row's quad sums the magnitudes of a quarter of the
-// row's bytes in every panel (the swizzle permutes 16-byte chunks inside a row, so a row's bytes are
-// where they are, in some order); the quad's shuffles add the quarters. |e4m3| is bounded above by
-// its bits read as a normal number: exponent field e, mantissa m -> 2^(e - 7) (1 + m / 8), exact for
-// e > 0, and above the subnormal m 2^-9 for e = 0 (it is 2^-7 (1 + m / 8)); e4m3 NaN (0x7f) reads
-// as 480. q_row: the row's first byte in panel 0 (generic pointer into shared memory).
-template <int kPanels, int kRowBytes, int kPanelBytes>
-__device__ __forceinline__ float fp8w_spec_limit(const unsigned char* q_row, int t4, float scale_log2) {
-  float acc = 0.f;
-#pragma unroll
-  for (int pnl = 0; pnl < kPanels; ++pnl) {
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(q_row + pnl * kPanelBytes + t4 * (kRowBytes / 4));
-#pragma unroll
-    for (int i = 0; i < kRowBytes / 16; ++i) {
-      const uint32_t x = w[i];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        // Byte b without its sign bit, shifted so that its 7 bits land on the fp32 exponent's low 4
-        // bits and the mantissa's top 3; + 120 << 23 rebiases the exponent (127 - 7).
-        const uint32_t bits = ((x >> (8 * b)) & 0x7Fu) << 20;
-        acc += __int_as_float(static_cast<int>(bits + (120u << 23)));
-      }
-    }
-  }
-  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-  return acc * 448.f * scale_log2 - 110.f;
 }
 
 // P8 A registers of k32 step ks from the S accumulators: chunks 4 ks .. 4 ks + 3 (8 keys each) of
@@ -548,16 +367,10 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // hand-over, so every barrier generation completes. The D = 256 chunks after the first are issued
 // outside the turns.
 // kSchedule: see Fp8wForwardConfig; kSerial with kPingpong is FA3's inter-warpgroup schedule alone.
-// kPolyExp: see fp8w_softmax_block.
 // kLean (session 5; default true): the consumer loop's instruction count cut (descriptors built once
 // and advanced by fp8w_desc_add, full key blocks stepped through without classify, ring slot and
 // phase kept incrementally, max / sum chains without -inf / 0 starts); the same products, schedule
 // and numerics. false: session 4's instruction stream, for timing both.
-// kSpecMax (session 12; kLean, no polynomial exp2): full tiles of the short path take
-// fp8w_softmax_spec (the exponentials issued before the block's row max is known) once every row
-// of the warp has a running max at or above its overflow limit (fp8w_spec_limit); the first block,
-// masked and softcapped blocks, and rows below the limit take fp8w_softmax_block as before. Same
-// numerics (see fp8w_softmax_spec).
 // kEarlyTest (session 12; kEarlyS only): the loop top's two data waits (K of the next block, V of
 // this one) and the next block's lookup move a round ahead. ncu of run 12.1 (hd 128 default): the
 // branches after the two SYNCS try_waits hold ~3.5 % of the consumer warps' stall samples (long
@@ -565,21 +378,14 @@ __device__ __forceinline__ Fp8wTile fp8w_tile(const AttentionKernelParams& p, in
 // block another ~1.3 % (uniform-datapath latency), all on the warp's path from its pack to its next
 // S. Here, once S(j+1) is in, the round also finds block j+2 and tests (mbarrier test_wait, which
 // never waits) whether K(j+2) and V(j+1) are in; the next round waits only where a test said no.
-// kExpTurn (session 12; kEarlyS only, without ping-pong): the two consumer warpgroups take turns
-// for their exponentials (named barriers 4 and 5, warpgroup 1 first), so that the two warps of a
-// scheduler never run their MUFU streams at once. Run 12.1's ncu: each warp spends ~540 cycles per
-// block in its own MUFU stream (one MUFU per 8 cycles per scheduler), the S wait holds 1 % of the
-// samples, and a block takes ~2230 cycles, about the two warps' non-MUFU work plus both MUFU streams
-// one after the other: the warpgroups run in step. With the exponentials in turns, one warpgroup's
-// max, fold, pack and loop top run beside the other's exponentials.
-// kIntMax (session 13; kLean, 128-key blocks, without kPolyExp / kSpecMax / kExpTurn): full tiles of
-// the short path take their row max from the scores' bit patterns with 3-input integer maxima
-// (fp8w_block_max_bits: 16 instead of 31 instructions per thread and row) where every running max of
-// the warp is >= 0 (one vote per block, before the softmax: fp8w_int_max_ok), the float tree
-// otherwise (the first block, and rows whose scores were all negative so far). Same numerics (the
-// new max is the same number; see fp8w_block_max_bits).
-template <int D, bool kPingpong, int kSchedule = kOverlap, bool kPolyExp = false, bool kLean = true,
-          bool kSpecMax = false, bool kEarlyTest = false, bool kExpTurn = false, bool kIntMax = false>
+// kIntMax (session 13; kLean, 128-key blocks): full tiles of the short path take their row max from
+// the scores' bit patterns with 3-input integer maxima (fp8w_block_max_bits: 16 instead of 31
+// instructions per thread and row) where every running max of the warp is >= 0 (one vote per block,
+// before the softmax: fp8w_int_max_ok), the float tree otherwise (the first block, and rows whose
+// scores were all negative so far). Same numerics (the new max is the same number; see
+// fp8w_block_max_bits).
+template <int D, bool kPingpong, int kSchedule = kOverlap, bool kLean = true, bool kEarlyTest = false,
+          bool kIntMax = false>
 __global__ void __launch_bounds__(384, 1)
     fp8_attention_forward_wgmma_kernel(const __grid_constant__ CUtensorMap map_q,
                                        const __grid_constant__ CUtensorMap map_k,
@@ -590,9 +396,8 @@ __global__ void __launch_bounds__(384, 1)
   constexpr bool kPipe = Cfg::kPvBuffers == 2;
   constexpr bool kEarly = kSchedule == kEarlyS;
   static_assert(!kEarly || (Cfg::kSub == 1 && Cfg::kPvChunks == 1), "kEarlyS: D = 64 / 128 (one P V chunk per block)");
-  static_assert(!(kExpTurn || kEarlyTest) || (kEarly && !kPingpong && kLean && !kPolyExp),
-                "kExpTurn, kEarlyTest: the kEarlyS schedule without ping-pong");
-  static_assert(!kIntMax || (kLean && !kPolyExp && !kSpecMax && !kExpTurn && Cfg::kBlockN == 128),
+  static_assert(!kEarlyTest || (kEarly && !kPingpong && kLean), "kEarlyTest: the kEarlyS schedule without ping-pong");
+  static_assert(!kIntMax || (kLean && Cfg::kBlockN == 128),
                 "kIntMax: the lean stream's softmax over 128-key blocks");
   const AttentionKernelParams& p = fp.base;
   constexpr int BM = Cfg::kBlockM, LN = Cfg::kLoadN, BN = Cfg::kBlockN, SUB = Cfg::kSub, ST = Cfg::kStages;
@@ -605,9 +410,6 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bar_q_full = smem0 + Cfg::kBarrierOffset;
   const uint32_t bar_k_full = bar_q_full + 8, bar_v_full = bar_k_full + 8 * ST;
   const uint32_t bar_k_empty = bar_v_full + 8 * ST, bar_v_empty = bar_k_empty + 8 * ST;
-  // kExpTurn: a word holding 0.0f after the mbarriers (inside kSmemBytes: the base is aligned up by
-  // at most 1008 of the 1024 spare bytes, dynamic shared memory being 16-byte aligned).
-  const uint32_t turn_zero = bar_v_empty + 8 * ST;
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -619,7 +421,6 @@ __global__ void __launch_bounds__(384, 1)
       sm90::mbar_init(bar_k_empty + 8 * s, 8);  // one arrival per consumer warp
       sm90::mbar_init(bar_v_empty + 8 * s, 8);
     }
-    if constexpr (kExpTurn) *reinterpret_cast<float*>(smem_raw + (turn_zero - smem_address(smem_raw))) = 0.f;
     sm90::mbar_init_fence();
   }
   __syncthreads();
@@ -811,59 +612,22 @@ __global__ void __launch_bounds__(384, 1)
       if (c + 2 < CH) issue_pv(slot, sub, c + 2);
     }
   };
-  // kSpecMax: the rows' overflow limits (set once Q is in: set_spec_limits) and whether every row
-  // of this warp has reached its limit (warp-uniform; the running max only grows, so once set it
-  // stays set and is no longer tested).
-  float spec_lim[2] = {INFINITY, INFINITY};
-  bool spec_on = false;
-  auto set_spec_limits = [&] {
-    if constexpr (kSpecMax) {
-      if (!short_path_ok) return;  // the limits use scale_log2 > 0; other calls never take the spec path
-      const unsigned char* q_bytes = smem_raw + (sQ - smem_address(smem_raw));
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        spec_lim[r] = fp8w_spec_limit<Cfg::kPanels, Cfg::kRowBytes, Cfg::kPanelBytes>(
-            q_bytes + (row_in_block + 8 * r) * Cfg::kRowBytes, t4, qk_scale * kLog2e);
-    }
-  };
-  const Fp8wExpTurn exp_turn{cw, reinterpret_cast<const volatile float*>(smem_raw + (turn_zero - smem_address(smem_raw)))};
   auto softmax = [&](float (&rescale)[2], int tile_cls, int block, int sub) {
     const int row0 = m0 + row_in_block, n0 = block * LN + sub * BN;
-    if constexpr (kSpecMax) {
-      if (tile_cls == full_short_cls) {
-        if (!spec_on) spec_on = __all_sync(0xffffffffu, row_max[0] >= spec_lim[0] && row_max[1] >= spec_lim[1]);
-        if (spec_on) {
-          fp8w_softmax_spec<BN>(s, row_max, row_sum, rescale, qk_scale * kLog2e);
-          return;
-        }
-      }
-    }
-    if constexpr (kExpTurn) {
-      // Every call takes its turn (both warpgroups make the same calls: the classes are the CTA's).
-      if (tile_cls == full_short_cls) {
-        fp8w_softmax_block<kFp8wFull, BN, false, true>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0,
-                                                       t4, exp_turn);
-        return;
-      }
-      exp_turn.release(exp_turn.acquire());  // an empty turn: the calls must pair up
-    }
     if constexpr (kIntMax) {
       // Every running max of the warp >= 0 (after the first block, for scores of both signs).
       if (tile_cls == full_short_cls && fp8w_int_max_ok(row_max)) {
-        fp8w_softmax_block<kFp8wFull, BN, false, true, Fp8wNoTurn, true>(s, row_max, row_sum, rescale, p, qk_scale,
-                                                                         w.mask, row0, n0, t4);
+        fp8w_softmax_block<kFp8wFull, BN, true, true>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0,
+                                                      t4);
         return;
       }
     }
     if (kLean ? tile_cls == full_short_cls : tile_cls == kTileFull && short_path_ok)
-      fp8w_softmax_block<kFp8wFull, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
-                                                         n0, t4);
+      fp8w_softmax_block<kFp8wFull, BN, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
     else if (p.softcap_method == kSoftcapOff)
-      fp8w_softmax_block<kFp8wMasked, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
-                                                           n0, t4);
+      fp8w_softmax_block<kFp8wMasked, BN, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
     else
-      fp8w_softmax_block<kFp8wSoftcap, BN, kPolyExp, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0,
-                                                            n0, t4);
+      fp8w_softmax_block<kFp8wSoftcap, BN, kLean>(s, row_max, row_sum, rescale, p, qk_scale, w.mask, row0, n0, t4);
   };
 
   // The key block after nb and its class; kLean: blocks below full_end by the closed form.
@@ -887,7 +651,6 @@ __global__ void __launch_bounds__(384, 1)
     wait_turn();
     issue_qk(0, 0);
     pass_turn(false);
-    set_spec_limits();  // kSpecMax: reads Q while S(0) runs
     sm90::wgmma_wait<0>();
     sm90::pin_registers(s);
   };
@@ -897,7 +660,6 @@ __global__ void __launch_bounds__(384, 1)
     // Per item: S, softmax, P V (its chunks in turn), each waited for before the next; O = O rescale
     // + ob with this item's own rescale. Turns (kPingpong): one for S, one for P V's first chunk.
     sm90::mbar_wait(bar_q_full, 0);
-    set_spec_limits();
     if constexpr (kPingpong)
       if (cw == 1) sm90::named_barrier_arrive_id<1>(256);  // warpgroup 1 issues first
     // Staggered start (as in the overlapped schedules below): warpgroup 2 waits until warpgroup 1
@@ -953,10 +715,6 @@ __global__ void __launch_bounds__(384, 1)
     // with rescale 1 before the first round, so the first fold is a no-op on O = 0).
     int slot = 0;
     uint32_t phase = 0;
-    // kExpTurn: warpgroup 1 takes the first turn (warpgroup 2's arrival, made before the staggered
-    // start's wait on barrier 3, lets it through); the final sync below takes warpgroup 2's last
-    // hand-over, so every generation of barriers 4 and 5 completes.
-    if (kExpTurn && cw == 1) sm90::named_barrier_arrive_id<4>(256);
     first_scores();
     if (lane == 0) sm90::mbar_arrive(bar_k_empty);  // this warp is done with K(0)
     float rs_p[2], rs_ob[2] = {1.f, 1.f};
@@ -1023,7 +781,6 @@ __global__ void __launch_bounds__(384, 1)
       slot = n_slot;
       phase = n_phase;
     }
-    if (kExpTurn && cw == 0) sm90::named_barrier_sync_id<4>(256);
     // The last block: fold the one before it, then its own P V.
     fold(0, rs_ob);
     sm90::mbar_wait(bar_v_full + 8 * slot, phase);

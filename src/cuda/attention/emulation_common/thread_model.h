@@ -84,7 +84,7 @@ inline int __shfl_sync(unsigned, int x, int src) {
   return y;
 }
 
-// Warp votes (the FP8 wgmma forward's kSpecMax softmax): every lane's predicate, the same answer to all.
+// Warp votes (the FP8 wgmma forward's kIntMax block vote): every lane's predicate, the same answer to all.
 inline bool emu_vote(bool pred, bool all) {
   WarpBuf& w = g_warp[emu_warp()];
   w.f[emu_lane()] = pred ? 1.f : 0.f;

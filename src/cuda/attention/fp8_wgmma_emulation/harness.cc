@@ -88,8 +88,7 @@ std::vector<uint8_t> to_bhsd(const std::vector<uint8_t>& x, int b, int s, int h,
 
 // The forward as fp8_wgmma_attention_forward launches it: maps, the V^T transpose, the kernel.
 // bhsd (padded cases): q, k, v stored [B, H, S, D].
-template <int D, bool kPingpong, int kSchedule, bool kPolyExp = false, bool kLean = true, bool kSpecMax = false,
-          bool kEarlyTest = false, bool kExpTurn = false, bool kIntMax = false>
+template <int D, bool kPingpong, int kSchedule, bool kLean = true, bool kEarlyTest = false, bool kIntMax = false>
 bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const Fp8Config& cfg = c.cfg;
   Fp8KernelParams f;
@@ -140,51 +139,37 @@ bool run_emulated(Fp8Case& c, Fp8Outputs& r, bool bhsd) {
   const int mblocks = (c.max_q + 127) / 128;
   const unsigned tiles = static_cast<unsigned>(int64_t{c.n} * mblocks * cfg.hq);
   launch(tiles, 1, 384, [&] {
-    fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kPolyExp, kLean, kSpecMax, kEarlyTest,
-                                             kExpTurn, kIntMax>(mq, mk, mvt, f, axes, mblocks);
+    fp8w::fp8_attention_forward_wgmma_kernel<D, kPingpong, kSchedule, kLean, kEarlyTest, kIntMax>(mq, mk, mvt, f, axes,
+                                                                                               mblocks);
   });
   r.out = decode16(cfg.out_dtype, out);
   r.lse = lse;
   return true;
 }
 
-// The kernel variant: bit 0 ping-pong, bit 1 serial, bit 3 one-level (Fp8wSchedule), bit 4 polynomial
-// exp2 (on session 4's stream, as the host launches it), bit 5 session 4's instruction stream
-// (kLean = false; overlapped schedule), bit 6 P V chunks pipelined (kOverlapPvPipe), bit 7 the serial
-// schedule's P V chunks pipelined (kSerialPvPipe), bit 8 the staggered start (Fp8wMapAxes::stagger,
-// a launch option: set through g_stagger), bit 9 kEarlyS (D = 64 / 128; with bit 0 ping-pong), bit 10
-// kSpecMax (session 12; with bit 9, or with bit 7 at D = 256), bit 11 kEarlyTest (with bit 9), bit 12
-// kExpTurn (with bit 9), bit 13 kIntMax (session 13; with bits 9 and 11, or with bit 7 at D = 256);
-// bit 2: inputs stored [B, H, S, D].
+// The kernel variant: bit 0 ping-pong, bit 1 serial, bit 3 one-level (Fp8wSchedule), bit 5 session
+// 4's instruction stream (kLean = false; overlapped schedule), bit 6 P V chunks pipelined
+// (kOverlapPvPipe), bit 7 the serial schedule's P V chunks pipelined (kSerialPvPipe), bit 8 the
+// staggered start (Fp8wMapAxes::stagger, a launch option: set through g_stagger), bit 9 kEarlyS
+// (D = 64 / 128; with bit 0 ping-pong), bit 11 kEarlyTest (with bit 9), bit 13 kIntMax (session 13;
+// with bits 9 and 11, or with bit 7 at D = 256); bit 2: inputs stored [B, H, S, D]. Bits 4, 10 and
+// 12 were the variants retired in session 20 (polynomial exp2, kSpecMax, kExpTurn).
 template <int D>
 bool run_variant(int variant, Fp8Case& c, Fp8Outputs& r) {
   const bool bhsd = variant & 4;
   g_stagger = variant & 256 ? 1 : 0;
-  if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false, false>(c, r, bhsd);
-  if (variant & 16) return run_emulated<D, false, fp8w::kOverlap, true, false>(c, r, bhsd);  // as the host runs it
+  if (variant & 32) return run_emulated<D, false, fp8w::kOverlap, false>(c, r, bhsd);
   if (variant & 64) return run_emulated<D, false, fp8w::kOverlapPvPipe>(c, r, bhsd);
   if (variant & 8192) {
     if constexpr (D <= 128)
       if ((variant & 2048) && (variant & 512))
-        return run_emulated<D, false, fp8w::kEarlyS, false, true, false, true, false, true>(c, r, bhsd);
-    if (variant & 128)
-      return run_emulated<D, false, fp8w::kSerialPvPipe, false, true, false, false, false, true>(c, r, bhsd);
+        return run_emulated<D, false, fp8w::kEarlyS, true, true, true>(c, r, bhsd);
+    if (variant & 128) return run_emulated<D, false, fp8w::kSerialPvPipe, true, false, true>(c, r, bhsd);
     std::printf("    kIntMax needs bits 9 and 11 (D <= 128) or bit 7\n");
     return false;
   }
   if constexpr (D <= 128)
-    if ((variant & 4096) && (variant & 512))
-      return run_emulated<D, false, fp8w::kEarlyS, false, true, false, false, true>(c, r, bhsd);
-  if constexpr (D <= 128)
-    if ((variant & 2048) && (variant & 512))
-      return run_emulated<D, false, fp8w::kEarlyS, false, true, false, true>(c, r, bhsd);
-  if (variant & 1024) {
-    if (variant & 128) return run_emulated<D, false, fp8w::kSerialPvPipe, false, true, true>(c, r, bhsd);
-    if constexpr (D <= 128)
-      if (variant & 512) return run_emulated<D, false, fp8w::kEarlyS, false, true, true>(c, r, bhsd);
-    std::printf("    kSpecMax needs bit 9 (D <= 128) or bit 7\n");
-    return false;
-  }
+    if ((variant & 2048) && (variant & 512)) return run_emulated<D, false, fp8w::kEarlyS, true, true>(c, r, bhsd);
   if (variant & 128) return run_emulated<D, false, fp8w::kSerialPvPipe>(c, r, bhsd);
   if constexpr (D <= 128)
     if (variant & 512)
@@ -230,16 +215,14 @@ void check_case(Fp8Config cfg, int variant, std::mt19937& rng, int signs = 0) {
   const Fp8Outputs emu = fp8_test::recipe(c);
   Fp8Outputs got;
   const char* names[4] = {"", " (ping-pong)", " (serial)", " (serial ping-pong)"};
-  std::printf("  case %s%s%s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 8 ? " (one-level P V)" : "",
-              variant & 16 ? " (polynomial exp2)" : "", variant & 4 ? " [B, H, S, D] inputs" : "");
+  std::printf("  case %s%s%s%s\n", cfg.name.c_str(), names[variant & 3], variant & 8 ? " (one-level P V)" : "",
+              variant & 4 ? " [B, H, S, D] inputs" : "");
   if (variant & 32) std::printf("    (session 4 instruction stream: kLean = false)\n");
   if (variant & 64) std::printf("    (P V chunks pipelined: kOverlapPvPipe)\n");
   if (variant & 128) std::printf("    (serial, P V chunks pipelined: kSerialPvPipe)\n");
   if (variant & 256) std::printf("    (staggered start: warpgroup 2 after warpgroup 1's first P)\n");
   if (variant & 512) std::printf("    (early S: kEarlyS)\n");
-  if (variant & 1024) std::printf("    (exponentials before the row max: kSpecMax)\n");
   if (variant & 2048) std::printf("    (data waits tested a round ahead: kEarlyTest)\n");
-  if (variant & 4096) std::printf("    (exponentials in turns: kExpTurn)\n");
   if (variant & 8192) std::printf("    (row max from the scores' bits: kIntMax)\n");
   if (signs == 1) std::printf("    (every score negative)\n");
   if (signs == 2) std::printf("    (scores positive in each sequence's first 128 keys, negative after)\n");
@@ -261,8 +244,9 @@ int main(int argc, char** argv) {
   std::mt19937 rng = seeded_generator();
   struct Entry {
     Fp8Config cfg;
-    int variant;  // bit 0 ping-pong, bit 1 serial, bit 3 one-level, bit 4 polynomial exp2, bit 5 session-4
-                  // stream, bit 6 / 7 P V chunks pipelined (overlapped / serial), bit 2 [B, H, S, D] inputs
+    int variant;  // run_variant's bits: 0 ping-pong, 1 serial, 3 one-level, 5 session-4 stream, 6 / 7 P V
+                  // chunks pipelined (overlapped / serial), 8 stagger, 9 kEarlyS, 11 kEarlyTest, 13 kIntMax,
+                  // 2 [B, H, S, D] inputs
     int signs = 0;  // set_score_signs
   };
   std::vector<Entry> cases;
@@ -271,13 +255,10 @@ int main(int argc, char** argv) {
                           {"causal d128 Sq=200 Sk=300", "varlen causal d256 gqa 4/2 with empty sequences"}};
   auto add = [&](std::string name, Fp8Config c, int variant = 0, int signs = 0) {
     c.name = std::move(name);
-    // "spec": the kSpecMax runs (bit 10) only; "early_test": the kEarlyTest runs (bit 11) only;
-    // "exp_turn": the kExpTurn runs (bit 12); "int_max": the kIntMax runs (bit 13).
-    if (picker.only == "spec"         ? (variant & 1024) != 0
-        : picker.only == "early_test" ? (variant & 2048) != 0
-        : picker.only == "exp_turn"   ? (variant & 4096) != 0
-        : picker.only == "int_max"    ? (variant & 8192) != 0
-                                      : picker.picks(c.name) && (picker.only != "quick" || variant == 0))
+    // "early_test": the kEarlyTest runs (bit 11) only; "int_max": the kIntMax runs (bit 13).
+    if (picker.only == "early_test" ? (variant & 2048) != 0
+        : picker.only == "int_max"  ? (variant & 8192) != 0
+                                    : picker.picks(c.name) && (picker.only != "quick" || variant == 0))
       cases.push_back({c, variant, signs});
   };
   for (int d : {64, 128, 256})
@@ -291,9 +272,9 @@ int main(int argc, char** argv) {
     c.hq = 2;
     c.hk = 1;
     c.sq = c.sk = 260;
-    for (int variant : {0, 1, 2, 3, 8, 9, 16, 512, 513}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {0, 1, 2, 3, 8, 9, 512, 513}) add("causal d128 B2 mqa Sq=Sk=260", c, variant);
     c.d = 256;
-    for (int variant : {1, 2, 3, 8, 9, 16, 64, 128}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
+    for (int variant : {1, 2, 3, 8, 9, 64, 128}) add("causal d256 B2 mqa Sq=Sk=260", c, variant);
     c.d = 64;
     add("causal d64 B2 mqa Sq=Sk=260", c, 3);
     c.hq = 4;
@@ -309,7 +290,6 @@ int main(int argc, char** argv) {
     c.lens_k = {53, 0, 300, 0};
     add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c);
     if (d == 256) add("varlen causal d256 gqa 4/2 with empty sequences", c, 3);
-    add("varlen causal d" + std::to_string(d) + " gqa 4/2 with empty sequences", c, 16);
     if (d == 128) add("varlen causal d128 gqa 4/2 with empty sequences", c, 512);
   }
   add("varlen window 20,3 d128", varlen_window_20_3(128));
@@ -321,7 +301,6 @@ int main(int argc, char** argv) {
     c.out_dtype = DType::f16;
     add("causal Sq>Sk softcap tanh fp16 out d256", c);
     add("causal Sq>Sk softcap tanh fp16 out d256", c, 2);
-    add("causal Sq>Sk softcap tanh fp16 out d256", c, 16);
     c.d = 128;
     c.method = SoftcapMethod::soft_sign;
     add("causal Sq>Sk softcap soft_sign fp16 out d128", c);
@@ -330,7 +309,7 @@ int main(int argc, char** argv) {
   add("prefix_lm d128", prefix_lm_three_sequences(128, 150));
   add("prefix_lm d128", prefix_lm_three_sequences(128, 150), 512);
   add("candidate_isolation d256", candidate_isolation_three_sequences(256, 150));
-  for (int variant : {0, 8, 16, 512})
+  for (int variant : {0, 8, 512})
     add("none d128 Sq=40 Sk=3000 (long rows: accumulator drift)", long_rows(128, 3000), variant);
   {
     // Runs of full key blocks (kLean steps through them by fp8w_full_run_end): rows inside the
@@ -409,29 +388,14 @@ int main(int argc, char** argv) {
       add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512);
       add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 512 + 1);
     }
-    // Session 12, kSpecMax (bit 10) in the default schedules: kEarlyS with the stagger at hd 64 / 128,
-    // kSerialPvPipe at hd 256; full-block runs (the spec path), masked blocks (the exact path), long
-    // rows (many blocks whose row max rises after the first), peaked inputs (std 3: the rows' overflow
-    // limits keep some warps on the exact path), varlen GQA with empty sequences.
-    for (int d : {64, 128, 256}) {
-      c.d = d;
-      const int v = 1024 + 256 + (d == 256 ? 128 : 512);
-      c.mask = MaskKind::none;
-      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, v);
-      c.mask = MaskKind::causal;
-      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, v);
-    }
-    add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 1024 + 512);
-    add("none d256 Sq=128 Sk=3000 (long full rows)", one_sequence(256, MaskKind::none, 128, 3000), 1024 + 128);
+    // Peaked inputs (std 3; session 12 ran them beside kSpecMax, retired in session 20).
     c.d = 128;
     c.mask = MaskKind::none;
     c.input_std = 3.f;
-    add("none d128 Sq=256 Sk=700 std 3 (peaked)", c, 1024 + 512);
     add("none d128 Sq=256 Sk=700 std 3 (peaked)", c, 0);
     Fp8Config vc = varlen_gqa_with_empty_sequences(128);
     vc.lens_q = {37, 0, 180, 5};
     vc.lens_k = {53, 0, 300, 0};
-    add("varlen causal d128 gqa 4/2 with empty sequences", vc, 1024 + 512 + 256);
     // kEarlyTest (bit 11) with kEarlyS and the stagger: full-block runs (ring wrap), masked blocks,
     // long rows, varlen with empty sequences (next-block lookups a round ahead across classify).
     for (int d : {64, 128}) {
@@ -445,18 +409,6 @@ int main(int argc, char** argv) {
     add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 2048 + 512);
     add("varlen causal d128 gqa 4/2 with empty sequences", vc, 2048 + 512 + 256);
     add("varlen window 20,3 d128", varlen_window_20_3(128), 2048 + 512);
-    // kExpTurn (bit 12) with kEarlyS, with and without the stagger: full and masked blocks (the
-    // masked ones take an empty turn), long rows, varlen with empty sequences, softcap.
-    for (int d : {64, 128}) {
-      c.d = d;
-      c.mask = MaskKind::none;
-      add("none d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 4096 + 512 + 256);
-      c.mask = MaskKind::causal;
-      add("causal d" + std::to_string(d) + " Sq=256 Sk=700 (full-block runs)", c, 4096 + 512);
-    }
-    add("none d128 Sq=128 Sk=3000 (long full rows)", one_sequence(128, MaskKind::none, 128, 3000), 4096 + 512);
-    add("varlen causal d128 gqa 4/2 with empty sequences", vc, 4096 + 512 + 256);
-    add("varlen window 20,3 d128", varlen_window_20_3(128), 4096 + 512);
     // Session 13, kIntMax (bit 13) in the default schedules: kEarlyS + kEarlyTest with the stagger at
     // hd 64 / 128, kSerialPvPipe at hd 256: full-block runs (none, causal), long rows, varlen GQA with
     // empty sequences, a window (masked blocks keep the float max), and the
