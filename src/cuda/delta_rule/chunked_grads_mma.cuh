@@ -50,6 +50,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "chunked_grads_a_tiles.cuh"
 #include "chunked_grads_frags.cuh"
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
@@ -281,26 +282,11 @@ __global__ void __launch_bounds__(256, 1) chunk_grads_mma_kernel(ChunkedArgs a) 
     issue_slice(0, 0, true);
     float4 x[2];
     load_dvn(0, x);
-    // A: rows i < L, columns j <= i (the stored rows hold zeros right of L; the mask also drops
-    // anything above the diagonal). Piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4).
-    // All four loads first, so that they are in flight together.
+    // A: rows i < L, columns j <= i, all four loads first so that they are in flight together
+    // (chunked_grads_a_tiles.cuh).
     float4 y[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
-      y[p] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < L && j0 <= i) y[p] = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
-    }
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
-      const float m[4] = {y[p].x, j0 + 1 <= i ? y[p].y : 0.f, j0 + 2 <= i ? y[p].z : 0.f, j0 + 3 <= i ? y[p].w : 0.f};
-      uint2 hi, lo;
-      mma::split_pair<T>(m[0], m[1], hi.x, lo.x);
-      mma::split_pair<T>(m[2], m[3], hi.y, lo.y);
-      *reinterpret_cast<uint2*>(sm.A_hi + i * LDP + j0) = hi;
-      *reinterpret_cast<uint2*>(sm.A_lo + i * LDP + j0) = lo;
-    }
+    load_a_pieces(a.A, row0, hv, HV, L, tid, y);
+    store_a_split<T>(y, sm.A_hi, sm.A_lo, LDP, tid);
     store_dvn(0, x);
     if (tid < C) {
       const bool ok = tid < L;

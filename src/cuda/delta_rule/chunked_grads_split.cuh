@@ -36,6 +36,7 @@
 
 #include <algorithm>
 
+#include "chunked_grads_a_tiles.cuh"
 #include "chunked_grads_frags.cuh"
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
@@ -632,14 +633,8 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // loads issued after the copies and warps 0 - 1's three dependent G, beta, dG loads, each behind its
   // branch, while the other warps waited at the barrier, held ~20 % of the kernel's stall samples).
   {
-    // A piece e = tid + 256 p: row e / 16, columns 4 (e % 16) + [0, 4).
-    float4 y[4];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
-      y[p] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < L && j0 <= i) y[p] = *reinterpret_cast<const float4*>(a.A + ((row0 + i) * HV + hv) * C + j0);
-    }
+    float4 y[4];  // A's pieces (chunked_grads_a_tiles.cuh)
+    load_a_pieces(a.A, row0, hv, HV, L, tid, y);
     const int lr = tid & (C - 1), lwhich = tid / C;  // row lr's G (lwhich 0), beta (1), dG (2); 3: none
     const bool lr_ok = lr < L;
     float lval = 0.f;
@@ -682,16 +677,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       tile_rows_async<T, KMAX>(view_rows(a.k, head), a.k.s1, L, sm.k, tid);
       mma::cp_async_commit();
     }
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const int e = tid + THREADS * p, i = e >> 4, j0 = 4 * (e & 15);
-      const float m[4] = {y[p].x, j0 + 1 <= i ? y[p].y : 0.f, j0 + 2 <= i ? y[p].z : 0.f, j0 + 3 <= i ? y[p].w : 0.f};
-      uint2 hi, lo;
-      mma::split_pair<T>(m[0], m[1], hi.x, lo.x);
-      mma::split_pair<T>(m[2], m[3], hi.y, lo.y);
-      *reinterpret_cast<uint2*>(sm.A_hi + i * LDP + j0) = hi;
-      *reinterpret_cast<uint2*>(sm.A_lo + i * LDP + j0) = lo;
-    }
+    store_a_split<T>(y, sm.A_hi, sm.A_lo, LDP, tid);
     if (lwhich == 0) {
       sm.G[lr] = lval;
       sm.eG[lr] = expf(lval);
