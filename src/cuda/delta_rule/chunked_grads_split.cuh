@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   static_assert(kVersion == 1 || ((kVersion == 5 || kVersion == 6) && kItems == 1), "versions 1, 5, 6");
   constexpr bool kV11 = kVersion != 1;  // the session-11 kernels (V == K)
   using S = GradsLocalSmem<T, KMAX, kV11 ? 32 : 16>;
-  constexpr int C = kChunkSize, THREADS = 256, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
+  constexpr int C = kChunkSize, VS = S::VS, LDK = S::LDK, LDP = S::LDP, LDS = S::LDS;
   constexpr int NKH = KMAX / 16;  // 8-column tiles of a K half
   // kV11: B2a's dq part loaded at mid's end; kVersion 6: the row norms after pass 1's second slice (q, k in their own copy group).
   constexpr bool kEarlyDqState = kV11, kLateNorms = kVersion == 6;

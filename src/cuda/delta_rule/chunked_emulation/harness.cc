@@ -174,7 +174,12 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
   if (!states) a.h0 = dr::View{}; a.o = vw(bo, {B, T, HV, V}); a.ht = vw(bht, {N, HV, K, V});
   a.chunks = plan.chunks.data(); a.seq_first_chunk = plan.seq_first_chunk.data(); a.num_chunks = NC; a.num_seqs = N;
   a.uniform_chunks = plan.uniform_chunks;  // (as the path: the kernels compute the entries of uniform batches)
-  a.T = T;
+  a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
+  // Stage 1's row scales for stage 2 and B1, as the path passes them (FLASHGRAD_EMU_NO_COLSCALE=1: not
+  // given, so the kernels form k's norms themselves, as before session 16).
+  const char* nocs_env = std::getenv("FLASHGRAD_EMU_NO_COLSCALE");
+  if (!(nocs_env && std::string(nocs_env) == "1")) a.colscale = (float*)CS.p();
+  a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
   for (int64_t c = 0; c < NC; ++c) {  // the computed entries are the plan's
     const dr::ChunkInfo e = dr::chunk_info(a, c), &p = plan.chunks[c];
     if (e.b != p.b || e.t0 != p.t0 || e.seq != p.seq || e.len != p.len) {
@@ -184,12 +189,6 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
       std::exit(1);
     }
   }
-  a.G = gate ? (float*)G.p() : nullptr; a.A = (float*)A.p(); a.w = w.p(); a.u = (float*)u.p(); a.v_new = vn.p(); a.h = (float*)hh.p();
-  // Stage 1's row scales for stage 2 and B1, as the path passes them (FLASHGRAD_EMU_NO_COLSCALE=1: not
-  // given, so the kernels form k's norms themselves, as before session 16).
-  const char* nocs_env = std::getenv("FLASHGRAD_EMU_NO_COLSCALE");
-  if (!(nocs_env && std::string(nocs_env) == "1")) a.colscale = (float*)CS.p();
-  a.T = T; a.H = H; a.HV = HV; a.K = K; a.V = V; a.scale = 1.0f / std::sqrt((float)K); a.l2norm = l2norm;
   // Stage 1's blocks loop over (chunk, value head) items: three blocks (or one per item) here.
   launch(static_cast<unsigned>(std::min<int64_t>(3, std::max<int64_t>(NC * HV, 1))), 1, 1,
          [&] { dr::chunk_prepare_compact_kernel<TT, KM>(a); });
