@@ -704,6 +704,37 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // Per-thread sums until the end: dG / dbeta terms of rows r0, r0 + 8 (this thread's columns), dG
   // column terms of columns 32 hf + 8 nt + 2 tig + p.
   float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
+  // The row-role sums into their fixed slots: quad sums (the 4 lanes of a row) and column sums (the 8
+  // lanes of a column), each slot written by one fixed lane, then the registers zeroed. Called at mid's
+  // end (first = false: the slots are stored) and at S6's end (added to), so that these 12 registers are
+  // not held from pass 1 to the end (they were, and two of them spilled at 128 registers); dG and dbeta
+  // per row are summed from the slots in a fixed order after the last barriers (no float atomics). The
+  // slots (past the region's 4 P tiles, or past dG) are written after pass 1 only, and not by S3 - S6.
+  auto flush_row_sums = [&](bool add) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float g = mma::quad_sum(rowG[h]), be = mma::quad_sum(rowB[h]);
+      if (tig == 0) {
+        float* sg = &sm.part[hf * C + r0 + 8 * h];
+        float* sb = &sm.part[(2 + hf) * C + r0 + 8 * h];
+        *sg = add ? *sg + g : g;
+        *sb = add ? *sb + be : be;
+      }
+      rowG[h] = 0.f;
+      rowB[h] = 0.f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int q2 = 0; q2 < 2; ++q2) {
+        const float g = mma::column_sum(colG[nt][q2]);
+        if (grp == 0) {
+          float* sc = &sm.part[(4 + rs) * C + 32 * hf + 8 * nt + 2 * tig + q2];
+          *sc = add ? *sc + g : g;
+        }
+        colG[nt][q2] = 0.f;
+      }
+  };
   const int64_t dvo_row[2] = {off3(a.dv_out, ci.b, ci.t0 + r0, hv), off3(a.dv_out, ci.b, ci.t0 + r0 + 8, hv)};
   // kV11: one 32-column slice (two 16-column steps k2 of dP, du); dUb for rows of the strip and
   // columns [16 hf, +16) of the slice (both 8-column tiles of the .trans B fragment).
@@ -875,6 +906,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     rowG[0] += rsum[0];
     rowG[1] += rsum[1];
   }
+  flush_row_sums(false);
   if constexpr (kEarlyDqState) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1127,6 +1159,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       store_tile_split(S2_hi, S2_lo, 16 * rs, 32 * hf + 8 * nt, outs);
     }
   }
+  flush_row_sums(true);  // S6 made their last terms
   mma::cp_async_wait<0>();
   __syncthreads();  // S2 complete; B2a's dk part landed (in dw's tile)
 
@@ -1174,24 +1207,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       if (tig == 0) sm.part[(10 + hf) * C + r0 + 8 * h] = x;
     }
   }
-  // The row-role sums: quad sums (the 4 lanes of a row) and column sums (the 8 lanes of a column) into
-  // their fixed slots, then dG and dbeta per row in a fixed order (no float atomics).
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float g = mma::quad_sum(rowG[h]), be = mma::quad_sum(rowB[h]);
-    if (tig == 0) {
-      sm.part[hf * C + r0 + 8 * h] = g;
-      sm.part[(2 + hf) * C + r0 + 8 * h] = be;
-    }
-  }
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int q2 = 0; q2 < 2; ++q2) {
-      const float g = mma::column_sum(colG[nt][q2]);
-      if (grp == 0) sm.part[(4 + rs) * C + 32 * hf + 8 * nt + 2 * tig + q2] = g;
-    }
-  __syncthreads();
+  __syncthreads();  // the row-role sums' and dk dots' slots complete
   {  // dk through the L2-norm backward (as dq above)
     float rstd[2], dotn[2];
     T* dk_row[2];
