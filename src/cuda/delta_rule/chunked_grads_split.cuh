@@ -705,11 +705,14 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
   // column terms of columns 32 hf + 8 nt + 2 tig + p.
   float rowG[2] = {0.f, 0.f}, rowB[2] = {0.f, 0.f}, colG[4][2] = {};
   // The row-role sums into their fixed slots: quad sums (the 4 lanes of a row) and column sums (the 8
-  // lanes of a column), each slot written by one fixed lane, then the registers zeroed. Called at mid's
-  // end (first = false: the slots are stored) and at S6's end (added to), so that these 12 registers are
-  // not held from pass 1 to the end (they were, and two of them spilled at 128 registers); dG and dbeta
-  // per row are summed from the slots in a fixed order after the last barriers (no float atomics). The
-  // slots (past the region's 4 P tiles, or past dG) are written after pass 1 only, and not by S3 - S6.
+  // lanes of a column), each slot written by one fixed lane, then the registers zeroed; dG and dbeta
+  // per row are summed from the slots in a fixed order after the last barriers (no float atomics).
+  // K = 128 (kFlushRowSumsTwice): called at mid's end (add = false: the slots are stored) and at S6's
+  // end (added to), so that these 12 registers are not held from pass 1 to the end (they were, and two
+  // of them spilled at 128 registers: run 21.1, B2b 0.836 -> 0.828 ms at B8 T4096). K = 64 (no spill):
+  // once, after S6b, as before (flushing twice there made it 0.526 -> 0.545 ms). The slots (past the
+  // region's 4 P tiles, or past dG) are written after pass 1 only, and not by S3 - S6.
+  constexpr bool kFlushRowSumsTwice = KMAX == 128;
   auto flush_row_sums = [&](bool add) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -906,7 +909,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     rowG[0] += rsum[0];
     rowG[1] += rsum[1];
   }
-  flush_row_sums(false);
+  if constexpr (kFlushRowSumsTwice) flush_row_sums(false);
   if constexpr (kEarlyDqState) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1159,7 +1162,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       store_tile_split(S2_hi, S2_lo, 16 * rs, 32 * hf + 8 * nt, outs);
     }
   }
-  flush_row_sums(true);  // S6 made their last terms
+  if constexpr (kFlushRowSumsTwice) flush_row_sums(true);  // S6 made their last terms
   mma::cp_async_wait<0>();
   __syncthreads();  // S2 complete; B2a's dk part landed (in dw's tile)
 
@@ -1207,6 +1210,7 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
       if (tig == 0) sm.part[(10 + hf) * C + r0 + 8 * h] = x;
     }
   }
+  if constexpr (!kFlushRowSumsTwice) flush_row_sums(false);
   __syncthreads();  // the row-role sums' and dk dots' slots complete
   {  // dk through the L2-norm backward (as dq above)
     float rstd[2], dotn[2];

@@ -30,28 +30,7 @@ __device__ __forceinline__ float stage1_exp(float x) {
   }
 }
 
-// An input element's bits, unconverted (float: its 32 bits; 16-bit T: its bits zero-extended), and
-// their value (raw_to_f32), so that a global load's result can wait in a register until its use:
-// a conversion right after the load makes the warp wait there for the load (ncu, run 13.1: the
-// beta load's conversion before the gate's loads, v's conversions before the inverse).
-__device__ __forceinline__ uint32_t raw_bits(float x) { return __float_as_uint(x); }
-__device__ __forceinline__ uint32_t raw_bits(uint16_t x) { return x; }
-template <typename T>
-__device__ __forceinline__ float raw_to_f32(bool f32, uint32_t r) {
-  if (f32) return __uint_as_float(r);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __uint_as_float(r << 16);  // bf16 -> f32: the 16 bits moved to the top of the word
-  } else {
-    const uint16_t b = static_cast<uint16_t>(r);
-    T x;
-    memcpy(&x, &b, 2);
-    return to_f<T>(x);
-  }
-}
-template <typename T>
-__device__ __forceinline__ uint32_t load_raw(const View& x, int64_t off) {
-  return x.f32 ? raw_bits(static_cast<const float*>(x.p)[off]) : raw_bits(static_cast<const uint16_t*>(x.p)[off]);
-}
+// raw_bits, raw_to_f32, load_raw: recurrent_common.cuh (GDN stage 1 uses them too).
 
 // One level of a reduce-scatter within 16-lane groups: of the 2 HS values v[0 .. 2 HS), a lane
 // keeps the upper half when its lane bit X is set (the lower one otherwise) plus its partner's

@@ -71,20 +71,24 @@ __device__ __forceinline__ float prepare_decay_exp(float x) {
 #endif
 }
 
-// Inclusive prefix sum of G[0..63] in place (threads 0..63; the whole block calls it).
-__device__ __forceinline__ void chunk_cumsum64(float* G) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  float x = tid < kChunkSize ? G[tid] : 0.f;
+// G = inclusive prefix sum of g over the chunk's 64 rows, in registers (threads 0..63 call it, warps 0
+// and 1 whole): x is g of row tid, x_low (warp 1) g of row tid - 32. Warp 0 scans rows 0..31; warp 1
+// scans rows 32..63 and, by the same shuffles, rows 0..31, whose lane-31 sum is warp 0's total bit for
+// bit, and adds it (the shared-memory form this replaced wrote the scans, and warp 1 added G[31]
+// after a barrier: three barriers per item, and the first shuffle waited on a shared load; ncu, run
+// 21.2: 7 % of the kernel's stall samples in that scan). Returns G of row tid.
+__device__ __forceinline__ float chunk_cumsum64_rows(float x, float x_low) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const float y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
+    const float y = __shfl_up_sync(0xffffffffu, x, o), y_low = __shfl_up_sync(0xffffffffu, x_low, o);
+    if (lane >= o) {
+      x += y;
+      x_low += y_low;
+    }
   }
-  __syncthreads();
-  if (tid < kChunkSize) G[tid] = x;
-  __syncthreads();
-  if (tid >= 32 && tid < kChunkSize) G[tid] += G[31];  // warp 1 adds warp 0's total
-  __syncthreads();
+  const float low_total = __shfl_sync(0xffffffffu, x_low, 31);
+  return threadIdx.x >= 32 ? x + low_total : x;
 }
 
 // view_rows_async (chunked_tiles.cuh) for 16-byte-copyable rows (vec) of P = width / 8 pieces with
@@ -447,20 +451,23 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
   const int64_t items = a.num_chunks * a.HV;
   const bool k_vec = key_rows_vectorizable(a.k), v_vec = key_rows_vectorizable(a.v);
 
-  // item's k rows into stage s (one group), and g, beta of row tid (zeros past the chunk's length)
-  // into gn, bn; without an item, an empty group.
-  auto issue_k = [&](int64_t item, int s, float& gn, float& bn) {
-    gn = 0.f;
-    bn = 0.f;
+  // item's k rows into stage s (one group), and the bits of g and beta of row tid (zeros past the
+  // chunk's length) into gn, bn, and (warp 1) of g of row tid - 32 into gl, for the next item's scan;
+  // without an item, an empty group. The bits are converted at the next item's top, not here (a
+  // conversion next to its load made the warp wait for the load inside this call: ncu, run 21.2,
+  // 4 % of the kernel's stall samples).
+  auto issue_k = [&](int64_t item, int s, uint32_t& gn, uint32_t& bn, uint32_t& gl) {
+    gn = bn = gl = 0u;
     if (item < items) {
       const int64_t hv = item % a.HV, head = hv / (a.HV / a.H);
       const ChunkInfo ci = chunk_info(a, item / a.HV);
       rows_async<T>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
       if (tid < ci.len) {
         const int64_t tok = ci.t0 + tid;
-        bn = load_elem<T>(a.beta, off3(a.beta, ci.b, tok, hv));
-        if (a.g.p) gn = load_elem<T>(a.g, off3(a.g, ci.b, tok, hv));
+        bn = load_raw<T>(a.beta, off3(a.beta, ci.b, tok, hv));
+        if (a.g.p) gn = load_raw<T>(a.g, off3(a.g, ci.b, tok, hv));
       }
+      if (a.g.p && tid >= 32 && tid < C && tid - 32 < ci.len) gl = load_raw<T>(a.g, off3(a.g, ci.b, ci.t0 + tid - 32, hv));
     }
     mma::cp_async_commit();
   };
@@ -472,9 +479,9 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     mma::cp_async_commit();
   };
 
-  float gn = 0.f, bn = 0.f;
+  uint32_t gn = 0u, bn = 0u, gl = 0u;
   int s = 0;
-  issue_k(blockIdx.x, 0, gn, bn);
+  issue_k(blockIdx.x, 0, gn, bn, gl);
   issue_v(blockIdx.x);
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x, s ^= 1) {
     const int64_t hv = item % a.HV;
@@ -483,18 +490,19 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     const int64_t row0 = chunk_row0(ci, a.T);
     const T* ks = sm.k(s);
 
-    // This item's g, beta and k rows in place (the previous item is done: barrier at the loop's
-    // end); then the next item's k copies into the other stage.
+    // This item's G = cumsum(g), beta and k rows in place (the previous item is done: barrier at the
+    // loop's end); then the next item's k copies into the other stage.
+    float G_row = 0.f;
     if (tid < C) {
-      sm.G[tid] = gn;
-      sm.beta[tid] = bn;
+      G_row = chunk_cumsum64_rows(raw_to_f32<T>(a.g.f32, gn), raw_to_f32<T>(a.g.f32, gl));
+      sm.G[tid] = G_row;
+      sm.beta[tid] = raw_to_f32<T>(a.beta.f32, bn);
     }
     mma::cp_async_wait<1>();  // k(item) is in; v(item) may still be in flight
     __syncthreads();
-    issue_k(item + gridDim.x, s ^ 1, gn, bn);
+    issue_k(item + gridDim.x, s ^ 1, gn, bn, gl);
 
-    chunk_cumsum64(sm.G);  // G = cumsum(g); ends with a barrier
-    if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = sm.G[tid];
+    if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = G_row;
     {
       const float rstd = tile_row_rstd<T, KMAX, kChunkThreads>(ks, LDK, a.l2norm);
       constexpr int kLanes = kChunkThreads / C;

@@ -14,6 +14,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -163,6 +165,30 @@ __device__ __forceinline__ float raw_to_f(bool f32, uint32_t bits) {
   T x;
   memcpy(&x, &h, 2);
   return to_f<T>(x);
+}
+
+// An input element's bits, unconverted (float: its 32 bits; 16-bit T: its bits zero-extended), and
+// their value (raw_to_f32; the View form of load_raw_at / raw_to_f above, used by the chunked stage 1
+// kernels), so that a global load's result can wait in a register until its use:
+// a conversion right after the load makes the warp wait there for the load (ncu, run 13.1: the
+// beta load's conversion before the gate's loads, v's conversions before the inverse).
+__device__ __forceinline__ uint32_t raw_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ uint32_t raw_bits(uint16_t x) { return x; }
+template <typename T>
+__device__ __forceinline__ float raw_to_f32(bool f32, uint32_t r) {
+  if (f32) return __uint_as_float(r);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(r << 16);  // bf16 -> f32: the 16 bits moved to the top of the word
+  } else {
+    const uint16_t b = static_cast<uint16_t>(r);
+    T x;
+    memcpy(&x, &b, 2);
+    return to_f<T>(x);
+  }
+}
+template <typename T>
+__device__ __forceinline__ uint32_t load_raw(const View& x, int64_t off) {
+  return x.f32 ? raw_bits(static_cast<const float*>(x.p)[off]) : raw_bits(static_cast<const uint16_t*>(x.p)[off]);
 }
 
 // One step's per-thread inputs in raw form, loaded kPrefetch steps ahead into a register ring

@@ -52,6 +52,12 @@ inline float __shfl_up_sync(unsigned, float x, unsigned o) {
   const float y = l >= (int)o ? g_warp[w].f[l - o] : x; __syncwarp();
   return y;
 }
+inline float __shfl_sync(unsigned, float x, int src) {
+  const int w = emu_warp(), l = emu_tid.x % 32;
+  g_warp[w].f[l] = x; __syncwarp();
+  const float y = g_warp[w].f[src & 31]; __syncwarp();
+  return y;
+}
 namespace flashgrad::cuda_detail::delta_rule {
 alignas(16) unsigned char smem_raw[262144];
 namespace mma {

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# b2prep (issue 6, session 21): after run 21.1 / 21.2 (b2rows.sh, bwdncu.sh; docs/perf/delta_rule.md
+# "Session 21"): GDN stage 1 (chunk_prepare_compact_kernel) scans g in registers at the item's top
+# (three barriers and a shared round trip fewer per item) and converts the next item's g / beta bits
+# where used, not next to their loads; B2b flushes its row sums twice only at K = 128. After
+# tools/gpu-check's build into build-gpu:
+#   1. the chunked delta-rule GPU tests (defaults), the past-2^31 test, and the KDA chunked tests
+#      (its stage 1's raw-load helpers moved to recurrent_common.cuh; its SASS byte-identical);
+#   2. every chunk_* kernel's time per call at B8 T4096, B1 T32768, B8 K=V=64 (one process each),
+#      beside run 21.1's (the same shapes, b2rows.sh);
+#   3. ncu of stage 1's backward launch with source counters (as bwdncu.sh 2/4 in run 21.2).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/gpu-extra/lib/job_lib.sh
+V=FLASHGRAD_CHUNKED_B2_SPLIT
+P=(--kind gdn --B 8 --T 4096 --H 16 --K 128)
+
+echo "== b2prep 1/3: chunked delta-rule GPU tests (defaults)"
+job_tests b2prep_chunked 110 "DeltaRuleGpu.Chunked*:DeltaRuleChunked*:DeltaRuleGpu.PastTwoToThe31Elements:DeltaRuleGpu.Kda*"
+
+echo "== b2prep 2/3: per-call kernel times: B8 T4096, B1 T32768, B8 K=V=64 (one process each)"
+job_compare b2prep_b8 30 --kind gdn --shape 8,4096,16,128 --env $V --variants default=- \
+  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.277, B2b 0.828)"
+job_compare b2prep_t32k 30 --kind gdn --shape 1,32768,16,128 --env $V --variants default=- \
+  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.276, B2b 0.827)"
+job_compare b2prep_k64 25 --kind gdn --shape 8,4096,16,64 --env $V --variants default=- \
+  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.208, B2b 0.545; run 20.4: B2b 0.526)"
+
+echo "== b2prep 3/3: ncu of stage 1, the backward's launch (chunk_prepare_compact_kernel, second launch)"
+JOB_NCU_SKIP=1 job_ncu b2prep_prep 45 'chunk_prepare_compact_kernel' 1 - -- "${P[@]}"
+
+job_summary b2prep
