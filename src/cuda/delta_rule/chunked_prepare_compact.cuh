@@ -448,19 +448,37 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
   const S sm(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, wp = tid / 32;
   const int ldv = S::ldv(a.V);
-  const int64_t items = a.num_chunks * a.HV;
   const bool k_vec = key_rows_vectorizable(a.k), v_vec = key_rows_vectorizable(a.v);
+  // The block's items (chunk c, value head hv) = (item / HV, item % HV) for item = blockIdx.x, +
+  // gridDim.x, ...: carried from item to item by the grid's stride (step_c chunks and step_hv heads,
+  // a carry when hv passes HV) instead of divided out per item. The 64-bit divisions (item / HV, item
+  // % HV, hv / group, three places per item) were ~20 % of the copy-issue segments' instructions (ncu,
+  // run 21.3: branchy division code in both).
+  const int64_t HV = a.HV, step_c = gridDim.x / HV, step_hv = gridDim.x % HV;
+  const int group = static_cast<int>(a.HV / a.H);
+  struct Item {
+    int64_t c, hv;
+  };
+  auto next_item = [&](Item it) {
+    it.c += step_c;
+    it.hv += step_hv;
+    if (it.hv >= HV) {
+      it.hv -= HV;
+      ++it.c;
+    }
+    return it;
+  };
 
   // item's k rows into stage s (one group), and the bits of g and beta of row tid (zeros past the
   // chunk's length) into gn, bn, and (warp 1) of g of row tid - 32 into gl, for the next item's scan;
   // without an item, an empty group. The bits are converted at the next item's top, not here (a
   // conversion next to its load made the warp wait for the load inside this call: ncu, run 21.2,
   // 4 % of the kernel's stall samples).
-  auto issue_k = [&](int64_t item, int s, uint32_t& gn, uint32_t& bn, uint32_t& gl) {
+  auto issue_k = [&](Item it, int s, uint32_t& gn, uint32_t& bn, uint32_t& gl) {
     gn = bn = gl = 0u;
-    if (item < items) {
-      const int64_t hv = item % a.HV, head = hv / (a.HV / a.H);
-      const ChunkInfo ci = chunk_info(a, item / a.HV);
+    if (it.c < a.num_chunks) {
+      const int64_t hv = it.hv, head = static_cast<int>(hv) / group;
+      const ChunkInfo ci = chunk_info(a, it.c);
       rows_async<T>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
       if (tid < ci.len) {
         const int64_t tok = ci.t0 + tid;
@@ -471,21 +489,22 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     }
     mma::cp_async_commit();
   };
-  auto issue_v = [&](int64_t item) {
-    if (item < items) {
-      const ChunkInfo ci = chunk_info(a, item / a.HV);
-      rows_async<T>(a.v, ci, item % a.HV, static_cast<int>(a.V), v_vec, sm.v, ldv);
+  auto issue_v = [&](Item it) {
+    if (it.c < a.num_chunks) {
+      const ChunkInfo ci = chunk_info(a, it.c);
+      rows_async<T>(a.v, ci, it.hv, static_cast<int>(a.V), v_vec, sm.v, ldv);
     }
     mma::cp_async_commit();
   };
 
   uint32_t gn = 0u, bn = 0u, gl = 0u;
   int s = 0;
-  issue_k(blockIdx.x, 0, gn, bn, gl);
-  issue_v(blockIdx.x);
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, s ^= 1) {
-    const int64_t hv = item % a.HV;
-    const ChunkInfo ci = chunk_info(a, item / a.HV);
+  const Item first{blockIdx.x / HV, blockIdx.x % HV};
+  issue_k(first, 0, gn, bn, gl);
+  issue_v(first);
+  for (Item cur = first; cur.c < a.num_chunks; cur = next_item(cur), s ^= 1) {
+    const int64_t hv = cur.hv;
+    const ChunkInfo ci = chunk_info(a, cur.c);
     const int L = ci.len;
     const int64_t row0 = chunk_row0(ci, a.T);
     const T* ks = sm.k(s);
@@ -500,7 +519,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     }
     mma::cp_async_wait<1>();  // k(item) is in; v(item) may still be in flight
     __syncthreads();
-    issue_k(item + gridDim.x, s ^ 1, gn, bn, gl);
+    issue_k(next_item(cur), s ^ 1, gn, bn, gl);
 
     if (a.G && tid < L) a.G[(row0 + tid) * a.HV + hv] = G_row;
     {
@@ -580,10 +599,24 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     __syncthreads();
     invert_unit_lower64_tc<LDM, S::LDX>(sm.A, sm.tmp);  // ends with a barrier
 
-    // A to the intermediates (rows < L; columns >= L are 0 there).
-    if (a.A)
-      for (int e = tid; e < L * C; e += kChunkThreads)
-        a.A[(row0 + e / C) * a.HV * C + hv * C + e % C] = sm.A[(e / C) * LDM + e % C];
+    // A to the intermediates (rows < L; columns >= L are 0 there), 16 bytes per store: thread tid
+    // takes columns 4 q + [0, 4) (q = tid % 16) of rows tid / 16 + 8 i, i < 8 (a warp writes two
+    // rows' 256 contiguous bytes per step; A's row (token row0 + r, head hv) starts at float
+    // ((row0 + r) HV + hv) C, 256-byte aligned; sm.A's pitch LDM = 68 keeps the float4 reads
+    // aligned and conflict-free). It was one float per store with the 64-bit index formed per
+    // element: 88 instructions per 4 elements, a fifth of the backward launch's instructions (ncu,
+    // run 21.3); the forward writes no A.
+    if (a.A) {
+      static_assert(LDM % 4 == 0 && C == 64 && kChunkThreads == 128, "A's 16-byte store pattern");
+      const int q = tid & 15, r0 = tid >> 4;
+      float* dst = a.A + ((row0 + r0) * HV + hv) * C + 4 * q;
+      const int64_t step = 8 * HV * C;
+#pragma unroll
+      for (int i = 0; i < 8; ++i, dst += step) {
+        const int r = r0 + 8 * i;
+        if (r < L) *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(sm.A + r * LDM + 4 * q);
+      }
+    }
 
     // w = (A diag(ws)) k and u = (A diag(beta)) v, 64 columns per pass: warp wp writes row blocks
     // p, 3 - p (rows 16 rb + g, + 8) of columns c0 + 32 h + [0, 32).
@@ -627,7 +660,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
         }
     }
     __syncthreads();  // A, G, beta, k's stage s and v are free for the next items
-    issue_v(item + gridDim.x);
+    issue_v(next_item(cur));
   }
 }
 
