@@ -4,7 +4,9 @@
 # (three barriers and a shared round trip fewer per item) and converts the next item's g / beta bits
 # where used, not next to their loads; B2b flushes its row sums twice only at K = 128 (run 21.3:
 # stage 1 0.276 -> 0.259 ms). Run 21.4: stage 1 stores A 16 bytes at a time and carries its items'
-# (chunk, head) by the grid's stride instead of dividing. After tools/gpu-check's build into build-gpu:
+# (chunk, head) by the grid's stride instead of dividing (0.259 -> 0.244 ms). Next (commit 5e58cb8,
+# untimed when committed): k and v rows by stepped_rows_async (predicted 0.244 -> 0.225 - 0.235 ms).
+# After tools/gpu-check's build into build-gpu:
 #   1. the chunked delta-rule GPU tests (defaults), the past-2^31 test, and the KDA chunked tests
 #      (its stage 1's raw-load helpers moved to recurrent_common.cuh; its SASS byte-identical);
 #   2. every chunk_* kernel's time per call at B8 T4096, B1 T32768, B8 K=V=64 (one process each),
@@ -21,11 +23,11 @@ job_tests b2prep_chunked 110 "DeltaRuleGpu.Chunked*:DeltaRuleChunked*:DeltaRuleG
 
 echo "== b2prep 2/4: per-call kernel times: B8 T4096, B1 T32768, B8 K=V=64 (one process each)"
 job_compare b2prep_b8 30 --kind gdn --shape 8,4096,16,128 --env $V --variants default=- \
-  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.277, B2b 0.828; 21.3: 0.259, 0.825)"
+  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.277, B2b 0.828; 21.3: 0.259, 0.825; 21.4: 0.244, 0.830)"
 job_compare b2prep_t32k 30 --kind gdn --shape 1,32768,16,128 --env $V --variants default=- \
-  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.276, B2b 0.827; 21.3: 0.259, 0.822)"
+  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.276, B2b 0.827; 21.3: 0.259, 0.822; 21.4: 0.244, 0.831)"
 job_compare b2prep_k64 25 --kind gdn --shape 8,4096,16,64 --env $V --variants default=- \
-  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.208, B2b 0.545; run 20.4: B2b 0.526; 21.3: 0.197, 0.524)"
+  --focus 'chunk_prepare|chunk_grads_local' --note "(run 21.1: stage 1 0.208, B2b 0.545; run 20.4: B2b 0.526; 21.3: 0.197, 0.524; 21.4: 0.180, 0.524)"
 
 echo "== b2prep 3/4: ncu of stage 1, the forward's launch then the backward's (chunk_prepare_compact_kernel)"
 JOB_NCU_SKIP=0 job_ncu b2prep_prep_fwd 45 'chunk_prepare_compact_kernel' 1 - -- "${P[@]}"
