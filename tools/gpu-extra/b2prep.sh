@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# b2prep (issue 6, session 21): after run 21.1 / 21.2 (b2rows.sh, bwdncu.sh; docs/perf/delta_rule.md
+# b2prep (issue 6, session 21): after run 21.1 / 21.2 (b2rows.sh, retired since: commit 2468461 has it; bwdncu.sh; docs/perf/delta_rule.md
 # "Session 21"): GDN stage 1 (chunk_prepare_compact_kernel) scans g in registers at the item's top
 # (three barriers and a shared round trip fewer per item) and converts the next item's g / beta bits
 # where used, not next to their loads; B2b flushes its row sums twice only at K = 128 (run 21.3:
@@ -10,7 +10,7 @@
 #   1. the chunked delta-rule GPU tests (defaults), the past-2^31 test, and the KDA chunked tests
 #      (its stage 1's raw-load helpers moved to recurrent_common.cuh; its SASS byte-identical);
 #   2. every chunk_* kernel's time per call at B8 T4096, B1 T32768, B8 K=V=64 (one process each),
-#      beside run 21.1's (the same shapes, b2rows.sh);
+#      beside run 21.1's (the same shapes);
 #   3. ncu of stage 1's backward launch with source counters (as bwdncu.sh 2/4 in run 21.2).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
