@@ -637,25 +637,16 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     load_a_pieces(a.A, row0, hv, HV, L, tid, y);
     const int lr = tid & (C - 1), lwhich = tid / C;  // row lr's G (lwhich 0), beta (1), dG (2); 3: none
     const bool lr_ok = lr < L;
-    float lval = 0.f;
-    // beta stored in T: converted after the copies (ptxas kept a conversion beside its load, in the
-    // load's branch, so the warp waited for the load there: run 20.2's ncu, 1.1 % of the samples).
-    T lbeta16 = from_f<T>(0.f);
-    bool lbeta_is16 = false;
+    // The loaded value's bits (load_raw: beta's 16-bit T unconverted), converted after the copies'
+    // issue (ptxas kept a conversion beside its load, in the load's branch, so the warp waited for the
+    // load there: run 20.2's ncu, 1.1 % of the samples).
+    uint32_t lraw = 0u;
     if (lwhich == 0) {
-      if (a.G && lr_ok) lval = a.G[(row0 + lr) * HV + hv];
+      if (a.G && lr_ok) lraw = raw_bits(a.G[(row0 + lr) * HV + hv]);
     } else if (lwhich == 1) {
-      if (lr_ok) {
-        const int64_t off = off3(a.beta, ci.b, ci.t0 + lr, hv);
-        if (a.beta.f32) {
-          lval = static_cast<const float*>(a.beta.p)[off];
-        } else {
-          lbeta16 = static_cast<const T*>(a.beta.p)[off];
-          lbeta_is16 = true;
-        }
-      }
+      if (lr_ok) lraw = load_raw<T>(a.beta, off3(a.beta, ci.b, ci.t0 + lr, hv));
     } else if (lwhich == 2) {
-      if (a.dG_state && lr_ok) lval = a.dG_state[(row0 + lr) * HV + hv];
+      if (a.dG_state && lr_ok) lraw = raw_bits(a.dG_state[(row0 + lr) * HV + hv]);
     }
     // kLateNorms: q and k in a second cp.async group, first read by the row norms at slice 1, so the
     // prologue's wait covers dw, slice 0 and A only (48 of 80 KiB at K = 128). dw stays in the first:
@@ -679,12 +670,13 @@ __global__ void __launch_bounds__(256 * kItems, 2 / kItems) chunk_grads_local_ke
     }
     store_a_split<T>(y, sm.A_hi, sm.A_lo, LDP, tid);
     if (lwhich == 0) {
-      sm.G[lr] = lval;
-      sm.eG[lr] = expf(lval);
+      const float G = __uint_as_float(lraw);
+      sm.G[lr] = G;
+      sm.eG[lr] = expf(G);
     } else if (lwhich == 1) {
-      sm.beta[lr] = lbeta_is16 ? to_f<T>(lbeta16) : lval;
+      sm.beta[lr] = raw_to_f32<T>(a.beta.f32, lraw);
     } else if (lwhich == 2) {
-      sm.dG[lr] = lval;  // B2a's dG terms (added last)
+      sm.dG[lr] = __uint_as_float(lraw);  // B2a's dG terms (added last)
     }
     if constexpr (kLateNorms)
       mma::cp_async_wait<1>();  // (q, k may still be in flight)
