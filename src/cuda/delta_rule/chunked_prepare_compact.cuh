@@ -469,10 +469,6 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     return it;
   };
 
-  // The k rows (width KMAX) and, where V == KMAX, the v rows are copied by stepped_rows_async (a fixed
-  // trip count, unrolled, no row test in full chunks); rows_async's loop over a run-time width was
-  // ~230 instructions per warp and copy, half of them branches (ncu, run 21.4: the copy-issue
-  // segments 20 % of the samples).
   // item's k rows into stage s (one group), and the bits of g and beta of row tid (zeros past the
   // chunk's length) into gn, bn, and (warp 1) of g of row tid - 32 into gl, for the next item's scan;
   // without an item, an empty group. The bits are converted at the next item's top, not here (a
@@ -483,7 +479,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
     if (it.c < a.num_chunks) {
       const int64_t hv = it.hv, head = static_cast<int>(hv) / group;
       const ChunkInfo ci = chunk_info(a, it.c);
-      view_rows_stepped_async<T, KMAX, kChunkThreads>(a.k, ci, head, k_vec, sm.k(s), LDK);
+      rows_async<T>(a.k, ci, head, KMAX, k_vec, sm.k(s), LDK);
       if (tid < ci.len) {
         const int64_t tok = ci.t0 + tid;
         bn = load_raw<T>(a.beta, off3(a.beta, ci.b, tok, hv));
@@ -496,10 +492,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
   auto issue_v = [&](Item it) {
     if (it.c < a.num_chunks) {
       const ChunkInfo ci = chunk_info(a, it.c);
-      if (a.V == KMAX)
-        view_rows_stepped_async<T, KMAX, kChunkThreads>(a.v, ci, it.hv, v_vec, sm.v, ldv);
-      else
-        rows_async<T>(a.v, ci, it.hv, static_cast<int>(a.V), v_vec, sm.v, ldv);
+      rows_async<T>(a.v, ci, it.hv, static_cast<int>(a.V), v_vec, sm.v, ldv);
     }
     mma::cp_async_commit();
   };
