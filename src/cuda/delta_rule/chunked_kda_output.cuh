@@ -238,6 +238,25 @@ __global__ void __launch_bounds__(kChunkThreads, kSingle ? 4 : 1) kda_output_ker
     kda_mma::rows_times_split<T, NT>(sm.qs, sm.qs_lo, LDK, sm.hs, sm.hs_lo, LDV, 0, KMAX, acc);
     kda_mma::lower_times_split<T, NT>(sm.P, sm.P_lo, LDP, sm.vn, static_cast<const T*>(nullptr), LDV, 0, acc);
   }
+  // o in T with 4-byte column pairs (every contiguous output): each lane's element pairs (columns
+  // 8 nt + 2 tig + {0, 1} of rows 16 wp + grp (+8)) as one 32-bit store from two row pointers formed
+  // once. Per element (off4's four 64-bit multiply-adds, a branch, a 2-byte store) the store took
+  // ~20 instructions, ~640 per thread (session 22, the fused GDN forward's o store measured alike).
+  const bool o_pairs = !a.o.f32 && (reinterpret_cast<uintptr_t>(a.o.p) & 3) == 0 && a.o.s3 == 1 && a.o.s0 % 2 == 0 &&
+                       a.o.s1 % 2 == 0 && a.o.s2 % 2 == 0;
+  if (o_pairs) {
+    const int r0 = 16 * wp + mma::grp();
+    T* const o_row0 = static_cast<T*>(a.o.p) + off4(a.o, ci.b, ci.t0 + r0, hv, col0 + 2 * mma::tig());
+    T* const o_row8 = o_row0 + 8 * a.o.s1;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      if (r0 < L)
+        *reinterpret_cast<uint32_t*>(o_row0 + 8 * nt) = mma::pack_floats<T>(a.scale * acc[nt][0], a.scale * acc[nt][1]);
+      if (r0 + 8 < L)
+        *reinterpret_cast<uint32_t*>(o_row8 + 8 * nt) = mma::pack_floats<T>(a.scale * acc[nt][2], a.scale * acc[nt][3]);
+    }
+    return;
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

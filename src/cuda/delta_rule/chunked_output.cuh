@@ -144,6 +144,10 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
   // The o view's element pairs (columns 2 tig, 2 tig + 1) can be stored as one 32-bit word.
   const bool o_pairs = !a.o.f32 && (reinterpret_cast<uintptr_t>(a.o.p) & 3) == 0 && a.o.s3 == 1 && a.o.s0 % 2 == 0 &&
                        a.o.s1 % 2 == 0 && a.o.s2 % 2 == 0;
+  // With pairs: this thread's rows i0 and i0 + 8 of o at the block's head, column 2 tig (64-bit offsets
+  // formed once; per store only the slice's column c0 + 8 nt is added, an immediate in the store).
+  T* const o_row0 = o_pairs ? static_cast<T*>(a.o.p) + off4(a.o, ci.b, ci.t0 + i0, hv, 2 * mma::tig()) : nullptr;
+  T* const o_row8 = o_pairs ? o_row0 + 8 * a.o.s1 : nullptr;
   const float* hc = kSingle ? nullptr : a.h + (c * a.HV + hv) * a.K * a.V;
   const T* hc16 = kSingle ? static_cast<const T*>(a.h16) + (c * a.HV + hv) * a.K * a.V : nullptr;
   for (int c0 = 0; c0 < a.V; c0 += kOutputCols) {
@@ -221,11 +225,11 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
       for (int half = 0; half < 2; ++half) {
         const int i = i0 + 8 * half;
         if (i >= L) continue;
-        const int64_t at = off4(a.o, ci.b, ci.t0 + i, hv, c0 + 8 * nt + 2 * mma::tig());
         const float x0 = acc[nt][2 * half], x1 = acc[nt][2 * half + 1];
         if (o_pairs) {
-          *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o.p) + at) = mma::pack_floats<T>(x0, x1);
+          *reinterpret_cast<uint32_t*>((half ? o_row8 : o_row0) + c0 + 8 * nt) = mma::pack_floats<T>(x0, x1);
         } else {
+          const int64_t at = off4(a.o, ci.b, ci.t0 + i, hv, c0 + 8 * nt + 2 * mma::tig());
           store_elem<T>(a.o, at, x0);
           store_elem<T>(a.o, at + a.o.s3, x1);
         }

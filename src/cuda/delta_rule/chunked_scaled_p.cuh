@@ -39,13 +39,99 @@ __device__ __forceinline__ void store_scaled_p_item(const float (&praw)[4][4], i
   }
 }
 
+// The 20 nonzero 16 x 8 tiles of q_raw k_raw^T's lower block triangle (row block rb: column tiles
+// nt = 0 .. 2 rb + 1), dealt to 8 warps for the serial chains (B1, the fused forward), whose warps meet
+// at a barrier right after forming P. Warps wp and wp + 4 share an SM scheduler, and the tensor pipe
+// and issue slots are per scheduler, so each pair gets 5 tiles and no warp more than 3:
+//   warp  0: (3, 0 1 2)   1: (3, 5 6 7)   2: (2, 0 1 2)   3: (1, 0 1 2)
+//   warp  4: (3, 3 4)     5: (0, 0 1)     6: (2, 3 4)     7: (1, 3) (2, 5)
+// ((row block, column tiles); slot 2 shares slot 0's row block; only warp 7's slots 0 and 1 differ in
+// row block.) The item deal it replaces (items = (row block wp % 4, column tiles [4 (wp / 4), +4)),
+// form_scaled_p below) gave the schedulers 2, 4, 6, 8 tiles and warps up to 4: run 21.2's ncu of B1 had
+// 13 % of its stall samples at the barrier after P, the fused forward ~7 % at its two P barriers.
+// Packed per warp in 16 bits (warps 0 - 3 in kPTileDealLo, 4 - 7 in kPTileDealHi, warp w at bit
+// 16 (w % 4)): n (tiles, 2 bits) | rb0 (2) | rb1 (2) | nt0 (3) | nt1 (3) | nt2 (3).
+struct PTileDeal {
+  int n, rb0, rb1, nt[3];
+};
+constexpr uint32_t p_tile_word(int n, int rb0, int rb1, int nt0, int nt1, int nt2) {
+  return static_cast<uint32_t>(n | rb0 << 2 | rb1 << 4 | nt0 << 6 | nt1 << 9 | nt2 << 12);
+}
+constexpr uint64_t kPTileDealLo = uint64_t{p_tile_word(3, 3, 3, 0, 1, 2)} | uint64_t{p_tile_word(3, 3, 3, 5, 6, 7)} << 16 |
+                                  uint64_t{p_tile_word(3, 2, 2, 0, 1, 2)} << 32 | uint64_t{p_tile_word(3, 1, 1, 0, 1, 2)} << 48;
+constexpr uint64_t kPTileDealHi = uint64_t{p_tile_word(2, 3, 3, 3, 4, 0)} | uint64_t{p_tile_word(2, 0, 0, 0, 1, 0)} << 16 |
+                                  uint64_t{p_tile_word(2, 2, 2, 3, 4, 0)} << 32 | uint64_t{p_tile_word(2, 1, 2, 3, 5, 0)} << 48;
+__device__ __forceinline__ PTileDeal p_tile_deal(int wp) {
+  const uint32_t d = static_cast<uint32_t>(((wp < 4 ? kPTileDealLo : kPTileDealHi) >> (16 * (wp & 3))) & 0xffffu);
+  return {static_cast<int>(d & 3u), static_cast<int>((d >> 2) & 3u), static_cast<int>((d >> 4) & 3u),
+          {static_cast<int>((d >> 6) & 7u), static_cast<int>((d >> 9) & 7u), static_cast<int>((d >> 12) & 7u)}};
+}
+
+// praw[t] (accumulator layout, rows 16 rb_t + [0, 16), columns 8 nt_t + [0, 8)) += q_raw k_raw^T over
+// the KMAX channels, for this warp's dealt tiles t < deal.n (praw zeroed by the caller). B fragments of
+// slots 0 and 1 come from one ldmatrix.x4 (lane l addresses row l % 8 of k's column tile nt_(l / 16),
+// channel half (l / 8) % 2), slot 2's from another (its tile twice); A fragments of q's row block rb0,
+// and of rb1 only where it differs (warp 7).
+template <typename T, int KMAX>
+__device__ __forceinline__ void p_tiles_products(const T* qs, const T* ks, int ldk, const PTileDeal& deal, int lane,
+                                                 float (&praw)[3][4]) {
+  const int arow = (lane & 15), acol = 8 * (lane >> 4), brow = lane & 7, bcol = 8 * ((lane >> 3) & 1);
+  const T* qa0 = qs + (16 * deal.rb0 + arow) * ldk + acol;
+  const T* qa1 = qs + (16 * deal.rb1 + arow) * ldk + acol;
+  const T* kb01 = ks + (8 * ((lane >> 4) ? deal.nt[1] : deal.nt[0]) + brow) * ldk + bcol;
+  const T* kb2 = ks + (8 * deal.nt[2] + brow) * ldk + bcol;
+  const bool two_rows = deal.rb1 != deal.rb0, three = deal.n == 3;
+#pragma unroll
+  for (int kq = 0; kq < KMAX / 16; ++kq) {
+    uint32_t a0[4], a1[4], b01[4];
+    mma::ldmatrix_x4<false>(a0, qa0 + 16 * kq);
+    mma::ldmatrix_x4<false>(b01, kb01 + 16 * kq);
+    const uint32_t b0[2] = {b01[0], b01[1]}, b1[2] = {b01[2], b01[3]};
+    mma::mma16816<T>(praw[0], a0, b0);
+    if (two_rows) {
+      mma::ldmatrix_x4<false>(a1, qa1 + 16 * kq);
+      mma::mma16816<T>(praw[1], a1, b1);
+    } else {
+      mma::mma16816<T>(praw[1], a0, b1);
+    }
+    if (three) {
+      uint32_t b2[4];
+      mma::ldmatrix_x4<false>(b2, kb2 + 16 * kq);
+      const uint32_t b2f[2] = {b2[0], b2[1]};
+      mma::mma16816<T>(praw[2], a0, b2f);
+    }
+  }
+}
+
+// The dealt tiles scaled into P (and P_lo with kSplit) as store_scaled_p_item does for an item:
+// scale P_ij = pscale_i rstd_kj exp(G_i - G_j) raw_ij for j <= i < L, else 0.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void store_p_tiles(const float (&praw)[3][4], const PTileDeal& deal, const float* pscale,
+                                              const float* rstd_k, const float* G, int L, T* P, T* P_lo, int ldp) {
+#pragma unroll
+  for (int t = 0; t < 3; ++t) {
+    if (t >= deal.n) continue;
+    const int rb = t == 1 ? deal.rb1 : deal.rb0, nt = deal.nt[t];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * rb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
+      const float x = j <= i && i < L ? pscale[i] * rstd_k[j] * expf(G[i] - G[j]) * praw[t][e] : 0.f;
+      if constexpr (kSplit)
+        store_split<T>(x, &P[i * ldp + j], &P_lo[i * ldp + j]);
+      else
+        P[i * ldp + j] = from_f<T>(x);
+    }
+  }
+}
+
 // This warp's items of scale P into P (and P_lo with kSplit), [64][ldp] T; qs, ks: the chunk's raw
 // q, k rows ([64][ldk] T); pscale[i] = scale rstd_qi, rstd_k[j], G[i] (zeros past L) in shared
 // memory; lane, wp: the thread's lane and warp; nb_r, nb_c: the lane's ldmatrix address offsets for
 // non-trans B fragments of two 8-column tiles (row 8 (lane / 16) + lane % 8, column 8 ((lane / 8) %
 // 2)). The kernels pass the values they already hold (recomputing them here changed B1's SASS). Items it = (row block it % 4, column tiles [4 (it / 4), +4)) of q_raw k_raw^T; tiles
 // right of the diagonal block are never read, so item it costs (16-column pairs) 1 2 2 2 0 0 1 2.
-// With 8 warps each takes one (the longest, 2, bounds the phase). With 4 warps, warp wp takes the
+// With 8 warps the tiles are dealt by p_tile_deal instead (5 per scheduler, <= 3 per warp; one item
+// each gave 2, 4, 6, 8 per scheduler). With 4 warps, warp wp takes the
 // items in slots wp and wp + 4 of the order 3 7 1 2 0 6 4 5 (nibbles of kItemOrder4, low first):
 // pairs of cost 3 3 2 2, not the 1 2 3 4 of items wp, wp + 4 (session 9: the 4-warp B1 serves few
 // long sequences, where this phase sits on the serial chain). With 2 warps, slots in order.
@@ -53,6 +139,13 @@ template <typename T, int KMAX, int WARPS, bool kSplit>
 __device__ __forceinline__ void form_scaled_p(const T* qs, const T* ks, int ldk, const float* pscale,
                                               const float* rstd_k, const float* G, int L, T* P, T* P_lo, int ldp,
                                               int lane, int wp, int nb_r, int nb_c) {
+  if constexpr (WARPS == 8) {  // the balanced deal of P's tiles (p_tile_deal)
+    const PTileDeal deal = p_tile_deal(wp);
+    float praw[3][4] = {};
+    p_tiles_products<T, KMAX>(qs, ks, ldk, deal, lane, praw);
+    store_p_tiles<T, kSplit>(praw, deal, pscale, rstd_k, G, L, P, P_lo, ldp);
+    return;
+  }
   constexpr uint32_t kItemOrder4 = 0x54602173u;
 #pragma unroll
   for (int slot = wp; slot < 8; slot += WARPS) {

@@ -56,33 +56,43 @@ __device__ __forceinline__ void stage_acc_tiles_transposed(const float (&acc)[NT
   }
 }
 
+// A warp's NK accumulator tiles of a state's transpose (h^T or dh^T: tile nk's element e at value column
+// grp + 8 (e >> 1) of the warp's 16, key channel 8 nk + 2 tig + (e & 1) of its channels), rounded to T,
+// to rows [0, 8 NK) of `at` (channel r at at + r pitch, 16 T per row; 16-byte aligned) through the
+// warp-private tile `stage` ([8 NK][16] T): stmatrix (stage_acc_tiles_transposed), then 16-byte
+// stores, piece p = lane + 32 i being row p / 2, columns 8 (p % 2) + [0, 8), so each row's 32 bytes
+// go out together.
+template <typename T, int NK>
+__device__ __forceinline__ void store_channel_tiles_staged(T* at, int64_t pitch, int lane, const float (&acc)[NK][4],
+                                                           T* stage) {
+  static_assert(NK % 2 == 0, "whole 16-byte pieces per lane");
+  __syncwarp();  // the previous reads of `stage` are done
+  stage_acc_tiles_transposed<T, NK>(acc, stage, 16, lane);  // (session 14: was 2-byte shared stores)
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < NK / 2; ++i) {
+    const int p = lane + 32 * i, r = p >> 1, half = p & 1;
+    *reinterpret_cast<uint4*>(at + r * pitch + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * 16 + 8 * half);
+  }
+}
+
 // store_state_tiles for the 16-bit states through a warp-private shared tile (session 13; the states
 // from v_new, chunked_state_from_vnew.cuh): run 13.3's ncu put that kernel at 65% of L2 throughput
 // with its 2-byte scattered stores (each warp store instruction writes four 16-byte pieces of four
-// rows, half sectors). Here the warp writes its 8 NK channels x 16 columns (channels kc0 + [0, 8 NK))
-// into `stage` ([8 NK][16] T, row = channel - kc0) by stmatrix (stage_acc_tiles_transposed; 2-byte
-// shared stores until session 14), then stores 16-byte pieces:
-// piece p = lane + 32 i is row p / 2, columns 8 (p % 2) + [0, 8), so each row's 32 bytes (a whole
-// sector of h_c's row) go out together. fp32 states (a.h) take store_state_tiles.
+// rows, half sectors). Here the warp's 8 NK channels x 16 columns (channels kc0 + [0, 8 NK)) go out by
+// store_channel_tiles_staged (a whole sector of h_c's row per 32 bytes). fp32 states (a.h) take
+// store_state_tiles.
 template <typename T, int NK>
 __device__ __forceinline__ void store_state_tiles_staged(const ChunkedArgs& a, int64_t c, int64_t hv, int64_t col0,
                                                          int vc0, int kc0, int lane, const float (&hT)[NK][4],
                                                          T* stage) {
-  static_assert(NK % 2 == 0, "whole 16-byte pieces per lane");
   if (!a.h16) {
     const int grp = lane >> 2, tig = lane & 3;
     store_state_tiles<T, NK>(a, c, hv, col0, vc0, kc0, grp, tig, hT);
     return;
   }
-  __syncwarp();  // the previous chunk's reads of `stage` are done
-  stage_acc_tiles_transposed<T, NK>(hT, stage, 16, lane);  // (session 14: was 2-byte shared stores)
-  __syncwarp();
-  T* const hc = static_cast<T*>(a.h16) + (c * a.HV + hv) * a.K * a.V + kc0 * a.V + col0 + vc0;
-#pragma unroll
-  for (int i = 0; i < NK / 2; ++i) {
-    const int p = lane + 32 * i, r = p >> 1, half = p & 1;
-    *reinterpret_cast<uint4*>(hc + r * a.V + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * 16 + 8 * half);
-  }
+  store_channel_tiles_staged<T, NK>(static_cast<T*>(a.h16) + (c * a.HV + hv) * a.K * a.V + kc0 * a.V + col0 + vc0,
+                                    a.V, lane, hT, stage);
 }
 
 // One chunk's v_new^T as a warp holds it (accumulator p[j8][e]: chunk row 8 j8 + 2 tig + (e & 1),
@@ -110,6 +120,27 @@ __device__ __forceinline__ void store_acc_rows_staged(T* at, int64_t pitch, int 
     if (r < len)
       *reinterpret_cast<uint4*>(at + r * pitch + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * ld + 8 * half);
   }
+}
+
+// One quarter of the fused forward's o (chunked_state.cuh): the warp's accumulators o[i4] (o^T tiles:
+// element e at value column grp + 8 (e >> 1) of the warp's 16, chunk row 8 i4 + 2 tig + (e & 1) of the
+// quarter's 16) to rows [0, len) of `at` (row r at at + r pitch, 16 T per row; 16-byte aligned),
+// through the warp-private shared tile `stage` (16 rows of 16 T at stage + r ld): one stmatrix, then
+// one 16-byte store per lane, where one element at a time took ~20 instructions of 64-bit index
+// arithmetic per element (off4 of b, t, head, column), a branch and a 2-byte store: ~650 of the
+// kernel's ~2770 instructions per warp and chunk (SASS, session 22). Piece = lane: sub = lane % 8,
+// g = lane / 8, row 8 (g / 2) + 2 (sub / 2) + g % 2, columns 8 (sub % 2) + [0, 8) (as
+// store_acc_rows_staged: with ld = 264 a quarter warp's 16-byte reads cover 32 distinct banks).
+template <typename T>
+__device__ __forceinline__ void store_o_quarter_staged(T* at, int64_t pitch, int len, int lane,
+                                                       const float (&o)[2][4], T* stage, int ld) {
+  __syncwarp();  // every lane is done reading the previous quarter's stage
+  stage_acc_tiles_transposed<T, 2>(o, stage, ld, lane);
+  __syncwarp();
+  const int sub = lane & 7, g = lane >> 3;
+  const int r = 8 * (g >> 1) + 2 * (sub >> 1) + (g & 1), half = sub & 1;
+  if (r < len)
+    *reinterpret_cast<uint4*>(at + r * pitch + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * ld + 8 * half);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -31,7 +31,7 @@
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
-#include "chunked_scaled_p.cuh"  // store_scaled_p_item
+#include "chunked_scaled_p.cuh"  // p_tile_deal, p_tiles_products, store_p_tiles
 #include "chunked_stage_store.cuh"
 #include "chunked_stage_sync.cuh"
 #include "chunked_tiles.cuh"
@@ -106,8 +106,8 @@ struct StateSmem {
 // h is not stored, nor v_new unless the caller keeps it for the backward (a.keep_v_new; without it the
 // backward recomputes stage 2 unfused); o and the final state are. Per chunk also
 //   o^T = (h^T q^T) * (scale exp(G_i) rstd_qi per column i) + v_new^T (scale P)^T,
-// with P = Lower(q k^T exp(G_i - G_j)) formed once per chunk by the block (warp wp: rows
-// [16 (wp % 4), +16), column tiles of half wp / 4) into shared memory as hi + lo. h^T (hi + lo) is
+// with P = Lower(q k^T exp(G_i - G_j)) formed once per chunk by the block (its 20 nonzero
+// 16 x 8 tiles dealt to the warps by p_tile_deal) into shared memory as hi + lo. h^T (hi + lo) is
 // the A operand of h^T q^T, whose scaled result each thread parks in shared memory (its own 32
 // slots) until v_new^T (fp32, hi + lo) is known as the A operand of the P product; so o needs
 // neither h_c nor v_new from memory, and h^T, v_new^T and o^T are never all in registers (213
@@ -169,6 +169,9 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
   // of 16, rows V % 128 == 0 elements apart); a caller's tensor at an odd offset takes 2-byte stores.
   const bool vn_aligned = (reinterpret_cast<uintptr_t>(v_new) & 15) == 0;
   const bool k_vec = key_rows_vectorizable(a.k), q_vec = kOutput && key_rows_vectorizable(a.q);
+  // kOutput: o in T with 16-byte rows (every caller's contiguous output) goes out staged, 16 bytes per
+  // lane and quarter (store_o_quarter_staged); else one element at a time.
+  const bool o_staged = kOutput && !a.o.f32 && key_rows_vectorizable(a.o);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
   // Stage 1's row scales (ChunkedArgs::colscale) where given, for the channel-split body (few long
@@ -220,27 +223,11 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
       if (c + 2 < c_end) ci_next = a.chunks[c + 2];
     }
 
-    // kOutput: this warp's share of q k^T (raw rows; scaled after the next barrier).
-    float praw[4][4] = {};
-    const int prb = wp & 3, phalf = wp >> 2;  // P row block [16 prb, +16), column tiles [4 phalf, +4)
-    if constexpr (kOutput) {
-      const T* qrow = sm.q(s) + (16 * prb + (lane & 15)) * LDK + 8 * (lane >> 4);
-#pragma unroll
-      for (int ks = 0; ks < KMAX / 16; ++ks) {
-        uint32_t af[4];
-        mma::ldmatrix_x4<false>(af, qrow + 16 * ks);
-#pragma unroll
-        for (int q2 = 0; q2 < 2; ++q2) {
-          const int np = 2 * phalf + q2;  // column tiles 2 np, 2 np + 1
-          if (np > prb) continue;         // right of the diagonal block: zero
-          uint32_t b[4];
-          mma::ldmatrix_x4<false>(b, sm.k(s) + (16 * np + nb_r) * LDK + 16 * ks + nb_c);
-          const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          mma::mma16816<T>(praw[2 * q2], af, b0);
-          mma::mma16816<T>(praw[2 * q2 + 1], af, b1);
-        }
-      }
-    }
+    // kOutput: this warp's tiles of q k^T (raw rows; scaled after the next barrier), dealt by
+    // p_tile_deal (chunked_scaled_p.cuh: 5 tiles per scheduler, <= 3 per warp).
+    float praw[3][4] = {};
+    const PTileDeal pdeal = p_tile_deal(wp);
+    if constexpr (kOutput) p_tiles_products<T, KMAX>(sm.q(s), sm.k(s), LDK, pdeal, lane, praw);
 
     // (C) per-row scales: of the state update, exp(G_{L-1} - G_j) with j <= L - 1 (<= 1 for
     // g <= 0) times k's row rstd; of the output, scale exp(G_i) rstd_qi and scale rstd_qi.
@@ -265,7 +252,7 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
     if constexpr (kOutput) {
       // scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q k^T)_ij for j <= i < L (exp bounded
       // by 1), else 0; to shared memory (hi + lo unless kSingle; chunked_scaled_p.cuh).
-      store_scaled_p_item<T, !kSingle>(praw, prb, phalf, sm.pscale, sm.rstd_k, G_s, L, sm.P, sm.P_lo, LDP);
+      store_p_tiles<T, !kSingle>(praw, pdeal, sm.pscale, sm.rstd_k, G_s, L, sm.P, sm.P_lo, LDP);
       stage_sync<kBar, THREADS>();
     }
 
@@ -346,7 +333,9 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
 
     if constexpr (kOutput) {
       // o^T = parked part + v_new^T (scale P)^T, by quarters; P^T's blocks (j block js, i block oh)
-      // with js <= oh only (P is lower triangular). Stored for rows i < L.
+      // with js <= oh only (P is lower triangular). Stored for rows i < L. o_at: o's row t0 of this
+      // warp's 16 value columns.
+      T* const o_at = o_staged ? static_cast<T*>(a.o.p) + off4(a.o, ci.b, ci.t0, hv, col0 + vc0) : nullptr;
 #pragma unroll 1
       for (int oh = 0; oh < 4; ++oh) {
         float o[2][4], olo[2][4] = {};
@@ -376,6 +365,13 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
         for (int i4 = 0; i4 < 2; ++i4)
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[i4][e] += olo[i4][e];
+        if (o_staged) {
+          // Through the second half of this warp's 64-byte slice of u(s)'s rows 0 - 15 (the kept
+          // v_new's staging above uses the first half; only this warp reads those columns).
+          store_o_quarter_staged<T>(o_at + 16 * oh * a.o.s1, a.o.s1, L - 16 * oh, lane, o,
+                                    reinterpret_cast<T*>(sm.u(s) + vc0) + 16, 2 * LDU);
+          continue;
+        }
 #pragma unroll
         for (int i4 = 0; i4 < 2; ++i4)
 #pragma unroll

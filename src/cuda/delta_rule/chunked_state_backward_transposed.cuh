@@ -48,6 +48,7 @@
 #include "chunked_output.cuh"  // store_split
 #include "chunked_rows.cuh"
 #include "chunked_scaled_p.cuh"
+#include "chunked_stage_store.cuh"  // store_channel_tiles_staged, store_acc_rows_staged
 #include "chunked_stage_sync.cuh"
 #include "chunked_tiles.cuh"
 
@@ -66,6 +67,14 @@ struct StateBackwardTSmem {
   static constexpr int64_t kPBytes = kLocal ? 0 : 2 * sizeof(T) * C * LDP;
   // KSPLIT > 1: each thread's 32 partial sums of dh^T k^T, exchanged with its group's other warps.
   static constexpr int64_t kSwapBytes = KSPLIT > 1 ? sizeof(float) * 32 * 32 * WARPS : 0;
+  // kStagedStores (the 8-warp kernel of many sequences, the default at B8 T4096): each warp's private
+  // tile for its 16-bit dh and dv_new stores (store_channel_tiles_staged: [KMAX][16] T; then
+  // store_acc_rows_staged: [64][24] T, 48-byte rows so that its stmatrix rows and 16-byte reads
+  // spread over the banks), 4 KiB per warp at K = 128.
+  static constexpr bool kStagedStores = WARPS == 8 && !kLocal && KSPLIT == 1;
+  static constexpr int kDvStageLd = 24;
+  static constexpr int kStoreStageElems = KMAX * 16 > C * kDvStageLd ? KMAX * 16 : C * kDvStageLd;
+  static constexpr int64_t kStoreStageBytes = kStagedStores ? sizeof(T) * kStoreStageElems * WARPS : 0;
   static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0 && kPBytes % 16 == 0, "16-byte aligned tiles");
   unsigned char* raw;
   T* P;             // [C][LDP] scale P, hi part
@@ -76,12 +85,16 @@ struct StateBackwardTSmem {
   float* pscale;    // [C] scale rstd_qi
   float* rstd_k;    // [C]
   float4* swap;     // [8][THREADS] (KSPLIT > 1): thread tid's i-th float4 at swap[i * THREADS + tid]
-  static constexpr int64_t bytes() { return 2 * kStageBytes + kPBytes + kSwapBytes + sizeof(float) * 5 * C; }
+  T* store_stage;   // [WARPS][kStoreStageElems] (kStagedStores)
+  static constexpr int64_t bytes() {
+    return 2 * kStageBytes + kPBytes + kSwapBytes + kStoreStageBytes + sizeof(float) * 5 * C;
+  }
   __device__ explicit StateBackwardTSmem(unsigned char* r) : raw(r) {
     P = reinterpret_cast<T*>(raw + 2 * kStageBytes);
     P_lo = P + C * LDP;
     swap = reinterpret_cast<float4*>(raw + 2 * kStageBytes + kPBytes);
-    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes + kSwapBytes);
+    store_stage = reinterpret_cast<T*>(raw + 2 * kStageBytes + kPBytes + kSwapBytes);
+    G = reinterpret_cast<float*>(raw + 2 * kStageBytes + kPBytes + kSwapBytes + kStoreStageBytes);
     colscale = G + C;
     rowscale = colscale + C;
     pscale = rowscale + C;
@@ -239,7 +252,10 @@ __device__ __forceinline__ void chunk_state_backward_transposed_body(const Chunk
     // (In T with 16-bit storage, a.dh16; else fp32.)
     {
       const int64_t at = (c * a.HV + hv) * a.K * a.V + col0;
-      if (a.dh16) {
+      if (a.dh16 && S::kStagedStores) {
+        store_channel_tiles_staged<T, NK>(static_cast<T*>(a.dh16) + at + vc0, a.V, lane, dhT,
+                                          sm.store_stage + wp * S::kStoreStageElems);
+      } else if (a.dh16) {
         T* dhc = static_cast<T*>(a.dh16) + at;
 #pragma unroll
         for (int nk = 0; nk < NK; ++nk)
@@ -336,7 +352,10 @@ __device__ __forceinline__ void chunk_state_backward_transposed_body(const Chunk
     // vanish there).
     if (kc0 == 0) {  // (with the channel split, both warps of a group hold the whole dv_new^T)
       const int64_t at = (row0 * a.HV + hv) * a.V + col0 + vcol(0), pitch = a.HV * a.V;
-      if (a.dv_new16)
+      if (a.dv_new16 && S::kStagedStores)  // (at - grp: column vc0, 16-byte aligned: V % 64 == 0)
+        store_acc_rows_staged(static_cast<T*>(a.dv_new16) + at - grp, pitch, L, lane, p,
+                              sm.store_stage + wp * S::kStoreStageElems, S::kDvStageLd);
+      else if (a.dv_new16)
         store_acc_rows(static_cast<T*>(a.dv_new16) + at, pitch, L, tig, p);
       else
         store_acc_rows(a.dv_new + at, pitch, L, tig, p);
