@@ -4,7 +4,8 @@
 # tile, 16 bytes per lane and quarter (it was ~20 instructions of 64-bit index arithmetic per element,
 # ~650 of its ~2770 per warp and chunk); the 8-warp B1 (chunk_state_backward_transposed_kernel) writes
 # dh and dv_new the same way; both deal P's 20 tiles 5 per SM scheduler (p_tile_deal; was 2 4 6 8).
-# Run 22.1 (before): chunk_state 0.625 ms, B1 0.533 at B8 T4096; K = V = 64: 0.154, 0.350.
+# Run 22.1 (before): chunk_state 0.625 ms, B1 0.533 at B8 T4096; K = V = 64: 0.154, 0.350. Run 22.2 (after):
+# 0.505, 0.466. Next (commit after 7cd58de): P's store with ex2 and float2 factors (predicted 0.47 - 0.49, 0.44 - 0.455).
 # After tools/gpu-check's build into build-gpu:
 #   1. the chunked delta-rule GPU tests (defaults), the past-2^31 test and the KDA chunked tests, then the
 #      chunked tests again with the fused forward and the 8-warp B1 forced on their small shapes;
@@ -20,24 +21,38 @@ source tools/gpu-extra/lib/job_lib.sh
 V=FLASHGRAD_CHUNKED_B2_SPLIT
 P=(--kind gdn --B 8 --T 4096 --H 16 --K 128)
 
-echo "== fwdstore 1/5: chunked delta-rule GPU tests (defaults)"
-job_tests fwdstore_chunked 110 "DeltaRuleGpu.Chunked*:DeltaRuleChunked*:DeltaRuleGpu.PastTwoToThe31Elements:DeltaRuleGpu.Kda*"
-# The tests' shapes are small (few chains): force the two changed kernels on them.
-job_tests fwdstore_forced 60 "DeltaRuleGpu.Chunked*:DeltaRuleChunked*" FLASHGRAD_CHUNKED_FUSED_OUTPUT=1 FLASHGRAD_CHUNKED_B1_WARPS=8
+# Knobs (environment): FWDSTORE_TESTS=all runs the whole C++ GPU suite in step 1 (a session's last
+# call); FWDSTORE_SHAPES picks step 2's shapes (default "b8 t32k k64 kda"); FWDSTORE_NCU_SOURCE=1 adds
+# step 3's stall samples by SASS line and segment (kdaprep_ncu_source.py).
+shapes=" ${FWDSTORE_SHAPES:-b8 t32k k64 kda} "
+want() { [[ "$shapes" == *" $1 "* ]]; }
 
-echo "== fwdstore 2/5: per-call kernel times: B8 T4096 (every kernel), B1 T32768, B8 K=V=64"
-job_compare fwdstore_b8 30 --kind gdn --shape 8,4096,16,128 --env $V --variants default=- --kernels '^(.{0,60})' \
-  --focus 'chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_state 0.625, B1 0.533)"
-job_compare fwdstore_t32k 30 --kind gdn --shape 1,32768,16,128 --env $V --variants default=- \
-  --focus 'chunk_output' --note "(run 22.1: chunk_output 0.320)"
-job_compare fwdstore_k64 25 --kind gdn --shape 8,4096,16,64 --env $V --variants default=- \
-  --focus 'chunk_output|chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_output 0.142, chunk_state 0.154, B1 0.350)"
-job_compare fwdstore_kda 30 --kind kda --shape 4,4096,16,128 --env $V --variants default=- \
-  --focus 'kda_output' --note "(run 11.3: kda_output 0.318; deltabench 22.1: KDA forward 1.154)"
+if [ "${FWDSTORE_TESTS:-}" = all ]; then
+  echo "== fwdstore 1/5: the whole C++ GPU suite (defaults)"
+  job_tests fwdstore_all 160 "*"
+else
+  echo "== fwdstore 1/5: chunked delta-rule GPU tests (defaults)"
+  job_tests fwdstore_chunked 110 "DeltaRuleGpu.Chunked*:DeltaRuleChunked*:DeltaRuleGpu.PastTwoToThe31Elements:DeltaRuleGpu.Kda*"
+fi
+# The tests' shapes are small (few chains): force the two changed kernels on them. ChunkedB1Wgmma and
+# ChunkedStateChainsOptIn assert that the launcher takes their own B1 (which the forced 8-warp B1
+# overrides; run 22.2), so they are left out here.
+job_tests fwdstore_forced 60 "DeltaRuleGpu.Chunked*:DeltaRuleChunked*-DeltaRuleGpu.ChunkedB1Wgmma:DeltaRuleGpu.ChunkedStateChainsOptIn" \
+  FLASHGRAD_CHUNKED_FUSED_OUTPUT=1 FLASHGRAD_CHUNKED_B1_WARPS=8
+
+echo "== fwdstore 2/5: per-call kernel times:${shapes}(one process each)"
+want b8 && job_compare fwdstore_b8 30 --kind gdn --shape 8,4096,16,128 --env $V --variants default=- --kernels '^(.{0,60})' \
+  --focus 'chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_state 0.625, B1 0.533; 22.2: 0.505, 0.466)"
+want t32k && job_compare fwdstore_t32k 30 --kind gdn --shape 1,32768,16,128 --env $V --variants default=- \
+  --focus 'chunk_output' --note "(run 22.1: chunk_output 0.320; 22.2: 0.320)"
+want k64 && job_compare fwdstore_k64 25 --kind gdn --shape 8,4096,16,64 --env $V --variants default=- \
+  --focus 'chunk_output|chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_output 0.142, chunk_state 0.154, B1 0.350; 22.2: 0.141, 0.157, 0.347)"
+want kda && job_compare fwdstore_kda 30 --kind kda --shape 4,4096,16,128 --env $V --variants default=- \
+  --focus 'kda_output' --note "(run 11.3: kda_output 0.318; 22.2: 0.283)"
 
 echo "== fwdstore 3/5: ncu of the forward chain (first launch) and of B1"
-JOB_NCU_SKIP=0 job_ncu fwdstore_chain 45 'chunk_state_kernel' 0 - -- "${P[@]}"
-JOB_NCU_SKIP=0 job_ncu fwdstore_b1 45 'chunk_state_backward_transposed_kernel' 0 - -- "${P[@]}"
+JOB_NCU_SKIP=0 job_ncu fwdstore_chain 45 'chunk_state_kernel' "${FWDSTORE_NCU_SOURCE:-0}" - -- "${P[@]}"
+JOB_NCU_SKIP=0 job_ncu fwdstore_b1 45 'chunk_state_backward_transposed_kernel' "${FWDSTORE_NCU_SOURCE:-0}" - -- "${P[@]}"
 
 echo "== fwdstore 4/5: racecheck / memcheck, small cases"
 job_sanitize fwdstore_san 60 'DeltaRuleGpu.ChunkedKeptVNewFusedForward:DeltaRuleGpu.ChunkedHeadsEqualValueHeadsK128' \

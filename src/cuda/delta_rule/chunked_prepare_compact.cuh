@@ -56,21 +56,6 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// exp(x) for x = G_i - G_j in M's store (i > j; x <= 0 for g <= 0): 2^(x log2 e) by the hardware
-// ex2 with flush to zero (ex2.approx.ftz: ~2 ulp, plus x log2 e's rounding, ~|x| 2^-24 relative: an
-// absolute error below ~1.3e-7 of the factor for every x <= 0, under M's own fp32 rounding; a
-// factor below 2^-126 is 0 for these sums). Three instructions, against __expf's five with its
-// denormal fix-ups and expf's eight. The host emulation uses expf.
-__device__ __forceinline__ float prepare_decay_exp(float x) {
-#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
-  return expf(x);
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-  return y;
-#endif
-}
-
 // G = inclusive prefix sum of g over the chunk's 64 rows, in registers (threads 0..63 call it, warps 0
 // and 1 whole): x is g of row tid, x_low (warp 1) g of row tid - 32. Warp 0 scans rows 0..31; warp 1
 // scans rows 32..63 and, by the same shuffles, rows 0..31, whose lane-31 sum is warp 0's total bit for
@@ -587,8 +572,8 @@ __global__ void __launch_bounds__(kChunkThreads, 3) chunk_prepare_compact_kernel
             const int i = 16 * rb + g + 8 * half;
             // Formed for every element and then selected (no branches): exp(G_i - G_j) is bounded by
             // 1 for i > j and g <= 0; where i <= j or i >= L it may be anything, even inf, and is dropped.
-            const float v0 = fi[half] * rj.x * acc[nt][2 * half] * prepare_decay_exp(Gi[half] - Gj.x);
-            const float v1 = fi[half] * rj.y * acc[nt][2 * half + 1] * prepare_decay_exp(Gi[half] - Gj.y);
+            const float v0 = fi[half] * rj.x * acc[nt][2 * half] * decay_exp_ftz(Gi[half] - Gj.x);
+            const float v1 = fi[half] * rj.y * acc[nt][2 * half + 1] * decay_exp_ftz(Gi[half] - Gj.y);
             *reinterpret_cast<float2*>(sm.A + i * LDM + j) =
                 make_float2(live[half] && i > j ? v0 : 0.f, live[half] && i > j + 1 ? v1 : 0.f);
           }

@@ -14,11 +14,36 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// One 16 x 8 tile of q_raw k_raw^T (accumulator layout: the lane's rows i0 = 16 rb + grp and i0 + 8,
+// columns j0 = 8 nt + 2 tig and j0 + 1) scaled into P (and P_lo with kSplit): scale P_ij = pscale_i
+// rstd_kj exp(G_i - G_j) raw_ij for j <= i < L, else 0. The two rows' factors are loaded once, the
+// columns' as float2, the exponential is decay_exp_ftz (ex2.approx.ftz: ~2 ulp, under the T rounding
+// P gets; it was expf, ~8 instructions), and without kSplit the two columns go out as one 4-byte pair
+// (conflict-free at ldp = 72: rows 4 banks apart). Session 22: ~25 -> ~10 instructions per element.
+template <typename T, bool kSplit>
+__device__ __forceinline__ void store_p_tile(const float (&acc)[4], int rb, int nt, const float* pscale,
+                                             const float* rstd_k, const float* G, int L, T* P, T* P_lo, int ldp) {
+  const int i0 = 16 * rb + mma::grp(), j0 = 8 * nt + 2 * mma::tig();
+  const float2 rk = *reinterpret_cast<const float2*>(rstd_k + j0), gj = *reinterpret_cast<const float2*>(G + j0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // accumulator elements 2 h, 2 h + 1: row i0 + 8 h, columns j0, j0 + 1
+    const int i = i0 + 8 * h;
+    const float ps = pscale[i], gi = G[i];
+    const bool in = i < L;
+    const float x0 = in && j0 <= i ? ps * rk.x * decay_exp_ftz(gi - gj.x) * acc[2 * h] : 0.f;
+    const float x1 = in && j0 + 1 <= i ? ps * rk.y * decay_exp_ftz(gi - gj.y) * acc[2 * h + 1] : 0.f;
+    if constexpr (kSplit) {
+      store_split<T>(x0, &P[i * ldp + j0], &P_lo[i * ldp + j0]);
+      store_split<T>(x1, &P[i * ldp + j0 + 1], &P_lo[i * ldp + j0 + 1]);
+    } else {
+      *reinterpret_cast<uint32_t*>(&P[i * ldp + j0]) = mma::pack_floats<T>(x0, x1);
+    }
+  }
+}
+
 // One item's raw products praw (q_raw k_raw^T of row block prb, 8-column tiles nt = 4 phalf + q4,
-// accumulator layout) scaled into P (and P_lo with kSplit): scale P_ij = pscale_i rstd_kj
-// exp(G_i - G_j) raw_ij for j <= i < L, else 0. Tiles right of the diagonal block are skipped
-// (never read). Shared by form_scaled_p and the fused forward (chunked_state.cuh), which forms
-// praw in its own schedule.
+// accumulator layout) scaled into P (and P_lo with kSplit) by store_p_tile. Tiles right of the
+// diagonal block are skipped (never read).
 template <typename T, bool kSplit>
 __device__ __forceinline__ void store_scaled_p_item(const float (&praw)[4][4], int prb, int phalf, const float* pscale,
                                                     const float* rstd_k, const float* G, int L, T* P, T* P_lo,
@@ -27,15 +52,7 @@ __device__ __forceinline__ void store_scaled_p_item(const float (&praw)[4][4], i
   for (int q4 = 0; q4 < 4; ++q4) {
     const int nt = 4 * phalf + q4;
     if (nt > 2 * prb + 1) continue;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 16 * prb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-      const float x = j <= i && i < L ? pscale[i] * rstd_k[j] * expf(G[i] - G[j]) * praw[q4][e] : 0.f;
-      if constexpr (kSplit)
-        store_split<T>(x, &P[i * ldp + j], &P_lo[i * ldp + j]);
-      else
-        P[i * ldp + j] = from_f<T>(x);
-    }
+    store_p_tile<T, kSplit>(praw[q4], prb, nt, pscale, rstd_k, G, L, P, P_lo, ldp);
   }
 }
 
@@ -103,24 +120,14 @@ __device__ __forceinline__ void p_tiles_products(const T* qs, const T* ks, int l
   }
 }
 
-// The dealt tiles scaled into P (and P_lo with kSplit) as store_scaled_p_item does for an item:
-// scale P_ij = pscale_i rstd_kj exp(G_i - G_j) raw_ij for j <= i < L, else 0.
+// The dealt tiles scaled into P (and P_lo with kSplit) by store_p_tile.
 template <typename T, bool kSplit>
 __device__ __forceinline__ void store_p_tiles(const float (&praw)[3][4], const PTileDeal& deal, const float* pscale,
                                               const float* rstd_k, const float* G, int L, T* P, T* P_lo, int ldp) {
 #pragma unroll
   for (int t = 0; t < 3; ++t) {
     if (t >= deal.n) continue;
-    const int rb = t == 1 ? deal.rb1 : deal.rb0, nt = deal.nt[t];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 16 * rb + mma::acc_row(e), j = 8 * nt + mma::acc_col(e);
-      const float x = j <= i && i < L ? pscale[i] * rstd_k[j] * expf(G[i] - G[j]) * praw[t][e] : 0.f;
-      if constexpr (kSplit)
-        store_split<T>(x, &P[i * ldp + j], &P_lo[i * ldp + j]);
-      else
-        P[i * ldp + j] = from_f<T>(x);
-    }
+    store_p_tile<T, kSplit>(praw[t], t == 1 ? deal.rb1 : deal.rb0, deal.nt[t], pscale, rstd_k, G, L, P, P_lo, ldp);
   }
 }
 
