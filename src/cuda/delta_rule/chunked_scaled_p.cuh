@@ -1,6 +1,7 @@
-// The backward's intra-chunk matrix scale P and its product with do, shared by B1
-// (chunked_state_backward_transposed.cuh, which forms P per chunk on its serial chain) and the
-// chunk-parallel dv_local stage (chunked_dv_local.cuh, which forms it once per chunk ahead of B1):
+// The intra-chunk matrix scale P and its product with do, shared by B1
+// (chunked_state_backward_transposed.cuh, which forms P per chunk on its serial chain), the
+// chunk-parallel dv_local stage (chunked_dv_local.cuh, which forms it once per chunk ahead of B1) and,
+// for P alone, the fused forward chain (chunked_state.cuh: p_tile_deal, p_tiles_products, store_p_tiles):
 //   scale P_ij = scale rstd_qi rstd_kj exp(G_i - G_j) (q_raw k_raw^T)_ij  for j <= i < L, else 0,
 //   dv_local^T (16 value columns x 64 chunk rows) += do^T (scale P)  (summed over P's rows i).
 // Both run per warp on 16-bit T tiles in shared memory with ldmatrix + mma.m16n8k16; with kSplit,
