@@ -5,7 +5,8 @@
 # ~650 of its ~2770 per warp and chunk); the 8-warp B1 (chunk_state_backward_transposed_kernel) writes
 # dh and dv_new the same way; both deal P's 20 tiles 5 per SM scheduler (p_tile_deal; was 2 4 6 8).
 # Run 22.1 (before): chunk_state 0.625 ms, B1 0.533 at B8 T4096; K = V = 64: 0.154, 0.350. Run 22.2 (after):
-# 0.505, 0.466. Next (commit after 7cd58de): P's store with ex2 and float2 factors (predicted 0.47 - 0.49, 0.44 - 0.455).
+# 0.505, 0.466. Run 22.3 (P's store with ex2 and float2 factors, commit 0160fb7): 0.465, 0.439; K = V = 64's
+# 4-warp B1 0.270. The notes in step 2 carry these for the next run of this job.
 # After tools/gpu-check's build into build-gpu:
 #   1. the chunked delta-rule GPU tests (defaults), the past-2^31 test and the KDA chunked tests, then the
 #      chunked tests again with the fused forward and the 8-warp B1 forced on their small shapes;
@@ -42,11 +43,11 @@ job_tests fwdstore_forced 60 "DeltaRuleGpu.Chunked*:DeltaRuleChunked*-DeltaRuleG
 
 echo "== fwdstore 2/5: per-call kernel times:${shapes}(one process each)"
 want b8 && job_compare fwdstore_b8 30 --kind gdn --shape 8,4096,16,128 --env $V --variants default=- --kernels '^(.{0,60})' \
-  --focus 'chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_state 0.625, B1 0.533; 22.2: 0.505, 0.466)"
+  --focus 'chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_state 0.625, B1 0.533; 22.2: 0.505, 0.466; 22.3: 0.465, 0.439)"
 want t32k && job_compare fwdstore_t32k 30 --kind gdn --shape 1,32768,16,128 --env $V --variants default=- \
   --focus 'chunk_output' --note "(run 22.1: chunk_output 0.320; 22.2: 0.320)"
 want k64 && job_compare fwdstore_k64 25 --kind gdn --shape 8,4096,16,64 --env $V --variants default=- \
-  --focus 'chunk_output|chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_output 0.142, chunk_state 0.154, B1 0.350; 22.2: 0.141, 0.157, 0.347)"
+  --focus 'chunk_output|chunk_state_kernel|chunk_state_backward_transposed' --note "(run 22.1: chunk_output 0.142, chunk_state 0.154, B1 0.350; 22.2: 0.141, 0.157, 0.347; 22.3: 0.141, 0.156, 0.270)"
 want kda && job_compare fwdstore_kda 30 --kind kda --shape 4,4096,16,128 --env $V --variants default=- \
   --focus 'kda_output' --note "(run 11.3: kda_output 0.318; 22.2: 0.283)"
 
