@@ -138,5 +138,38 @@ TEST(DeltaRuleWgmmaProbe, RegisterATimesKMajorB) {
   check_rs_kb<__half>(rng);
 }
 
+
+// 6. Bulk row copies counted on an mbarrier (sm90::bulk_load, mbar_*: the chains' planned tile loads,
+// docs/perf/delta_rule.md session 22): random bytes from a strided source, a partial chunk (rows past it
+// zero-filled by ordinary stores), both stages used twice (phase parities 0 and 1); byte-exact. Written
+// in session 22 after its last device call: first run in the next GPU check.
+TEST(DeltaRuleWgmmaProbe, BulkRowCopiesOnAnMbarrier) {
+  REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const int64_t pitch = 3 * kBulkRowBytes;
+  std::vector<unsigned char> src(static_cast<std::size_t>(kBulkChunks) * 64 * pitch);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  const std::vector<int> len = {64, 37, 64, 1};
+  const std::vector<unsigned char> want = want_bulk_rows(src, pitch, len);
+  Dev<unsigned char> dsrc(src), dout(std::vector<unsigned char>(want.size(), 0xab));  // out poisoned
+  Dev<int> dlen(len);
+  ASSERT_NE(dsrc.p, nullptr);
+  ASSERT_NE(dout.p, nullptr);
+  ASSERT_NE(dlen.p, nullptr);
+  const int smem = 2 * 64 * kBulkLd + 16 + 1024;  // two stages, two barriers, the alignment slack
+  ASSERT_EQ(cudaFuncSetAttribute(probe_bulk_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
+  probe_bulk_rows<<<1, 128, smem>>>(dsrc.p, pitch, dlen.p, dout.p);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<unsigned char> got(want.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), dout.p, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  int bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i] && bad++ < 5)
+      ADD_FAILURE() << "chunk " << i / (64 * kBulkRowBytes) << " row " << (i / kBulkRowBytes) % 64 << " byte "
+                    << i % kBulkRowBytes << ": " << int(got[i]) << ", want " << int(want[i]);
+  EXPECT_EQ(bad, 0) << bad << " of " << want.size() << " bytes differ";
+}
+
 }  // namespace
 }  // namespace flashgrad::delta_wgmma_probe

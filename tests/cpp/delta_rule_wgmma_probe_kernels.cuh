@@ -121,6 +121,61 @@ __global__ void __launch_bounds__(128) probe_ss_kk(const T* p, const T* q, float
 }
 
 
+// 6. Bulk row copies counted on an mbarrier (sm90::bulk_load, mbar_*): the chains' planned tile loads
+// (docs/perf/delta_rule.md, session 22). Chunk c's 64 rows of kBulkRowBytes come from src rows c 64 + r,
+// `pitch` bytes apart, into stage c % 2 (rows kBulkLd bytes apart): one bulk copy per row r < len[c] by
+// thread r, rows r >= len[c] zero-filled by ordinary stores, one arrive.expect_tx of len[c] rows' bytes by
+// thread 0; every thread waits on the stage's phase, then the tile goes out densely to out[c][64][kBulkRowBytes].
+// kBulkChunks chunks: each stage used twice (phase parities 0, then 1); out is written by every thread.
+constexpr int kBulkRowBytes = 256, kBulkLd = 272, kBulkChunks = 4;
+__global__ void __launch_bounds__(128) probe_bulk_rows(const unsigned char* src, int64_t pitch, const int* len,
+                                                      unsigned char* out) {
+  unsigned char* s = aligned_smem();
+  const uint32_t s_sh = static_cast<uint32_t>(__cvta_generic_to_shared(s));
+  const uint32_t bar0 = s_sh + 2 * 64 * kBulkLd;  // the stages' two barriers, 8 bytes each, after the stages
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    sm90::mbar_init(bar0, 1);
+    sm90::mbar_init(bar0 + 8, 1);
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();
+  auto issue = [&](int c) {  // chunk c into stage c % 2
+    const int st = c & 1, L = len[c];
+    const uint32_t bar = bar0 + 8 * st;
+    sm90::fence_proxy_async_shared();  // (the stage's previous reads were ordinary loads)
+    if (tid == 0) sm90::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(L * kBulkRowBytes));
+    if (tid < 64) {
+      if (tid < L) {
+        sm90::bulk_load(s_sh + (st * 64 + tid) * kBulkLd, src + (64 * c + tid) * pitch, kBulkRowBytes, bar);
+      } else {
+        const uint32_t zero[4] = {0u, 0u, 0u, 0u};
+        for (int b = 0; b < kBulkRowBytes; b += 16) memcpy(s + (st * 64 + tid) * kBulkLd + b, zero, 16);
+      }
+    }
+  };
+  issue(0);
+  for (int c = 0; c < kBulkChunks; ++c) {
+    const int st = c & 1;
+    sm90::mbar_wait(bar0 + 8 * st, (c >> 1) & 1);
+    __syncthreads();  // zero rows seen; every thread is done with chunk c - 1's stage, which c + 1 refills
+    if (c + 1 < kBulkChunks) issue(c + 1);
+    for (int i = tid; i < 64 * kBulkRowBytes / 16; i += 128) {
+      const int r = i / (kBulkRowBytes / 16), b = 16 * (i % (kBulkRowBytes / 16));
+      memcpy(out + (64 * c + r) * kBulkRowBytes + b, s + (st * 64 + r) * kBulkLd + b, 16);
+    }
+  }
+}
+// 6. What probe_bulk_rows must write: src's rows r < len[c], zeros past them.
+inline std::vector<unsigned char> want_bulk_rows(const std::vector<unsigned char>& src, int64_t pitch,
+                                                 const std::vector<int>& len) {
+  std::vector<unsigned char> d(static_cast<std::size_t>(kBulkChunks) * 64 * kBulkRowBytes, 0);
+  for (int c = 0; c < kBulkChunks; ++c)
+    for (int r = 0; r < len[c]; ++r)
+      memcpy(&d[(64 * c + r) * kBulkRowBytes], &src[(64 * c + r) * pitch], kBulkRowBytes);
+  return d;
+}
+
 // Two 16-bit values as one register (lo in the low half).
 template <typename T>
 __host__ __device__ inline uint32_t pack_pair(T lo, T hi) {

@@ -1,4 +1,5 @@
-// The wgmma probe kernels (tests/cpp/delta_rule_wgmma_probe_kernels.cuh) run on the host with the
+// The wgmma probe kernels (tests/cpp/delta_rule_wgmma_probe_kernels.cuh; and since session 22 the bulk-copy /
+// mbarrier probe, compared byte for byte) run on the host with the
 // emulation's models of the Hopper primitives (emulator_sm90.h), against the same products the GPU test
 // DeltaRuleWgmmaProbe.* holds the hardware to: the check that the model the chunked emulation runs the
 // wgmma kernels with computes, for the kernels' own operand layouts and descriptors, what those kernels
@@ -84,6 +85,22 @@ int check_rs_kb(std::mt19937& rng) {
   return compare(d, probe::want_rs_kb(a.f, bt.f), "wgmma_rs_kmajor_b_n64");
 }
 
+// Bulk row copies on an mbarrier (probe 6): random bytes, a strided source, one partial chunk.
+int check_bulk_rows(std::mt19937& rng) {
+  const int64_t pitch = 3 * probe::kBulkRowBytes;
+  std::vector<unsigned char> src(static_cast<std::size_t>(probe::kBulkChunks) * 64 * pitch);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  const std::vector<int> len = {64, 37, 64, 1};
+  std::vector<unsigned char> out(static_cast<std::size_t>(probe::kBulkChunks) * 64 * probe::kBulkRowBytes, 0xab);
+  launch_warpgroup([&] { probe::probe_bulk_rows(src.data(), pitch, len.data(), out.data()); });
+  const std::vector<unsigned char> want = probe::want_bulk_rows(src, pitch, len);
+  int bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (out[i] != want[i] && bad++ < 5) std::printf("  bulk rows: byte %zu = %d, want %d\n", i, out[i], want[i]);
+  std::printf("%-28s %s\n", "bulk_load rows + mbarrier", bad ? "FAIL" : "exact");
+  return bad != 0;
+}
+
 int main() {
   std::mt19937 rng(std::random_device{}());
   int fails = 0;
@@ -99,6 +116,7 @@ int main() {
   fails += check_rs<__half, 128>(rng);
   fails += check_rs_kb<__nv_bfloat16>(rng);
   fails += check_rs_kb<__half>(rng);
+  fails += check_bulk_rows(rng);
   std::printf(fails ? "%d probes differ\n" : "all probes exact\n", fails);
   return fails ? 1 : 0;
 }
