@@ -12,19 +12,7 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
-// 2^x on the hardware ex2 with results below 2^-126 flushed to zero (a decay that small is 0 for
-// these sums; no denormal fix-up instructions). x <= 0 up to rounding here. The host emulation
-// uses exp2f.
-__device__ __forceinline__ float kda_exp2(float x) {
-#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
-  return exp2f(x);
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#endif
-}
-constexpr float kKdaLog2e = 1.4426950408889634f;
+// exp2_ftz, kLog2e: recurrent_common.cuh (shared with the GDN stages' decays).
 
 // Which key channels of which chunk row a thread forms (kd, qg): kLanes adjacent threads share a
 // chunk row (row fr = tid / kLanes), kPer channels each, as 8-channel pieces q < kPer / 8 at
@@ -84,8 +72,8 @@ struct KdaGateSlots {
       float* p = at + 2 * KMAX * s + 4 * tid;
       *reinterpret_cast<float4*>(p) = gl;
       *reinterpret_cast<float4*>(p + KMAX) =
-          make_float4(kda_exp2(gl.x * kKdaLog2e), kda_exp2(gl.y * kKdaLog2e), kda_exp2(gl.z * kKdaLog2e),
-                      kda_exp2(gl.w * kKdaLog2e));
+          make_float4(exp2_ftz(gl.x * kLog2e), exp2_ftz(gl.y * kLog2e), exp2_ftz(gl.z * kLog2e),
+                      exp2_ftz(gl.w * kLog2e));
     }
   }
 };

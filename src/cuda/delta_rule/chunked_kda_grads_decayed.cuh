@@ -14,7 +14,7 @@
 //      (one staged operand of 16 I rows per I, one barrier pair per I instead of one per (I, J)).
 // Parts 2 and 3 run on tensor cores: with kSplit their fp32 operands split hi + lo in registers (three
 // mmas, close to fp32), without it rounded once to T (one mma, as fla takes these products in bf16;
-// the default). Exps are kda_exp2 of G differences in log2 units (one instruction each).
+// the default). Exps are exp2_ftz of G differences in log2 units (one instruction each).
 // Contract (as the decay helpers'): W1, W2 [64][ldw] in shared memory, zero in rows past L; G [64][64]
 // in log2 units (kda_gate_slice; rows past L hold G_{L-1}); y, x1, x2 loaders return 0 past L; the
 // caller has a barrier between writing the inputs (and reading the previous outputs) and the call;
@@ -81,7 +81,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
       const float yj = y(r0 + j, d);
 #pragma unroll
       for (int i = j; i < 8; ++i) {
-        const float t = yj * kda_exp2(gg[i] - gg[j]);
+        const float t = yj * exp2_ftz(gg[i] - gg[j]);
         s1[i] += W1[(r0 + i) * ldw + r0 + j] * t;
         if (i > j) s2[i] += W2[(r0 + i) * ldw + r0 + j] * t;
       }
@@ -96,7 +96,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
   //    a[1..3] and b[1] are zero. Warp w: sub-chunk w / 2, channels [32 (w % 2), +32) (4 tiles).
   for (int e = tid; e < 32 * KS; e += NTHR) {
     const int q = e / KS, d = e % KS, j = 16 * (q / 8) + q % 8, m = 16 * (q / 8) + 8;
-    stage[q * SP + d] = y(j, d) * kda_exp2(G[m * KS + d] - G[j * KS + d]);
+    stage[q * SP + d] = y(j, d) * exp2_ftz(G[m * KS + d] - G[j * KS + d]);
   }
   __syncthreads();  // (also orders part 1's stores of out before the read-modify-writes below)
   {
@@ -116,7 +116,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {  // accumulator rows grp (< 8); rows grp + 8 are the padding
         const int r = m + g, d = nq + 8 * nt + 2 * mma::tig() + e;
-        const float f = kda_exp2(G[r * KS + d] - G[m * KS + d]);
+        const float f = exp2_ftz(G[r * KS + d] - G[m * KS + d]);
         out1[r * KS + d] += c1[e] * f;
         out2[r * KS + d] += c2[e] * f;
       }
@@ -130,7 +130,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
     __syncthreads();  // the previous readers of `stage` and writers of out are done
     for (int e = tid; e < b * KS; e += NTHR) {
       const int j = e / KS, d = e % KS;
-      stage[j * SP + d] = y(j, d) * kda_exp2(G[b * KS + d] - G[j * KS + d]);
+      stage[j * SP + d] = y(j, d) * exp2_ftz(G[b * KS + d] - G[j * KS + d]);
     }
     __syncthreads();
     float c1[4] = {}, c2[4] = {};
@@ -146,7 +146,7 @@ __device__ __forceinline__ void kda_rows_pair(const float* W1, const float* W2, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = b + mma::acc_row(e), d = n0 + mma::acc_col(e);
-      const float f = kda_exp2(G[r * KS + d] - G[b * KS + d]);
+      const float f = exp2_ftz(G[r * KS + d] - G[b * KS + d]);
       out1[r * KS + d] += c1[e] * f;
       out2[r * KS + d] += c2[e] * f;
     }
@@ -172,7 +172,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
       for (int r = 0; r <= i; ++r) {
         float w = W1[(r0 + i) * ldw + r0 + r] * u1;
         if (r < i) w += W2[(r0 + i) * ldw + r0 + r] * u2;
-        s[r] += w * kda_exp2(gg[i] - gg[r]);
+        s[r] += w * exp2_ftz(gg[i] - gg[r]);
       }
     }
 #pragma unroll
@@ -187,7 +187,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     if (round) __syncthreads();  // round 0's readers of `stage` are done
     for (int e = tid; e < 16 * KS; e += NTHR) {  // row q < 16 of the round: sub-chunk 2 round + q / 8
       const int q = e / KS, d = e % KS, m = 16 * (2 * round + q / 8) + 8, i = m + q % 8;
-      const float f = kda_exp2(G[i * KS + d] - G[m * KS + d]);
+      const float f = exp2_ftz(G[i * KS + d] - G[m * KS + d]);
       stage[((q / 8) * 16 + q % 8) * SP + d] = x1(i, d) * f;      // x1s: rows 0..7 of the sub-chunk's block
       stage[((q / 8) * 16 + 8 + q % 8) * SP + d] = x2(i, d) * f;  // x2s: rows 8..15
     }
@@ -207,7 +207,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
 #pragma unroll
       for (int e = 0; e < 2; ++e) {  // rows grp (< 8)
         const int r = 16 * I + g, d = n0 + 8 * nt + 2 * mma::tig() + e;
-        out[r * KS + d] += c[e] * kda_exp2(G[m * KS + d] - G[r * KS + d]);
+        out[r * KS + d] += c[e] * exp2_ftz(G[m * KS + d] - G[r * KS + d]);
       }
     }
   }
@@ -220,7 +220,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
     __syncthreads();  // the previous readers of `stage` and writers of out are done
     for (int e = tid; e < 16 * KS; e += NTHR) {
       const int ii = e / KS, d = e % KS, i = b + ii;
-      const float f = kda_exp2(G[i * KS + d] - G[b * KS + d]);
+      const float f = exp2_ftz(G[i * KS + d] - G[b * KS + d]);
       stage[ii * SP + d] = x1(i, d) * f;
       stage[(16 + ii) * SP + d] = x2(i, d) * f;
     }
@@ -239,7 +239,7 @@ __device__ __forceinline__ void kda_cols_sum(const float* W1, const float* W2, i
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * J + mma::acc_row(e), d = n0 + mma::acc_col(e);
-        out[r * KS + d] += c[e] * kda_exp2(G[b * KS + d] - G[r * KS + d]);
+        out[r * KS + d] += c[e] * exp2_ftz(G[b * KS + d] - G[r * KS + d]);
       }
     }
   }

@@ -60,8 +60,8 @@ __device__ __forceinline__ float2 kda_get2(const float* tile, int r, int d) {
   return *reinterpret_cast<const float2*>(tile + kda_swz_at(r, d));
 }
 // exp2 of (G_a - G_b) for a channel pair.
-__device__ __forceinline__ float2 kda_exp2_diff(float2 a, float2 b) {
-  return make_float2(kda_exp2(a.x - b.x), kda_exp2(a.y - b.y));
+__device__ __forceinline__ float2 exp2_ftz_diff(float2 a, float2 b) {
+  return make_float2(exp2_ftz(a.x - b.x), exp2_ftz(a.y - b.y));
 }
 
 // aq / bm (W1 = dP, W2 = dM, y = k): see kda_rows_pair. y: the k tile [64][64] fp32.
@@ -84,7 +84,7 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
       const float yj = y[kda_swz_at(r0 + j, d)];
 #pragma unroll
       for (int i = j; i < 8; ++i) {
-        const float t = yj * kda_exp2(gg[i] - gg[j]);
+        const float t = yj * exp2_ftz(gg[i] - gg[j]);
         s1[i] += w1[8 * i + j] * t;
         if (i > j) s2[i] += w2[8 * i + j] * t;
       }
@@ -97,7 +97,7 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
     const int j = 16 * p + wp, m = 16 * p + 8;
-    kda_stage_pair<T>(stage, 8 * p + wp, lane, kda_ld2(y, j, lane), kda_exp2_diff(kda_ld2(G, m, lane), kda_ld2(G, j, lane)));
+    kda_stage_pair<T>(stage, 8 * p + wp, lane, kda_ld2(y, j, lane), exp2_ftz_diff(kda_ld2(G, m, lane), kda_ld2(G, j, lane)));
   }
   __syncthreads();  // (also orders part 1's stores of out before the read-modify-writes below)
   {
@@ -116,7 +116,7 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
       mma::mma16816<T>(c2, a2, b);
       {  // accumulator rows grp (< 8; rows grp + 8 are the padding), columns d, d + 1
         const int r = m + g, d = nq + 8 * nt + t2;
-        const float2 f = kda_exp2_diff(kda_get2(G, r, d), kda_get2(G, m, d));
+        const float2 f = exp2_ftz_diff(kda_get2(G, r, d), kda_get2(G, m, d));
         float2& o1 = kda_at2(out1, r, d);
         float2& o2 = kda_at2(out2, r, d);
         o1.x += c1[0] * f.x, o1.y += c1[1] * f.y;
@@ -134,7 +134,7 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
 #pragma unroll 2
     for (int p = 0; p < 2 * I; ++p) {
       const int j = 8 * p + wp;
-      kda_stage_pair<T>(stage, j, lane, kda_ld2(y, j, lane), kda_exp2_diff(gb, kda_ld2(G, j, lane)));
+      kda_stage_pair<T>(stage, j, lane, kda_ld2(y, j, lane), exp2_ftz_diff(gb, kda_ld2(G, j, lane)));
     }
     __syncthreads();
     float c1[4] = {}, c2[4] = {};
@@ -155,7 +155,7 @@ __device__ __forceinline__ void kda_rows_pair2(const T* W1h, const T* W2h, const
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // accumulator rows grp + 8 h, columns d, d + 1
       const int r = b + g + 8 * h, d = n0 + t2;
-      const float2 f = kda_exp2_diff(kda_get2(G, r, d), kda_get2(G, b, d));
+      const float2 f = exp2_ftz_diff(kda_get2(G, r, d), kda_get2(G, b, d));
       float2& o1 = kda_at2(out1, r, d);
       float2& o2 = kda_at2(out2, r, d);
       o1.x += c1[2 * h] * f.x, o1.y += c1[2 * h + 1] * f.y;
@@ -189,7 +189,7 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
       for (int r = 0; r <= i; ++r) {
         float w = w1[8 * i + r] * u1;
         if (r < i) w += w2[8 * i + r] * u2;
-        s[r] += w * kda_exp2(gg[i] - gg[r]);
+        s[r] += w * exp2_ftz(gg[i] - gg[r]);
       }
     }
 #pragma unroll
@@ -204,7 +204,7 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int m = 16 * (2 * round + s) + 8, i = m + wp;
-      const float2 e = kda_exp2_diff(kda_ld2(G, i, lane), kda_ld2(G, m, lane));
+      const float2 e = exp2_ftz_diff(kda_ld2(G, i, lane), kda_ld2(G, m, lane));
       const float2 kq = kda_ld2(xk, i, lane);
       const float bi = beta[i];
       kda_stage_pair<T>(stage, 16 * s + wp, lane, kda_ld2(x1, i, lane), e);
@@ -231,7 +231,7 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
       mma::mma16816<T>(c, a, b);
       {  // rows grp (< 8), columns d, d + 1
         const int r = 16 * I + g, d = n0 + 8 * nt + t2;
-        const float2 f = kda_exp2_diff(kda_get2(G, m, d), kda_get2(G, r, d));
+        const float2 f = exp2_ftz_diff(kda_get2(G, m, d), kda_get2(G, r, d));
         float2& o = kda_at2(out, r, d);
         o.x += c[0] * f.x, o.y += c[1] * f.y;
       }
@@ -247,7 +247,7 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       const int ii = 8 * p + wp, i = b + ii;
-      const float2 e = kda_exp2_diff(kda_ld2(G, i, lane), gb);
+      const float2 e = exp2_ftz_diff(kda_ld2(G, i, lane), gb);
       const float2 kq = kda_ld2(xk, i, lane);
       const float bi = beta[i];
       kda_stage_pair<T>(stage, ii, lane, kda_ld2(x1, i, lane), e);
@@ -273,7 +273,7 @@ __device__ __forceinline__ void kda_cols_sum2(const T* W1h, const T* W2h, const 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows grp + 8 h, columns d, d + 1
         const int r = 16 * J + g + 8 * h, d = n0 + t2;
-        const float2 f = kda_exp2_diff(kda_get2(G, b, d), kda_get2(G, r, d));
+        const float2 f = exp2_ftz_diff(kda_get2(G, b, d), kda_get2(G, r, d));
         float2& o = kda_at2(out, r, d);
         o.x += c[2 * h] * f.x, o.y += c[2 * h + 1] * f.y;
       }

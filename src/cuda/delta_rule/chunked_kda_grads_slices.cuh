@@ -7,7 +7,7 @@
 #pragma once
 
 #include "chunked_kda_decay.cuh"
-#include "chunked_kda_gate_rows.cuh"  // kda_exp2, kKdaLog2e
+#include "chunked_kda_gate_rows.cuh"  // (recurrent_common.cuh: exp2_ftz, kLog2e)
 #include "chunked_kda_mma.cuh"  // batched_copy
 #include "chunked_rows.cuh"
 #include "chunked_stages.h"
@@ -105,7 +105,7 @@ __device__ __forceinline__ int kda_swz_at(int r, int d) {
 __device__ __forceinline__ int kda_swz16_at(int r, int d) { return r * kKdaSliceK + (d ^ ((r & 7) << 3)); }
 
 // out[r * 64 + d] (kSwz: out[kda_swz_at(r, d)]) = log2(e) G[row0 + r', hv, c0 + d] with
-// r' = min(r, L - 1): log2 units, so that exp(G_i - G_j) = kda_exp2(G2_i - G2_j)
+// r' = min(r, L - 1): log2 units, so that exp(G_i - G_j) = exp2_ftz(G2_i - G2_j)
 // (chunked_kda_gate_rows.cuh: one ex2.approx.ftz, no multiply per term); rows past L repeat the last
 // row (the cumulative sum of zero gates), as the decayed sums require. No barrier.
 template <int KMAX, bool kSwz = false>
@@ -124,7 +124,7 @@ __device__ __forceinline__ void kda_gate_slice(const float* G_in, const ChunkInf
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int r = r0 + kKdaSliceRowsPerPass * (m0 + u);
-      out[kSwz ? kda_swz_at(r, d) : r * kKdaSliceK + d] = kKdaLog2e * v[u];
+      out[kSwz ? kda_swz_at(r, d) : r * kKdaSliceK + d] = kLog2e * v[u];
     }
   }
 }
@@ -152,7 +152,7 @@ __device__ __forceinline__ void kda_gate_slice_to_log2(float* out) {
     const int q = static_cast<int>(threadIdx.x) + kKdaSplitThreads * i;
     float4* p = reinterpret_cast<float4*>(out + kda_swz_at(q / 16, 4 * (q % 16)));
     float4 v = *p;
-    v.x *= kKdaLog2e, v.y *= kKdaLog2e, v.z *= kKdaLog2e, v.w *= kKdaLog2e;
+    v.x *= kLog2e, v.y *= kLog2e, v.z *= kLog2e, v.w *= kLog2e;
     *p = v;
   }
 }

@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 #pragma unroll
       for (int m = 0; m < NE; ++m, pdq += sqk) {
         const int r = r0 + 4 * m, at = at_m(m);
-        const float g = sm.G[at], dq = scale * kda_exp2(g) * sm.Y[at];
+        const float g = sm.G[at], dq = scale * exp2_ftz(g) * sm.Y[at];
         if constexpr (kStaged)
           dqv[m] = dq;  // stored below, the GVA test out of the loop
         else if (r < L)
@@ -295,11 +295,11 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
         sm.Y[at] = qv[m] * sm.rq[r] * dq;  // 0 past L (qv)
         if constexpr (kStaged) {
           // X <- X exp(gl - G), the only form of X the per-element pass uses (its exp not formed twice).
-          const float xk = sm.X[at] * kda_exp2(gl - g);
+          const float xk = sm.X[at] * exp2_ftz(gl - g);
           sm.X[at] = xk;
           s_sum += xk * kx(r, d) * sm.rk[r];
         } else {
-          s_sum += sm.X[at] * kx(r, d) * sm.rk[r] * kda_exp2(gl - g);
+          s_sum += sm.X[at] * kx(r, d) * sm.rk[r] * exp2_ftz(gl - g);
         }
       }
       atomicAdd(&sl[d], s_sum);
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
             const float2 g2 = *reinterpret_cast<const float2*>(gb + 8 * nt * KS + (q8 ^ sg));
             float k0, k1;
             mma::unpack_floats<T>(*reinterpret_cast<const uint32_t*>(kb + 8 * nt * KS + (q8 ^ (8 * g))), k0, k1);
-            mma::split_pair<T>(kda_exp2(g2.x) * k0, kda_exp2(g2.y) * k1, bh[nt][h2], bl[nt][h2]);
+            mma::split_pair<T>(exp2_ftz(g2.x) * k0, exp2_ftz(g2.y) * k1, bh[nt][h2], bl[nt][h2]);
           }
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
     } else {
       float acc[4][4] = {};
       kda_mma::warp_fp32_product<T, 4>([&](int r, int d) { return sm.dw[ti(r, d)]; },
-                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * kda_exp2(sm.G[ti(j, d)]) * kx(j, d); },
+                                       [&](int d, int j) { return sm.beta[j] * sm.rk[j] * exp2_ftz(sm.G[ti(j, d)]) * kx(j, d); },
                                        16 * rs, n0, 0, KS, acc);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
           float2 y2 = *reinterpret_cast<const float2*>(&sm.Y[at]), w2;
           const float rk = sm.rk[r], bt = sm.beta[r];
           auto one = [&](float g, float kraw, float xk, float dwb, float& y, float& wout) {
-            const float ex = kda_exp2(g), kr = kraw * rk, be = bt * ex;
+            const float ex = exp2_ftz(g), kr = kraw * rk, be = bt * ex;
             tsum[h2] += ex * kr * dwb;
             wout = xk + be * dwb;
             y = y - xk * kr + be * kr * dwb;
@@ -467,8 +467,8 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = ra + 8 * (e >> 1), d = n0 + 8 * nt + mma::acc_col(e), at = ti(r, d);
-          const float g = sm.G[at], ex = kda_exp2(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
-          const float kdx = kda_exp2(sm.G[ti(L - 1, d)] - g);  // r <= L - 1 wherever X != 0
+          const float g = sm.G[at], ex = exp2_ftz(g), kr = kx(r, d) * sm.rk[r], dwb = acc[nt][e], be = sm.beta[r] * ex;
+          const float kdx = exp2_ftz(sm.G[ti(L - 1, d)] - g);  // r <= L - 1 wherever X != 0
           const float Xv = sm.X[at], s = Xv * kdx * kr;
           tsum[e >> 1] += ex * kr * dwb;
           // dk_s into dw's tile (free: its readers passed the barrier above), dG_s over Y's element
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kKdaSplitThreads, 2) kda_grads_state_kernel(Ch
       const int d0 = 16 * ((tid / 32) % 4) + mma::grp();
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        if (hdot[i] != 0.f) atomicAdd(&sl[d0 + 8 * i], kda_exp2(sm.G[ti(L - 1, d0 + 8 * i)]) * hdot[i]);
+        if (hdot[i] != 0.f) atomicAdd(&sl[d0 + 8 * i], exp2_ftz(sm.G[ti(L - 1, d0 + 8 * i)]) * hdot[i]);
     }
     __syncthreads();  // dk_s, dG_s, sl complete
     {

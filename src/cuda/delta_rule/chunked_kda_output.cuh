@@ -242,8 +242,7 @@ __global__ void __launch_bounds__(kChunkThreads, kSingle ? 4 : 1) kda_output_ker
   // 8 nt + 2 tig + {0, 1} of rows 16 wp + grp (+8)) as one 32-bit store from two row pointers formed
   // once. Per element (off4's four 64-bit multiply-adds, a branch, a 2-byte store) the store took
   // ~20 instructions, ~640 per thread (session 22, the fused GDN forward's o store measured alike).
-  const bool o_pairs = !a.o.f32 && (reinterpret_cast<uintptr_t>(a.o.p) & 3) == 0 && a.o.s3 == 1 && a.o.s0 % 2 == 0 &&
-                       a.o.s1 % 2 == 0 && a.o.s2 % 2 == 0;
+  const bool o_pairs = column_pairs_storable(a.o);
   if (o_pairs) {
     const int r0 = 16 * wp + mma::grp();
     T* const o_row0 = static_cast<T*>(a.o.p) + off4(a.o, ci.b, ci.t0 + r0, hv, col0 + 2 * mma::tig());

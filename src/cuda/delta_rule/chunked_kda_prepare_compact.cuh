@@ -259,14 +259,14 @@ __device__ __forceinline__ void kda_cumulative_gate_registers(const View& g, con
 #pragma unroll
     for (int r = 0; r < kChunkSize; ++r, o += so) {
       acc += x[r];
-      G[r * ldg + d] = kExp2 ? acc * kKdaLog2e : acc;  // (stage1_exp)
+      G[r * ldg + d] = kExp2 ? acc * kLog2e : acc;  // (stage1_exp)
       *o = acc;
     }
   } else {
 #pragma unroll
     for (int r = 0; r < kChunkSize; ++r, o += so) {
       acc += x[r];
-      G[r * ldg + d] = kExp2 ? acc * kKdaLog2e : acc;  // (stage1_exp)
+      G[r * ldg + d] = kExp2 ? acc * kLog2e : acc;  // (stage1_exp)
       if (r < L) *o = acc;
     }
   }

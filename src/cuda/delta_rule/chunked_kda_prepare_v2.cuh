@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "chunked_kda_decay.cuh"  // decay_exp
-#include "chunked_kda_gate_rows.cuh"  // kda_exp2, kKdaLog2e
+#include "chunked_kda_gate_rows.cuh"  // (recurrent_common.cuh: exp2_ftz, kLog2e)
 #include "recurrent_common.cuh"  // View, to_f
 
 namespace flashgrad::cuda_detail::delta_rule {
@@ -26,7 +26,7 @@ __device__ __forceinline__ float stage1_exp(float x) {
   if constexpr (!kExp2) {
     return decay_exp(x);
   } else {
-    return kda_exp2(x);  // (chunked_kda_gate_rows.cuh)
+    return exp2_ftz(x);  // (recurrent_common.cuh)
   }
 }
 

@@ -36,7 +36,7 @@
 //   need two more tiles per stage).
 #pragma once
 
-#include "chunked_kda_gate_rows.cuh"         // KdaRowPieces, G's rows and gate slots, kda_exp2
+#include "chunked_kda_gate_rows.cuh"         // KdaRowPieces, G's rows and gate slots
 #include "chunked_kda_state_slice.cuh"       // KdaStateSlice: the warp's dh^T tiles
 #include "chunked_kda_state_transposed.cuh"  // kda_rows_async
 #include "chunked_mma.cuh"
@@ -196,9 +196,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_backward_transposed_k
         float x0, x1, y0, y1;
         mma::unpack_floats<T>(qw[4 * q + j], x0, x1);
         mma::unpack_floats<T>(kw[4 * q + j], y0, y1);
-        qo[j] = mma::pack_floats<T>(x0 * rq * kda_exp2(g[i] * kKdaLog2e), x1 * rq * kda_exp2(g[i + 1] * kKdaLog2e));
-        ko[j] = mma::pack_floats<T>(y0 * rk * kda_exp2((glv[2 * j] - g[i]) * kKdaLog2e),
-                                    y1 * rk * kda_exp2((glv[2 * j + 1] - g[i + 1]) * kKdaLog2e));
+        qo[j] = mma::pack_floats<T>(x0 * rq * exp2_ftz(g[i] * kLog2e), x1 * rq * exp2_ftz(g[i + 1] * kLog2e));
+        ko[j] = mma::pack_floats<T>(y0 * rk * exp2_ftz((glv[2 * j] - g[i]) * kLog2e),
+                                    y1 * rk * exp2_ftz((glv[2 * j + 1] - g[i + 1]) * kLog2e));
       }
       *reinterpret_cast<uint4*>(qrow + rp.ch(q)) = make_uint4(qo[0], qo[1], qo[2], qo[3]);
       *reinterpret_cast<uint4*>(krow + rp.ch(q)) = make_uint4(ko[0], ko[1], ko[2], ko[3]);

@@ -31,7 +31,7 @@
 //   all hi + lo, to three digits in the emulation).
 #pragma once
 
-#include "chunked_kda_gate_rows.cuh"    // KdaRowPieces, G's rows and gate slots, kda_exp2
+#include "chunked_kda_gate_rows.cuh"    // KdaRowPieces, G's rows and gate slots, exp2_ftz
 #include "chunked_kda_state_slice.cuh"  // KdaStateSlice: the warp's h^T tiles
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
@@ -253,8 +253,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) kda_state_transposed_kernel(Chu
           float x0, x1;
           mma::unpack_floats<T>(kw[4 * q + j], x0, x1);
           const int i = 8 * q + 2 * j;
-          x0 *= rstd * kda_exp2((glv[2 * j] - g[i]) * kKdaLog2e);
-          x1 *= rstd * kda_exp2((glv[2 * j + 1] - g[i + 1]) * kKdaLog2e);
+          x0 *= rstd * exp2_ftz((glv[2 * j] - g[i]) * kLog2e);
+          x1 *= rstd * exp2_ftz((glv[2 * j + 1] - g[i + 1]) * kLog2e);
           if constexpr (kSplitKd)
             mma::split_pair<T>(x0, x1, hi[j], lo[j]);
           else

@@ -142,8 +142,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_output_kernel(ChunkedArgs
   __syncthreads();          // everyone's; every warp is done with k: the region takes h_c
 
   // The o view's element pairs (columns 2 tig, 2 tig + 1) can be stored as one 32-bit word.
-  const bool o_pairs = !a.o.f32 && (reinterpret_cast<uintptr_t>(a.o.p) & 3) == 0 && a.o.s3 == 1 && a.o.s0 % 2 == 0 &&
-                       a.o.s1 % 2 == 0 && a.o.s2 % 2 == 0;
+  const bool o_pairs = column_pairs_storable(a.o);
   // With pairs: this thread's rows i0 and i0 + 8 of o at the block's head, column 2 tig (64-bit offsets
   // formed once; per store only the slice's column c0 + 8 nt is added, an immediate in the store).
   T* const o_row0 = o_pairs ? static_cast<T*>(a.o.p) + off4(a.o, ci.b, ci.t0 + i0, hv, 2 * mma::tig()) : nullptr;

@@ -95,52 +95,35 @@ __device__ __forceinline__ void store_state_tiles_staged(const ChunkedArgs& a, i
                                     a.V, lane, hT, stage);
 }
 
-// One chunk's v_new^T as a warp holds it (accumulator p[j8][e]: chunk row 8 j8 + 2 tig + (e & 1),
-// value column grp + 8 (e >> 1) of the warp's 16) to rows [0, len) of `at` (row r at at + r pitch,
-// 16 T per row), through the warp-private shared tile `stage` (row r at stage + r ld, 16 T; 16-byte
-// aligned rows). store_acc_rows writes each element alone (2-byte stores, four 16-byte half sectors
+// A warp's NT accumulator tiles of 8 rows each, transposed as the chains hold v_new^T and o^T
+// (accumulator p[j8][e]: row 8 j8 + 2 tig + (e & 1), value column grp + 8 (e >> 1) of the warp's 16),
+// to rows [0, min(len, 8 NT)) of `at` (row r at at + r pitch, 16 T per row), through the warp-private
+// shared tile `stage` (row r at stage + r ld, 16 T; 16-byte aligned rows): one chunk's v_new (NT = 8:
+// the fused forward, B1's dv_new) or a quarter of the fused forward's o (NT = 2, session 22: it was
+// stored one element at a time, ~20 instructions of 64-bit index arithmetic each, ~650 of the kernel's
+// ~2770 per warp and chunk). store_acc_rows writes each element alone (2-byte stores, four 16-byte half sectors
 // per instruction); here stmatrix into shared memory (stage_acc_tiles_transposed: the accumulators'
 // columns are v_new's rows), then 16-byte global stores: per instruction 16 rows' whole 32-byte
 // pieces (session 14; the fused forward's kept v_new cost it +0.04 ms at B8 T4096, run 13.6).
-// Piece q = lane + 32 i (i < 4): sub = q % 8, g = q / 8; row 8 (g / 2) + 2 (sub / 2) + g % 2,
+// Piece q = lane + 32 i (i < NT / 2): sub = q % 8, g = q / 8; row 8 (g / 2) + 2 (sub / 2) + g % 2,
 // half sub % 2 (columns 8 half + [0, 8)): the 8 lanes of a quarter warp read rows r, r + 2, r + 4,
 // r + 6, which with ld = 264 (132 words, 4 banks per row) cover 32 distinct banks; each stmatrix
 // matrix's 8 rows x 16 bytes (4 banks apart) are conflict-free too.
 // `at` must be 16-byte aligned (the caller checks; store_acc_rows otherwise).
-template <typename T>
-__device__ __forceinline__ void store_acc_rows_staged(T* at, int64_t pitch, int len, int lane, const float (&p)[8][4],
+template <typename T, int NT>
+__device__ __forceinline__ void store_acc_rows_staged(T* at, int64_t pitch, int len, int lane, const float (&p)[NT][4],
                                                       T* stage, int ld) {
+  static_assert(NT % 2 == 0, "whole 16-byte pieces per lane");
   __syncwarp();  // every lane is done reading what `stage` held (the caller's operand there)
-  stage_acc_tiles_transposed<T, 8>(p, stage, ld, lane);
+  stage_acc_tiles_transposed<T, NT>(p, stage, ld, lane);
   __syncwarp();
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < NT / 2; ++i) {
     const int q = lane + 32 * i, sub = q & 7, g = q >> 3;
     const int r = 8 * (g >> 1) + 2 * (sub >> 1) + (g & 1), half = sub & 1;
     if (r < len)
       *reinterpret_cast<uint4*>(at + r * pitch + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * ld + 8 * half);
   }
-}
-
-// One quarter of the fused forward's o (chunked_state.cuh): the warp's accumulators o[i4] (o^T tiles:
-// element e at value column grp + 8 (e >> 1) of the warp's 16, chunk row 8 i4 + 2 tig + (e & 1) of the
-// quarter's 16) to rows [0, len) of `at` (row r at at + r pitch, 16 T per row; 16-byte aligned),
-// through the warp-private shared tile `stage` (16 rows of 16 T at stage + r ld): one stmatrix, then
-// one 16-byte store per lane, where one element at a time took ~20 instructions of 64-bit index
-// arithmetic per element (off4 of b, t, head, column), a branch and a 2-byte store: ~650 of the
-// kernel's ~2770 instructions per warp and chunk (SASS, session 22). Piece = lane: sub = lane % 8,
-// g = lane / 8, row 8 (g / 2) + 2 (sub / 2) + g % 2, columns 8 (sub % 2) + [0, 8) (as
-// store_acc_rows_staged: with ld = 264 a quarter warp's 16-byte reads cover 32 distinct banks).
-template <typename T>
-__device__ __forceinline__ void store_o_quarter_staged(T* at, int64_t pitch, int len, int lane,
-                                                       const float (&o)[2][4], T* stage, int ld) {
-  __syncwarp();  // every lane is done reading the previous quarter's stage
-  stage_acc_tiles_transposed<T, 2>(o, stage, ld, lane);
-  __syncwarp();
-  const int sub = lane & 7, g = lane >> 3;
-  const int r = 8 * (g >> 1) + 2 * (sub >> 1) + (g & 1), half = sub & 1;
-  if (r < len)
-    *reinterpret_cast<uint4*>(at + r * pitch + 8 * half) = *reinterpret_cast<const uint4*>(stage + r * ld + 8 * half);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

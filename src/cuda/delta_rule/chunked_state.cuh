@@ -170,7 +170,7 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
   const bool vn_aligned = (reinterpret_cast<uintptr_t>(v_new) & 15) == 0;
   const bool k_vec = key_rows_vectorizable(a.k), q_vec = kOutput && key_rows_vectorizable(a.q);
   // kOutput: o in T with 16-byte rows (every caller's contiguous output) goes out staged, 16 bytes per
-  // lane and quarter (store_o_quarter_staged); else one element at a time.
+  // lane and quarter (store_acc_rows_staged of its two 8-row tiles); else one element at a time.
   const bool o_staged = kOutput && !a.o.f32 && key_rows_vectorizable(a.o);
   const int64_t c_begin = a.seq_first_chunk[n], c_end = a.seq_first_chunk[n + 1];
 
@@ -368,8 +368,8 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
         if (o_staged) {
           // Through the second half of this warp's 64-byte slice of u(s)'s rows 0 - 15 (the kept
           // v_new's staging above uses the first half; only this warp reads those columns).
-          store_o_quarter_staged<T>(o_at + 16 * oh * a.o.s1, a.o.s1, L - 16 * oh, lane, o,
-                                    reinterpret_cast<T*>(sm.u(s) + vc0) + 16, 2 * LDU);
+          store_acc_rows_staged(o_at + 16 * oh * a.o.s1, a.o.s1, L - 16 * oh, lane, o,
+                                reinterpret_cast<T*>(sm.u(s) + vc0) + 16, 2 * LDU);
           continue;
         }
 #pragma unroll

@@ -70,7 +70,9 @@ struct StateBackwardTSmem {
   // kStagedStores (the 8-warp kernel of many sequences, the default at B8 T4096): each warp's private
   // tile for its 16-bit dh and dv_new stores (store_channel_tiles_staged: [KMAX][16] T; then
   // store_acc_rows_staged: [64][24] T, 48-byte rows so that its stmatrix rows and 16-byte reads
-  // spread over the banks), 4 KiB per warp at K = 128.
+  // spread over the banks), 4 KiB per warp at K = 128. The 4-warp and channel-split variants keep
+  // their per-element stores: only the 8-warp kernel was measured with the tiles (run 22.2), and the
+  // others' extra shared memory (16 KiB per block) is untried.
   static constexpr bool kStagedStores = WARPS == 8 && !kLocal && KSPLIT == 1;
   static constexpr int kDvStageLd = 24;
   static constexpr int kStoreStageElems = KMAX * 16 > C * kDvStageLd ? KMAX * 16 : C * kDvStageLd;

@@ -14,6 +14,12 @@ namespace flashgrad::cuda_detail::delta_rule {
 // unit inner stride, 16-byte aligned base and row strides. Otherwise key_tile_async copies element
 // by element (synchronous loads, still correct). Also the launchers' test (host) for the kernels that
 // carry no element-by-element fallback (the split B2, the wgmma stage 2; chunked_launch_impl.cuh).
+// Whether a [B, T, heads, D] view in T (not fp32) can take its element pairs (columns 2 i, 2 i + 1) as
+// one 4-byte store: stage 3's and KDA's output o.
+__host__ __device__ __forceinline__ bool column_pairs_storable(const View& x) {
+  return !x.f32 && (reinterpret_cast<uintptr_t>(x.p) & 3) == 0 && x.s3 == 1 && x.s0 % 2 == 0 && x.s1 % 2 == 0 &&
+         x.s2 % 2 == 0;
+}
 __host__ __device__ __forceinline__ bool key_rows_vectorizable(const View& x) {
   return (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 && x.s3 == 1 && x.s0 % 8 == 0 && x.s1 % 8 == 0 &&
          x.s2 % 8 == 0;

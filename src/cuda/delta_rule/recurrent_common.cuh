@@ -167,19 +167,30 @@ __device__ __forceinline__ float raw_to_f(bool f32, uint32_t bits) {
   return to_f<T>(x);
 }
 
-// exp(x) for a decay difference x = G_i - G_j <= 0 (g <= 0; stage 1's M, the serial chains' scale P):
-// 2^(x log2 e) by the hardware ex2 with flush to zero (ex2.approx.ftz: ~2 ulp, plus x log2 e's
-// rounding, ~|x| 2^-24 relative: an absolute error below ~1.3e-7 of the factor for every x <= 0, under
-// fp32 rounding of the sums it enters; a factor below 2^-126 is 0 for these sums). Three
-// instructions, against __expf's five with its denormal fix-ups and expf's eight. The host emulation
-// uses expf.
+// 2^x on the hardware ex2 with results below 2^-126 flushed to zero (ex2.approx.ftz: ~2 ulp; no
+// denormal fix-up instructions): the decays of the chunked stages, whose terms that small are 0 for
+// their sums. The host emulation uses exp2f.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
+// exp(x) for a decay difference x = G_i - G_j <= 0 (g <= 0; stage 1's M, the serial chains' scale P,
+// B2b's decay factors): exp2_ftz(x log2 e), ~2 ulp plus x log2 e's rounding, ~|x| 2^-24 relative (an
+// absolute error below ~1.3e-7 of the factor for every x <= 0, under fp32 rounding of the sums it
+// enters). Three instructions, against __expf's five with its denormal fix-ups and expf's eight. The
+// host emulation uses expf (its logs stay those of the expf form).
 __device__ __forceinline__ float decay_exp_ftz(float x) {
 #ifdef FLASHGRAD_CHUNKED_HOST_EMULATION
   return expf(x);
 #else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-  return y;
+  return exp2_ftz(x * kLog2e);
 #endif
 }
 

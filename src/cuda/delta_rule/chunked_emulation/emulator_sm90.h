@@ -64,64 +64,6 @@ inline void pin_registers(float (&)[N]) {}
 inline void pin_words(uint32_t (&)[4]) {}
 inline void fence_proxy_async_shared() {}
 
-// mbarriers and bulk copies (wgmma_primitives.cuh: mbar_init / mbar_arrive / mbar_arrive_expect_tx /
-// mbar_wait, bulk_load). The barrier's 8 bytes at its shared address hold the model's state, changed
-// atomically: bit 63 the phase parity, bits [44, 63) the arrivals still due in this phase, bits [32, 44)
-// the arrival count it was initialized with, bits [0, 32) the transaction bytes still due (signed: a
-// copy may complete before its arrive.expect_tx announces it, as on the hardware). The phase completes
-// when both reach 0: the parity flips and the arrivals due restart at the count. A bulk copy is done
-// when issued (its bytes written, then its transaction count completed), so a wait that comes too
-// early, or a buffer refilled while still read, is not modelled; what is: the byte counts (a phase
-// waits for exactly the announced bytes: a missing or extra copy hangs or completes early; the
-// emulation aborts after ~10 s of waiting, naming the barrier), the parities, the arrival count.
-namespace emu {
-[[noreturn]] inline void fail(const char* why);  // (below)
-inline std::atomic_ref<uint64_t> mbar_state(uint32_t bar) {
-  if (bar % 8 != 0 || bar + 8 > sizeof(::flashgrad::cuda_detail::delta_rule::smem_dyn)) fail("mbarrier address");
-  return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(::flashgrad::cuda_detail::delta_rule::smem_dyn + bar));
-}
-// Adds `arrivals` arrivals and `tx` transaction bytes (either may be 0) to the barrier's current phase.
-inline void mbar_update(uint32_t bar, uint32_t arrivals, int64_t tx) {
-  std::atomic_ref<uint64_t> st = mbar_state(bar);
-  uint64_t old = st.load(), next;
-  do {
-    const uint64_t phase = old >> 63, due = (old >> 44) & 0x7ffffu, count = (old >> 32) & 0xfffu;
-    const int64_t bytes = static_cast<int32_t>(static_cast<uint32_t>(old)) + tx;
-    if (arrivals > due) fail("mbarrier: more arrivals than its count");
-    const uint64_t due_next = due - arrivals;
-    if (due_next == 0 && bytes == 0)
-      next = ((phase ^ 1u) << 63) | (count << 44) | (count << 32);  // phase done: the next one starts
-    else
-      next = (phase << 63) | (due_next << 44) | (count << 32) | static_cast<uint32_t>(static_cast<int32_t>(bytes));
-  } while (!st.compare_exchange_weak(old, next));
-}
-}  // namespace emu
-inline void mbar_init(uint32_t bar, uint32_t count) {
-  if (count == 0 || count > 0xfffu) emu::fail("mbarrier count");
-  emu::mbar_state(bar).store((uint64_t{count} << 44) | (uint64_t{count} << 32));
-}
-inline void mbar_init_fence() {}
-inline void mbar_arrive(uint32_t bar) { emu::mbar_update(bar, 1, 0); }
-inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) { emu::mbar_update(bar, 1, bytes); }
-inline void mbar_wait(uint32_t bar, uint32_t parity) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (long spins = 1; (emu::mbar_state(bar).load() >> 63) == (parity & 1u); ++spins) {
-    if (spins % 1024 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(10)) {
-      std::fprintf(stderr, "emulated mbar_wait: barrier at shared address %u never completed phase parity %u\n", bar,
-                   parity);
-      std::abort();
-    }
-    std::this_thread::yield();
-  }
-}
-inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  if (bytes % 16 != 0 || dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) emu::fail("bulk_load alignment");
-  if (dst + bytes > sizeof(::flashgrad::cuda_detail::delta_rule::smem_dyn)) emu::fail("bulk_load past shared memory");
-  std::memcpy(::flashgrad::cuda_detail::delta_rule::smem_dyn + dst, src, bytes);
-  std::atomic_thread_fence(std::memory_order_release);
-  emu::mbar_update(bar, 0, -static_cast<int64_t>(bytes));
-}
-
 namespace emu {
 [[noreturn]] inline void fail(const char* why) {
   std::fprintf(stderr, "emulated wgmma: %s\n", why);
@@ -240,6 +182,63 @@ inline void wgmma_rs(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t b_desc,
 template <typename T>
 inline void wgmma_rs_kmajor_b_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc, int scale_d) {
   emu::wgmma_rs<T, 64, true>(d, a, b_desc, scale_d);
+}
+
+// mbarriers and bulk copies (wgmma_primitives.cuh: mbar_init / mbar_arrive / mbar_arrive_expect_tx /
+// mbar_wait, bulk_load). The barrier's 8 bytes at its shared address hold the model's state, changed
+// atomically: bit 63 the phase parity, bits [44, 63) the arrivals still due in this phase, bits [32, 44)
+// the arrival count it was initialized with, bits [0, 32) the transaction bytes still due (signed: a
+// copy may complete before its arrive.expect_tx announces it, as on the hardware). The phase completes
+// when both reach 0: the parity flips and the arrivals due restart at the count. A bulk copy is done
+// when issued (its bytes written, then its transaction count completed), so a wait that comes too
+// early, or a buffer refilled while still read, is not modelled; what is: the byte counts (a phase
+// waits for exactly the announced bytes: a missing or extra copy hangs or completes early; the
+// emulation aborts after ~10 s of waiting, naming the barrier), the parities, the arrival count.
+namespace emu {
+inline std::atomic_ref<uint64_t> mbar_state(uint32_t bar) {
+  if (bar % 8 != 0 || bar + 8 > sizeof(::flashgrad::cuda_detail::delta_rule::smem_dyn)) fail("mbarrier address");
+  return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(::flashgrad::cuda_detail::delta_rule::smem_dyn + bar));
+}
+// Adds `arrivals` arrivals and `tx` transaction bytes (either may be 0) to the barrier's current phase.
+inline void mbar_update(uint32_t bar, uint32_t arrivals, int64_t tx) {
+  std::atomic_ref<uint64_t> st = mbar_state(bar);
+  uint64_t old = st.load(), next;
+  do {
+    const uint64_t phase = old >> 63, due = (old >> 44) & 0x7ffffu, count = (old >> 32) & 0xfffu;
+    const int64_t bytes = static_cast<int32_t>(static_cast<uint32_t>(old)) + tx;
+    if (arrivals > due) fail("mbarrier: more arrivals than its count");
+    const uint64_t due_next = due - arrivals;
+    if (due_next == 0 && bytes == 0)
+      next = ((phase ^ 1u) << 63) | (count << 44) | (count << 32);  // phase done: the next one starts
+    else
+      next = (phase << 63) | (due_next << 44) | (count << 32) | static_cast<uint32_t>(static_cast<int32_t>(bytes));
+  } while (!st.compare_exchange_weak(old, next));
+}
+}  // namespace emu
+inline void mbar_init(uint32_t bar, uint32_t count) {
+  if (count == 0 || count > 0xfffu) emu::fail("mbarrier count");
+  emu::mbar_state(bar).store((uint64_t{count} << 44) | (uint64_t{count} << 32));
+}
+inline void mbar_init_fence() {}
+inline void mbar_arrive(uint32_t bar) { emu::mbar_update(bar, 1, 0); }
+inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) { emu::mbar_update(bar, 1, bytes); }
+inline void mbar_wait(uint32_t bar, uint32_t parity) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long spins = 1; (emu::mbar_state(bar).load() >> 63) == (parity & 1u); ++spins) {
+    if (spins % 1024 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(10)) {
+      std::fprintf(stderr, "emulated mbar_wait: barrier at shared address %u never completed phase parity %u\n", bar,
+                   parity);
+      std::abort();
+    }
+    std::this_thread::yield();
+  }
+}
+inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  if (bytes % 16 != 0 || dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) emu::fail("bulk_load alignment");
+  if (dst + bytes > sizeof(::flashgrad::cuda_detail::delta_rule::smem_dyn)) emu::fail("bulk_load past shared memory");
+  std::memcpy(::flashgrad::cuda_detail::delta_rule::smem_dyn + dst, src, bytes);
+  std::atomic_thread_fence(std::memory_order_release);
+  emu::mbar_update(bar, 0, -static_cast<int64_t>(bytes));
 }
 
 }  // namespace flashgrad::cuda_attn::sm90
