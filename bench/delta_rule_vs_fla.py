@@ -2,7 +2,11 @@
 
 fla refuses its chunked backward on Hopper with Triton 3.4-3.7.0 (wrong results); this script lifts
 that guard for TIMING ONLY (fla.ops.common.chunk_o.TRITON_ABOVE_3_4_0 = False), as anchors.md did.
-Times are CUDA-event medians; backward = (forward + backward) - forward. Peak extra memory is
+Times are CUDA-event medians; backward = (forward + backward) - forward, with the inputs' .grad set to
+None before every timed call (as a training step after zero_grad(), PyTorch's default set_to_none): until
+session 23 the repeated calls added into .grad, and those six AccumulateGrad adds (~0.28 ms at B8 T4096,
+bench/backward_timeline.py) were timed as backward too, for both libraries; that older measure is still
+printed as "bwd accum." beside it. Peak extra memory is
 torch.cuda.max_memory_allocated during forward+backward minus the memory held by inputs; "fwd peak"
 is the same for a forward alone under torch.no_grad (inference / evaluation: nothing kept for a
 backward).
@@ -38,13 +42,16 @@ ANCHOR_MS = {  # anchors.md (fla 0.5.2, same H200 kind): fwd, bwd
 }
 
 
-def bench_ms(fn):
+def bench_ms(fn, grad_to_none=None):
+    """Median ms of fn; grad_to_none: tensors whose .grad is reset to None before every call (untimed)."""
     if do_bench is not None:
-        return do_bench(fn, warmup=25, rep=100, return_mode="median")
+        return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
     fn(); torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     for _ in range(10):
+        for x in grad_to_none or []:
+            x.grad = None
         s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
     return sorted(ts)[len(ts) // 2]
 
@@ -64,7 +71,7 @@ def make_inputs(kind, B, T, H, K):
 
 def measure(fn, inputs):
     """fn(*inputs) -> (o, final_state). Returns fwd ms, bwd ms (or None), peak extra MiB of forward +
-    backward (or None), peak extra MiB of a forward under no_grad."""
+    backward (or None), peak extra MiB of a forward under no_grad, bwd ms with .grad accumulating (or None)."""
     with torch.no_grad():
         fn(*inputs)
         torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
@@ -75,7 +82,7 @@ def measure(fn, inputs):
     o, ht = fn(*inputs)
     do, dht = torch.randn_like(o), torch.randn_like(ht)
     fwd = bench_ms(lambda: fn(*inputs))
-    bwd, peak = None, None
+    bwd, peak, bwd_acc = None, None, None
     try:
         def both():
             o, ht = fn(*inputs)
@@ -85,10 +92,12 @@ def measure(fn, inputs):
         base = torch.cuda.memory_allocated()
         both(); torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-        bwd = max(bench_ms(both) - fwd, 1e-9)
+        bwd = max(bench_ms(both, grad_to_none=inputs) - fwd, 1e-9)
+        both()  # .grad set again: the older measure, the repeated calls adding into it
+        bwd_acc = max(bench_ms(both) - fwd, 1e-9)
     except NotImplementedError as e:
         print(f"  backward refused: {str(e)[:100]}")
-    return fwd, bwd, peak, fwd_peak
+    return fwd, bwd, peak, fwd_peak, bwd_acc
 
 
 def flashgrad_fn(kind, algo):
@@ -122,8 +131,8 @@ def render(rows, dev):
     out = [f"# Gated delta rule, bf16, ms — {dev}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}",
            "", "| case | B T H K | flashgrad fwd | fla fwd | fla/fg fwd | flashgrad bwd | fla bwd | fla/fg bwd | "
            "fg tokens/s (fwd+bwd) | fg peak MiB | fla peak MiB | fg fwd peak MiB | fla fwd peak MiB | "
-           "anchor fla fwd/bwd |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "anchor fla fwd/bwd | fg / fla bwd accum. |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tot = (r.get("fg_fwd") or 0) + (r.get("fg_bwd") or 0)
         tps = f"{r['B'] * r['T'] / (tot / 1e3):.3g}" if tot else "n/a"
@@ -131,7 +140,8 @@ def render(rows, dev):
         out.append(f"| {r['case']} | {r['B']} {r['T']} {r['H']} {r['K']} | {ms(r.get('fg_fwd'))} | {ms(r.get('fla_fwd'))} | "
                    f"{ratio(r.get('fla_fwd'), r.get('fg_fwd'))} | {ms(r.get('fg_bwd'))} | {ms(r.get('fla_bwd'))} | "
                    f"{ratio(r.get('fla_bwd'), r.get('fg_bwd'))} | {tps} | {ms(r.get('fg_peak'))} | {ms(r.get('fla_peak'))} | "
-                   f"{ms(r.get('fg_fwd_peak'))} | {ms(r.get('fla_fwd_peak'))} | {a if a else 'n/a'} |")
+                   f"{ms(r.get('fg_fwd_peak'))} | {ms(r.get('fla_fwd_peak'))} | {a if a else 'n/a'} | "
+                   f"{ms(r.get('fg_bwd_acc'))} / {ms(r.get('fla_bwd_acc'))} |")
     errs = [f"- {r['case']} B{r['B']} T{r['T']}: {k} = {v}" for r in rows for k, v in r.items() if k.endswith("_err")]
     table = "\n".join(out + (["", "Errors:"] + errs if errs else []))
     return table
@@ -159,8 +169,9 @@ def main():
             t_start = time.time()
             print(f"  {name} B{B} T{T}: {who} ...", file=sys.stderr, flush=True)
             try:
-                fwd, bwd, peak, fwd_peak = measure(make(), inputs)
-                r.update({f"{who}_fwd": fwd, f"{who}_bwd": bwd, f"{who}_peak": peak, f"{who}_fwd_peak": fwd_peak})
+                fwd, bwd, peak, fwd_peak, bwd_acc = measure(make(), inputs)
+                r.update({f"{who}_fwd": fwd, f"{who}_bwd": bwd, f"{who}_peak": peak, f"{who}_fwd_peak": fwd_peak,
+                          f"{who}_bwd_acc": bwd_acc})
             except Exception as e:
                 r[f"{who}_err"] = f"{type(e).__name__}: {str(e)[:100]}"
             torch.cuda.synchronize()

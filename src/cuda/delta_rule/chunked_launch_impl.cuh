@@ -82,15 +82,13 @@ void launch_prepare_fixed(const ChunkedArgs& a, cudaStream_t s) {
   launch_prepare_looping(kernel, PrepareCompactSmem<T, KMAX>::bytes(a.V), a, s);
 }
 
-template <typename T, int KMAX, int WARPS, bool kOutput = false, int KSPLIT = 1, bool kSingle = false,
-          bool kBulk = false>
+template <typename T, int KMAX, int WARPS, bool kOutput = false, int KSPLIT = 1, bool kSingle = false>
 void launch_state_fixed(const ChunkedArgs& a, cudaStream_t s) {
   using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
-  constexpr int64_t bytes = S::bytes() + (kBulk ? kBulkBarBytes : 0);
-  const auto kernel = chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT, kSingle, kBulk>;
-  set_smem(kernel, bytes);
+  constexpr int64_t bytes = S::bytes();
+  set_smem(chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT, kSingle>, bytes);
   const dim3 grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.HV), static_cast<unsigned>(a.V / S::BV));
-  kernel<<<grid, 32 * WARPS, bytes, s>>>(a);
+  chunk_state_kernel<T, KMAX, WARPS, kOutput, KSPLIT, kSingle><<<grid, 32 * WARPS, bytes, s>>>(a);
   FLASHGRAD_CUDA_CHECK_LAUNCH();
 }
 
@@ -346,22 +344,10 @@ bool launch_chunk_state_with_output(const ChunkedArgs& a, cudaStream_t s) {
   // (read per call): the hi + lo kernel of session 6, for same-process comparisons.
   const char* env = std::getenv("FLASHGRAD_CHUNKED_FWD_SPLIT");
   const bool split = env && std::string(env) == "1";
-  // FLASHGRAD_CHUNKED_FWD_BULK=1 (read per call; an experiment, session 23): the single-product kernel
-  // with one bulk row copy per thread and chunk (chunk_state_kernel's kBulk), where its rows allow.
-  const char* bulk_env = std::getenv("FLASHGRAD_CHUNKED_FWD_BULK");
-  const bool bulk = !split && bulk_env && std::string(bulk_env) == "1" && bulk_rows_possible(a);
-  if (a.K == 64) {
-    if (split)
-      launch_state_fixed<T, 64, 8, true, 1, false>(a, s);
-    else
-      bulk ? launch_state_fixed<T, 64, 8, true, 1, true, true>(a, s) : launch_state_fixed<T, 64, 8, true, 1, true>(a, s);
-  } else {
-    if (split)
-      launch_state_fixed<T, 128, 8, true, 1, false>(a, s);
-    else
-      bulk ? launch_state_fixed<T, 128, 8, true, 1, true, true>(a, s)
-           : launch_state_fixed<T, 128, 8, true, 1, true>(a, s);
-  }
+  if (a.K == 64)
+    split ? launch_state_fixed<T, 64, 8, true, 1, false>(a, s) : launch_state_fixed<T, 64, 8, true, 1, true>(a, s);
+  else
+    split ? launch_state_fixed<T, 128, 8, true, 1, false>(a, s) : launch_state_fixed<T, 128, 8, true, 1, true>(a, s);
   return true;
 }
 

@@ -26,7 +26,6 @@
 // loaded a chunk ahead with G and written before (A): no k row norms on the chain and no barrier (C).
 #pragma once
 
-#include "chunked_bulk_rows.cuh"
 #include "chunked_channel_split.cuh"
 #include "chunked_mma.cuh"
 #include "chunked_mma_ldmatrix.cuh"
@@ -131,20 +130,14 @@ struct StateSmem {
 #ifndef FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT  // host emulation: -D...=0 checks the hi + lo kernel
 #define FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT 1
 #endif
-// kBulk (opt-in, FLASHGRAD_CHUNKED_FWD_BULK=1; the fused output only, in its own kernel): each of the 256
-// threads copies one row of w, k, q or u per chunk by one bulk copy on the stage's mbarrier
-// (chunked_bulk_rows.cuh) instead of 16 - 20 cp.async; the barriers' 16 bytes follow S::bytes().
-// Needs k's and q's rows 16-byte copyable and K == KMAX (the launcher's test, bulk_rows_possible).
-constexpr int64_t kBulkBarBytes = 16;
 // The stage's body: block barriers at named barrier kBar (chunked_stage_sync.cuh; 0 in its own kernel).
-template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT, bool kSingle, int kBar, bool kBulk = false>
+template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT, bool kSingle, int kBar>
 __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned char* smem_raw) {
   using S = StateSmem<T, KMAX, WARPS, kOutput, KSPLIT>;
   constexpr int C = kChunkSize, THREADS = 32 * WARPS, BV = S::BV, LDK = S::LDK, LDU = S::LDU, LDP = S::LDP,
                 KH = KMAX / KSPLIT, NK = KH / 8, NG = WARPS / KSPLIT;
   static_assert(!kOutput || WARPS == 8, "the fused output forms P with 8 warps");
   static_assert(KSPLIT == 1 || (KSPLIT == 2 && !kOutput), "the channel split: unfused, two halves");
-  static_assert(!kBulk || (kOutput && kBar == 0), "bulk rows: the fused output's own kernel (4 tiles x 64 rows)");
   S sm(smem_raw);
   const int64_t n = blockIdx.x, hv = blockIdx.y, head = hv / (a.HV / a.H);
   const int64_t col0 = static_cast<int64_t>(blockIdx.z) * BV;
@@ -186,54 +179,15 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
   // 1.086 -> 0.865 ms per call, but 0.155 -> 0.170 ms in the four-warp shape at B8 T4096 K=V=64 (not
   // understood yet), so the other shapes form the norms as before; the fused output needs them for P.
   const bool pre = !kOutput && KSPLIT > 1 && a.colscale != nullptr;
-
-  // kBulk: thread tid's row r = tid % 64 of tile tid / 64 (0 w, 1 k, 2 q, 3 u; the stage's tiles in
-  // this order, kTileBytes apart, so tile t starts at t kTileBytes). w and u are [rows, HV, K or V]
-  // intermediates (row = b T + t), k and q [B, T, H, K] views; byte offsets of (batch 0, token 0, row r).
-  [[maybe_unused]] uint32_t bar0 = 0;
-  [[maybe_unused]] BulkRow bulk{};
-  if constexpr (kBulk) {
-    bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw + S::bytes()));
-    if (tid == 0) {
-      cuda_attn::sm90::mbar_init(bar0, 1);
-      cuda_attn::sm90::mbar_init(bar0 + 8, 1);
-      cuda_attn::sm90::mbar_init_fence();
-    }
-    const int tile = tid / C, r = tid % C;
-    bulk.r = r;
-    bulk.dst = smem_raw + tile * S::kTileBytes + r * (tile < 3 ? LDK * sizeof(T) : LDU * sizeof(float));
-    bulk.bytes = tile < 3 ? KMAX * sizeof(T) : BV * sizeof(float);
-    if (tile == 0 || tile == 3) {
-      const int64_t width = tile == 0 ? a.K : a.V, esize = tile == 0 ? sizeof(T) : sizeof(float);
-      bulk.src = static_cast<const unsigned char*>(tile == 0 ? a.w : static_cast<const void*>(a.u)) +
-                 ((r * a.HV + hv) * width + (tile == 0 ? 0 : col0)) * esize;
-      bulk.per_token = a.HV * width * esize;
-      bulk.per_batch = a.T * bulk.per_token;
-    } else {
-      const View& x = tile == 1 ? a.k : a.q;
-      bulk.src = static_cast<const unsigned char*>(x.p) + (head * x.s2 + r * x.s1) * int64_t{sizeof(T)};
-      bulk.per_token = x.s1 * int64_t{sizeof(T)};
-      bulk.per_batch = x.s0 * int64_t{sizeof(T)};
-    }
-    stage_sync<kBar, THREADS>();  // the barriers initialized before any thread arrives or copies
-  }
-  // Bytes one chunk of L rows brings into a stage (kBulk): L rows of w, k, q and of u's slice.
-  constexpr uint32_t kBulkRowBytes = 3 * KMAX * sizeof(T) + BV * sizeof(float);
-
-  // Issues the copies of chunk ci into stage s (one cp.async group, or kBulk's row per thread) and
-  // returns G of row tid (tid < 64); with `pre`, sets cs to its colscale.
+  // Issues the copies of chunk ci into stage s (one cp.async group) and returns G of row tid (tid < 64);
+  // with `pre`, sets cs to its colscale.
   auto prefetch = [&](const ChunkInfo& ci, int s, float& cs) {
     const int64_t row0 = chunk_row0(ci, a.T);
-    if constexpr (kBulk) {
-      if (tid == 0) cuda_attn::sm90::mbar_arrive_expect_tx(bar0 + 8 * s, static_cast<uint32_t>(ci.len) * kBulkRowBytes);
-      bulk.issue<S::kStageBytes>(ci, s, bar0 + 8 * s);
-    } else {
-      intermediate_stepped_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
-      view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
-      if constexpr (kOutput) view_rows_stepped_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
-      intermediate_stepped_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
-      mma::cp_async_commit();
-    }
+    intermediate_stepped_async<T, KMAX, THREADS>(w, row0, a.HV, hv, a.K, 0, ci.len, sm.w(s), LDK);
+    view_rows_stepped_async<T, KMAX, THREADS>(a.k, ci, head, k_vec, sm.k(s), LDK);
+    if constexpr (kOutput) view_rows_stepped_async<T, KMAX, THREADS>(a.q, ci, head, q_vec, sm.q(s), LDK);
+    intermediate_stepped_async<float, BV, THREADS>(a.u, row0, a.HV, hv, a.V, col0, ci.len, sm.u(s), LDU);
+    mma::cp_async_commit();
     cs = (pre && tid < ci.len) ? a.colscale[(row0 + tid) * a.HV + hv] : 0.f;
     return (a.G && tid < ci.len) ? a.G[(row0 + tid) * a.HV + hv] : 0.f;
   };
@@ -261,10 +215,7 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
       G_s[tid] = g_next;
       if (pre) cs_s[tid] = cs_next;
     }
-    if constexpr (kBulk)  // this stage's ((c - c_begin) / 2)-th use: phase parity ((c - c_begin) / 2) & 1
-      cuda_attn::sm90::mbar_wait(bar0 + 8 * s, static_cast<uint32_t>(((c - c_begin) >> 1) & 1));
-    else
-      mma::cp_async_wait<0>();
+    mma::cp_async_wait<0>();
     stage_sync<kBar, THREADS>();
     if (c + 1 < c_end) {
       g_next = prefetch(ci_next, s ^ 1, cs_next);
@@ -469,12 +420,11 @@ __device__ __forceinline__ void chunk_state_body(const ChunkedArgs& a, unsigned 
 }
 
 // The stage's own kernel: the body on the whole block (barrier 0 = __syncthreads).
-// (Named smem_dyn: the host emulation's shared memory that __cvta_generic_to_shared maps, for kBulk.)
 template <typename T, int KMAX, int WARPS, bool kOutput, int KSPLIT = 1,
-          bool kSingle = kOutput && FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT, bool kBulk = false>
+          bool kSingle = kOutput && FLASHGRAD_CHUNKED_FWD_SINGLE_DEFAULT>
 __global__ void __launch_bounds__(32 * WARPS, 1) chunk_state_kernel(ChunkedArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_dyn[];
-  chunk_state_body<T, KMAX, WARPS, kOutput, KSPLIT, kSingle, 0, kBulk>(a, smem_dyn);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  chunk_state_body<T, KMAX, WARPS, kOutput, KSPLIT, kSingle, 0>(a, smem_raw);
 }
 
 }  // namespace flashgrad::cuda_detail::delta_rule

@@ -241,14 +241,7 @@ int run(std::string name, DType dt, int64_t B, int64_t T, int64_t H, int64_t HV,
     void* const vn_unfused = a.v_new;
     a.v_new = static_cast<char*>(vn_kept.p()) + vn_kept_off * (dt == DType::f32 ? 4 : 2);
     a.keep_v_new = true;
-    // FLASHGRAD_CHUNKED_FWD_BULK=1 (the launcher's switch): the bulk row copies (kBulk) where possible.
-    const char* bulk_env = std::getenv("FLASHGRAD_CHUNKED_FWD_BULK");
-    if (bulk_env && std::string(bulk_env) == "1" && dr::bulk_rows_possible(a)) {
-      std::printf("  fused forward: bulk row copies\n");
-      launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, true, 1, true, true>(a); }, 256);
-    } else {
-      launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, true>(a); }, 256);
-    }
+    launch(N, HV, V / 128, [&] { dr::chunk_state_kernel<TT, KM, 8, true>(a); }, 256);
     a.v_new = vn_unfused;
     a.keep_v_new = false;
   } else {
