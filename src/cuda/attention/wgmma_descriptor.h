@@ -22,6 +22,16 @@ FLASHGRAD_WGMMA_DESC_HD inline constexpr uint64_t swizzle128_desc(uint32_t addr,
          (static_cast<uint64_t>(sbo_bytes >> 4) << 32) | (uint64_t{1} << 62);
 }
 
+// The descriptor of the operand `bytes` further on in shared memory: the start address field (bits 0-13,
+// address / 16) plus bytes / 16, one integer add instead of swizzle128_desc's masks and shifts (the wgmma
+// chains of the delta rule step through their tiles so). Exact while the address stays below 2^18 (every
+// shared address on sm_90: 228 KiB), so the field does not carry into the leading byte offset.
+// (The add is on the low word alone, so that the compiler sees the high word, the stride byte offset and
+// the layout type, unchanged: no 64-bit add with its carry.)
+FLASHGRAD_WGMMA_DESC_HD inline constexpr uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (bytes >> 4));
+}
+
 }  // namespace flashgrad::wgmma_descriptor
 
 #undef FLASHGRAD_WGMMA_DESC_HD

@@ -185,11 +185,22 @@ void launch_wgmma_chain(Kernel kernel, int64_t bytes, const ChunkedArgs& a, cuda
 
 // B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17): BV value columns per block of one
 // warpgroup (state_backward_wgmma_cols, chunked_stages.h, says where and how wide).
+// FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 (read per call): the chains' issue (kWgmmaIssue,
+// chunked_wgmma_state.cuh) where the others are instantiated, K = 128 with 16 value columns; -1 otherwise.
+inline int wgmma_issue_wanted() {
+  const char* env = std::getenv("FLASHGRAD_CHUNKED_WGMMA_ISSUE");
+  return env ? std::atoi(env) : -1;
+}
 template <typename T, int KMAX, int BV>
 void launch_state_backward_wgmma(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>,
-                         StateBackwardWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
+  using S = StateBackwardWgmmaSmem<T, KMAX, BV, ST>;
+  if constexpr (KMAX == 128 && BV == 16) {
+    const int issue = wgmma_issue_wanted();
+    if (issue == 0) return launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 0>, S::bytes(), a, s);
+    if (issue == 1) return launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 1>, S::bytes(), a, s);
+  }
+  launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>, S::bytes(), a, s);
 }
 // Whether B1's wgmma kernel can read this call's arguments: k, q and the slice's dout by 16-byte rows,
 // stage 1's and B0's row scales given, dv_local (and so dv_new) in its own 16-bit buffer.
@@ -282,7 +293,13 @@ inline int state_wgmma_cols(const ChunkedArgs& a) {
 template <typename T, int KMAX, int BV>
 void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
   constexpr int ST = kStateWgmmaStages;
-  launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, StateWgmmaSmem<T, KMAX, BV, ST>::bytes(), a, s);
+  using S = StateWgmmaSmem<T, KMAX, BV, ST>;
+  if constexpr (KMAX == 128 && BV == 16) {
+    const int issue = wgmma_issue_wanted();
+    if (issue == 0) return launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, 0>, S::bytes(), a, s);
+    if (issue == 1) return launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, 1>, S::bytes(), a, s);
+  }
+  launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, S::bytes(), a, s);
 }
 template <typename T>
 bool launch_state_wgmma(const ChunkedArgs& a, cudaStream_t s) {

@@ -70,7 +70,8 @@ struct StateBackwardWgmmaSmem {
   static constexpr int64_t bytes() { return 1024 + kOffVs + kTileBytes; }
 };
 
-template <typename T, int KMAX, int BV, int STAGES>
+// kIssue (session 23): how the products are issued (kWgmmaIssue, chunked_wgmma_state.cuh).
+template <typename T, int KMAX, int BV, int STAGES, int kIssue = kWgmmaIssue>
 __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = StateBackwardWgmmaSmem<T, KMAX, BV, STAGES>;
@@ -153,6 +154,8 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
   ChunkInfo ci_ahead{};
   if (c_last - (STAGES - 1) >= c_first) ci_ahead = a.chunks[c_last - (STAGES - 1)];
   const uint32_t hs_s = smem_s + S::kOffHs, ds_s = smem_s + S::kOffDs, vs_s = smem_s + S::kOffVs;
+  const uint64_t hs_desc = sm90::smem_desc(hs_s, S::kHsBytes, 1024), ds_desc = sm90::smem_desc(ds_s, S::kTileBytes, 1024),
+                 vs_desc = sm90::smem_desc(vs_s, S::kTileBytes, 1024);
   // This thread's places in Hs / Ds / Vs (rows 16 wg + g + 8 r (+ 64 mt), pairs of columns 8 i + 2 t) and
   // its chunk rows (vrow, vrow + 8).
   const uint32_t hs_at = static_cast<uint32_t>((16 * wg + g) * 128 + 4 * t);
@@ -187,14 +190,21 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) k dh.
-    float acc[BV / 2];
+    // (1) k dh (kIssue 2: odd k steps into acc2). k step kk: k's panel kk / 4, +32 bytes per kk % 4; Hs's
+    // rows 16 kk.
+    float acc[BV / 2], acc2[BV / 2];
+    const uint64_t kt_desc = sm90::smem_desc(k_s, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KMAX / 16; ++kk) {
-      const uint32_t ad = k_s + (kk / 4) * S::kPanel + (kk % 4) * 32;
-      const uint32_t bd = hs_s + kk * 16 * 128;
-      sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
+      const uint32_t a_off = (kk / 4) * S::kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
+      const uint64_t ad = kIssue >= 1 ? wgmma_descriptor::desc_advance(kt_desc, a_off) : sm90::smem_desc(k_s + a_off, 16, 1024);
+      const uint64_t bd =
+          kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, S::kHsBytes, 1024);
+      if (kIssue == 2 && (kk & 1))
+        sm90::wgmma_ss_kt<T, BV>(acc2, ad, bd, kk > 1);
+      else
+        sm90::wgmma_ss_kt<T, BV>(acc, ad, bd, kIssue == 2 ? kk > 1 : kk > 0);
     }
     sm90::wgmma_commit();
     {  // (in (1)'s shadow)
@@ -239,6 +249,11 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     }
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
+    if constexpr (kIssue == 2) {
+      sm90::pin_registers(acc2);
+#pragma unroll
+      for (int e = 0; e < BV / 2; ++e) acc[e] += acc2[e];
+    }
 
     // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs.
     T* const dvn_at = dv_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
@@ -257,18 +272,21 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     sm90::fence_proxy_async_shared();
     __syncthreads();
 
-    // (2) dh += q^T do' + w^T (-dv_new).
+    // (2) dh += q^T do' + w^T (-dv_new) (kIssue 2: the tiles mt inner). Step x < 8 of tile mt: q's k steps
+    // 0 - 3 (q's panel mt, rows 16 kk; Ds's rows 16 kk), then w's (w's panel mt; Vs).
+    const uint64_t q_desc = sm90::smem_desc(q_s, S::kPanel, 1024), w_desc = sm90::smem_desc(w_s, S::kPanel, 1024);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int mt = 0; mt < KP; ++mt) {
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk)
-        sm90::wgmma_ss_tt<T, BV>(dh[mt], sm90::smem_desc(q_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
-                                 sm90::smem_desc(ds_s + kk * 16 * 128, S::kTileBytes, 1024), 1);
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk)
-        sm90::wgmma_ss_tt<T, BV>(dh[mt], sm90::smem_desc(w_s + mt * S::kPanel + kk * 16 * 128, S::kPanel, 1024),
-                                 sm90::smem_desc(vs_s + kk * 16 * 128, S::kTileBytes, 1024), 1);
+    for (int y = 0; y < KP * 2 * (C / 16); ++y) {
+      const int mt = kIssue == 2 ? y % KP : y / (2 * (C / 16)), x = kIssue == 2 ? y / KP : y % (2 * (C / 16));
+      const int kk = x % (C / 16);
+      const bool from_q = x < C / 16;
+      const uint32_t a_off = mt * S::kPanel + kk * 16 * 128, b_off = kk * 16 * 128;
+      const uint64_t ad = kIssue >= 1 ? wgmma_descriptor::desc_advance(from_q ? q_desc : w_desc, a_off)
+                                      : sm90::smem_desc((from_q ? q_s : w_s) + a_off, S::kPanel, 1024);
+      const uint64_t bd = kIssue >= 1 ? wgmma_descriptor::desc_advance(from_q ? ds_desc : vs_desc, b_off)
+                                      : sm90::smem_desc((from_q ? ds_s : vs_s) + b_off, S::kTileBytes, 1024);
+      sm90::wgmma_ss_tt<T, BV>(dh[mt], ad, bd, 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();

@@ -79,7 +79,8 @@ __device__ __forceinline__ uint32_t swizzled(int r, int chunk) {
 
 // STAGES chunks of copies in the ring: the one in use and STAGES - 1 in flight (one cp.async group per
 // chunk, an empty one past the sequence's end so that "chunk c landed" is always wait<STAGES - 2>).
-template <typename T, int KMAX, int BV, int STAGES>
+// kIssue (session 23): how the products are issued (kWgmmaIssue, chunked_wgmma_state.cuh).
+template <typename T, int KMAX, int BV, int STAGES, int kIssue = kWgmmaIssue>
 __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a) {
   namespace sm90 = ::flashgrad::cuda_attn::sm90;
   using S = StateWgmmaSmem<T, KMAX, BV, STAGES>;
@@ -156,6 +157,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
   ChunkInfo ci_ahead{};
   if (c_begin + STAGES - 1 < c_end) ci_ahead = a.chunks[c_begin + STAGES - 1];
   const uint32_t hs_s = smem_s + S::kOffHs, vs_s = smem_s + S::kOffVs;
+  const uint64_t hs_desc = sm90::smem_desc(hs_s, S::kHsBytes, 1024), vs_desc = sm90::smem_desc(vs_s, S::kVsBytes, 1024);
   // This thread's places in Hs (rows 16 wg + g + 8 r + 64 mt, pairs of columns 8 i + 2 t) and its rows
   // of v_new (16 wg + g + 8 r).
   const uint32_t hs_at = static_cast<uint32_t>((16 * wg + g) * 128 + 4 * t);
@@ -190,14 +192,21 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) v_new's product w h_c.
-    float acc[BV / 2];
+    // (1) v_new's product w h_c (kIssue 2: odd k steps into acc2). k step kk: w's panel kk / 4, +32 bytes
+    // per kk % 4; Hs's rows 16 kk.
+    float acc[BV / 2], acc2[BV / 2];
+    const uint64_t w_desc = sm90::smem_desc(w_s, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KMAX / 16; ++kk) {
-      const uint32_t ad = w_s + (kk / 4) * S::kPanel + (kk % 4) * 32;
-      const uint32_t bd = hs_s + kk * 16 * 128;
-      sm90::wgmma_ss_kt<T, BV>(acc, sm90::smem_desc(ad, 16, 1024), sm90::smem_desc(bd, S::kHsBytes, 1024), kk > 0);
+      const uint32_t a_off = (kk / 4) * S::kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
+      const uint64_t ad = kIssue >= 1 ? wgmma_descriptor::desc_advance(w_desc, a_off) : sm90::smem_desc(w_s + a_off, 16, 1024);
+      const uint64_t bd =
+          kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, S::kHsBytes, 1024);
+      if (kIssue == 2 && (kk & 1))
+        sm90::wgmma_ss_kt<T, BV>(acc2, ad, bd, kk > 1);
+      else
+        sm90::wgmma_ss_kt<T, BV>(acc, ad, bd, kIssue == 2 ? kk > 1 : kk > 0);
     }
     sm90::wgmma_commit();
     {  // (in (1)'s shadow)
@@ -227,6 +236,11 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     }
     sm90::wgmma_wait<0>();
     sm90::pin_registers(acc);
+    if constexpr (kIssue == 2) {
+      sm90::pin_registers(acc2);
+#pragma unroll
+      for (int e = 0; e < BV / 2; ++e) acc[e] += acc2[e];
+    }
 
     // v_new = u - w h_c: stored in T for rows < L; v' = v_new colscale into Vs.
     T* const vn_at = v_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
@@ -260,17 +274,20 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     sm90::fence_proxy_async_shared();
     __syncthreads();
 
-    // (2) h += k^T v'.
+    // (2) h += k^T v' (kIssue 2: the tiles mt inner). Tile mt, k step kk: k's panel mt, rows 16 kk; Vs's
+    // rows 16 kk.
+    const uint64_t k_desc = sm90::smem_desc(k_s, S::kPanel, 1024);
     sm90::wgmma_fence();
 #pragma unroll
-    for (int mt = 0; mt < KP; ++mt)
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) {
-        const uint32_t ad = k_s + mt * S::kPanel + kk * 16 * 128;
-        const uint32_t bd = vs_s + kk * 16 * 128;
-        sm90::wgmma_ss_tt<T, BV>(h[mt], sm90::smem_desc(ad, S::kPanel, 1024), sm90::smem_desc(bd, S::kVsBytes, 1024),
-                                 1);
-      }
+    for (int x = 0; x < KP * (C / 16); ++x) {
+      const int mt = kIssue == 2 ? x % KP : x / (C / 16), kk = kIssue == 2 ? x / KP : x % (C / 16);
+      const uint32_t a_off = mt * S::kPanel + kk * 16 * 128, b_off = kk * 16 * 128;
+      const uint64_t ad =
+          kIssue >= 1 ? wgmma_descriptor::desc_advance(k_desc, a_off) : sm90::smem_desc(k_s + a_off, S::kPanel, 1024);
+      const uint64_t bd =
+          kIssue >= 1 ? wgmma_descriptor::desc_advance(vs_desc, b_off) : sm90::smem_desc(vs_s + b_off, S::kVsBytes, 1024);
+      sm90::wgmma_ss_tt<T, BV>(h[mt], ad, bd, 1);
+    }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
 #pragma unroll

@@ -16,6 +16,19 @@
 
 namespace flashgrad::cuda_detail::delta_rule {
 
+// How the wgmma chains issue their products (session 23; the kernels' kIssue). Per chunk a chain issues
+// 16 - 24 wgmmas of m64n16k16 (~8 cycles of tensor work each at BV = 16) on its serial path, and ptxas
+// built each operand's descriptor from the address anew (mask, shift, or, two R2UR: ~14 instructions per
+// wgmma between consecutive issues). kIssue:
+//   0: session 18's (descriptors from addresses, one accumulator per product's tile, tiles outer);
+//   1: each operand's descriptor formed once per chunk (per kernel for the fixed tiles) and stepped by
+//      wgmma_descriptor::desc_advance (one add);
+//   2: 1, and consecutive wgmmas into different accumulators (product (1) split over two, summed after
+//      the wait; (2) with the key-channel tiles inner), so that none waits on the one just issued.
+// FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 (read per call) picks one at K = 128, BV = 16
+// (chunked_launch_impl.cuh), to time them in one process; elsewhere the default.
+constexpr int kWgmmaIssue = 2;
+
 // s = x[n, hv, :, col0 + :] (an fp32 view, by value), or zeros where x is absent.
 template <int KP, int BV>
 __device__ __forceinline__ void load_chain_state(float (&s)[KP][BV / 2], View x, int64_t n, int64_t hv, int64_t col0,
