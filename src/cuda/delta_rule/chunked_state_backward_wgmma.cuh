@@ -190,9 +190,10 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) k dh (kIssue 2: odd k steps into acc2). k step kk: k's panel kk / 4, +32 bytes per kk % 4; Hs's
-    // rows 16 kk.
-    float acc[BV / 2], acc2[BV / 2];
+    // (1) k dh (kIssue 2 / 3: k step kk into accumulator kk % 2 / kk % 4, summed after the wait). k step kk:
+    // k's panel kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk.
+    constexpr int NA = kIssue == 3 ? 4 : kIssue == 2 ? 2 : 1;
+    float acc[NA][BV / 2];
     const uint64_t kt_desc = sm90::smem_desc(k_s, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
@@ -201,10 +202,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       const uint64_t ad = kIssue >= 1 ? wgmma_descriptor::desc_advance(kt_desc, a_off) : sm90::smem_desc(k_s + a_off, 16, 1024);
       const uint64_t bd =
           kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, S::kHsBytes, 1024);
-      if (kIssue == 2 && (kk & 1))
-        sm90::wgmma_ss_kt<T, BV>(acc2, ad, bd, kk > 1);
-      else
-        sm90::wgmma_ss_kt<T, BV>(acc, ad, bd, kIssue == 2 ? kk > 1 : kk > 0);
+      sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], ad, bd, kk >= NA);
     }
     sm90::wgmma_commit();
     {  // (in (1)'s shadow)
@@ -248,12 +246,12 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       decay_state();
     }
     sm90::wgmma_wait<0>();
-    sm90::pin_registers(acc);
-    if constexpr (kIssue == 2) {
-      sm90::pin_registers(acc2);
 #pragma unroll
-      for (int e = 0; e < BV / 2; ++e) acc[e] += acc2[e];
-    }
+    for (int i = 0; i < NA; ++i) sm90::pin_registers(acc[i]);
+#pragma unroll
+    for (int i = 1; i < NA; ++i)
+#pragma unroll
+      for (int e = 0; e < BV / 2; ++e) acc[0][e] += acc[i][e];
 
     // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs.
     T* const dvn_at = dv_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;
@@ -262,7 +260,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       const int r = (e >> 1) & 1, i = e >> 2;
       float l0, l1;
       mma::unpack_floats<T>(dl[e / 2], l0, l1);
-      const float d0 = acc[e] * cs[r] + l0, d1 = acc[e + 1] * cs[r] + l1;
+      const float d0 = acc[0][e] * cs[r] + l0, d1 = acc[0][e + 1] * cs[r] + l1;
       if (vrow + 8 * r < L)
         *reinterpret_cast<uint32_t*>(dvn_at + 8 * r * row_step + 8 * i) = mma::pack_floats<T>(d0, d1);
       *reinterpret_cast<uint32_t*>(smem + S::kOffVs + hs_at + 8 * r * 128 + (((i ^ g) & 7) << 4)) =
@@ -272,13 +270,16 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     sm90::fence_proxy_async_shared();
     __syncthreads();
 
-    // (2) dh += q^T do' + w^T (-dv_new) (kIssue 2: the tiles mt inner). Step x < 8 of tile mt: q's k steps
-    // 0 - 3 (q's panel mt, rows 16 kk; Ds's rows 16 kk), then w's (w's panel mt; Vs).
+    // (2) dh += q^T do' + w^T (-dv_new) (kIssue >= 2: the tiles mt inner; kIssue 3: w's steps into
+    // tmp[mt], added to dh after the wait, and q's and w's steps alternating). Step x < 8 of tile mt: q's k
+    // steps 0 - 3 (q's panel mt, rows 16 kk; Ds's rows 16 kk), then w's (w's panel mt; Vs).
+    [[maybe_unused]] float tmp[kIssue == 3 ? KP : 1][BV / 2];
     const uint64_t q_desc = sm90::smem_desc(q_s, S::kPanel, 1024), w_desc = sm90::smem_desc(w_s, S::kPanel, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int y = 0; y < KP * 2 * (C / 16); ++y) {
-      const int mt = kIssue == 2 ? y % KP : y / (2 * (C / 16)), x = kIssue == 2 ? y / KP : y % (2 * (C / 16));
+      const int mt = kIssue >= 2 ? y % KP : y / (2 * (C / 16)), j = kIssue >= 2 ? y / KP : y % (2 * (C / 16));
+      const int x = kIssue == 3 ? ((j & 1) ? C / 16 + j / 2 : j / 2) : j;
       const int kk = x % (C / 16);
       const bool from_q = x < C / 16;
       const uint32_t a_off = mt * S::kPanel + kk * 16 * 128, b_off = kk * 16 * 128;
@@ -286,12 +287,23 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
                                       : sm90::smem_desc((from_q ? q_s : w_s) + a_off, S::kPanel, 1024);
       const uint64_t bd = kIssue >= 1 ? wgmma_descriptor::desc_advance(from_q ? ds_desc : vs_desc, b_off)
                                       : sm90::smem_desc((from_q ? ds_s : vs_s) + b_off, S::kTileBytes, 1024);
-      sm90::wgmma_ss_tt<T, BV>(dh[mt], ad, bd, 1);
+      if (kIssue == 3 && !from_q)
+        sm90::wgmma_ss_tt<T, BV>(tmp[kIssue == 3 ? mt : 0], ad, bd, kk > 0);
+      else
+        sm90::wgmma_ss_tt<T, BV>(dh[mt], ad, bd, 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < KP; ++mt) sm90::pin_registers(dh[mt]);
+    if constexpr (kIssue == 3) {
+#pragma unroll
+      for (int mt = 0; mt < KP; ++mt) {
+        sm90::pin_registers(tmp[mt]);
+#pragma unroll
+        for (int e = 0; e < BV / 2; ++e) dh[mt][e] += tmp[mt][e];
+      }
+    }
   }
   mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 
