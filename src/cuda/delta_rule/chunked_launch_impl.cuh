@@ -185,7 +185,7 @@ void launch_wgmma_chain(Kernel kernel, int64_t bytes, const ChunkedArgs& a, cuda
 
 // B1 on wgmma (chunked_state_backward_wgmma.cuh, session 17): BV value columns per block of one
 // warpgroup (state_backward_wgmma_cols, chunked_stages.h, says where and how wide).
-// FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 / 3 (read per call): the chains' issue (kWgmmaIssue,
+// FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 (read per call): the chains' issue (kWgmmaIssue,
 // chunked_wgmma_state.cuh) where the others are instantiated, K = 128 with 16 value columns; -1 otherwise.
 inline int wgmma_issue_wanted() {
   const char* env = std::getenv("FLASHGRAD_CHUNKED_WGMMA_ISSUE");
@@ -197,9 +197,10 @@ void launch_state_backward_wgmma(const ChunkedArgs& a, cudaStream_t s) {
   using S = StateBackwardWgmmaSmem<T, KMAX, BV, ST>;
   if constexpr (KMAX == 128 && BV == 16) {
     const int issue = wgmma_issue_wanted();
-    if (issue == 0) return launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 0>, S::bytes(), a, s);
-    if (issue == 1) return launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 1>, S::bytes(), a, s);
-    if (issue == 3) return launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 3>, S::bytes(), a, s);
+    if (issue == 0)
+      return launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 0>, S::bytes(), a, s);
+    if (issue == 1)
+      return launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST, 1>, S::bytes(), a, s);
   }
   launch_wgmma_chain<BV>(chunk_state_backward_wgmma_kernel<T, KMAX, BV, ST>, S::bytes(), a, s);
 }
@@ -299,7 +300,6 @@ void launch_state_wgmma_fixed(const ChunkedArgs& a, cudaStream_t s) {
     const int issue = wgmma_issue_wanted();
     if (issue == 0) return launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, 0>, S::bytes(), a, s);
     if (issue == 1) return launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, 1>, S::bytes(), a, s);
-    if (issue == 3) return launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST, 3>, S::bytes(), a, s);
   }
   launch_wgmma_chain<BV>(chunk_state_wgmma_kernel<T, KMAX, BV, ST>, S::bytes(), a, s);
 }

@@ -190,16 +190,17 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) k dh (kIssue 2 / 3: k step kk into accumulator kk % 2 / kk % 4, summed after the wait). k step kk:
-    // k's panel kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk.
-    constexpr int NA = kIssue == 3 ? 4 : kIssue == 2 ? 2 : 1;
+    // (1) k dh (kIssue 2: k step kk into accumulator kk % 2, summed after the wait). k step kk: k's panel
+    // kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk.
+    constexpr int NA = kIssue == 2 ? 2 : 1;
     float acc[NA][BV / 2];
     const uint64_t kt_desc = sm90::smem_desc(k_s, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KMAX / 16; ++kk) {
       const uint32_t a_off = (kk / 4) * S::kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
-      const uint64_t ad = kIssue >= 1 ? wgmma_descriptor::desc_advance(kt_desc, a_off) : sm90::smem_desc(k_s + a_off, 16, 1024);
+      const uint64_t ad =
+          kIssue >= 1 ? wgmma_descriptor::desc_advance(kt_desc, a_off) : sm90::smem_desc(k_s + a_off, 16, 1024);
       const uint64_t bd =
           kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, S::kHsBytes, 1024);
       sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], ad, bd, kk >= NA);
@@ -270,16 +271,13 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     sm90::fence_proxy_async_shared();
     __syncthreads();
 
-    // (2) dh += q^T do' + w^T (-dv_new) (kIssue >= 2: the tiles mt inner; kIssue 3: w's steps into
-    // tmp[mt], added to dh after the wait, and q's and w's steps alternating). Step x < 8 of tile mt: q's k
-    // steps 0 - 3 (q's panel mt, rows 16 kk; Ds's rows 16 kk), then w's (w's panel mt; Vs).
-    [[maybe_unused]] float tmp[kIssue == 3 ? KP : 1][BV / 2];
+    // (2) dh += q^T do' + w^T (-dv_new) (kIssue 2: the tiles mt inner). Step x < 8 of tile mt: q's k steps
+    // 0 - 3 (q's panel mt, rows 16 kk; Ds's rows 16 kk), then w's (w's panel mt; Vs).
     const uint64_t q_desc = sm90::smem_desc(q_s, S::kPanel, 1024), w_desc = sm90::smem_desc(w_s, S::kPanel, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int y = 0; y < KP * 2 * (C / 16); ++y) {
-      const int mt = kIssue >= 2 ? y % KP : y / (2 * (C / 16)), j = kIssue >= 2 ? y / KP : y % (2 * (C / 16));
-      const int x = kIssue == 3 ? ((j & 1) ? C / 16 + j / 2 : j / 2) : j;
+      const int mt = kIssue == 2 ? y % KP : y / (2 * (C / 16)), x = kIssue == 2 ? y / KP : y % (2 * (C / 16));
       const int kk = x % (C / 16);
       const bool from_q = x < C / 16;
       const uint32_t a_off = mt * S::kPanel + kk * 16 * 128, b_off = kk * 16 * 128;
@@ -287,23 +285,12 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
                                       : sm90::smem_desc((from_q ? q_s : w_s) + a_off, S::kPanel, 1024);
       const uint64_t bd = kIssue >= 1 ? wgmma_descriptor::desc_advance(from_q ? ds_desc : vs_desc, b_off)
                                       : sm90::smem_desc((from_q ? ds_s : vs_s) + b_off, S::kTileBytes, 1024);
-      if (kIssue == 3 && !from_q)
-        sm90::wgmma_ss_tt<T, BV>(tmp[kIssue == 3 ? mt : 0], ad, bd, kk > 0);
-      else
-        sm90::wgmma_ss_tt<T, BV>(dh[mt], ad, bd, 1);
+      sm90::wgmma_ss_tt<T, BV>(dh[mt], ad, bd, 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < KP; ++mt) sm90::pin_registers(dh[mt]);
-    if constexpr (kIssue == 3) {
-#pragma unroll
-      for (int mt = 0; mt < KP; ++mt) {
-        sm90::pin_registers(tmp[mt]);
-#pragma unroll
-        for (int e = 0; e < BV / 2; ++e) dh[mt][e] += tmp[mt][e];
-      }
-    }
   }
   mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 

@@ -192,16 +192,17 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) v_new's product w h_c (kIssue 2 / 3: k step kk into accumulator kk % 2 / kk % 4, summed after
-    // the wait). k step kk: w's panel kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk.
-    constexpr int NA = kIssue == 3 ? 4 : kIssue == 2 ? 2 : 1;
+    // (1) v_new's product w h_c (kIssue 2: k step kk into accumulator kk % 2, summed after the wait). k step
+    // kk: w's panel kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk.
+    constexpr int NA = kIssue == 2 ? 2 : 1;
     float acc[NA][BV / 2];
     const uint64_t w_desc = sm90::smem_desc(w_s, 16, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KMAX / 16; ++kk) {
       const uint32_t a_off = (kk / 4) * S::kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
-      const uint64_t ad = kIssue >= 1 ? wgmma_descriptor::desc_advance(w_desc, a_off) : sm90::smem_desc(w_s + a_off, 16, 1024);
+      const uint64_t ad =
+          kIssue >= 1 ? wgmma_descriptor::desc_advance(w_desc, a_off) : sm90::smem_desc(w_s + a_off, 16, 1024);
       const uint64_t bd =
           kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, S::kHsBytes, 1024);
       sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], ad, bd, kk >= NA);
@@ -272,36 +273,24 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     sm90::fence_proxy_async_shared();
     __syncthreads();
 
-    // (2) h += k^T v' (kIssue >= 2: the tiles mt inner; kIssue 3: odd k steps into tmp[mt], added to h
-    // after the wait). Tile mt, k step kk: k's panel mt, rows 16 kk; Vs's rows 16 kk.
-    [[maybe_unused]] float tmp[kIssue == 3 ? KP : 1][BV / 2];
+    // (2) h += k^T v' (kIssue 2: the tiles mt inner). Tile mt, k step kk: k's panel mt, rows 16 kk; Vs's
+    // rows 16 kk.
     const uint64_t k_desc = sm90::smem_desc(k_s, S::kPanel, 1024);
     sm90::wgmma_fence();
 #pragma unroll
     for (int x = 0; x < KP * (C / 16); ++x) {
-      const int mt = kIssue >= 2 ? x % KP : x / (C / 16), kk = kIssue >= 2 ? x / KP : x % (C / 16);
+      const int mt = kIssue == 2 ? x % KP : x / (C / 16), kk = kIssue == 2 ? x / KP : x % (C / 16);
       const uint32_t a_off = mt * S::kPanel + kk * 16 * 128, b_off = kk * 16 * 128;
       const uint64_t ad =
           kIssue >= 1 ? wgmma_descriptor::desc_advance(k_desc, a_off) : sm90::smem_desc(k_s + a_off, S::kPanel, 1024);
       const uint64_t bd =
           kIssue >= 1 ? wgmma_descriptor::desc_advance(vs_desc, b_off) : sm90::smem_desc(vs_s + b_off, S::kVsBytes, 1024);
-      if (kIssue == 3 && (kk & 1))
-        sm90::wgmma_ss_tt<T, BV>(tmp[kIssue == 3 ? mt : 0], ad, bd, kk > 1);
-      else
-        sm90::wgmma_ss_tt<T, BV>(h[mt], ad, bd, 1);
+      sm90::wgmma_ss_tt<T, BV>(h[mt], ad, bd, 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < KP; ++mt) sm90::pin_registers(h[mt]);
-    if constexpr (kIssue == 3) {
-#pragma unroll
-      for (int mt = 0; mt < KP; ++mt) {
-        sm90::pin_registers(tmp[mt]);
-#pragma unroll
-        for (int e = 0; e < BV / 2; ++e) h[mt][e] += tmp[mt][e];
-      }
-    }
   }
   mma::cp_async_wait<0>();  // (empty groups only by now; nothing may be in flight at exit)
 

@@ -24,10 +24,9 @@ namespace flashgrad::cuda_detail::delta_rule {
 //   1: each operand's descriptor formed once per chunk (per kernel for the fixed tiles) and stepped by
 //      wgmma_descriptor::desc_advance (one add);
 //   2: 1, and consecutive wgmmas into different accumulators (product (1) split over two, summed after
-//      the wait; (2) with the key-channel tiles inner), so that none waits on the one just issued;
-//   3: 2 with four chains per product: (1) over four accumulators, (2)'s odd k steps (the forward) or w's
-//      steps (B1) into a second accumulator per tile, added to the state after the wait.
-// FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 / 3 (read per call) picks one at K = 128, BV = 16
+//      the wait; (2) with the key-channel tiles inner), so that none waits on the one just issued.
+// (Four chains per product, run 23.4, were no faster than 2's two: 0.552 against 0.543 ms.)
+// FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 (read per call) picks one at K = 128, BV = 16
 // (chunked_launch_impl.cuh), to time them in one process; elsewhere the default.
 constexpr int kWgmmaIssue = 2;
 
