@@ -190,22 +190,9 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) k dh (kIssue 2: k step kk into accumulator kk % 2, summed after the wait). k step kk: k's panel
-    // kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk.
-    constexpr int NA = kIssue == 2 ? 2 : 1;
-    float acc[NA][BV / 2];
-    const uint64_t kt_desc = sm90::smem_desc(k_s, 16, 1024);
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KMAX / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * S::kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
-      const uint64_t ad =
-          kIssue >= 1 ? wgmma_descriptor::desc_advance(kt_desc, a_off) : sm90::smem_desc(k_s + a_off, 16, 1024);
-      const uint64_t bd =
-          kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, S::kHsBytes, 1024);
-      sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], ad, bd, kk >= NA);
-    }
-    sm90::wgmma_commit();
+    // (1) k dh (issue_rows_times_state, chunked_wgmma_state.cuh).
+    float acc[kProductAccumulators<kIssue>][BV / 2];
+    issue_rows_times_state<T, KMAX, BV, kIssue>(acc, k_s, hs_s, hs_desc, S::kHsBytes);
     {  // (in (1)'s shadow)
       next_copies();
       store_chain_state_rows<T, KP, BV>(dh, a.dh16, a.dh, h_at, Vi);
@@ -247,12 +234,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       decay_state();
     }
     sm90::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NA; ++i) sm90::pin_registers(acc[i]);
-#pragma unroll
-    for (int i = 1; i < NA; ++i)
-#pragma unroll
-      for (int e = 0; e < BV / 2; ++e) acc[0][e] += acc[i][e];
+    finish_rows_times_state<BV>(acc);
 
     // dv_new = acc colscale + dv_local: stored in T for rows < L (over dv_local's elements); -dv_new into Vs.
     T* const dvn_at = dv_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;

@@ -192,22 +192,9 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     const int64_t row0 = reinterpret_cast<const int64_t*>(base + S::kOffInfo)[0];
     const int L = static_cast<int>(reinterpret_cast<const int64_t*>(base + S::kOffInfo)[1]);
 
-    // (1) v_new's product w h_c (kIssue 2: k step kk into accumulator kk % 2, summed after the wait). k step
-    // kk: w's panel kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk.
-    constexpr int NA = kIssue == 2 ? 2 : 1;
-    float acc[NA][BV / 2];
-    const uint64_t w_desc = sm90::smem_desc(w_s, 16, 1024);
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KMAX / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * S::kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
-      const uint64_t ad =
-          kIssue >= 1 ? wgmma_descriptor::desc_advance(w_desc, a_off) : sm90::smem_desc(w_s + a_off, 16, 1024);
-      const uint64_t bd =
-          kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, S::kHsBytes, 1024);
-      sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], ad, bd, kk >= NA);
-    }
-    sm90::wgmma_commit();
+    // (1) v_new's product w h_c (issue_rows_times_state, chunked_wgmma_state.cuh).
+    float acc[kProductAccumulators<kIssue>][BV / 2];
+    issue_rows_times_state<T, KMAX, BV, kIssue>(acc, w_s, hs_s, hs_desc, S::kHsBytes);
     {  // (in (1)'s shadow)
       next_copies();
       store_chain_state_rows<T, KP, BV>(h, a.h16, a.h, h_at, Vi);
@@ -234,12 +221,7 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
       decay_state();
     }
     sm90::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NA; ++i) sm90::pin_registers(acc[i]);
-#pragma unroll
-    for (int i = 1; i < NA; ++i)
-#pragma unroll
-      for (int e = 0; e < BV / 2; ++e) acc[0][e] += acc[i][e];
+    finish_rows_times_state<BV>(acc);
 
     // v_new = u - w h_c: stored in T for rows < L; v' = v_new colscale into Vs.
     T* const vn_at = v_new + ((row0 + vrow) * HV + hv) * V + col0 + 2 * t;

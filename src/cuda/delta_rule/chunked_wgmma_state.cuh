@@ -13,6 +13,7 @@
 
 #include "chunked_mma_ldmatrix.cuh"
 #include "chunked_stages.h"
+#include "chunked_wgmma_primitives.cuh"
 
 namespace flashgrad::cuda_detail::delta_rule {
 
@@ -29,6 +30,43 @@ namespace flashgrad::cuda_detail::delta_rule {
 // FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 (read per call) picks one at K = 128, BV = 16
 // (chunked_launch_impl.cuh), to time them in one process; elsewhere the default.
 constexpr int kWgmmaIssue = 2;
+// The accumulators of product (1) (kIssue 2: two, taking alternate k steps; else one).
+template <int kIssue>
+inline constexpr int kProductAccumulators = kIssue == 2 ? 2 : 1;
+
+// Product (1) of both chains, issued and committed, not waited for: acc = A Hs with A [64 rows][KMAX]
+// K-major in KMAX / 64 panels of [64][64] at shared address a_s (w in the forward, k in B1) and Hs [KMAX][BV]
+// MN-major at hs_s (its rows hs_bytes apart as the leading byte offset; hs_desc = its descriptor). k step kk:
+// A's panel kk / 4, +32 bytes per kk % 4; Hs's rows 16 kk; into acc[kk % NA]. kIssue as kWgmmaIssue.
+template <typename T, int KMAX, int BV, int kIssue, int NA = kProductAccumulators<kIssue>>
+__device__ __forceinline__ void issue_rows_times_state(float (&acc)[NA][BV / 2], uint32_t a_s, uint32_t hs_s,
+                                                       uint64_t hs_desc, uint32_t hs_bytes) {
+  namespace sm90 = ::flashgrad::cuda_attn::sm90;
+  constexpr uint32_t kPanel = 64 * 128;
+  const uint64_t a_desc = sm90::smem_desc(a_s, 16, 1024);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KMAX / 16; ++kk) {
+    const uint32_t a_off = (kk / 4) * kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
+    const uint64_t ad =
+        kIssue >= 1 ? wgmma_descriptor::desc_advance(a_desc, a_off) : sm90::smem_desc(a_s + a_off, 16, 1024);
+    const uint64_t bd =
+        kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, hs_bytes, 1024);
+    sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], ad, bd, kk >= NA);
+  }
+  sm90::wgmma_commit();
+}
+// After product (1)'s wait: its accumulators pinned and summed into acc[0].
+template <int BV, int NA>
+__device__ __forceinline__ void finish_rows_times_state(float (&acc)[NA][BV / 2]) {
+  namespace sm90 = ::flashgrad::cuda_attn::sm90;
+#pragma unroll
+  for (int i = 0; i < NA; ++i) sm90::pin_registers(acc[i]);
+#pragma unroll
+  for (int i = 1; i < NA; ++i)
+#pragma unroll
+    for (int e = 0; e < BV / 2; ++e) acc[0][e] += acc[i][e];
+}
 
 // s = x[n, hv, :, col0 + :] (an fp32 view, by value), or zeros where x is absent.
 template <int KP, int BV>
