@@ -263,10 +263,8 @@ __global__ void __launch_bounds__(128, 1) chunk_state_backward_wgmma_kernel(Chun
       const int kk = x % (C / 16);
       const bool from_q = x < C / 16;
       const uint32_t a_off = mt * S::kPanel + kk * 16 * 128, b_off = kk * 16 * 128;
-      const uint64_t ad = kIssue >= 1 ? wgmma_descriptor::desc_advance(from_q ? q_desc : w_desc, a_off)
-                                      : sm90::smem_desc((from_q ? q_s : w_s) + a_off, S::kPanel, 1024);
-      const uint64_t bd = kIssue >= 1 ? wgmma_descriptor::desc_advance(from_q ? ds_desc : vs_desc, b_off)
-                                      : sm90::smem_desc((from_q ? ds_s : vs_s) + b_off, S::kTileBytes, 1024);
+      const uint64_t ad = operand_desc<kIssue>(from_q ? q_desc : w_desc, from_q ? q_s : w_s, a_off, S::kPanel);
+      const uint64_t bd = operand_desc<kIssue>(from_q ? ds_desc : vs_desc, from_q ? ds_s : vs_s, b_off, S::kTileBytes);
       sm90::wgmma_ss_tt<T, BV>(dh[mt], ad, bd, 1);
     }
     sm90::wgmma_commit();

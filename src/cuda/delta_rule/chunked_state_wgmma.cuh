@@ -263,11 +263,8 @@ __global__ void __launch_bounds__(128, 1) chunk_state_wgmma_kernel(ChunkedArgs a
     for (int x = 0; x < KP * (C / 16); ++x) {
       const int mt = kIssue == 2 ? x % KP : x / (C / 16), kk = kIssue == 2 ? x / KP : x % (C / 16);
       const uint32_t a_off = mt * S::kPanel + kk * 16 * 128, b_off = kk * 16 * 128;
-      const uint64_t ad =
-          kIssue >= 1 ? wgmma_descriptor::desc_advance(k_desc, a_off) : sm90::smem_desc(k_s + a_off, S::kPanel, 1024);
-      const uint64_t bd =
-          kIssue >= 1 ? wgmma_descriptor::desc_advance(vs_desc, b_off) : sm90::smem_desc(vs_s + b_off, S::kVsBytes, 1024);
-      sm90::wgmma_ss_tt<T, BV>(h[mt], ad, bd, 1);
+      sm90::wgmma_ss_tt<T, BV>(h[mt], operand_desc<kIssue>(k_desc, k_s, a_off, S::kPanel),
+                               operand_desc<kIssue>(vs_desc, vs_s, b_off, S::kVsBytes), 1);
     }
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();

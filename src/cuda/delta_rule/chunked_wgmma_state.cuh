@@ -30,6 +30,13 @@ namespace flashgrad::cuda_detail::delta_rule {
 // FLASHGRAD_CHUNKED_WGMMA_ISSUE=0 / 1 / 2 (read per call) picks one at K = 128, BV = 16
 // (chunked_launch_impl.cuh), to time them in one process; elsewhere the default.
 constexpr int kWgmmaIssue = 2;
+// The descriptor of the operand `off` bytes into the tile at shared address base (descriptor desc, leading
+// byte offset lbo): kIssue >= 1 steps desc by one add, 0 builds it from the address (session 18's).
+template <int kIssue>
+__device__ __forceinline__ uint64_t operand_desc(uint64_t desc, uint32_t base, uint32_t off, uint32_t lbo) {
+  return kIssue >= 1 ? wgmma_descriptor::desc_advance(desc, off)
+                     : ::flashgrad::cuda_attn::sm90::smem_desc(base + off, lbo, 1024);
+}
 // The accumulators of product (1) (kIssue 2: two, taking alternate k steps; else one).
 template <int kIssue>
 inline constexpr int kProductAccumulators = kIssue == 2 ? 2 : 1;
@@ -48,11 +55,8 @@ __device__ __forceinline__ void issue_rows_times_state(float (&acc)[NA][BV / 2],
 #pragma unroll
   for (int kk = 0; kk < KMAX / 16; ++kk) {
     const uint32_t a_off = (kk / 4) * kPanel + (kk % 4) * 32, b_off = kk * 16 * 128;
-    const uint64_t ad =
-        kIssue >= 1 ? wgmma_descriptor::desc_advance(a_desc, a_off) : sm90::smem_desc(a_s + a_off, 16, 1024);
-    const uint64_t bd =
-        kIssue >= 1 ? wgmma_descriptor::desc_advance(hs_desc, b_off) : sm90::smem_desc(hs_s + b_off, hs_bytes, 1024);
-    sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], ad, bd, kk >= NA);
+    sm90::wgmma_ss_kt<T, BV>(acc[kk % NA], operand_desc<kIssue>(a_desc, a_s, a_off, 16),
+                             operand_desc<kIssue>(hs_desc, hs_s, b_off, hs_bytes), kk >= NA);
   }
   sm90::wgmma_commit();
 }
